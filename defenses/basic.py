@@ -1,0 +1,42 @@
+"""Plain averaging: FedAvg's aggregation rule.
+
+McMahan et al., "Communication-Efficient Learning of Deep Networks from Decentralized
+Data", AISTATS 2017: the server averages client updates weighted by their sample counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from redteam.pipeline import Aggregator, weighted_mean
+from redteam.types import Decision, ServerContext, sample_weights
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True, slots=True)
+class Mean(Aggregator):
+    """(Sample-weighted) mean of all updates; accepts everyone.
+
+    ``weighted=True`` (the default, as in FedAvg) weights client i by its sample
+    count nᵢ: Σ nᵢ xᵢ / Σ nᵢ. ``weighted=False`` is the plain mean.
+    """
+
+    weighted: bool = True
+    summary: ClassVar[str] = "FedAvg mean (sample-weighted by default)"
+    reference: ClassVar[str] = "McMahan et al., AISTATS 2017"
+
+    def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
+        import torch
+
+        n = updates.shape[0]
+        w = sample_weights(ctx, n, updates) if self.weighted else torch.ones(
+            n, dtype=updates.dtype, device=updates.device
+        )
+        return Decision(
+            aggregate=weighted_mean(updates, w),
+            accepted=torch.ones(n, dtype=torch.bool, device=updates.device),
+            weights=w,
+        )

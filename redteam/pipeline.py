@@ -1,0 +1,239 @@
+"""Composition of defenses: filters, pre-aggregators, one aggregator, post-processing.
+
+A defense in redteam is one of four kinds, each a frozen dataclass:
+
+* :class:`Filter` decides per client whether to keep its update (and may clip it);
+  used alone it averages what it kept (sample-weighted).
+* :class:`PreAggregator` maps the ``(n, d)`` rows to new rows (mixing, bucketing,
+  clipping) before the aggregator sees them.
+* :class:`Aggregator` turns rows into the ``(d,)`` aggregate (mean, median, Krum ...).
+* :class:`PostProcessor` changes the aggregate (DP noise).
+
+:class:`Pipeline` chains them like optax chains gradient transformations:
+``Pipeline((NormBound(bound=3.0), CosineFilter(...), Median()))``. In a scenario file the
+pipeline is written as ``[defense] pipeline = [{name = "norm_bound", bound = 3.0}, {name = "median"}]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+
+from .errors import InvalidParameter
+from .types import Decision, Defense, ServerContext, sample_weights
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "FilterResult",
+    "Filter",
+    "PreAggregator",
+    "Aggregator",
+    "PostProcessor",
+    "Pipeline",
+    "weighted_mean",
+]
+
+
+def weighted_mean(updates: "torch.Tensor", weights: "torch.Tensor") -> "torch.Tensor":
+    """Σ wᵢ xᵢ / Σ wᵢ in one matrix-vector product; zeros when every weight is 0."""
+    import torch
+
+    total = weights.sum()
+    if float(total) <= 0:
+        return torch.zeros(updates.shape[1], dtype=updates.dtype, device=updates.device)
+    return (weights.to(updates.dtype) @ updates) / total.to(updates.dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class FilterResult:
+    """Rows after a filter (same shape; clipped rows changed), the mask, the reasons."""
+
+    updates: "torch.Tensor"
+    accepted: "torch.Tensor"
+    reasons: Mapping[int, str] = field(default_factory=dict)
+    state: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Filter(Defense):
+    """A per-client accept/reject (or clip) rule. Implement :meth:`filter`."""
+
+    kind: ClassVar[str] = "filter"
+
+    def filter(self, updates: "torch.Tensor", ctx: ServerContext) -> FilterResult:  # pragma: no cover
+        raise NotImplementedError
+
+    def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
+        res = self.filter(updates, ctx)
+        w = sample_weights(ctx, updates.shape[0], updates) * res.accepted.to(updates.dtype)
+        return Decision(
+            aggregate=weighted_mean(res.updates, w),
+            accepted=res.accepted,
+            weights=w,
+            reasons=dict(res.reasons),
+            state=dict(res.state),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PreAggregator(Defense):
+    """Maps rows to rows before aggregation. Implement :meth:`transform`.
+
+    ``transform`` returns the new rows and their weights; the number of rows may
+    change (bucketing). Used alone it is followed by a sample-weighted mean.
+    """
+
+    kind: ClassVar[str] = "pre"
+
+    def transform(
+        self, updates: "torch.Tensor", weights: "torch.Tensor", ctx: ServerContext
+    ) -> tuple["torch.Tensor", "torch.Tensor"]:  # pragma: no cover
+        raise NotImplementedError
+
+    def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
+        import torch
+
+        rows, w = self.transform(updates, sample_weights(ctx, updates.shape[0], updates), ctx)
+        return Decision(
+            aggregate=weighted_mean(rows, w),
+            accepted=torch.ones(updates.shape[0], dtype=torch.bool, device=updates.device),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Aggregator(Defense):
+    """Rows to one aggregate. Implement :meth:`decide` (returning a full Decision)."""
+
+    kind: ClassVar[str] = "aggregator"
+
+
+@dataclass(frozen=True, slots=True)
+class PostProcessor(Defense):
+    """Changes the aggregate. Implement :meth:`post`. Alone it post-processes the mean."""
+
+    kind: ClassVar[str] = "post"
+
+    def post(self, aggregate: "torch.Tensor", ctx: ServerContext) -> "torch.Tensor":  # pragma: no cover
+        raise NotImplementedError
+
+    def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
+        import torch
+
+        w = sample_weights(ctx, updates.shape[0], updates)
+        return Decision(
+            aggregate=self.post(weighted_mean(updates, w), ctx),
+            accepted=torch.ones(updates.shape[0], dtype=torch.bool, device=updates.device),
+            weights=w,
+        )
+
+
+def _kind(stage: Defense) -> str:
+    return getattr(stage, "kind", "aggregator")
+
+
+@dataclass(frozen=True, slots=True)
+class Pipeline(Defense):
+    """filters… → pre-aggregators… → one aggregator (default: weighted mean) → post…
+
+    Rows rejected by a filter are removed before the next stage; the final
+    ``accepted`` mask is over the original clients. Reasons of every stage are kept.
+    Each stage's explicit state is kept under its position (``"0"``, ``"1"`` …).
+    """
+
+    stages: tuple[Defense, ...] = ()
+    summary: ClassVar[str] = "Composition: filters, pre-aggregators, one aggregator, post-processing"
+
+    def validate_stages(self, stages: tuple[Defense, ...]) -> None:
+        order = {"filter": 0, "pre": 1, "aggregator": 2, "post": 3}
+        last = -1
+        n_agg = 0
+        for i, st in enumerate(stages):
+            if not isinstance(st, Defense):
+                raise InvalidParameter(f"Pipeline.stages[{i}] = {st!r}: expected a defense")
+            k = order.get(_kind(st), 2)
+            if k < last:
+                raise InvalidParameter(
+                    f"Pipeline.stages[{i}] = {type(st).__name__} ({_kind(st)}): stages must be ordered "
+                    "filters, pre-aggregators, one aggregator, post-processors"
+                )
+            last = k
+            n_agg += k == 2
+        if n_agg > 1:
+            raise InvalidParameter(f"Pipeline.stages: at most one aggregator, got {n_agg}")
+
+    @property
+    def symmetric(self) -> bool:  # type: ignore[override]
+        return all(getattr(s, "symmetric", True) for s in self.stages)
+
+    def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
+        import torch
+
+        n = updates.shape[0]
+        accepted = torch.ones(n, dtype=torch.bool, device=updates.device)
+        reasons: dict[int, str] = {}
+        state: dict[str, Any] = {}
+        rows = updates
+        idx = torch.arange(n, device=updates.device)  # original client of each live row
+        weights = sample_weights(ctx, n, updates)
+        aggregate = None
+        agg_weights = None
+
+        def sub_ctx(i: int, keep: "torch.Tensor | None" = None) -> ServerContext:
+            sel = idx if keep is None else idx[keep]
+            ids = tuple(ctx.client_ids[j] for j in sel.tolist()) if ctx.client_ids else tuple(sel.tolist())
+            return ServerContext(
+                round=ctx.round,
+                n_clients=int(sel.shape[0]),
+                weights=weights,
+                global_params=ctx.global_params,
+                previous_update=ctx.previous_update,
+                generator=ctx.generator,
+                state=ctx.state.get(str(i), {}) if isinstance(ctx.state, Mapping) else {},
+                evaluate_loss=ctx.evaluate_loss,
+                client_ids=ids,
+            )
+
+        for i, st in enumerate(self.stages):
+            kind = _kind(st)
+            if rows.shape[0] == 0:
+                break
+            if kind == "filter":
+                res = st.filter(rows, sub_ctx(i))  # type: ignore[attr-defined]
+                for local, why in res.reasons.items():
+                    reasons[int(idx[local])] = why
+                keep = res.accepted
+                accepted[idx[~keep]] = False
+                rows, idx, weights = res.updates[keep], idx[keep], weights[keep]
+                state[str(i)] = dict(res.state)
+            elif kind == "pre":
+                rows, weights = st.transform(rows, weights, sub_ctx(i))  # type: ignore[attr-defined]
+            elif kind == "aggregator":
+                dec = st.decide(rows, sub_ctx(i))
+                aggregate = dec.aggregate
+                agg_weights = dec.weights
+                state[str(i)] = dict(dec.state)
+                if dec.accepted.shape[0] == idx.shape[0]:  # row-preserving: map back
+                    rejected_local = (~dec.accepted).nonzero().flatten().tolist()
+                    for local in rejected_local:
+                        reasons[int(idx[local])] = dec.reasons.get(local, f"rejected by {type(st).__name__}")
+                    accepted[idx[~dec.accepted]] = False
+            else:  # post
+                if aggregate is None:
+                    aggregate = weighted_mean(rows, weights)
+                aggregate = st.post(aggregate, sub_ctx(i))  # type: ignore[attr-defined]
+        if aggregate is None:
+            aggregate = weighted_mean(rows, weights) if rows.shape[0] else torch.zeros(
+                updates.shape[1], dtype=updates.dtype, device=updates.device
+            )
+        full_w = None
+        if agg_weights is None or agg_weights.shape[0] == idx.shape[0]:
+            full_w = torch.zeros(n, dtype=updates.dtype, device=updates.device)
+            src = weights if agg_weights is None else agg_weights
+            if src.shape[0] == idx.shape[0]:
+                full_w[idx] = src.to(updates.dtype)
+                full_w = full_w * accepted.to(updates.dtype)
+            else:
+                full_w = None
+        return Decision(aggregate=aggregate, accepted=accepted, weights=full_w, reasons=reasons, state=state)

@@ -1,0 +1,300 @@
+"""Core contracts: updates, contexts, decisions, round records, and the plugin bases.
+
+These are the documented stubs the rest of redteam is written against (DESIGN.md,
+"Core contracts"). The docstrings are the specification.
+
+* ``Updates`` is a ``torch.Tensor`` of shape ``(n_clients, d)``: one flattened model
+  delta (local − global) per row, float32 by default, on the run's device.
+* An :class:`Attack` is a frozen dataclass whose fields are its parameters. It declares
+  the surfaces it acts on and overrides the matching hooks; the defaults are identity.
+* A :class:`Defense` is a frozen dataclass called as ``defense(updates, ctx)`` and
+  returning a :class:`Decision`. The server's :class:`ServerContext` never tells it
+  which clients are malicious; only the attack's :class:`AttackContext` knows that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
+
+from .errors import InvalidParameter
+
+if TYPE_CHECKING:  # torch stays out of the import path of the CLI's --help
+    import torch
+
+    Updates = torch.Tensor
+else:
+    Updates = Any
+
+__all__ = [
+    "Updates",
+    "AttackContext",
+    "ServerContext",
+    "Decision",
+    "RoundRecord",
+    "ClientData",
+    "ChunkDelivery",
+    "Attack",
+    "Defense",
+    "Surface",
+]
+
+
+class Surface:
+    """Names of the surfaces an attack can act on (see DESIGN.md, the flow of a round)."""
+
+    DATA = "data"  # poison_data: a malicious client's training set
+    UPDATES = "updates"  # craft_updates: the rows the malicious clients send
+    TRANSPORT = "transport"  # tamper_chunks: chunks in flight
+    PROVENANCE = "provenance"  # forge_provenance: manifests and keys
+
+    ALL = (DATA, UPDATES, TRANSPORT, PROVENANCE)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientData:
+    """One client's local dataset: inputs ``x`` (first dim = samples) and labels ``y``."""
+
+    x: "torch.Tensor"
+    y: "torch.Tensor"
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+
+@dataclass(frozen=True, slots=True)
+class AttackContext:
+    """What an attack may see in one round.
+
+    ``own_updates`` holds the honest updates that the malicious clients themselves
+    computed (shape ``(f, d)``, in the order of ``malicious``). ``visible_updates`` is
+    what the threat model lets the attacker see of the honest clients: all honest rows
+    for an omniscient attack, otherwise the same as ``own_updates``. ``server_lr`` is
+    the server step η (model replacement boosts by n/η). ``defense`` is the server's
+    defense, given only to attacks that declare ``adaptive = True`` (they line-search
+    against it, as a white-box adversary would).
+    """
+
+    round: int
+    n_clients: int
+    malicious: tuple[int, ...]
+    own_updates: "torch.Tensor"
+    visible_updates: "torch.Tensor"
+    global_params: "torch.Tensor"
+    generator: "torch.Generator"
+    num_classes: int = 0
+    weights: "torch.Tensor | None" = None
+    previous_update: "torch.Tensor | None" = None
+    server_lr: float = 1.0
+    defense: Any = None
+    state: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_malicious(self) -> int:
+        return len(self.malicious)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerContext:
+    """What a defense may see in one round. It never says who is malicious.
+
+    ``weights`` are the clients' sample counts (FedAvg weights), shape ``(n,)``.
+    ``previous_update`` is the previous round's global update (``None`` in round 0).
+    ``state`` is the defense's explicit state carried from its previous call
+    (``Decision.state``), never hidden mutation. ``evaluate_loss`` evaluates the loss
+    of a batch of candidate deltas ``(k, d)`` applied to ``global_params`` on
+    server-held data (returns ``(k,)`` losses; ``evaluate_loss`` of a zero row is the
+    current loss). ``root_update`` trains the global model on the server's small
+    trusted root dataset with the clients' local procedure and returns that delta
+    (FLTrust's g₀). Both are ``None`` when the server holds no data.
+    """
+
+    round: int = 0
+    n_clients: int = 0
+    weights: "torch.Tensor | None" = None
+    global_params: "torch.Tensor | None" = None
+    previous_update: "torch.Tensor | None" = None
+    generator: "torch.Generator | None" = None
+    state: Mapping[str, Any] = field(default_factory=dict)
+    evaluate_loss: Callable[["torch.Tensor"], "torch.Tensor"] | None = None
+    root_update: Callable[[], "torch.Tensor"] | None = None
+    client_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def default(cls, updates: "torch.Tensor", **overrides: Any) -> "ServerContext":
+        """A context for calling a defense on a bare ``(n, d)`` tensor: equal weights."""
+        import torch
+
+        n = int(updates.shape[0])
+        base = dict(
+            round=0,
+            n_clients=n,
+            weights=torch.ones(n, dtype=updates.dtype, device=updates.device),
+            generator=torch.Generator(device="cpu").manual_seed(0),
+            client_ids=tuple(range(n)),
+        )
+        base.update(overrides)
+        return cls(**base)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The result of a defense on one round's updates.
+
+    * ``aggregate``: the ``(d,)`` aggregate update.
+    * ``accepted``: bool mask ``(n,)``; ``True`` where the client's update was used.
+    * ``weights``: optional per-client weights the aggregate effectively used.
+    * ``reasons``: for each rejected client index, why it was rejected.
+    * ``state``: explicit state the defense wants back next round (e.g. centered
+      clipping's previous aggregate).
+    """
+
+    aggregate: "torch.Tensor"
+    accepted: "torch.Tensor"
+    weights: "torch.Tensor | None" = None
+    reasons: Mapping[int, str] = field(default_factory=dict)
+    state: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_accepted(self) -> int:
+        return int(self.accepted.sum())
+
+
+@dataclass(slots=True)
+class ChunkDelivery:
+    """One chunk in flight: ``data`` as it will arrive, sent by ``author`` via ``relay``.
+
+    Transport attacks receive the round's list of deliveries and may change ``data``
+    (tamper, substitute), drop entries (withhold) or add entries (replay).
+    """
+
+    author: int
+    index: int
+    relay: int
+    data: bytes
+    round: int = 0
+
+
+@dataclass(slots=True)
+class RoundRecord:
+    """What happened in one round; the scorer reads only these.
+
+    ``accepted`` and ``malicious`` are per client (``len == n_clients``). A client whose
+    update never reached aggregation (straggler, churned out, bad chunk, undecodable)
+    appears in ``dropped`` with its reason and is not accepted. ``detections`` lists
+    the clients some check flagged in this round, with the reason.
+    """
+
+    round: int
+    accuracy: float
+    loss: float
+    accepted: list[bool]
+    malicious: list[bool]
+    participating: list[bool]
+    dropped: dict[int, str] = field(default_factory=dict)
+    rejected: dict[int, str] = field(default_factory=dict)
+    bytes_on_wire: int = 0
+    sim_time_s: float = 0.0
+    wall_time_s: float = 0.0
+    defense_time_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["dropped"] = {str(k): v for k, v in self.dropped.items()}
+        out["rejected"] = {str(k): v for k, v in self.rejected.items()}
+        return out
+
+
+def _check_fields(obj: Any) -> None:
+    """Shared ``__post_init__`` hook: call each field's ``validate_<field>`` if defined."""
+    for f in dataclasses.fields(obj):
+        check = getattr(obj, f"validate_{f.name}", None)
+        if check is not None:
+            check(getattr(obj, f.name))
+
+
+@dataclass(frozen=True, slots=True)
+class Attack:
+    """Base of every attack. Subclass as a frozen dataclass; fields are parameters.
+
+    Class attributes a subclass sets:
+
+    * ``surfaces``: which hooks it overrides (subset of :class:`Surface`.ALL);
+    * ``omniscient``: ``True`` if it needs every honest update of the round;
+    * ``summary`` and ``reference``: one line each, shown by ``redteam attacks list``.
+    """
+
+    surfaces: ClassVar[tuple[str, ...]] = ()
+    omniscient: ClassVar[bool] = False
+    summary: ClassVar[str] = ""
+    reference: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+
+    # -- hooks (identity by default) ------------------------------------------------
+    def poison_data(self, data: ClientData, client: int, generator: "torch.Generator") -> ClientData:
+        """Return the training set malicious ``client`` trains on."""
+        return data
+
+    def craft_updates(self, ctx: AttackContext) -> "torch.Tensor":
+        """Return the ``(f, d)`` rows the malicious clients send this round."""
+        return ctx.own_updates
+
+    def tamper_chunks(self, deliveries: list[ChunkDelivery], ctx: AttackContext) -> list[ChunkDelivery]:
+        """Return the chunk deliveries as they arrive (transport attacks)."""
+        return deliveries
+
+    def forge_provenance(self, manifest: Any, ctx: AttackContext) -> Any:
+        """Return the dataset manifest a malicious client presents."""
+        return manifest
+
+
+@dataclass(frozen=True, slots=True)
+class Defense:
+    """Base of every defense. Subclass as a frozen dataclass; fields are parameters.
+
+    Call it as ``defense(updates, ctx=None)``. Subclasses implement
+    :meth:`decide`; ``__call__`` validates the input and builds a default
+    :class:`ServerContext` when none is given.
+    """
+
+    summary: ClassVar[str] = ""
+    reference: ClassVar[str] = ""
+    #: True when the result does not depend on the order of the clients.
+    symmetric: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+
+    def __call__(self, updates: "torch.Tensor", ctx: ServerContext | None = None) -> Decision:
+        if getattr(updates, "ndim", None) != 2:
+            raise InvalidParameter(
+                f"{type(self).__name__}: updates must be a 2-D tensor (n_clients, d), "
+                f"got shape {tuple(getattr(updates, 'shape', ()))}"
+            )
+        if updates.shape[0] == 0:
+            raise InvalidParameter(f"{type(self).__name__}: no updates to aggregate (n_clients = 0)")
+        if ctx is None:
+            ctx = ServerContext.default(updates)
+        return self.decide(updates, ctx)
+
+    def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:  # pragma: no cover
+        raise NotImplementedError
+
+
+def param_error(obj: Any, name: str, value: Any, expected: str) -> InvalidParameter:
+    """Build the standard message ``Krum.f = 9: must satisfy 2f + 2 < n (n = 10)``."""
+    return InvalidParameter(f"{type(obj).__name__}.{name} = {value!r}: {expected}")
+
+
+def sample_weights(ctx: ServerContext, n: int, like: "torch.Tensor") -> "torch.Tensor":
+    """The context's per-client weights as a float tensor like ``like`` (ones if absent)."""
+    import torch
+
+    if ctx.weights is None:
+        return torch.ones(n, dtype=like.dtype, device=like.device)
+    return ctx.weights.to(dtype=like.dtype, device=like.device)
+
