@@ -1,0 +1,5 @@
+"""Workloads: model + data + evaluation. Built-ins: ``digits``, ``synthetic``."""
+
+from .base import Dataset, Workload
+
+__all__ = ["Dataset", "Workload"]

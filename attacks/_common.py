@@ -1,0 +1,109 @@
+"""Small helpers shared by the built-in attacks (not a plugin module).
+
+* :func:`honest_rows`: the honest updates an attack bases itself on, following its
+  ``knowledge`` field (``"omniscient"``: every honest row the trainer showed it;
+  ``"own"``: only its own clients' honest rows);
+* :func:`broadcast`: one ``(d,)`` vector as the ``(f, d)`` rows every malicious client sends;
+* :func:`randn` / :func:`rand`: draws from ``ctx.generator`` only, moved to the rows' device;
+* :func:`pairwise_sq_dists`: squared Euclidean distances through the Gram matrix;
+* :func:`fit_norm`: rows with an exact target norm that survive the cast to their dtype
+  without crossing the bound (a float32 row scaled to M in float64 can come back at
+  M·(1 + 1e-7) and be rejected by a strict ``‖Δ‖ ≤ M`` check).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from redteam.types import AttackContext, param_error
+
+if TYPE_CHECKING:
+    import torch
+
+KNOWLEDGE = ("omniscient", "own")
+
+
+def check_knowledge(obj: Any, v: str) -> None:
+    if v not in KNOWLEDGE:
+        raise param_error(obj, "knowledge", v, "must be 'omniscient' (all honest updates of the round) "
+                                               "or 'own' (only the malicious clients' own honest updates)")
+
+
+def honest_rows(knowledge: str, ctx: AttackContext) -> "torch.Tensor":
+    """The honest rows the attack may use under its declared threat model."""
+    return ctx.visible_updates if knowledge == "omniscient" else ctx.own_updates
+
+
+def broadcast(vec: "torch.Tensor", ctx: AttackContext) -> "torch.Tensor":
+    """``vec`` (d,) as ``(f, d)`` fresh rows in the dtype and device of ``ctx.own_updates``."""
+    own = ctx.own_updates
+    row = vec.to(dtype=own.dtype, device=own.device)
+    return row.unsqueeze(0).expand(own.shape[0], -1).clone()
+
+
+def _draw_dtype(like: "torch.Tensor") -> "torch.dtype":
+    import torch
+
+    return torch.float64 if like.dtype == torch.float64 else torch.float32
+
+
+def randn(shape: tuple[int, ...], ctx: AttackContext, like: "torch.Tensor") -> "torch.Tensor":
+    """Standard normal draws from ``ctx.generator`` (on its device), as ``like``'s dtype/device."""
+    import torch
+
+    g = ctx.generator
+    t = torch.randn(shape, generator=g, device=g.device, dtype=_draw_dtype(like))
+    return t.to(device=like.device, dtype=like.dtype)
+
+
+def rand(shape: tuple[int, ...], ctx: AttackContext, like: "torch.Tensor",
+         dtype: "torch.dtype | None" = None) -> "torch.Tensor":
+    """Uniform [0, 1) draws from ``ctx.generator``, on ``like``'s device."""
+    import torch
+
+    g = ctx.generator
+    t = torch.rand(shape, generator=g, device=g.device, dtype=dtype or _draw_dtype(like))
+    return t.to(device=like.device)
+
+
+def pairwise_sq_dists(x: "torch.Tensor") -> "torch.Tensor":
+    """``D[i, j] = ‖xᵢ − xⱼ‖²`` in float64 via the Gram matrix (rows centred first).
+
+    Centring does not change distances and keeps the ``‖a‖² + ‖b‖² − 2⟨a, b⟩``
+    expansion from cancelling catastrophically when the rows share a large offset.
+    """
+    import torch
+
+    x64 = x.to(torch.float64)
+    x64 = x64 - x64.mean(dim=0, keepdim=True)
+    gram = x64 @ x64.T
+    sq = gram.diagonal()
+    d = (sq[:, None] + sq[None, :] - 2.0 * gram).clamp_min(0.0)
+    d.fill_diagonal_(0.0)
+    return d
+
+
+def fit_norm(direction: "torch.Tensor", norm: float, like: "torch.Tensor") -> "torch.Tensor":
+    """Rows ``norm · direction / ‖direction‖`` cast to ``like.dtype``, never above ``norm``.
+
+    ``direction`` is ``(k, d)``; rows whose direction is zero stay zero. After the cast
+    the float64 norm of each row is checked, and a row that landed above ``norm`` is
+    shrunk by a few ulps (at most a handful of vectorized passes), so the result is
+    the largest representable row at or below the bound, up to rounding.
+    """
+    import torch
+
+    d64 = direction.to(torch.float64)
+    lengths = torch.linalg.vector_norm(d64, dim=1, keepdim=True)
+    unit = torch.where(lengths > 0, d64 / lengths.clamp_min(1e-300), torch.zeros_like(d64))
+    out = (unit * norm).to(device=like.device, dtype=like.dtype)
+    eps = torch.finfo(like.dtype).eps if like.dtype.is_floating_point else 0.0
+    for _ in range(8):
+        got = torch.linalg.vector_norm(out.to(torch.float64), dim=1)
+        over = got > norm
+        if not bool(over.any()):
+            break
+        shrink = torch.where(over, (norm / got.clamp_min(1e-300)) * (1.0 - 2.0 * eps),
+                             torch.ones_like(got))
+        out = (out.to(torch.float64) * shrink[:, None]).to(like.dtype)
+    return out

@@ -1,0 +1,249 @@
+"""The ``redteam`` command.
+
+Heavy modules (torch) are imported inside the sub-commands, so ``redteam --help``
+answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+from typing import Any, Sequence
+
+from .errors import RedteamError
+
+__all__ = ["main", "build_parser"]
+
+_EPILOG = textwrap.dedent(
+    """\
+    examples:
+      redteam run scenarios/smoke.toml                 attack + defense vs the no-attack baseline
+      redteam run scenarios/smoke.toml --json out.json machine-readable results too
+      redteam run scenarios/smoke.toml --rounds 5      a quicker look
+      redteam attacks list                             every registered attack, its parameters
+      redteam defenses list                            every registered defense
+      redteam workloads list                           models + data you can train
+
+    A scenario file (TOML) names a workload, a federation, its transport and hierarchy,
+    one attack and one defense (or a pipeline). See README.md, "Scenario files".
+    """
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="redteam",
+        description="Attack federated and decentralized training on purpose, and measure the defenses.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser(
+        "run",
+        help="run a scenario (and its no-attack baseline), print a table, optionally write JSON",
+        description=textwrap.dedent(
+            """\
+            Run the scenario's federation twice with the same seed: once with attack 'none'
+            (the baseline) and once with the scenario's attack, both under its defense.
+            Prints one row per run: final accuracy, accuracy drop against the baseline,
+            rounds to the target accuracy, bytes on the wire, dropped and rejected updates,
+            and how well the defense's accept/reject decisions matched the truth."""
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument("scenario", help="path of a scenario TOML file (e.g. scenarios/smoke.toml)")
+    run.add_argument("--json", metavar="OUT", help="also write the results as JSON to OUT (format redteam.run/v1)")
+    run.add_argument(
+        "--device", default="auto", choices=("auto", "cpu", "cuda"),
+        help="where tensors live: auto = CUDA when available (default), else CPU",
+    )
+    run.add_argument("--rounds", type=int, metavar="N", help="override [federation].rounds")
+    run.add_argument("--seed", type=int, metavar="S", help="override [scenario].seed")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    for group, what in (("attacks", "attack"), ("defenses", "defense"), ("workloads", "workload")):
+        g = sub.add_parser(group, help=f"list registered {group}")
+        gs = g.add_subparsers(dest="action", metavar="ACTION")
+        ls = gs.add_parser("list", help=f"every registered {what}: summary, parameters, reference, package")
+        ls.add_argument("--names", action="store_true", help="names only, one per line")
+
+    try:
+        from provenance.cli import register  # the provenance and ledger command groups
+    except ImportError:
+        register = None
+    if register is not None:
+        register(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        from . import __version__
+
+        print(f"redteam {__version__}")
+        return 0
+    if not args.command:
+        parser.print_help()
+        return 0
+    try:
+        if args.command == "run":
+            return _cmd_run(args)
+        if args.command in ("attacks", "defenses", "workloads"):
+            if getattr(args, "action", None) != "list":
+                parser.parse_args([args.command, "--help"])
+            return _cmd_list(args.command, args.names)
+        handler = getattr(args, "handler", None)
+        if handler is not None:
+            return int(handler(args) or 0)
+        parser.print_help()
+        return 2
+    except RedteamError as exc:
+        print(f"redteam: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("redteam: interrupted", file=sys.stderr)
+        return 130
+
+
+# ----------------------------------------------------------------------------- run
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from rich.console import Console
+
+    from .scenario import load_scenario
+
+    console = Console(stderr=False)
+    sc = load_scenario(args.scenario)
+    if args.rounds is not None:
+        if args.rounds < 1:
+            raise RedteamError(f"--rounds = {args.rounds}: must be ≥ 1")
+        sc = sc.replace(federation=dataclasses.replace(sc.federation, rounds=args.rounds))
+    if args.seed is not None:
+        if args.seed < 0:
+            raise RedteamError(f"--seed = {args.seed}: must be ≥ 0")
+        sc = sc.replace(scenario=dataclasses.replace(sc.scenario, seed=args.seed))
+
+    from .runner.single import run_scenario, write_json
+
+    n_runs = 1 if sc.attack.name == "none" else 2
+    total = sc.federation.rounds * n_runs
+    if args.quiet:
+        doc = run_scenario(sc, device=args.device)
+    else:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        with Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        ) as progress:
+            task = progress.add_task(f"{sc.name}: baseline", total=total, status="")
+
+            def on_round(kind: str, rec: Any) -> None:
+                label = "baseline" if kind == "baseline" else f"{sc.attack.name} vs {sc.defense_label()}"
+                progress.update(
+                    task,
+                    advance=1,
+                    description=f"{sc.name}: {label}",
+                    status=f"round {rec.round + 1}: acc {rec.accuracy:.3f}",
+                )
+
+            doc = run_scenario(sc, device=args.device, on_round=on_round)
+    _print_table(console, doc)
+    if args.json:
+        path = write_json(doc, args.json)
+        console.print(f"results written to [bold]{path}[/bold]")
+    return 0
+
+
+def _fmt(v: Any, pct: bool = False) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        return f"{v:.1%}" if pct else f"{v:.3f}"
+    return str(v)
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _print_table(console: Any, doc: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    sc = doc["scenario"]
+    spec = sc["spec"]
+    fed = spec["federation"]
+    title = (
+        f"{sc['name']} — {spec['workload']['name']}, {fed['clients']} clients "
+        f"({len(doc['runs'][-1]['malicious'])} malicious), {fed['rounds']} rounds, seed {sc['seed']}"
+    )
+    t = Table(title=title, title_justify="left")
+    for col in ("attack", "defense", "final acc", "acc drop", f"rounds→{fed['target_accuracy']:.0%}",
+                "bytes on wire", "dropped", "rejected", "detect P / R", "FPR"):
+        t.add_column(col, justify="left" if col in ("attack", "defense") else "right")
+    for run in doc["runs"]:
+        m = run["metrics"]
+        det = m["detection"]
+        t.add_row(
+            run["attack"] + (" (baseline)" if run["baseline"] else ""),
+            run["defense"],
+            _fmt(m["final_accuracy"], pct=True),
+            _fmt(m.get("accuracy_drop"), pct=True) if not run["baseline"] else "—",
+            _fmt(m["rounds_to_target"]),
+            _bytes(m["bytes_on_wire"]),
+            str(m["dropped_updates"]),
+            str(m["rejected_updates"]),
+            f"{_fmt(det['precision'])} / {_fmt(det['recall'])}",
+            _fmt(det["fpr"]),
+        )
+    console.print(t)
+
+
+# ---------------------------------------------------------------------------- list
+
+
+def _cmd_list(group: str, names_only: bool) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .registry import ATTACKS, DEFENSES, WORKLOADS
+
+    reg = {"attacks": ATTACKS, "defenses": DEFENSES, "workloads": WORKLOADS}[group]
+    names = reg.names()
+    if names_only:
+        print("\n".join(names))
+        return 0
+    t = Table(title=f"registered {group}", show_lines=True)
+    for col in ("name", "summary", "parameters (default)", "reference", "package"):
+        t.add_column(col)
+    for name in names:
+        try:
+            info = reg.info(name)
+        except RedteamError as exc:
+            t.add_row(name, f"[red]{exc}[/red]", "", "", "")
+            continue
+        params = "\n".join(f"{p} = {d!r}" for p, _, d in info.parameters) or "—"
+        t.add_row(name, info.summary, params, info.reference or "—", info.distribution)
+    Console().print(t)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

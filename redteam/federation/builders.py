@@ -1,0 +1,51 @@
+"""Turn validated scenario specs into live objects (defense pipelines, codecs, attacks)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from ..errors import InvalidParameter
+from ..pipeline import Pipeline
+from ..registry import ATTACKS, DEFENSES, WORKLOADS
+from ..types import Attack, Defense
+
+if TYPE_CHECKING:
+    from ..scenario import PluginSpec, TransportSpec
+
+__all__ = ["build_defense", "build_attack", "build_workload", "build_compressor", "codec_label"]
+
+
+def build_defense(specs: "Sequence[PluginSpec] | PluginSpec") -> Defense:
+    """One spec → that defense; several → a :class:`~redteam.pipeline.Pipeline`."""
+    if not isinstance(specs, (list, tuple)):
+        specs = (specs,)
+    stages = [DEFENSES.create(s.name, s.params) for s in specs]
+    for s, st in zip(specs, stages):
+        if not isinstance(st, Defense):
+            raise InvalidParameter(f"defense {s.name!r} is not a redteam.Defense (got {type(st).__name__})")
+    if len(stages) == 1:
+        return stages[0]
+    return Pipeline(tuple(stages))
+
+
+def build_attack(spec: "PluginSpec") -> Attack:
+    atk = ATTACKS.create(spec.name, spec.params)
+    if not isinstance(atk, Attack):
+        raise InvalidParameter(f"attack {spec.name!r} is not a redteam.Attack (got {type(atk).__name__})")
+    return atk
+
+
+def build_workload(name: str, params: dict) -> object:
+    return WORKLOADS.create(name, params)
+
+
+def build_compressor(spec: "TransportSpec") -> object:
+    from ..transport.compression import Compressor, make_codec
+
+    codec = make_codec(spec.codec, **dict(spec.codec_params))
+    return Compressor(codec=codec, error_feedback=spec.error_feedback)
+
+
+def codec_label(spec: "TransportSpec") -> str:
+    params = ",".join(f"{k}={spec.codec_params[k]!r}" for k in sorted(spec.codec_params))
+    return f"{spec.codec}({params})"

@@ -1,0 +1,162 @@
+"""Hierarchical merge: groups of clients → sub-aggregators → … → root.
+
+Clients are assigned to ``fan_out ** (depth − 1)`` bottom groups. Each bottom group runs
+the scenario's defense on its members' updates and passes up a sub-aggregate weighted by
+the sample counts it accepted; each level above combines up to ``fan_out`` children with
+the upper defense (mean by default), until one root aggregate remains. With depth 1 the
+merge is flat: the defense sees every update at once.
+
+With the (sample-weighted) mean at every level, a group of total weight W_g passes
+up Σ_{i∈g} wᵢxᵢ / W_g with weight W_g, so the root computes exactly the flat FedAvg
+Σ wᵢxᵢ / Σ wᵢ (up to float rounding).
+
+Grouping (``grouping``):
+
+* ``random``: a fresh random assignment every round (from the round's generator);
+* ``region``: contiguous blocks of client ids (clients of one region share a
+  sub-aggregator), fixed across rounds;
+* ``hash``: group = SHA-256(client id) mod groups — fixed and *predictable*, which
+  is exactly what an identity-grinding attacker exploits (REFERENCES §3.4).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Callable, Literal
+
+import numpy as np
+import torch
+
+from .errors import InvalidParameter
+from .types import Decision, Defense, ServerContext
+
+__all__ = ["Hierarchy", "MergeResult", "assign_groups", "hierarchical_merge"]
+
+
+@dataclass(frozen=True, slots=True)
+class Hierarchy:
+    fan_out: int = 4
+    depth: int = 1
+    grouping: Literal["random", "region", "hash"] = "random"
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.fan_out, int) and self.fan_out >= 2):
+            raise InvalidParameter(f"Hierarchy.fan_out = {self.fan_out!r}: must be an integer ≥ 2")
+        if not (isinstance(self.depth, int) and 1 <= self.depth <= 8):
+            raise InvalidParameter(f"Hierarchy.depth = {self.depth!r}: must be an integer in [1, 8]")
+        if self.grouping not in ("random", "region", "hash"):
+            raise InvalidParameter(
+                f"Hierarchy.grouping = {self.grouping!r}: must be 'random', 'region' or 'hash'"
+            )
+
+    @property
+    def n_groups(self) -> int:
+        return self.fan_out ** (self.depth - 1)
+
+
+@dataclass(slots=True)
+class MergeResult:
+    aggregate: torch.Tensor
+    accepted: torch.Tensor  # (m,) over the rows given
+    reasons: dict[int, str] = field(default_factory=dict)  # row → why rejected
+    groups: list[list[int]] = field(default_factory=list)  # bottom groups, as row positions
+    state: dict[str, dict] = field(default_factory=dict)
+
+
+def assign_groups(
+    client_ids: list[int], n_total: int, hierarchy: Hierarchy, rng: np.random.Generator
+) -> list[list[int]]:
+    """Bottom groups as lists of *positions* into ``client_ids`` (empty groups dropped)."""
+    m = len(client_ids)
+    g = min(hierarchy.n_groups, max(m, 1))
+    if g <= 1:
+        return [list(range(m))] if m else []
+    if hierarchy.grouping == "random":
+        labels = np.empty(m, dtype=np.int64)
+        labels[rng.permutation(m)] = np.arange(m) % g
+    elif hierarchy.grouping == "region":
+        labels = np.array([cid * g // max(n_total, 1) for cid in client_ids], dtype=np.int64)
+    else:  # hash
+        labels = np.array(
+            [int.from_bytes(hashlib.sha256(str(cid).encode()).digest()[:8], "big") % g for cid in client_ids],
+            dtype=np.int64,
+        )
+    groups = [np.flatnonzero(labels == k).tolist() for k in range(g)]
+    return [grp for grp in groups if grp]
+
+
+def hierarchical_merge(
+    updates: torch.Tensor,
+    weights: torch.Tensor,
+    groups: list[list[int]],
+    defense: Defense,
+    upper: Defense,
+    fan_out: int,
+    make_ctx: Callable[[torch.Tensor, list[int], str], ServerContext],
+) -> MergeResult:
+    """Merge ``updates`` (``(m, d)``) up the tree described by ``groups`` and ``fan_out``.
+
+    ``make_ctx(weights, rows, key)`` builds the server context of one node (``rows`` are
+    the positions it covers at the bottom level, ``key`` names the node for its state).
+    """
+    m = updates.shape[0]
+    accepted = torch.zeros(m, dtype=torch.bool, device=updates.device)
+    reasons: dict[int, str] = {}
+    state: dict[str, dict] = {}
+    if m == 0:
+        return MergeResult(torch.zeros(updates.shape[1], dtype=updates.dtype, device=updates.device),
+                           accepted, reasons, groups, state)
+
+    # bottom level
+    nodes: list[tuple[torch.Tensor, torch.Tensor, list[int]]] = []  # (aggregate, weight, rows)
+    for gi, rows in enumerate(groups):
+        idx = torch.tensor(rows, dtype=torch.long, device=updates.device)
+        w = weights[idx]
+        key = f"0.{gi}"
+        dec: Decision = defense(updates[idx], make_ctx(w, rows, key))
+        state[key] = dict(dec.state)
+        acc = dec.accepted.to(torch.bool)
+        accepted[idx[acc]] = True
+        for local, why in dec.reasons.items():
+            reasons[rows[local]] = why
+        for local in (~acc).nonzero().flatten().tolist():
+            reasons.setdefault(rows[local], f"rejected by {type(defense).__name__}")
+        total = (w * acc.to(w.dtype)).sum()
+        if bool(acc.any()):
+            nodes.append((dec.aggregate, total, rows))
+        if len(groups) == 1:
+            return MergeResult(dec.aggregate, accepted, reasons, groups, state)
+
+    # upper levels
+    level = 1
+    while len(nodes) > 1:
+        parents: list[tuple[torch.Tensor, torch.Tensor, list[int]]] = []
+        for pi in range(0, len(nodes), fan_out):
+            children = nodes[pi : pi + fan_out]
+            aggs = torch.stack([c[0] for c in children])
+            cw = torch.stack([c[1] for c in children]).to(updates.dtype)
+            rows = [r for c in children for r in c[2]]
+            key = f"{level}.{pi // fan_out}"
+            dec = upper(aggs, make_ctx(cw, rows, key))
+            state[key] = dict(dec.state)
+            kept_rows: list[int] = []
+            for ci, child in enumerate(children):
+                if bool(dec.accepted[ci]):
+                    kept_rows.extend(child[2])
+                else:
+                    for r in child[2]:
+                        if accepted[r]:
+                            accepted[r] = False
+                            reasons[r] = f"its group was rejected at merge level {level}: " + dec.reasons.get(
+                                ci, type(upper).__name__
+                            )
+            total = (cw * dec.accepted.to(cw.dtype)).sum()
+            if kept_rows:
+                parents.append((dec.aggregate, total, kept_rows))
+        nodes = parents
+        level += 1
+    if not nodes:
+        return MergeResult(torch.zeros(updates.shape[1], dtype=updates.dtype, device=updates.device),
+                           accepted, reasons, groups, state)
+    return MergeResult(nodes[0][0], accepted, reasons, groups, state)

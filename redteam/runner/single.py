@@ -1,0 +1,132 @@
+"""Run one scenario: its attack and defense, and its no-attack baseline with the same seed.
+
+The JSON document this module produces is a stable, documented interface (README,
+"The JSON output")::
+
+    {
+      "format": "redteam.run/v1",
+      "scenario": {"name", "file", "seed", "digest", "spec"},
+      "versions": {"redteam", "torch", "python"},
+      "device": "cpu",
+      "runs": [
+        {"attack": "none", "defense": "...", "baseline": true,
+         "metrics": {"final_accuracy", "accuracy_drop", "bytes_on_wire", "dropped_updates", ...},
+         "malicious": [client ids], "rounds": [{"round", "accuracy", "loss", ...}, ...]},
+        {"attack": "sign_flip", ... "baseline": false, ...}
+      ]
+    }
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+from pathlib import Path
+from typing import Any, Callable
+
+from ..scenario import PluginSpec, Scenario
+from ..scoring import summarize
+from ..types import RoundRecord
+
+__all__ = ["run_scenario", "write_json", "sanitize", "FORMAT"]
+
+FORMAT = "redteam.run/v1"
+
+
+def _versions() -> dict[str, str]:
+    import torch
+
+    from .. import __version__
+
+    return {"redteam": __version__, "torch": torch.__version__, "python": platform.python_version()}
+
+
+def _round_dict(r: RoundRecord) -> dict[str, Any]:
+    return {
+        "round": r.round,
+        "accuracy": r.accuracy,
+        "loss": r.loss if math.isfinite(r.loss) else None,
+        "accepted": r.accepted,
+        "participating": r.participating,
+        "dropped": {str(k): v for k, v in r.dropped.items()},
+        "rejected": {str(k): v for k, v in r.rejected.items()},
+        "bytes_on_wire": r.bytes_on_wire,
+        "sim_time_s": r.sim_time_s,
+        "wall_time_s": r.wall_time_s,
+        "defense_time_s": r.defense_time_s,
+    }
+
+
+def run_scenario(
+    scenario: Scenario,
+    *,
+    device: str = "cpu",
+    on_round: Callable[[str, RoundRecord], None] | None = None,
+) -> dict[str, Any]:
+    """Run the baseline (attack ``none``) and, unless the scenario's attack is ``none``,
+    the attacked federation; return the JSON-ready document."""
+    from ..federation.loop import Federation
+
+    target = scenario.federation.target_accuracy
+    runs: list[tuple[str, Any]] = []
+    baseline = Federation(scenario, device=device, attack=PluginSpec("none"))
+    b_res = baseline.run(on_round=(lambda r: on_round("baseline", r)) if on_round else None)
+    runs.append(("baseline", b_res))
+    attacked_res = None
+    if scenario.attack.name != "none":
+        fed = Federation(scenario, device=device)
+        attacked_res = fed.run(on_round=(lambda r: on_round("attacked", r)) if on_round else None)
+        runs.append(("attacked", attacked_res))
+
+    out_runs = []
+    for kind, res in runs:
+        metrics = summarize(res.records, b_res.records, target_accuracy=target)
+        out_runs.append(
+            {
+                "attack": res.attack,
+                "attack_params": dict(scenario.attack.params) if kind == "attacked" else {},
+                "defense": res.defense,
+                "baseline": kind == "baseline",
+                "metrics": metrics,
+                "malicious": res.malicious,
+                "wall_time_s": res.wall_time_s,
+                "rounds": [_round_dict(r) for r in res.records],
+            }
+        )
+    return {
+        "format": FORMAT,
+        "scenario": {
+            "name": scenario.name,
+            "file": scenario.source,
+            "seed": scenario.seed,
+            "digest": scenario.digest(),
+            "spec": scenario.to_dict(),
+        },
+        "versions": _versions(),
+        "device": str(baseline.device),
+        "runs": out_runs,
+    }
+
+
+def write_json(doc: dict[str, Any], path: str | Path) -> Path:
+    """Write atomically (temp file + rename), so an interrupted write loses nothing old."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(sanitize(doc), indent=2, allow_nan=False) + "\n")
+    tmp.replace(p)
+    return p
+
+
+def sanitize(o: Any) -> Any:
+    """JSON has no NaN or infinity: they become ``null``; unknown objects become strings."""
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {str(k): sanitize(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [sanitize(v) for v in o]
+    if o is None or isinstance(o, (bool, int, str)):
+        return o
+    return str(o)

@@ -1,0 +1,384 @@
+"""Scenario files: TOML → frozen, validated dataclasses.
+
+A scenario names a workload, a federation, its transport and hierarchy, one attack and
+one defense (or a pipeline of defenses)::
+
+    [scenario]
+    name = "smoke"
+    seed = 0
+
+    [workload]
+    name = "digits"
+
+    [federation]
+    clients = 20
+    malicious_fraction = 0.2
+    rounds = 30
+
+    [transport]
+    codec = "topk"
+    codec_params = { fraction = 0.1 }
+
+    [attack]
+    name = "sign_flip"
+    variant = "own"
+
+    [defense]
+    pipeline = [ { name = "norm_bound", bound = 2.0 }, { name = "mean" } ]
+
+Every key is checked: an unknown key, a value of the wrong type or out of range is an
+:class:`~redteam.errors.InvalidScenario` that names the file, the key path, the value
+and what was allowed (``smoke.toml: [federation].clients = -3: must be ≥ 1``). Plugin
+names and parameters are checked against the registries, with close matches for typos.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import math
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal, Mapping
+
+from .errors import InvalidParameter, InvalidScenario, RedteamError
+from .registry import ATTACKS, DEFENSES, WORKLOADS, _coerce
+
+__all__ = [
+    "Scenario",
+    "ScenarioInfo",
+    "WorkloadSpec",
+    "FederationSpec",
+    "TransportSpec",
+    "NetworkSpec",
+    "HierarchySpec",
+    "PluginSpec",
+    "load_scenario",
+    "parse_scenario",
+]
+
+
+def _rule(default: Any, check: Callable[[Any], bool] | None = None, expect: str = "", **kw: Any) -> Any:
+    """A dataclass field with a validation rule: ``check(value)`` must hold, else ``expect``."""
+    meta = {"check": check, "expect": expect}
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta, **kw)
+    return field(default=default, metadata=meta, **kw)
+
+
+def _pos_int(v: Any) -> bool:
+    return isinstance(v, int) and v >= 1
+
+
+def _nonneg(v: Any) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v) and v >= 0
+
+
+def _pos(v: Any) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v) and v > 0
+
+
+def _prob(v: Any) -> bool:
+    return isinstance(v, (int, float)) and 0 <= v <= 1
+
+
+@dataclass(frozen=True, slots=True)
+class ScenarioInfo:
+    name: str = "scenario"
+    seed: int = _rule(0, lambda v: isinstance(v, int) and 0 <= v < 2**63, "must be an integer in [0, 2**63)")
+    description: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PluginSpec:
+    """A plugin by registry name with its parameters (validated against the registry)."""
+
+    name: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def label(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadSpec:
+    name: str = "digits"
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class FederationSpec:
+    clients: int = _rule(20, _pos_int, "must be an integer ≥ 1")
+    malicious_fraction: float = _rule(0.0, lambda v: _prob(v) and v < 1, "must be in [0, 1)")
+    rounds: int = _rule(30, _pos_int, "must be an integer ≥ 1")
+    partition: Literal["iid", "dirichlet", "shards", "quantity"] = "dirichlet"
+    alpha: float = _rule(0.5, _pos, "must be > 0")
+    shards_per_client: int = _rule(2, _pos_int, "must be an integer ≥ 1")
+    quantity_beta: float = _rule(1.0, _pos, "must be > 0")
+    min_samples: int = _rule(2, _pos_int, "must be an integer ≥ 1")
+    local_steps: int = _rule(10, _pos_int, "must be an integer ≥ 1")
+    local_epochs: float | None = _rule(None, lambda v: v is None or _pos(v), "must be > 0")
+    batch_size: int = _rule(16, _pos_int, "must be an integer ≥ 1")
+    lr: float = _rule(0.1, _pos, "must be > 0")
+    prox_mu: float = _rule(0.0, _nonneg, "must be ≥ 0")
+    server_optimizer: Literal["fedavg", "fedadam", "nesterov"] = "fedavg"
+    server_lr: float | None = _rule(None, lambda v: v is None or _pos(v), "must be > 0")
+    server_momentum: float = _rule(0.9, lambda v: _prob(v) and v < 1, "must be in [0, 1)")
+    target_accuracy: float = _rule(0.9, _prob, "must be in [0, 1]")
+    omniscient: bool | None = None
+
+    @property
+    def n_malicious(self) -> int:
+        return int(round(self.malicious_fraction * self.clients))
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkSpec:
+    bandwidth_mbps: float = _rule(50.0, _pos, "must be > 0")
+    bandwidth_sigma: float = _rule(0.5, _nonneg, "must be ≥ 0")
+    latency_ms: float = _rule(40.0, _nonneg, "must be ≥ 0")
+    latency_sigma: float = _rule(0.3, _nonneg, "must be ≥ 0")
+    loss: float = _rule(0.0, lambda v: _prob(v) and v < 1, "must be in [0, 1)")
+    relay_fraction: float = _rule(0.0, _prob, "must be in [0, 1]")
+    retries: int = _rule(1, lambda v: isinstance(v, int) and v >= 0, "must be an integer ≥ 0")
+    deadline_s: float | None = _rule(None, lambda v: v is None or _pos(v), "must be > 0")
+    compute_s_per_step: float = _rule(0.01, _nonneg, "must be ≥ 0")
+    compute_sigma: float = _rule(0.3, _nonneg, "must be ≥ 0")
+    churn_leave: float = _rule(0.0, _prob, "must be in [0, 1]")
+    churn_join: float = _rule(0.5, _prob, "must be in [0, 1]")
+
+
+@dataclass(frozen=True, slots=True)
+class TransportSpec:
+    codec: str = "none"
+    codec_params: Mapping[str, Any] = field(default_factory=dict)
+    error_feedback: bool = True
+    chunk_size: int = _rule(16384, lambda v: isinstance(v, int) and 64 <= v <= 2**26, "must be in [64, 2**26]")
+    network: NetworkSpec = field(default_factory=NetworkSpec)
+
+
+@dataclass(frozen=True, slots=True)
+class HierarchySpec:
+    fan_out: int = _rule(4, lambda v: isinstance(v, int) and v >= 2, "must be an integer ≥ 2")
+    depth: int = _rule(1, lambda v: isinstance(v, int) and 1 <= v <= 8, "must be an integer in [1, 8]")
+    grouping: Literal["random", "region", "hash"] = "random"
+    upper_defense: PluginSpec = field(default_factory=lambda: PluginSpec("mean"))
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A validated scenario. ``defense`` is a tuple of stages (one stage = that defense)."""
+
+    scenario: ScenarioInfo = field(default_factory=ScenarioInfo)
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    federation: FederationSpec = field(default_factory=FederationSpec)
+    transport: TransportSpec = field(default_factory=TransportSpec)
+    hierarchy: HierarchySpec = field(default_factory=HierarchySpec)
+    attack: PluginSpec = field(default_factory=lambda: PluginSpec("none"))
+    defense: tuple[PluginSpec, ...] = (PluginSpec("mean"),)
+    source: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.scenario.name
+
+    @property
+    def seed(self) -> int:
+        return self.scenario.seed
+
+    def defense_label(self) -> str:
+        return "+".join(s.name for s in self.defense)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("source", None)
+        return json.loads(json.dumps(d, default=str))
+
+    def digest(self) -> str:
+        """SHA-256 of the canonical JSON of the validated scenario (what was run)."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+    def replace(self, **changes: Any) -> "Scenario":
+        return dataclasses.replace(self, **changes)
+
+    def with_attack(self, spec: PluginSpec) -> "Scenario":
+        return dataclasses.replace(self, attack=spec)
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+class _Where:
+    def __init__(self, file: str) -> None:
+        self.file = file
+
+    def err(self, path: str, value: Any, expect: str) -> InvalidScenario:
+        shown = json.dumps(value) if isinstance(value, (str, int, float, bool, list, dict)) else repr(value)
+        return InvalidScenario(f"{self.file}: {path} = {shown}: {expect}")
+
+
+def _section_path(section: str, key: str) -> str:
+    head, _, rest = section.partition(".")
+    return f"[{section}].{key}"
+
+
+def _build(cls: type, table: Any, section: str, where: _Where, nested: Mapping[str, Callable] | None = None) -> Any:
+    if not isinstance(table, Mapping):
+        raise where.err(f"[{section}]", table, "must be a table")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in fields:
+            close = difflib.get_close_matches(key, list(fields), n=2, cutoff=0.6)
+            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            raise InvalidScenario(
+                f"{where.file}: [{section}] has unknown key {key!r}{hint} (allowed: {', '.join(fields)})"
+            )
+        path = _section_path(section, key)
+        if nested and key in nested:
+            kwargs[key] = nested[key](value, f"{section}.{key}")
+            continue
+        try:
+            value = _coerce(value, hints.get(key, Any), "")
+        except InvalidParameter:
+            raise where.err(path, value, f"expected {_describe(hints.get(key, Any))}") from None
+        meta = fields[key].metadata
+        check = meta.get("check") if meta else None
+        if check is not None and not check(value):
+            raise where.err(path, value, meta.get("expect") or "invalid value")
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def _describe(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(json.dumps(a) for a in typing.get_args(tp))
+    if tp is int:
+        return "an integer"
+    if tp is float:
+        return "a number"
+    if tp is bool:
+        return "true or false"
+    if tp is str:
+        return "a string"
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType")):
+        parts = [_describe(a) for a in typing.get_args(tp) if a is not type(None)]
+        return " or ".join(parts)
+    return str(tp)
+
+
+def _plugin(table: Any, section: str, where: _Where, registry: Any, check: bool = True) -> PluginSpec:
+    if isinstance(table, str):
+        table = {"name": table}
+    if not isinstance(table, Mapping):
+        raise where.err(f"[{section}]", table, "must be a table with a 'name' key, or a name")
+    if "name" not in table:
+        raise InvalidScenario(f"{where.file}: [{section}] needs a 'name' key")
+    name = table["name"]
+    params = {k: v for k, v in table.items() if k != "name"}
+    if not isinstance(name, str):
+        raise where.err(f"[{section}].name", name, "must be a string")
+    if check:
+        try:
+            registry.create(name, params)
+        except RedteamError as exc:
+            raise InvalidScenario(f"{where.file}: [{section}]: {exc}") from None
+    return PluginSpec(name, params)
+
+
+def parse_scenario(data: Mapping[str, Any], *, file: str = "<scenario>", check_plugins: bool = True) -> Scenario:
+    """Validate a parsed TOML document (a dict) into a :class:`Scenario`."""
+    where = _Where(file)
+    allowed = ("scenario", "workload", "federation", "transport", "hierarchy", "attack", "defense")
+    for key in data:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+            hint = f"; did you mean [{close[0]}]?" if close else ""
+            raise InvalidScenario(f"{file}: unknown section [{key}]{hint} (allowed: {', '.join(allowed)})")
+    kw: dict[str, Any] = {"source": file}
+    if "scenario" in data:
+        kw["scenario"] = _build(ScenarioInfo, data["scenario"], "scenario", where)
+    if "workload" in data:
+        spec = _plugin(data["workload"], "workload", where, WORKLOADS, check_plugins)
+        kw["workload"] = WorkloadSpec(spec.name, spec.params)
+    if "federation" in data:
+        kw["federation"] = _build(FederationSpec, data["federation"], "federation", where)
+    if "transport" in data:
+        kw["transport"] = _build(
+            TransportSpec,
+            data["transport"],
+            "transport",
+            where,
+            nested={"network": lambda v, s: _build(NetworkSpec, v, s, where)},
+        )
+        if check_plugins:
+            _check_codec(kw["transport"], where)
+    if "hierarchy" in data:
+        kw["hierarchy"] = _build(
+            HierarchySpec,
+            data["hierarchy"],
+            "hierarchy",
+            where,
+            nested={"upper_defense": lambda v, s: _plugin(v, s, where, DEFENSES, check_plugins)},
+        )
+    if "attack" in data:
+        kw["attack"] = _plugin(data["attack"], "attack", where, ATTACKS, check_plugins)
+    if "defense" in data:
+        kw["defense"] = _defense(data["defense"], where, check_plugins)
+    return Scenario(**kw)
+
+
+def _defense(table: Any, where: _Where, check: bool) -> tuple[PluginSpec, ...]:
+    if isinstance(table, Mapping) and "pipeline" in table:
+        extra = [k for k in table if k != "pipeline"]
+        if extra:
+            raise InvalidScenario(
+                f"{where.file}: [defense] with 'pipeline' takes no other keys, got {', '.join(map(repr, extra))}"
+            )
+        stages = table["pipeline"]
+        if not isinstance(stages, list) or not stages:
+            raise where.err("[defense].pipeline", stages, "must be a non-empty list of tables")
+        specs = tuple(_plugin(s, f"defense.pipeline[{i}]", where, DEFENSES, check) for i, s in enumerate(stages))
+        if check:
+            from .federation.builders import build_defense
+
+            try:
+                build_defense(specs)
+            except RedteamError as exc:
+                raise InvalidScenario(f"{where.file}: [defense].pipeline: {exc}") from None
+        return specs
+    return (_plugin(table, "defense", where, DEFENSES, check),)
+
+
+def _check_codec(spec: TransportSpec, where: _Where) -> None:
+    from .federation.builders import build_compressor
+
+    try:
+        build_compressor(spec)
+    except RedteamError as exc:
+        raise InvalidScenario(f"{where.file}: [transport]: {exc}") from None
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise InvalidScenario(f"{p}: no such scenario file") from None
+    except OSError as exc:
+        raise InvalidScenario(f"{p}: cannot read: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise InvalidScenario(f"{p}: not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidScenario(f"{p}: invalid TOML: {exc}") from None
+    return parse_scenario(data, file=p.name)

@@ -1,0 +1,354 @@
+"""Content-addressed chunks, Merkle roots and update manifests (BitTorrent v2 style).
+
+An encoded update (``bytes``) is cut into fixed-size chunks; each chunk is addressed
+by its SHA-256 digest and a Merkle root is built over the digests as BEP 52 does for a
+file's 16 KiB blocks (Cohen & Norberg, "BitTorrent v2", BEP 52, 2017/2020):
+
+* the leaf layer is padded with 32 zero bytes up to a power of two;
+* a node is SHA-256(left ‖ right); a single leaf is its own root.
+
+Because every leaf digest is in the manifest, a single chunk can be checked the
+moment it arrives and re-fetched from another peer if it does not match; peers that
+hold only the root can check a chunk with :func:`merkle_proof` / :func:`verify_proof`.
+
+Conventions (documented choices, not BEP 52's):
+
+* an empty payload is one empty chunk, so every manifest lists at least one digest;
+* chunk i has ``chunk_size`` bytes except the last, which has the remainder.
+
+:class:`UpdateManifest` binds round, client, parent-model digest, codec, payload
+length, chunk size, the chunk digests, their Merkle root and a fresh nonce. Its
+:meth:`~UpdateManifest.to_json` is the canonical byte string that signatures cover
+(sorted keys, no whitespace, ASCII); :meth:`~UpdateManifest.from_json` accepts only that
+form and validates every field, raising :class:`ManifestError` naming the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from redteam.errors import DecodeError, InvalidParameter, TransportError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+__all__ = [
+    "DEFAULT_CHUNK_SIZE",
+    "ZERO_DIGEST",
+    "ManifestError",
+    "split",
+    "chunk_digest",
+    "merkle_root",
+    "merkle_proof",
+    "verify_proof",
+    "params_digest",
+    "new_nonce",
+    "UpdateManifest",
+    "build_manifest",
+    "reassemble",
+    "check_chunk",
+]
+
+DEFAULT_CHUNK_SIZE = 16 * 1024  # BEP 52's leaf block size
+ZERO_DIGEST = bytes(32)
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_HEX32 = re.compile(r"[0-9a-f]{32}")
+_MAX_CODEC_LEN = 256
+_MAX_INT = 2**53  # JSON-safe integers only
+
+
+class ManifestError(DecodeError, TransportError):
+    """An update manifest is malformed or inconsistent (the message names the field)."""
+
+
+def _check_chunk_size(chunk_size: Any) -> int:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise InvalidParameter(f"chunk_size = {chunk_size!r}: must be an integer ≥ 1")
+    return chunk_size
+
+
+def n_chunks(payload_len: int, chunk_size: int) -> int:
+    """How many chunks a payload of ``payload_len`` bytes has (at least one)."""
+    return max(1, math.ceil(payload_len / chunk_size))
+
+
+def split(payload: bytes, chunk_size: int = DEFAULT_CHUNK_SIZE) -> list[bytes]:
+    """Cut ``payload`` into chunks of ``chunk_size`` bytes (the last may be short).
+
+    An empty payload gives one empty chunk.
+    """
+    _check_chunk_size(chunk_size)
+    view = memoryview(payload).cast("B")
+    if len(view) == 0:
+        return [b""]
+    return [bytes(view[i : i + chunk_size]) for i in range(0, len(view), chunk_size)]
+
+
+def chunk_digest(data: bytes) -> bytes:
+    """SHA-256 of one chunk (32 bytes)."""
+    return hashlib.sha256(memoryview(data)).digest()
+
+
+def _padded_leaves(digests: Sequence[bytes]) -> list[bytes]:
+    leaves = [bytes(d) for d in digests]
+    if not leaves:
+        raise InvalidParameter("digests = []: a Merkle tree needs at least one leaf")
+    for i, d in enumerate(leaves):
+        if len(d) != 32:
+            raise InvalidParameter(f"digests[{i}] has {len(d)} bytes, expected 32 (SHA-256)")
+    width = 1 << (len(leaves) - 1).bit_length()
+    return leaves + [ZERO_DIGEST] * (width - len(leaves))
+
+
+def _parent_layer(layer: list[bytes]) -> list[bytes]:
+    sha = hashlib.sha256
+    return [sha(layer[i] + layer[i + 1]).digest() for i in range(0, len(layer), 2)]
+
+
+def merkle_root(digests: Sequence[bytes]) -> bytes:
+    """BEP 52 Merkle root over leaf digests (zero-padded to a power of two)."""
+    layer = _padded_leaves(digests)
+    while len(layer) > 1:
+        layer = _parent_layer(layer)
+    return layer[0]
+
+
+def merkle_proof(digests: Sequence[bytes], index: int) -> list[bytes]:
+    """Sibling hashes from leaf ``index`` up to (not including) the root."""
+    layer = _padded_leaves(digests)
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(digests):
+        raise InvalidParameter(f"index = {index!r}: must be in [0, {len(digests)})")
+    proof = []
+    while len(layer) > 1:
+        proof.append(layer[index ^ 1])
+        layer = _parent_layer(layer)
+        index //= 2
+    return proof
+
+
+def verify_proof(leaf_digest: bytes, index: int, proof: Sequence[bytes], root: bytes) -> bool:
+    """True iff ``proof`` links ``leaf_digest`` at ``index`` to ``root``; never raises."""
+    try:
+        node = bytes(leaf_digest)
+        if len(node) != 32 or len(bytes(root)) != 32 or not isinstance(index, int) or index < 0:
+            return False
+        if index >> len(proof):
+            return False
+        for sibling in proof:
+            sib = bytes(sibling)
+            if len(sib) != 32:
+                return False
+            pair = sib + node if index & 1 else node + sib
+            node = hashlib.sha256(pair).digest()
+            index >>= 1
+        return node == bytes(root)
+    except (TypeError, ValueError):
+        return False
+
+
+def params_digest(params: "torch.Tensor") -> str:
+    """Hex SHA-256 of the flattened parameters as little-endian float32 (the parent digest)."""
+    import numpy as np
+
+    arr = params.detach().to("cpu").reshape(-1).float().numpy().astype("<f4", copy=False)
+    return hashlib.sha256(memoryview(np.ascontiguousarray(arr)).cast("B")).hexdigest()
+
+
+def new_nonce(rng: "np.random.Generator") -> str:
+    """16 random bytes from ``rng`` as 32 hex characters."""
+    return bytes(rng.integers(0, 256, size=16, dtype="uint8").tolist()).hex()
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateManifest:
+    """What a client announces about one encoded update; the object that gets signed.
+
+    Fields: ``round`` and ``client`` (≥ 0), ``parent_digest`` (hex SHA-256 of the global
+    parameters the delta is relative to), ``codec`` (the codec's canonical spec),
+    ``payload_len`` and ``chunk_size`` (bytes), ``chunk_digests`` (hex SHA-256 per chunk),
+    ``merkle_root`` (hex, BEP 52 root over the digests) and ``nonce`` (32 hex chars).
+
+    Construction does not validate (attacks must be able to forge bad manifests);
+    :meth:`validate` and :meth:`from_json` do.
+    """
+
+    round: int
+    client: int
+    parent_digest: str
+    codec: str
+    payload_len: int
+    chunk_size: int
+    chunk_digests: tuple[str, ...]
+    merkle_root: str
+    nonce: str
+
+    @property
+    def n_chunks(self) -> int:
+        return len(self.chunk_digests)
+
+    def to_json(self) -> bytes:
+        """Canonical JSON bytes: sorted keys, no whitespace, ASCII only."""
+        obj = {f.name: getattr(self, f.name) for f in fields(self)}
+        obj["chunk_digests"] = list(self.chunk_digests)
+        return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+    def validate(self) -> "UpdateManifest":
+        """Check every field and the digest/root consistency; return ``self``."""
+        for name in ("round", "client", "payload_len", "chunk_size"):
+            v = getattr(self, name)
+            low = 1 if name == "chunk_size" else 0
+            if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= _MAX_INT:
+                raise ManifestError(f"manifest.{name} = {v!r}: must be an integer in [{low}, 2⁵³]")
+        for name, pattern, what in (
+            ("parent_digest", _HEX64, "64 lowercase hex characters (SHA-256)"),
+            ("merkle_root", _HEX64, "64 lowercase hex characters (SHA-256)"),
+            ("nonce", _HEX32, "32 lowercase hex characters (16 bytes)"),
+        ):
+            v = getattr(self, name)
+            if not isinstance(v, str) or not pattern.fullmatch(v):
+                raise ManifestError(f"manifest.{name} = {_short(v)}: must be {what}")
+        if not isinstance(self.codec, str) or not 0 < len(self.codec) <= _MAX_CODEC_LEN or not self.codec.isprintable():
+            raise ManifestError(f"manifest.codec = {_short(self.codec)}: must be printable text of 1–{_MAX_CODEC_LEN} chars")
+        digests = self.chunk_digests
+        if not isinstance(digests, (tuple, list)):
+            raise ManifestError(f"manifest.chunk_digests = {_short(digests)}: must be a list of hex digests")
+        want = n_chunks(self.payload_len, self.chunk_size)
+        if len(digests) != want:
+            raise ManifestError(
+                f"manifest.chunk_digests has {len(digests)} entries, payload_len {self.payload_len} "
+                f"at chunk_size {self.chunk_size} needs {want}"
+            )
+        for i, h in enumerate(digests):
+            if not isinstance(h, str) or not _HEX64.fullmatch(h):
+                raise ManifestError(f"manifest.chunk_digests[{i}] = {_short(h)}: must be 64 lowercase hex characters")
+        root = merkle_root([bytes.fromhex(h) for h in digests]).hex()
+        if root != self.merkle_root:
+            raise ManifestError(f"manifest.merkle_root {self.merkle_root[:16]}… does not match its chunk digests ({root[:16]}…)")
+        return self
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "UpdateManifest":
+        """Parse and validate canonical manifest JSON (untrusted bytes)."""
+        try:
+            text = bytes(data).decode("ascii")
+            obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+        except ManifestError:
+            raise
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise ManifestError(f"manifest: not valid ASCII JSON ({type(exc).__name__}: {exc})") from None
+        if not isinstance(obj, dict):
+            raise ManifestError(f"manifest: expected a JSON object, got {type(obj).__name__}")
+        names = [f.name for f in fields(cls)]
+        for key in obj:
+            if key not in names:
+                raise ManifestError(f"manifest: unknown field {_short(key)}")
+        for key in names:
+            if key not in obj:
+                raise ManifestError(f"manifest.{key}: missing")
+        if not isinstance(obj["chunk_digests"], list):
+            raise ManifestError(f"manifest.chunk_digests = {_short(obj['chunk_digests'])}: must be a list")
+        obj["chunk_digests"] = tuple(obj["chunk_digests"])
+        manifest = cls(**obj).validate()
+        if manifest.to_json() != bytes(data):
+            raise ManifestError("manifest: JSON is valid but not in canonical form (sorted keys, no whitespace)")
+        return manifest
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ManifestError(f"manifest: duplicate field {_short(k)}")
+        out[k] = v
+    return out
+
+
+def _reject_constant(name: str) -> Any:
+    raise ManifestError(f"manifest: {name} is not allowed in JSON")
+
+
+def build_manifest(
+    payload: bytes,
+    *,
+    round: int,
+    client: int,
+    parent_digest: str,
+    codec: str,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    nonce: str | bytes,
+) -> tuple[UpdateManifest, list[bytes]]:
+    """Chunk ``payload`` and describe it: ``(manifest, chunks)``.
+
+    ``nonce`` is 16 bytes or their 32-char hex (see :func:`new_nonce`).
+    """
+    chunks = split(payload, chunk_size)
+    digests = [chunk_digest(c) for c in chunks]
+    if isinstance(nonce, (bytes, bytearray)):
+        nonce = bytes(nonce).hex()
+    manifest = UpdateManifest(
+        round=round,
+        client=client,
+        parent_digest=parent_digest,
+        codec=codec,
+        payload_len=len(payload),
+        chunk_size=chunk_size,
+        chunk_digests=tuple(d.hex() for d in digests),
+        merkle_root=merkle_root(digests).hex(),
+        nonce=nonce,
+    )
+    try:
+        manifest.validate()
+    except ManifestError as exc:
+        raise InvalidParameter(f"build_manifest: {exc}") from None
+    return manifest, chunks
+
+
+def expected_chunk_len(manifest: UpdateManifest, index: int) -> int:
+    """Length in bytes chunk ``index`` must have under ``manifest``."""
+    if index < manifest.n_chunks - 1:
+        return manifest.chunk_size
+    return manifest.payload_len - (manifest.n_chunks - 1) * manifest.chunk_size
+
+
+def check_chunk(manifest: UpdateManifest, index: int, data: bytes) -> str | None:
+    """``None`` if ``data`` is chunk ``index`` of ``manifest``, else the problem."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        return f"chunk {index} is {type(data).__name__}, not bytes"
+    want = expected_chunk_len(manifest, index)
+    if len(data) != want:
+        return f"chunk {index} has {len(data)} bytes, expected {want}"
+    if hashlib.sha256(data).hexdigest() != manifest.chunk_digests[index]:
+        return f"chunk {index} digest mismatch"
+    return None
+
+
+def reassemble(manifest: UpdateManifest, chunks: Mapping[int, bytes]) -> bytes:
+    """Join the chunks of ``manifest`` after verifying each one and the total length.
+
+    Entries of ``chunks`` with indices outside the manifest are ignored. Raises
+    :class:`TransportError` naming the first bad or missing chunk and the client.
+    """
+    who = f"client {manifest.client}"
+    parts = []
+    for i in range(manifest.n_chunks):
+        if i not in chunks:
+            raise TransportError(f"chunk {i} of {who} missing")
+        problem = check_chunk(manifest, i, chunks[i])
+        if problem is not None:
+            raise TransportError(f"{problem.replace(f'chunk {i}', f'chunk {i} of {who}:', 1)}")
+        parts.append(bytes(chunks[i]))
+    payload = b"".join(parts)
+    if len(payload) != manifest.payload_len:
+        raise TransportError(f"{who}: reassembled {len(payload)} bytes, manifest says {manifest.payload_len}")
+    return payload

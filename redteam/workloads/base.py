@@ -1,0 +1,83 @@
+"""The workload contract: a model factory, the data, and how to score a model.
+
+A workload is a frozen dataclass registered under the ``redteam.workloads`` entry point
+group. The trainer needs four things from it:
+
+* :meth:`Workload.load` — the full training pool and a fixed held-out test split
+  (:class:`Dataset`); the federation partitions the training pool among clients;
+* :meth:`Workload.build_model` — a fresh ``torch.nn.Module`` (initialised from the
+  generator it is given), used *functionally*: the trainer stacks one flat parameter
+  vector per client and calls the module through ``torch.func.functional_call``;
+* :meth:`Workload.loss` — mean loss of model outputs against targets;
+* :meth:`Workload.correct` — per-sample correctness, for accuracy.
+
+Inputs may be float features (tabular, images flattened or not) or int64 token ids
+(sequence models): the trainer only indexes the first (sample) dimension, so a tiny
+language model fits the same contract with ``loss`` over ``(B, T, V)`` logits and
+``(B, T)`` targets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Dataset", "Workload"]
+
+
+@dataclass(frozen=True, slots=True)
+class Dataset:
+    """Training pool and held-out test split of one workload."""
+
+    train_x: "torch.Tensor"
+    train_y: "torch.Tensor"
+    test_x: "torch.Tensor"
+    test_y: "torch.Tensor"
+    num_classes: int
+
+    def to(self, device: "torch.device | str") -> "Dataset":
+        return Dataset(
+            self.train_x.to(device),
+            self.train_y.to(device),
+            self.test_x.to(device),
+            self.test_y.to(device),
+            self.num_classes,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """Base class; subclasses set the ClassVars and implement ``load`` and ``build_model``.
+
+    ``input_kind`` is ``"image"``, ``"tabular"`` or ``"tokens"``; image workloads also
+    give ``image_shape`` so that pixel-pattern attacks can address pixels.
+    """
+
+    summary: ClassVar[str] = ""
+    reference: ClassVar[str] = ""
+    input_kind: ClassVar[str] = "tabular"
+    image_shape: ClassVar[tuple[int, ...]] = ()
+
+    def __post_init__(self) -> None:
+        from ..types import _check_fields
+
+        _check_fields(self)
+
+    def load(self, seed: int) -> Dataset:  # pragma: no cover - contract
+        raise NotImplementedError
+
+    def build_model(self, generator: "torch.Generator") -> "torch.nn.Module":  # pragma: no cover
+        raise NotImplementedError
+
+    def loss(self, output: "torch.Tensor", target: "torch.Tensor") -> "torch.Tensor":
+        """Mean cross-entropy; works for ``(B, C)`` and ``(B, T, C)`` outputs."""
+        import torch.nn.functional as F
+
+        return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
+
+    def correct(self, output: "torch.Tensor", target: "torch.Tensor") -> "torch.Tensor":
+        """Per-element correctness (bool), flattened."""
+        return (output.argmax(dim=-1) == target).reshape(-1)
