@@ -43,6 +43,8 @@ __all__ = [
     "ZERO_DIGEST",
     "ManifestError",
     "split",
+    "count_chunks",
+    "expected_chunk_len",
     "chunk_digest",
     "merkle_root",
     "merkle_proof",
@@ -73,7 +75,7 @@ def _check_chunk_size(chunk_size: Any) -> int:
     return chunk_size
 
 
-def n_chunks(payload_len: int, chunk_size: int) -> int:
+def count_chunks(payload_len: int, chunk_size: int) -> int:
     """How many chunks a payload of ``payload_len`` bytes has (at least one)."""
     return max(1, math.ceil(payload_len / chunk_size))
 
@@ -218,7 +220,7 @@ class UpdateManifest:
         digests = self.chunk_digests
         if not isinstance(digests, (tuple, list)):
             raise ManifestError(f"manifest.chunk_digests = {_short(digests)}: must be a list of hex digests")
-        want = n_chunks(self.payload_len, self.chunk_size)
+        want = count_chunks(self.payload_len, self.chunk_size)
         if len(digests) != want:
             raise ManifestError(
                 f"manifest.chunk_digests has {len(digests)} entries, payload_len {self.payload_len} "
