@@ -5,6 +5,7 @@
   ``"own"``: only its own clients' honest rows);
 * :func:`broadcast`: one ``(d,)`` vector as the ``(f, d)`` rows every malicious client sends;
 * :func:`randn` / :func:`rand`: draws from ``ctx.generator`` only, moved to the rows' device;
+* :func:`work`: the dtype statistics run in (float64 when small, float32 when large);
 * :func:`pairwise_sq_dists`: squared Euclidean distances through the Gram matrix;
 * :func:`fit_norm`: rows with an exact target norm that survive the cast to their dtype
   without crossing the bound (a float32 row scaled to M in float64 can come back at
@@ -66,17 +67,36 @@ def rand(shape: tuple[int, ...], ctx: AttackContext, like: "torch.Tensor",
     return t.to(device=like.device)
 
 
+#: matrices up to this many elements are processed in float64 (at most 128 MiB)
+F64_LIMIT = 1 << 24
+
+
+def work(x: "torch.Tensor") -> "torch.Tensor":
+    """``x`` in the dtype the statistics run in.
+
+    float64 for small inputs (exact worked examples, distance expansions without
+    cancellation) and for float64 inputs; float32 for large float32/16 inputs, where a
+    float64 copy would cost memory and time (100 × 10⁶ float64 is 800 MB) while float32
+    sums stay accurate to ~1e-7 relative, far below any attack's own tolerance.
+    """
+    import torch
+
+    if x.dtype == torch.float64 or x.numel() <= F64_LIMIT:
+        return x.to(torch.float64)
+    return x.to(torch.float32)
+
+
 def pairwise_sq_dists(x: "torch.Tensor") -> "torch.Tensor":
-    """``D[i, j] = ‖xᵢ − xⱼ‖²`` in float64 via the Gram matrix (rows centred first).
+    """``D[i, j] = ‖xᵢ − xⱼ‖²`` (float64, (h, h)) via the Gram matrix of the centred rows.
 
     Centring does not change distances and keeps the ``‖a‖² + ‖b‖² − 2⟨a, b⟩``
     expansion from cancelling catastrophically when the rows share a large offset.
     """
     import torch
 
-    x64 = x.to(torch.float64)
-    x64 = x64 - x64.mean(dim=0, keepdim=True)
-    gram = x64 @ x64.T
+    xw = work(x)
+    xw = xw - xw.mean(dim=0, keepdim=True)
+    gram = (xw @ xw.T).to(torch.float64)
     sq = gram.diagonal()
     d = (sq[:, None] + sq[None, :] - 2.0 * gram).clamp_min(0.0)
     d.fill_diagonal_(0.0)
@@ -93,17 +113,17 @@ def fit_norm(direction: "torch.Tensor", norm: float, like: "torch.Tensor") -> "t
     """
     import torch
 
-    d64 = direction.to(torch.float64)
-    lengths = torch.linalg.vector_norm(d64, dim=1, keepdim=True)
-    unit = torch.where(lengths > 0, d64 / lengths.clamp_min(1e-300), torch.zeros_like(d64))
-    out = (unit * norm).to(device=like.device, dtype=like.dtype)
+    dw = work(direction)
+    lengths = torch.linalg.vector_norm(dw, dim=1, keepdim=True, dtype=torch.float64)
+    scale = torch.where(lengths > 0, norm / lengths.clamp_min(1e-300), torch.zeros_like(lengths))
+    out = (dw * scale.to(dw.dtype)).to(device=like.device, dtype=like.dtype)
     eps = torch.finfo(like.dtype).eps if like.dtype.is_floating_point else 0.0
     for _ in range(8):
-        got = torch.linalg.vector_norm(out.to(torch.float64), dim=1)
+        got = torch.linalg.vector_norm(out, dim=1, dtype=torch.float64)
         over = got > norm
         if not bool(over.any()):
             break
         shrink = torch.where(over, (norm / got.clamp_min(1e-300)) * (1.0 - 2.0 * eps),
                              torch.ones_like(got))
-        out = (out.to(torch.float64) * shrink[:, None]).to(like.dtype)
+        out = (work(out) * shrink[:, None].to(work(out).dtype)).to(like.dtype)
     return out

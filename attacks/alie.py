@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 from redteam.errors import InvalidParameter
 from redteam.types import Attack, AttackContext, Surface, param_error
 
-from ._common import broadcast, check_knowledge, honest_rows
+from ._common import broadcast, check_knowledge, honest_rows, work
 
 if TYPE_CHECKING:
     import torch
@@ -123,6 +123,7 @@ class ALIE(Attack):
     def craft_updates(self, ctx: AttackContext) -> "torch.Tensor":
         import torch
 
+        z = self.z_value(ctx.n_clients, ctx.n_malicious)
         rows = honest_rows(self.knowledge, ctx)
         h = rows.shape[0]
         if h <= self.ddof:
@@ -130,8 +131,7 @@ class ALIE(Attack):
                 self, "ddof", self.ddof,
                 f"σ needs more than ddof honest updates, got {h} ({self.knowledge!r} knowledge)",
             )
-        z = self.z_value(ctx.n_clients, ctx.n_malicious)
-        x = rows.to(torch.float64)
+        x = work(rows)
         mu = x.mean(dim=0)
         sigma = x.std(dim=0, correction=self.ddof)
         return broadcast(mu + self.sign * z * sigma, ctx)

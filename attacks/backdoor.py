@@ -178,7 +178,8 @@ class Backdoor(Attack):
             return xs, torch.full_like(y, self.target)
         if y.shape != x.shape:
             raise param_error(self, "trigger", self.trigger,
-                              f"labels of shape {tuple(y.shape)} are neither (N,) nor next-token targets {tuple(x.shape)}")
+                              f"labels of shape {tuple(y.shape)} are neither (N,) nor next-token "
+                              f"targets {tuple(x.shape)}")
         ys = y.clone()
         lo = max(start - 1, 0)  # y[:, p + i − 1] = phrase[i] for p + i − 1 ≥ 0
         ys[:, lo:start + p_len - 1] = phrase[lo - (start - 1):].to(y.dtype)

@@ -46,9 +46,10 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
+from redteam.errors import InvalidParameter
 from redteam.types import Attack, AttackContext, Surface, param_error
 
-from ._common import broadcast, check_knowledge, honest_rows, pairwise_sq_dists, rand
+from ._common import broadcast, check_knowledge, honest_rows, pairwise_sq_dists, rand, work
 
 if TYPE_CHECKING:
     import torch
@@ -109,10 +110,10 @@ class FangTrim(Attack):
             raise param_error(self, "ddof", v, "must be an integer ≥ 0")
 
     def intervals(self, benign: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
-        """(low, high) per coordinate, float64, for these benign rows."""
+        """(low, high) per coordinate (``work`` precision) for these benign rows."""
         import torch
 
-        x = benign.to(torch.float64)
+        x = work(benign)
         s = _sign(x)
         if self.knowledge == "own":
             if x.shape[0] <= self.ddof:
@@ -172,38 +173,39 @@ class FangKrum(Attack):
         """The paper's upper bound on λ for n clients with f malicious."""
         import torch
 
-        x = benign.to(torch.float64)
+        x = work(benign)
         h, d = x.shape
         k = n - f - 2
         if n - 2 * f - 1 < 1 or k < 1 or h < 2:
-            raise param_error(self, "knowledge", self.knowledge,
-                              f"λ₀ needs n − 2f − 1 ≥ 1 and n − f − 2 ≥ 1 with ≥ 2 benign rows "
-                              f"(n = {n}, f = {f}, benign rows = {h})")
+            raise InvalidParameter(
+                f"FangKrum: f = {f} malicious of n = {n}: λ₀ needs n − 2f − 1 ≥ 1 (f < (n − 1)/2), "
+                f"n − f − 2 ≥ 1 and at least 2 benign rows (got {h}, {self.knowledge!r} knowledge)")
         dist = pairwise_sq_dists(x).sqrt()
         dist = dist + torch.diag(torch.full((h,), math.inf, dtype=dist.dtype, device=dist.device))
         kk = min(k, h - 1)  # with partial knowledge fewer benign rows may be visible
         score = dist.topk(kk, dim=1, largest=False).values.sum(dim=1)
         term1 = float(score.min()) / ((n - 2 * f - 1) * math.sqrt(d))
-        term2 = float(torch.linalg.vector_norm(x, dim=1).max()) / math.sqrt(d)
+        term2 = float(torch.linalg.vector_norm(x, dim=1, dtype=torch.float64).max()) / math.sqrt(d)
         return term1 + term2
 
     def search(self, benign: "torch.Tensor", n: int, f: int) -> tuple[float, bool, "torch.Tensor"]:
         """(λ, whether Krum selected a crafted row, s) for these benign rows."""
         import torch
 
-        x = benign.to(torch.float64)
+        x = work(benign)
         h = x.shape[0]
         s = _sign(x)
         m = h + f  # rows in the simulated Krum
-        if m - f - 2 < 1:
-            raise param_error(self, "knowledge", self.knowledge,
-                              f"simulated Krum needs n − f − 2 ≥ 1 (rows = {m}, f = {f})")
         lam = self.lambda0(x, n, f)
+        if m - f - 2 < 1:
+            raise InvalidParameter(
+                f"FangKrum: the simulated Krum over {h} benign and f = {f} crafted rows needs "
+                f"rows − f − 2 ≥ 1 ({self.knowledge!r} knowledge)")
         bb = pairwise_sq_dists(x)
-        sq_norm = (x * x).sum(dim=1)
+        sq_norm = torch.linalg.vector_norm(x, dim=1, dtype=torch.float64) ** 2
         ss = float(s @ s)
-        xs = x @ s
-        full = torch.zeros((m, m), dtype=torch.float64, device=x.device)
+        xs = (x @ s).to(torch.float64)
+        full = torch.zeros((m, m), dtype=torch.float64, device=bb.device)
         full[:h, :h] = bb
         while True:
             # ‖−λs − x_i‖² = λ²‖s‖² + 2λ⟨s, x_i⟩ + ‖x_i‖²

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from redteam.types import Attack, AttackContext, Surface, param_error
 
-from ._common import broadcast, check_knowledge, honest_rows
+from ._common import broadcast, check_knowledge, honest_rows, work
 
 if TYPE_CHECKING:
     import torch
@@ -52,5 +52,5 @@ class IPM(Attack):
     def craft_updates(self, ctx: AttackContext) -> "torch.Tensor":
         import torch
 
-        mu = honest_rows(self.knowledge, ctx).to(torch.float64).mean(dim=0)
+        mu = work(honest_rows(self.knowledge, ctx)).mean(dim=0)
         return broadcast(-self.epsilon * mu, ctx)

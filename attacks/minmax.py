@@ -26,7 +26,7 @@ The search is the released code's: γ = ``gamma_init``, step = ``gamma_init``,
 otherwise γ ← γ − step/2; then step ← step/2. The result is μ − γ_succ·p (so γ never
 exceeds 2·gamma_init, and γ_succ = 0, i.e. x_b = μ, when no γ passes).
 
-Every distance is computed in float64 without materialising candidates: with
+Distances are computed without materialising candidates (and compared in float64): with
 D_i = μ − x_i, ‖x_b − x_i‖² = ‖D_i‖² − 2γ⟨p, D_i⟩ + γ²‖p‖², so each step of the search
 costs O(h) once ‖D_i‖² and ⟨p, D_i⟩ are known; benign pairwise distances come from the
 Gram matrix.
@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from redteam.types import Attack, AttackContext, Surface, param_error
 
-from ._common import broadcast, check_knowledge, honest_rows, pairwise_sq_dists
+from ._common import broadcast, check_knowledge, honest_rows, work
 
 if TYPE_CHECKING:
     import torch
@@ -54,7 +54,7 @@ def perturbation(benign: "torch.Tensor", dev_type: str, ddof: int = 1) -> "torch
     """The direction p (float64, shape (d,)) for ``dev_type`` over the benign rows."""
     import torch
 
-    x = benign.to(torch.float64)
+    x = work(benign)
     mu = x.mean(dim=0)
     if dev_type == "unit_vec":
         norm = torch.linalg.vector_norm(mu)
@@ -115,17 +115,20 @@ class _Agnostic(Attack):
         raise NotImplementedError
 
     def gamma(self, benign: "torch.Tensor") -> tuple[float, "torch.Tensor", "torch.Tensor"]:
-        """(γ_succ, μ, p) for these benign rows, all float64."""
+        """(γ_succ, μ, p) for these benign rows (μ and p in ``work`` precision)."""
         import torch
 
-        x = benign.to(torch.float64)
+        x = work(benign)
         mu = x.mean(dim=0)
         p = perturbation(x, self.dev_type, self.ddof)
-        diff = mu[None, :] - x  # D_i = μ − x_i
-        a = (diff * diff).sum(dim=1)  # ‖D_i‖²
-        b = diff @ p  # ⟨p, D_i⟩
-        c = float(p @ p)  # ‖p‖²
-        benign_sq = pairwise_sq_dists(x)
+        cen = x - mu[None, :]  # x_i − μ = −D_i
+        a = torch.linalg.vector_norm(cen, dim=1, dtype=torch.float64) ** 2  # ‖D_i‖²
+        b = -(cen @ p).to(torch.float64)  # ⟨p, D_i⟩
+        c = float(torch.linalg.vector_norm(p, dtype=torch.float64) ** 2)  # ‖p‖²
+        gram = (cen @ cen.T).to(torch.float64)
+        sq = gram.diagonal()
+        benign_sq = (sq[:, None] + sq[None, :] - 2.0 * gram).clamp_min(0.0)
+        del cen
 
         def passes(g: float) -> bool:
             cand = (a - 2.0 * g * b + (g * g) * c).clamp_min(0.0)  # ‖x_b − x_i‖²

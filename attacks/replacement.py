@@ -18,7 +18,8 @@ the paper's attack. The boost:
   ``scale_weights`` by the number of adversaries); with one attacker this is γ itself;
 * ``weighting``: ``"uniform"`` (default, the paper's unweighted mean) or ``"samples"``
   for sample-weighted FedAvg: attacker a boosts by W/(w_a·η) (divided by f when
-  sharing), W = Σ_j w_j and w_a its own weight from ``ctx.weights``.
+  sharing), W = Σ_j w_j and w_a its own weight from ``ctx.weights`` (indexed by the
+  client id, which is its row position under full participation).
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ class ModelReplacement(Attack):
                 if w is None or w.shape[0] != ctx.n_clients:
                     raise param_error(self, "weighting", "samples",
                                       "needs ctx.weights with one weight per client")
+                if max(ctx.malicious, default=-1) >= w.shape[0]:
+                    raise param_error(self, "weighting", "samples",
+                                      f"malicious client ids {ctx.malicious} do not index ctx.weights "
+                                      f"({w.shape[0]} participants); use weighting='uniform' or an explicit boost")
                 w64 = w.to(device=dev, dtype=torch.float64)
                 mine = w64[torch.tensor(ctx.malicious, dtype=torch.int64, device=dev)]
                 if bool((mine <= 0).any()):
@@ -82,8 +87,6 @@ class ModelReplacement(Attack):
         return gamma
 
     def craft_updates(self, ctx: AttackContext) -> "torch.Tensor":
-        import torch
-
         own = ctx.own_updates
         g = self.factors(ctx)
-        return (own.to(torch.float64) * g[:, None]).to(own.dtype)
+        return own * g[:, None].to(own.dtype)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from redteam.types import Attack, AttackContext, Surface, param_error
 
-from ._common import broadcast, randn
+from ._common import broadcast, randn, work
 
 if TYPE_CHECKING:
     import torch
@@ -40,11 +40,11 @@ def mimic_target(honest: "torch.Tensor") -> int:
     """
     import torch
 
-    x = honest.to(torch.float64)
+    x = work(honest)
     if x.shape[0] == 1:
         return 0
     c = x - x.mean(dim=0, keepdim=True)
-    gram = c @ c.T
+    gram = (c @ c.T).to(torch.float64)
     evals, evecs = torch.linalg.eigh(gram)  # ascending
     if float(evals[-1]) <= 0:
         return 0
@@ -162,7 +162,7 @@ class Sybil(Attack):
         own = ctx.own_updates
         if own.shape[0] == 0:
             return own.clone()
-        shared = own.to(torch.float64).mean(dim=0) if self.source == "mean" else own[0]
+        shared = work(own).mean(dim=0) if self.source == "mean" else own[0]
         out = broadcast(shared, ctx)
         if self.jitter > 0:
             out = out + self.jitter * randn(tuple(own.shape), ctx, own)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import re
 from typing import Any, Iterable
@@ -32,16 +33,21 @@ def dumps(obj: object) -> bytes:
 
 
 def _no_dupes(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise ProvenanceError(f"duplicate JSON key {k!r}")
-        out[k] = v
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise ProvenanceError(f"duplicate JSON key {one_line(k, 40)!r}")
+            seen.add(k)
     return out
 
 
 def _no_constant(name: str) -> None:
     raise ProvenanceError(f"JSON constant {name} is not allowed")
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_dupes, parse_constant=_no_constant)
 
 
 def loads(data: bytes | str, what: str) -> Any:
@@ -55,33 +61,40 @@ def loads(data: bytes | str, what: str) -> Any:
         text = data
     else:
         raise ProvenanceError(f"{what}: expected bytes or str, got {type(data).__name__}")
-    if not text.strip():
+    if not text or text.isspace():
         raise ProvenanceError(f"{what}: empty input, expected JSON")
     try:
-        return json.loads(text, object_pairs_hook=_no_dupes, parse_constant=_no_constant)
+        return _DECODER.decode(text)
     except ProvenanceError as exc:
         raise ProvenanceError(f"{what}: {exc}") from None
     except json.JSONDecodeError as exc:
-        kind = "truncated JSON" if exc.pos >= len(text.rstrip()) else "invalid JSON"
+        truncated = exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated")
+        kind = "truncated JSON" if truncated else "invalid JSON"
         raise ProvenanceError(f"{what}: {kind} at line {exc.lineno} column {exc.colno} ({exc.msg})") from None
     except (ValueError, RecursionError) as exc:
         raise ProvenanceError(f"{what}: invalid JSON ({one_line(str(exc), 80)})") from None
 
 
-def obj(value: Any, what: str, required: Iterable[str], optional: Iterable[str] = ()) -> dict[str, Any]:
-    """Check that ``value`` is a JSON object with exactly the given keys."""
+@functools.lru_cache(maxsize=256)
+def _keysets(required: tuple[str, ...], optional: tuple[str, ...]) -> tuple[frozenset[str], frozenset[str]]:
+    return frozenset(required), frozenset(required) | frozenset(optional)
+
+
+def obj(value: Any, what: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Check that ``value`` is a JSON object with all ``required`` keys and no keys
+    beyond ``required`` and ``optional``."""
     if not isinstance(value, dict):
         raise ProvenanceError(f"{what}: expected a JSON object, got {type(value).__name__}")
-    req = tuple(required)
-    allowed = set(req) | set(optional)
-    for k in req:
+    req, allowed = _keysets(tuple(required), tuple(optional))
+    keys = value.keys()
+    if req <= keys and keys <= allowed:
+        return value
+    for k in required:
         if k not in value:
             raise ProvenanceError(f"{what}: missing field {k!r}")
-    extra = sorted(set(value) - allowed)
-    if extra:
-        raise ProvenanceError(f"{what}: unexpected field {one_line(extra[0], 40)!s} "
-                              f"(expected {', '.join(sorted(allowed))})")
-    return value
+    extra = sorted(keys - allowed)
+    raise ProvenanceError(f"{what}: unexpected field {one_line(extra[0], 40)!s} "
+                          f"(expected {', '.join(sorted(allowed))})")
 
 
 def string(value: Any, what: str, *, empty: bool = False) -> str:
@@ -113,6 +126,12 @@ def b64decode(text: Any, what: str) -> bytes:
         raw = text.encode("ascii")
     except UnicodeEncodeError:
         raise ProvenanceError(f"{what}: bad base64 (non-ASCII character)") from None
+    try:  # fast path: canonical, padded, standard alphabet
+        data = binascii.a2b_base64(raw, strict_mode=True)
+        if binascii.b2a_base64(data, newline=False) == raw:
+            return data
+    except binascii.Error:
+        pass
     urlsafe = b"-" in raw or b"_" in raw
     if urlsafe and (b"+" in raw or b"/" in raw):
         raise ProvenanceError(f"{what}: bad base64 (mixes the standard and URL-safe alphabets)")
@@ -133,7 +152,7 @@ def b64decode(text: Any, what: str) -> bytes:
 
 
 def b64encode(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
+    return binascii.b2a_base64(data, newline=False).decode("ascii")
 
 
 def hex32(text: Any, what: str) -> bytes:

@@ -22,6 +22,7 @@ bundles require, exactly one signature per envelope.
 
 from __future__ import annotations
 
+import binascii
 import json
 from dataclasses import dataclass
 from typing import Iterable, Literal, Mapping
@@ -30,10 +31,13 @@ from . import _codec
 from .errors import ProvenanceError, VerificationFailed, one_line
 from .keys import SigningKey, VerifyingKey
 
-__all__ = ["PAYLOAD_TYPE", "Envelope", "Signature", "Verified", "pae", "sign", "verify"]
+__all__ = ["PAYLOAD_TYPE", "Envelope", "Signature", "Verified", "pae", "sign", "sign_json", "verify"]
 
+_b64 = binascii.b2a_base64
 #: The in-toto envelope payload type (in-toto attestation spec, envelope layer).
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
+_INTOTO_JSON = json.dumps(PAYLOAD_TYPE).encode()
+_SIG_KEYS = frozenset(("sig", "keyid"))
 
 
 def pae(payload_type: str | bytes, payload: bytes) -> bytes:
@@ -82,18 +86,22 @@ class Envelope:
     def from_dict(cls, d: object, what: str = "DSSE envelope") -> "Envelope":
         d = _codec.obj(d, what, ("payload", "payloadType", "signatures"))
         payload = _codec.b64decode(d["payload"], f"{what}.payload")
-        ptype = _codec.string(d["payloadType"], f"{what}.payloadType")
+        ptype = d["payloadType"]
+        if type(ptype) is not str or not ptype:
+            _codec.string(ptype, f"{what}.payloadType")
         raw_sigs = d["signatures"]
         if not isinstance(raw_sigs, list) or not raw_sigs:
             raise ProvenanceError(f"{what}.signatures: expected a non-empty list")
         sigs = []
         for i, s in enumerate(raw_sigs):
-            w = f"{what}.signatures[{i}]"
-            s = _codec.obj(s, w, ("sig",), ("keyid",))
-            sig = _codec.b64decode(s["sig"], f"{w}.sig")
+            if type(s) is not dict or not s.keys() <= _SIG_KEYS or "sig" not in s:
+                _codec.obj(s, f"{what}.signatures[{i}]", ("sig",), ("keyid",))
+            sig = _codec.b64decode(s["sig"], f"{what}.signatures[{i}].sig")
             if not sig:
-                raise ProvenanceError(f"{w}.sig: empty signature")
-            keyid = _codec.string(s.get("keyid", ""), f"{w}.keyid", empty=True)
+                raise ProvenanceError(f"{what}.signatures[{i}].sig: empty signature")
+            keyid = s.get("keyid", "")
+            if type(keyid) is not str:
+                _codec.string(keyid, f"{what}.signatures[{i}].keyid", empty=True)
             sigs.append(Signature(sig=sig, keyid=keyid))
         return cls(payload=payload, payload_type=ptype, signatures=tuple(sigs))
 
@@ -126,6 +134,16 @@ def sign(payload: bytes, key: SigningKey, *, payload_type: str = PAYLOAD_TYPE,
     sig = key.sign(pae(payload_type, bytes(payload)))
     return Envelope(payload=bytes(payload), payload_type=payload_type,
                     signatures=(Signature(sig=sig, keyid=key.keyid if keyid is None else keyid),))
+
+
+def sign_json(payload: bytes, key: SigningKey, *, payload_type: str = PAYLOAD_TYPE) -> bytes:
+    """Fast path: ``sign(payload, key, payload_type=...).to_json()`` without the objects
+    (the same bytes; the keyid is the key's derived hex id, which needs no escaping)."""
+    sig = key.sign(pae(payload_type, payload))
+    ptype = _INTOTO_JSON if payload_type == PAYLOAD_TYPE else json.dumps(payload_type).encode()
+    return b"".join((b'{"payload":"', _b64(payload, newline=False), b'","payloadType":', ptype,
+                     b',"signatures":[{"keyid":"', key.keyid.encode(), b'","sig":"', _b64(sig, newline=False),
+                     b'"}]}'))
 
 
 def _as_envelope(envelope: Envelope | bytes | str | Mapping[str, object]) -> Envelope:

@@ -18,6 +18,7 @@ algorithm) in every subject, and :func:`digest_matches` compares that algorithm 
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -25,11 +26,12 @@ from typing import Any, Mapping
 from . import _codec
 from .errors import ProvenanceError, VerificationFailed, one_line
 
-__all__ = ["STATEMENT_TYPE", "Statement", "Subject", "digest_matches"]
+__all__ = ["STATEMENT_TYPE", "Statement", "Subject", "digest_matches", "statement_json"]
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 
 _HEX = re.compile(r"[0-9a-f]+")
+_SUBJECT_KEYS = frozenset(("digest", "name", "uri", "downloadLocation", "mediaType", "annotations"))
 #: Hex lengths of the DigestSet algorithms whose length we know (others: any even length).
 _HEX_LEN = {"sha256": 64, "sha224": 56, "sha384": 96, "sha512": 128, "sha3_256": 64, "sha3_384": 96,
             "sha3_512": 128, "sha1": 40, "md5": 32, "gitBlob": 40, "gitCommit": 40, "gitTree": 40}
@@ -71,9 +73,17 @@ class Statement:
               predicate: Mapping[str, Any] | None = None) -> "Statement":
         """A statement from ``{name: sha256 hex}`` (or a list of pairs, order kept)."""
         pairs = list(subjects.items()) if isinstance(subjects, Mapping) else list(subjects)
-        subs = tuple(Subject(name=n, digest={"sha256": d}) for n, d in pairs)
-        st = cls(subjects=subs, predicate_type=predicate_type, predicate=dict(predicate or {}))
-        return cls.from_dict(st.to_dict())  # validate through the one parser
+        if not pairs:
+            raise ProvenanceError("statement: needs at least one subject")
+        for n, d in pairs:
+            if not isinstance(n, str) or not isinstance(d, str) or len(d) != 64 or not _HEX.fullmatch(d):
+                raise ProvenanceError(f"subject {one_line(n, 60)!r}: sha256 {one_line(d, 80)!s} must be 64 lowercase hex")
+        if not isinstance(predicate_type, str) or not predicate_type:
+            raise ProvenanceError(f"predicate_type = {predicate_type!r}: expected a non-empty type URI")
+        if predicate is not None and not isinstance(predicate, Mapping):
+            raise ProvenanceError(f"predicate of type {type(predicate).__name__}: expected a mapping")
+        return cls(subjects=tuple(Subject(name=n, digest={"sha256": d}) for n, d in pairs),
+                   predicate_type=predicate_type, predicate=dict(predicate or {}))
 
     @classmethod
     def from_dict(cls, d: object, what: str = "in-toto statement", *,
@@ -86,22 +96,26 @@ class Statement:
             raise ProvenanceError(f"{what}.subject: expected a non-empty list")
         out = []
         for i, s in enumerate(subs):
-            w = f"{what}.subject[{i}]"
-            s = _codec.obj(s, w, ("digest",), ("name", "uri", "downloadLocation", "mediaType", "annotations"))
-            name = _codec.string(s.get("name", ""), f"{w}.name", empty=True)
+            if type(s) is not dict or not s.keys() <= _SUBJECT_KEYS or "digest" not in s:
+                _codec.obj(s, f"{what}.subject[{i}]", ("digest",), tuple(_SUBJECT_KEYS))
+            name = s.get("name", "")
+            if type(name) is not str:
+                _codec.string(name, f"{what}.subject[{i}].name", empty=True)
             dig = s["digest"]
-            if not isinstance(dig, dict) or not dig:
-                raise ProvenanceError(f"{w}.digest: expected a non-empty object of algorithm → hex")
+            if type(dig) is not dict or not dig:
+                raise ProvenanceError(f"{what}.subject[{i}].digest: expected a non-empty object of algorithm → hex")
             for alg, val in dig.items():
-                if not isinstance(val, str) or not _HEX.fullmatch(val) or len(val) % 2 or \
-                        (alg in _HEX_LEN and len(val) != _HEX_LEN[alg]):
-                    raise ProvenanceError(f"{w}.digest.{one_line(alg, 20)} = {one_line(val, 80)!s}: "
+                if type(val) is not str or len(val) != _HEX_LEN.get(alg, len(val)) or len(val) % 2 or \
+                        not _HEX.fullmatch(val):
+                    raise ProvenanceError(f"{what}.subject[{i}].digest.{one_line(alg, 20)} = {one_line(val, 80)!s}: "
                                           f"expected lowercase hex" + (f" of length {_HEX_LEN[alg]}" if alg in _HEX_LEN else ""))
             if required_digest not in dig:
-                raise ProvenanceError(f"{w}.digest has {', '.join(sorted(dig))}: {required_digest} is required "
-                                      f"(digest-algorithm downgrade?)")
+                raise ProvenanceError(f"{what}.subject[{i}].digest has {', '.join(sorted(dig))}: {required_digest} "
+                                      f"is required (digest-algorithm downgrade?)")
             out.append(Subject(name=name, digest=dict(dig)))
-        ptype = _codec.string(d["predicateType"], f"{what}.predicateType")
+        ptype = d["predicateType"]
+        if type(ptype) is not str or not ptype:
+            _codec.string(ptype, f"{what}.predicateType")
         pred = d.get("predicate", {})
         if not isinstance(pred, dict):
             raise ProvenanceError(f"{what}.predicate: expected a JSON object, got {type(pred).__name__}")
@@ -117,6 +131,18 @@ class Statement:
             if s.name == name:
                 return s
         raise VerificationFailed(f"statement has no subject named {one_line(name, 80)!r}")
+
+
+def statement_json(name: str, sha256_hex: str, predicate_type: str, predicate_json: bytes) -> bytes:
+    """Fast path for the hot loop (one statement per chunk): the exact bytes
+    ``Statement.build({name: sha256_hex}, predicate_type, predicate).to_json()`` produces,
+    given ``predicate_json = _codec.dumps(predicate)`` (which callers may cache)."""
+    if len(sha256_hex) != 64 or not _HEX.fullmatch(sha256_hex):
+        raise ProvenanceError(f"subject {one_line(name, 60)!r}: sha256 {one_line(sha256_hex, 80)!s} must be 64 lowercase hex")
+    return b"".join((b'{"_type":"https://in-toto.io/Statement/v1","predicate":', predicate_json,
+                     b',"predicateType":', json.dumps(predicate_type).encode(),
+                     b',"subject":[{"digest":{"sha256":"', sha256_hex.encode(), b'"},"name":',
+                     json.dumps(name).encode(), b"}]}"))
 
 
 def digest_matches(subject: Subject, sha256_hex: str, *, algorithm: str = "sha256") -> bool:

@@ -42,6 +42,7 @@ __all__ = [
 
 KeyKind = Literal["p256", "ed25519"]
 KINDS: tuple[str, ...] = ("p256", "ed25519")
+_NAMES = {"p256": "a P-256", "ed25519": "an Ed25519"}
 PrivateKey = Union[ec.EllipticCurvePrivateKey, ed25519.Ed25519PrivateKey]
 PublicKey = Union[ec.EllipticCurvePublicKey, ed25519.Ed25519PublicKey]
 Passphrase = Union[str, bytes, None]
@@ -112,7 +113,7 @@ def _check_kind(kind: str, expected: KeyKind | tuple[str, ...] | None, where: st
         if k not in KINDS:
             raise ProvenanceError(f"kind = {k!r}: expected one of {', '.join(KINDS)}")
     if kind not in allowed:
-        raise ProvenanceError(f"{where}: is a {kind} key, expected {' or '.join(allowed)}")
+        raise ProvenanceError(f"{where}: is {_NAMES[kind]} key, expected {' or '.join(_NAMES[k] for k in allowed)} key")
 
 
 def sslib_key_dict(public: PublicKey) -> dict[str, object]:

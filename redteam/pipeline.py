@@ -192,6 +192,7 @@ class Pipeline(Defense):
                 generator=ctx.generator,
                 state=ctx.state.get(str(i), {}) if isinstance(ctx.state, Mapping) else {},
                 evaluate_loss=ctx.evaluate_loss,
+                root_update=ctx.root_update,
                 client_ids=ids,
             )
 

@@ -223,7 +223,6 @@ class _Where:
 
 
 def _section_path(section: str, key: str) -> str:
-    head, _, rest = section.partition(".")
     return f"[{section}].{key}"
 
 
@@ -244,14 +243,15 @@ def _build(cls: type, table: Any, section: str, where: _Where, nested: Mapping[s
         if nested and key in nested:
             kwargs[key] = nested[key](value, f"{section}.{key}")
             continue
+        raw = value
         try:
             value = _coerce(value, hints.get(key, Any), "")
         except InvalidParameter:
-            raise where.err(path, value, f"expected {_describe(hints.get(key, Any))}") from None
+            raise where.err(path, raw, f"expected {_describe(hints.get(key, Any))}") from None
         meta = fields[key].metadata
         check = meta.get("check") if meta else None
         if check is not None and not check(value):
-            raise where.err(path, value, meta.get("expect") or "invalid value")
+            raise where.err(path, raw, meta.get("expect") or "invalid value")
         kwargs[key] = value
     return cls(**kwargs)
 

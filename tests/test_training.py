@@ -2,7 +2,7 @@
 
 import torch
 
-from redteam.federation.params import ParamSpec, params_digest
+from redteam.federation.params import ParamSpec
 from redteam.federation.training import BatchedTrainer, LocalTraining, StackedData
 from redteam.types import ClientData
 from redteam.workloads.digits import Digits
@@ -95,7 +95,7 @@ def test_subset_of_clients_and_determinism():
     assert a.shape == (2, spec.dim) and torch.equal(a, b)
 
 
-def test_params_digest_and_unflatten_roundtrip():
+def test_unflatten_roundtrip():
     wl = Digits()
     model = wl.build_model(torch.Generator().manual_seed(0))
     spec = ParamSpec.of(model)
@@ -104,10 +104,6 @@ def test_params_digest_and_unflatten_roundtrip():
     back = spec.unflatten(flat)
     for name, p in model.named_parameters():
         assert torch.equal(back[name], p.detach())
-    assert params_digest(flat) == params_digest(flat.clone())
-    flat2 = flat.clone()
-    flat2[0] += 1e-6
-    assert params_digest(flat2) != params_digest(flat)
 
 
 def test_digits_split_is_fixed_and_stratified():

@@ -12,7 +12,7 @@ from ..types import Attack, Defense
 if TYPE_CHECKING:
     from ..scenario import PluginSpec, TransportSpec
 
-__all__ = ["build_defense", "build_attack", "build_workload", "build_compressor", "codec_label"]
+__all__ = ["build_defense", "build_attack", "build_workload", "build_compressor"]
 
 
 def build_defense(specs: "Sequence[PluginSpec] | PluginSpec") -> Defense:
@@ -45,7 +45,3 @@ def build_compressor(spec: "TransportSpec") -> object:
     codec = make_codec(spec.codec, **dict(spec.codec_params))
     return Compressor(codec=codec, error_feedback=spec.error_feedback)
 
-
-def codec_label(spec: "TransportSpec") -> str:
-    params = ",".join(f"{k}={spec.codec_params[k]!r}" for k in sorted(spec.codec_params))
-    return f"{spec.codec}({params})"

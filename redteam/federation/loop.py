@@ -26,9 +26,11 @@ import torch
 from ..errors import DecodeError, InvalidParameter, RedteamError
 from ..merge import Hierarchy, assign_groups, hierarchical_merge
 from ..scenario import PluginSpec, Scenario
+from ..transport.chunking import build_manifest, new_nonce, params_digest
+from ..transport.network import Network, NetworkConfig
 from ..types import AttackContext, ClientData, RoundRecord, ServerContext, Surface
-from .builders import build_attack, build_compressor, build_defense, build_workload, codec_label
-from .params import ParamSpec, params_digest
+from .builders import build_attack, build_compressor, build_defense, build_workload
+from .params import ParamSpec
 from .partition import partition
 from .server_opt import make_server_optimizer
 from .training import BatchedTrainer, LocalTraining, StackedData
@@ -141,12 +143,8 @@ class Federation:
             opt_params["momentum"] = fed.server_momentum
         self.server_opt = make_server_optimizer(fed.server_optimizer, **opt_params)
 
-        from ..transport.chunking import build_manifest
-        from ..transport.network import Network, NetworkConfig
-
-        self._build_manifest = build_manifest
         self.compressor = build_compressor(scenario.transport)
-        self.codec_label = codec_label(scenario.transport)
+        self.codec_label = self.compressor.codec.spec
         net = scenario.transport.network
         self.network = Network(
             NetworkConfig(**{k: getattr(net, k) for k in net.__dataclass_fields__}), n, self._np["network"]
@@ -217,8 +215,8 @@ class Federation:
             digest = params_digest(params)
             uploads = {}
             for k, c in enumerate(part):
-                nonce = self._np["network"].bytes(16).hex()
-                uploads[int(c)] = self._build_manifest(
+                nonce = new_nonce(self._np["network"])
+                uploads[int(c)] = build_manifest(
                     comp.payloads[k],
                     round=rnd,
                     client=int(c),

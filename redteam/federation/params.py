@@ -8,12 +8,11 @@ back into the dict ``torch.func.functional_call`` wants, without copies.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["ParamSpec", "params_digest"]
+__all__ = ["ParamSpec"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,8 +44,3 @@ class ParamSpec:
         parts = torch.split(flat, list(self.numels), dim=-1)
         return {n: p.reshape(*lead, *s) for n, p, s in zip(self.names, parts, self.shapes)}
 
-
-def params_digest(flat: torch.Tensor) -> str:
-    """Hex SHA-256 of a flat parameter vector's float32 bytes (the "parent model digest")."""
-    data = flat.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
-    return hashlib.sha256(data).hexdigest()

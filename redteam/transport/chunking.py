@@ -215,8 +215,11 @@ class UpdateManifest:
             v = getattr(self, name)
             if not isinstance(v, str) or not pattern.fullmatch(v):
                 raise ManifestError(f"manifest.{name} = {_short(v)}: must be {what}")
-        if not isinstance(self.codec, str) or not 0 < len(self.codec) <= _MAX_CODEC_LEN or not self.codec.isprintable():
-            raise ManifestError(f"manifest.codec = {_short(self.codec)}: must be printable text of 1–{_MAX_CODEC_LEN} chars")
+        codec = self.codec
+        if not isinstance(codec, str) or not 0 < len(codec) <= _MAX_CODEC_LEN or not codec.isprintable():
+            raise ManifestError(
+                f"manifest.codec = {_short(codec)}: must be printable text of 1–{_MAX_CODEC_LEN} characters"
+            )
         digests = self.chunk_digests
         if not isinstance(digests, (tuple, list)):
             raise ManifestError(f"manifest.chunk_digests = {_short(digests)}: must be a list of hex digests")
@@ -228,10 +231,14 @@ class UpdateManifest:
             )
         for i, h in enumerate(digests):
             if not isinstance(h, str) or not _HEX64.fullmatch(h):
-                raise ManifestError(f"manifest.chunk_digests[{i}] = {_short(h)}: must be 64 lowercase hex characters")
+                raise ManifestError(
+                    f"manifest.chunk_digests[{i}] = {_short(h)}: must be 64 lowercase hex characters"
+                )
         root = merkle_root([bytes.fromhex(h) for h in digests]).hex()
         if root != self.merkle_root:
-            raise ManifestError(f"manifest.merkle_root {self.merkle_root[:16]}… does not match its chunk digests ({root[:16]}…)")
+            raise ManifestError(
+                f"manifest.merkle_root {self.merkle_root[:16]}… does not match its chunk digests ({root[:16]}…)"
+            )
         return self
 
     @classmethod

@@ -92,6 +92,8 @@ _DTYPE_NAMES = {_F32: "f32", _F16: "f16", _BF16: "bf16", _I8: "i8"}
 _FLAG_BITMAP = 0x01
 _U32_MAX = 2**32 - 1
 _CODEC_NAMES = {0: "none", 1: "fp16", 2: "bf16", 3: "int8", 4: "topk", 5: "randk"}
+# what numpy/struct/torch may raise on hostile bytes; turned into DecodeError
+_PARSE_ERRORS = (struct.error, ValueError, IndexError, TypeError, OverflowError, RuntimeError, MemoryError)
 
 
 def _as_rows(x: "torch.Tensor", what: str) -> "torch.Tensor":
@@ -135,7 +137,8 @@ class Codec:
 
     @property
     def spec(self) -> str:
-        parts = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if getattr(self, f.name) is not None]
+        values = [(f.name, getattr(self, f.name)) for f in fields(self)]
+        parts = [f"{name}={value!r}" for name, value in values if value is not None]
         return f"{self.name}({', '.join(parts)})"
 
     # -- hooks for subclasses --------------------------------------------------------
@@ -159,7 +162,8 @@ class Codec:
     def encode(self, x: "torch.Tensor", generator: "torch.Generator | None" = None) -> bytes:
         """Encode one float row ``(d,)``."""
         if getattr(x, "ndim", None) != 1:
-            raise InvalidParameter(f"{self.spec}.encode: expected a 1-D row (d,), got shape {tuple(getattr(x, 'shape', ()))}")
+            shape = tuple(getattr(x, "shape", ()))
+            raise InvalidParameter(f"{self.spec}.encode: expected a 1-D row (d,), got shape {shape}")
         return self.encode_many(x[None, :], generator)[0][0]
 
     def encode_many(
@@ -211,7 +215,7 @@ class Codec:
             out = self._parse(view, flags, d, count)
         except DecodeError:
             raise
-        except (struct.error, ValueError, IndexError, TypeError, OverflowError, RuntimeError, MemoryError) as exc:
+        except _PARSE_ERRORS as exc:
             raise DecodeError(f"{self.name} payload: malformed ({type(exc).__name__}: {exc})") from None
         finite = torch.isfinite(out)
         if not bool(finite.all()):
@@ -433,11 +437,15 @@ class Int8(Codec):
         bad = ~(np.isfinite(scales) & (scales >= 0))
         if bad.any():
             j = int(np.flatnonzero(bad)[0])
-            raise DecodeError(f"int8 payload: scale of block {j} is {float(scales[j])}, expected finite and ≥ 0")
+            raise DecodeError(
+                f"int8 payload: scale of block {j} is {float(scales[j])}, expected finite and ≥ 0"
+            )
         q = np.frombuffer(view, np.int8, d, HEADER.size + 4 * nb)
         if (q == -128).any():
             j = int(np.flatnonzero(q == -128)[0])
-            raise DecodeError(f"int8 payload: value −128 at coordinate {j}, outside the symmetric range [−127, 127]")
+            raise DecodeError(
+                f"int8 payload: value −128 at coordinate {j}, outside the symmetric range [−127, 127]"
+            )
         qt = F.pad(torch.from_numpy(q.astype(np.float32)), (0, nb * b - d)).view(nb, b)
         return (qt * torch.from_numpy(scales)[:, None]).reshape(-1)[:d].contiguous()
 
@@ -456,7 +464,7 @@ class _Sparse(Codec):
 
     fraction: float | None = None
     k: int | None = None
-    indices: Literal["uint32", "bitmap", "auto"] = "uint32"
+    indices: Literal["uint32", "bitmap", "auto"] = "auto"
     allowed_flags: ClassVar[int] = _FLAG_BITMAP
     default_fraction: ClassVar[float] = 0.1
 
@@ -472,7 +480,8 @@ class _Sparse(Codec):
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= _U32_MAX:
             raise param_error(self, "k", v, "must be an integer ≥ 1")
         if self.fraction is not None:
-            raise param_error(self, "k", v, f"give either fraction or k, not both (fraction = {self.fraction!r})")
+            both = f"give either fraction or k, not both (fraction = {self.fraction!r})"
+            raise param_error(self, "k", v, both)
 
     def validate_indices(self, v: str) -> None:
         if v not in ("uint32", "bitmap", "auto"):
@@ -545,7 +554,9 @@ class _Sparse(Codec):
             idx = np.frombuffer(view, "<u4", k, offset).astype(np.int64)
             if idx.size and int(idx.max()) >= d:
                 j = int(np.flatnonzero(idx >= d)[0])
-                raise DecodeError(f"{name} payload: index {int(idx[j])} at position {j} is out of range [0, {d})")
+                raise DecodeError(
+                    f"{name} payload: index {int(idx[j])} at position {j} is out of range [0, {d})"
+                )
             steps = np.diff(idx)
             if (steps <= 0).any():
                 j = int(np.flatnonzero(steps <= 0)[0]) + 1
@@ -671,7 +682,9 @@ class Compressor:
         if not isinstance(self.codec, Codec):
             raise InvalidParameter(f"Compressor.codec = {self.codec!r}: expected a Codec (see make_codec)")
         if not isinstance(self.error_feedback, bool):
-            raise InvalidParameter(f"Compressor.error_feedback = {self.error_feedback!r}: must be true or false")
+            raise InvalidParameter(
+                f"Compressor.error_feedback = {self.error_feedback!r}: must be true or false"
+            )
 
     def compress(
         self,

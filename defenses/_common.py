@@ -1,0 +1,198 @@
+"""Shared numerics of the built-in defenses (private: not a plugin, not public API).
+
+* :func:`sq_distances` — all pairwise squared L2 distances through a float64 Gram
+  matrix ‖xᵢ‖² + ‖xⱼ‖² − 2⟨xᵢ, xⱼ⟩, accumulated over column chunks so that no float64
+  copy of the whole ``(n, d)`` matrix and no ``(n, n, d)`` tensor is ever built.
+* :func:`sorted_reduce` — sort every coordinate's ``n`` values and reduce them,
+  chunk by chunk. On CPU it runs a bitonic sorting network over the rows (elementwise
+  min/max across whole rows, so every step is a vectorized op over the chunk's
+  columns); elsewhere it calls ``torch.sort``. NaN sorts as +inf, so a non-finite row
+  acts as an extreme value, never as a poison that spreads to every coordinate.
+* small validation helpers that raise :func:`~redteam.types.param_error` messages.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Callable
+
+from redteam.errors import InvalidParameter
+from redteam.types import ServerContext, param_error
+
+if TYPE_CHECKING:
+    import torch
+
+#: Columns per float64 block when accumulating a Gram matrix (bounded temporary memory).
+GRAM_CHUNK = 16384
+
+
+# -- parameter checks -----------------------------------------------------------------
+def check_count(obj: Any, name: str, v: Any, *, allow_none: bool = True, minimum: int = 0) -> None:
+    """``v`` is an int ≥ ``minimum`` (or ``None`` when allowed)."""
+    if v is None and allow_none:
+        return
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        opt = " (or unset)" if allow_none else ""
+        raise param_error(obj, name, v, f"must be an integer ≥ {minimum}{opt}")
+
+
+def check_number(obj: Any, name: str, v: Any, *, low: float = -math.inf, low_open: bool = False,
+                 high: float = math.inf, allow_none: bool = False) -> None:
+    """``v`` is a finite real number in [low, high] (or (low, high] when ``low_open``)."""
+    if v is None and allow_none:
+        return
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if ok:
+        ok = (v > low if low_open else v >= low) and v <= high
+    if not ok:
+        lo = "" if low == -math.inf else (f" > {low:g}" if low_open else f" ≥ {low:g}")
+        hi = "" if high == math.inf else f" and ≤ {high:g}"
+        opt = " (or unset)" if allow_none else ""
+        raise param_error(obj, name, v, f"must be a finite number{lo}{hi}{opt}")
+
+
+def check_choice(obj: Any, name: str, v: Any, choices: tuple[str, ...]) -> None:
+    if v not in choices:
+        raise param_error(obj, name, v, "must be one of " + ", ".join(repr(c) for c in choices))
+
+
+# -- context helpers ------------------------------------------------------------------
+def generator_of(ctx: ServerContext) -> "torch.Generator":
+    """The round's generator; a fresh CPU generator seeded 0 when the context has none."""
+    import torch
+
+    if ctx.generator is not None:
+        return ctx.generator
+    return torch.Generator(device="cpu").manual_seed(0)
+
+
+def finite_rows(updates: "torch.Tensor") -> "torch.Tensor":
+    """Bool mask ``(n,)``: rows whose every entry is finite."""
+    import torch
+
+    return torch.isfinite(updates).all(dim=1)
+
+
+# -- distances -------------------------------------------------------------------------
+def gram64(x: "torch.Tensor", chunk: int = GRAM_CHUNK) -> "torch.Tensor":
+    """⟨xᵢ, xⱼ⟩ for all pairs, in float64, accumulated over column blocks."""
+    import torch
+
+    n, d = x.shape
+    g = torch.zeros(n, n, dtype=torch.float64, device=x.device)
+    if x.dtype == torch.float64:
+        return g.addmm_(x, x.T)
+    for start in range(0, d, chunk):
+        block = x[:, start:start + chunk].to(torch.float64)
+        g.addmm_(block, block.T)
+    return g
+
+
+def sq_distances(x: "torch.Tensor") -> "torch.Tensor":
+    """``(n, n)`` float64 matrix of ‖xᵢ − xⱼ‖², exactly symmetric, zero diagonal.
+
+    Pairs involving a non-finite row (or whose distance overflows float64) are +inf,
+    so such a row is nobody's neighbour and has an infinite score in Krum-type rules.
+    """
+    import torch
+
+    g = gram64(x)
+    sq = torch.diagonal(g)
+    dist = (sq[:, None] + sq[None, :] - 2.0 * g).clamp_min_(0.0)
+    dist = 0.5 * (dist + dist.T)  # rounding in the Gram product is not symmetric
+    dist = torch.where(torch.isfinite(dist), dist, torch.full_like(dist, math.inf))
+    bad = ~torch.isfinite(sq)
+    dist[bad, :] = math.inf
+    dist[:, bad] = math.inf
+    dist.fill_diagonal_(0.0)
+    return dist
+
+
+# -- sorting coordinates ----------------------------------------------------------------
+def _bitonic(a: "torch.Tensor", b: "torch.Tensor") -> "torch.Tensor":
+    """Sort the rows of ``a`` (N, c), N a power of two, ascending along dim 0.
+
+    Classic bitonic network: stages of size 2, 4, … N; in each stage, blocks of
+    ``size`` rows alternate direction (ascending, descending) except in the last
+    stage; each layer compares row i with row i + j inside its block. Layers are
+    written as strided views, ping-ponging between the buffers ``a`` and ``b``;
+    the buffer holding the sorted rows is returned.
+    """
+    import torch
+
+    n_rows, c = a.shape
+    src, dst = a, b
+    size = 2
+    while size <= n_rows:
+        j = size // 2
+        while j >= 1:
+            if size == n_rows:
+                v = src.view(n_rows // (2 * j), 2, j, c)
+                w = dst.view(n_rows // (2 * j), 2, j, c)
+                torch.minimum(v[:, 0], v[:, 1], out=w[:, 0])
+                torch.maximum(v[:, 0], v[:, 1], out=w[:, 1])
+            else:
+                shape = (n_rows // (2 * size), 2, size // (2 * j), 2, j, c)
+                v = src.view(shape)
+                w = dst.view(shape)
+                # ascending blocks (index 0 along dim 1) put the min first ...
+                torch.minimum(v[:, 0, :, 0], v[:, 0, :, 1], out=w[:, 0, :, 0])
+                torch.maximum(v[:, 0, :, 0], v[:, 0, :, 1], out=w[:, 0, :, 1])
+                # ... descending blocks put the max first
+                torch.maximum(v[:, 1, :, 0], v[:, 1, :, 1], out=w[:, 1, :, 0])
+                torch.minimum(v[:, 1, :, 0], v[:, 1, :, 1], out=w[:, 1, :, 1])
+            src, dst = dst, src
+            j //= 2
+        size *= 2
+    return src
+
+
+def _chunk_columns(n_pow2: int) -> int:
+    # two ping-pong buffers of n_pow2 × c values should stay cache-resident
+    return max(2048, min(16384, (1 << 20) // max(n_pow2, 1)))
+
+
+def sorted_reduce(
+    x: "torch.Tensor",
+    reduce: Callable[["torch.Tensor"], "torch.Tensor"],
+    out_dtype: "torch.dtype | None" = None,
+) -> "torch.Tensor":
+    """Apply ``reduce`` to the coordinate-wise sorted values, chunk by chunk.
+
+    ``reduce`` receives ``s`` of shape ``(n, c)`` whose column j holds coordinate j's
+    values in ascending order (NaN sorted as +inf) and returns a ``(c,)`` tensor.
+    The result ``(d,)`` is in ``out_dtype`` (default: ``x.dtype``). ``x`` is not changed.
+    """
+    import torch
+
+    n, d = x.shape
+    out = torch.empty(d, dtype=out_dtype or x.dtype, device=x.device)
+    if x.device.type != "cpu" or n == 1:
+        step = d if x.device.type != "cpu" else 1 << 16
+        for start in range(0, d, step):
+            block = x[:, start:start + step]
+            block = torch.nan_to_num(block, nan=math.inf, posinf=math.inf, neginf=-math.inf)
+            s = torch.sort(block, dim=0).values if n > 1 else block
+            out[start:start + step] = reduce(s)
+        return out
+    n_pow2 = 1 << (n - 1).bit_length()
+    c = _chunk_columns(n_pow2)
+    buf_a = torch.empty(n_pow2, c, dtype=x.dtype)
+    buf_b = torch.empty(n_pow2, c, dtype=x.dtype)
+    for start in range(0, d, c):
+        width = min(c, d - start)
+        a = buf_a if width == c else torch.empty(n_pow2, width, dtype=x.dtype)
+        b = buf_b if width == c else torch.empty(n_pow2, width, dtype=x.dtype)
+        torch.nan_to_num(x[:, start:start + width], nan=math.inf, posinf=math.inf,
+                         neginf=-math.inf, out=a[:n])
+        if n_pow2 > n:
+            a[n:].fill_(math.inf)
+        s = _bitonic(a, b)
+        out[start:start + width] = reduce(s[:n])
+    return out
+
+
+def need_rows(obj: Any, n: int, minimum: int, why: str) -> None:
+    """Raise a clear error when a round has too few rows for the rule."""
+    if n < minimum:
+        raise InvalidParameter(f"{type(obj).__name__}: needs at least {minimum} updates ({why}), got n = {n}")

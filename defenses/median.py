@@ -1,0 +1,111 @@
+"""Coordinate-wise median and coordinate-wise trimmed mean.
+
+Yin, Chen, Ramchandran & Bartlett, "Byzantine-Robust Distributed Learning: Towards
+Optimal Statistical Rates", ICML 2018. Both rules act on every coordinate j
+separately: the median of the n values x₁ⱼ … xₙⱼ, or, after sorting them, the mean
+of what is left once the b smallest and the b largest are dropped. Both ignore the
+clients' claimed sample counts (a Byzantine client can claim any count).
+
+Non-finite entries sort as +inf/−inf (NaN as +inf), so fewer than half such values
+per coordinate cannot move the median off the finite values (and fewer than b per
+side cannot reach the trimmed mean).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from redteam.pipeline import Aggregator
+from redteam.types import Decision, ServerContext, param_error
+
+from ._common import check_choice, check_count, sorted_reduce
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Median", "TrimmedMean", "coordinate_median", "trimmed_mean"]
+
+
+def coordinate_median(updates: "torch.Tensor", even_rule: str = "midpoint") -> "torch.Tensor":
+    """Median of every column of ``updates`` ``(n, d)`` → ``(d,)``.
+
+    For even n, ``even_rule="midpoint"`` averages the two middle values (the usual
+    statistical median); ``"lower"`` takes the lower one (what ``torch.median`` does).
+    """
+    n = updates.shape[0]
+    k = (n - 1) // 2
+    if n % 2 == 1 or even_rule == "lower":
+        return sorted_reduce(updates, lambda s: s[k])
+    return sorted_reduce(updates, lambda s: 0.5 * s[k] + 0.5 * s[k + 1])
+
+
+def trimmed_mean(updates: "torch.Tensor", b: int) -> "torch.Tensor":
+    """Per column: drop the ``b`` smallest and ``b`` largest values, average the rest."""
+    import torch
+
+    n = updates.shape[0]
+    keep = n - 2 * b
+
+    def reduce(s: "torch.Tensor") -> "torch.Tensor":
+        return s[b:n - b].sum(dim=0, dtype=torch.float64) / keep
+
+    return sorted_reduce(updates, reduce)
+
+
+def _all_accepted(updates: "torch.Tensor") -> "torch.Tensor":
+    import torch
+
+    return torch.ones(updates.shape[0], dtype=torch.bool, device=updates.device)
+
+
+@dataclass(frozen=True, slots=True)
+class Median(Aggregator):
+    """Coordinate-wise median (Yin et al., ICML 2018); tolerates f < n/2 per coordinate.
+
+    * ``even_rule``: for an even number of updates, ``"midpoint"`` (default: the mean
+      of the two middle values, the textbook median) or ``"lower"`` (the lower middle
+      value, as ``torch.median`` and several libraries compute it).
+    """
+
+    even_rule: Literal["midpoint", "lower"] = "midpoint"
+    summary: ClassVar[str] = "Coordinate-wise median"
+    reference: ClassVar[str] = "Yin et al., ICML 2018"
+
+    def validate_even_rule(self, v: str) -> None:
+        check_choice(self, "even_rule", v, ("midpoint", "lower"))
+
+    def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
+        agg = coordinate_median(updates, self.even_rule)
+        return Decision(aggregate=agg, accepted=_all_accepted(updates))
+
+
+@dataclass(frozen=True, slots=True)
+class TrimmedMean(Aggregator):
+    """Coordinate-wise trimmed mean (Yin et al., ICML 2018).
+
+    * ``b``: how many values are dropped **per side** of every coordinate (a count,
+      not a fraction); the mean is over the n − 2b values left. It must satisfy
+      2b < n. Yin et al. require b ≥ f (the reference code uses b = f). Unset means
+      the largest b the round allows, ⌊(n − 1)/2⌋ (for odd n this is the median);
+      the value used is reported in ``Decision.state["b"]``.
+    """
+
+    b: int | None = None
+    summary: ClassVar[str] = "Coordinate-wise trimmed mean, b values dropped per side"
+    reference: ClassVar[str] = "Yin et al., ICML 2018"
+
+    def validate_b(self, v: int | None) -> None:
+        check_count(self, "b", v)
+
+    def resolve_b(self, n: int) -> int:
+        """The count per side used for a round of ``n`` updates; errors name the bound."""
+        b = (n - 1) // 2 if self.b is None else self.b
+        if 2 * b >= n:
+            raise param_error(self, "b", self.b, f"must satisfy 2b < n (n = {n}, so b ≤ {(n - 1) // 2})")
+        return b
+
+    def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
+        b = self.resolve_b(int(updates.shape[0]))
+        state: dict[str, Any] = {"b": b}
+        return Decision(aggregate=trimmed_mean(updates, b), accepted=_all_accepted(updates), state=state)

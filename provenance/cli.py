@@ -1,0 +1,501 @@
+"""``redteam provenance ...`` and ``redteam ledger ...`` subcommands.
+
+:func:`register` adds both command groups to an ``argparse`` subparsers object; each
+leaf parser sets ``func``, a callable ``func(args) -> int`` that never raises for bad
+input: every malformed input is one line on stderr (``error: ...``) and exit status 1
+(argparse's own usage errors exit 2). :func:`main` is a standalone entry point.
+
+Every command prints readable text by default and JSON with ``--json``. Nothing heavy
+is imported until a command runs (sigstore only for ``--sigstore``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, NoReturn, Sequence
+
+__all__ = ["OneLineParser", "main", "register"]
+
+
+def _err(msg: str) -> Exception:
+    from .errors import ProvenanceError
+
+    return ProvenanceError(msg)
+
+
+def _wrap(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        from redteam.errors import RedteamError
+
+        try:
+            return fn(args)
+        except RedteamError as exc:
+            print(f"error: {' '.join(str(exc).split(chr(10)))}", file=sys.stderr)
+        except OSError as exc:
+            print(f"error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+
+    run.__name__ = fn.__name__
+    return run
+
+
+def _out(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True) if args.json else text)
+
+
+def _read(path: str, what: str) -> bytes:
+    if path == "-":
+        return sys.stdin.buffer.read()
+    p = Path(path)
+    if not p.is_file():
+        raise _err(f"{path}: no such {what} file")
+    return p.read_bytes()
+
+
+def _passphrase(args: argparse.Namespace) -> str | None:
+    if getattr(args, "passphrase_env", None):
+        v = os.environ.get(args.passphrase_env)
+        if v is None:
+            raise _err(f"--passphrase-env {args.passphrase_env}: environment variable is not set")
+        return v
+    if getattr(args, "passphrase_file", None):
+        return _read(args.passphrase_file, "passphrase").decode("utf-8").rstrip("\r\n")
+    return None
+
+
+def _signing_key(path: str, args: argparse.Namespace, kind: str | None = None) -> Any:
+    from .keys import SigningKey
+
+    return SigningKey.load(path, passphrase=_passphrase(args), kind=kind)
+
+
+def _public_key(path: str, kind: str | None = None) -> Any:
+    from .keys import VerifyingKey
+
+    return VerifyingKey.load(path, kind=kind)
+
+
+def _shards(specs: Sequence[str]) -> dict[str, bytes]:
+    out = {}
+    for s in specs:
+        name, sep, path = s.partition("=")
+        if not sep or not name or not path:
+            raise _err(f"--shard {s!r}: expected NAME=PATH")
+        out[name] = _read(path, "shard")
+    return out
+
+
+# ============================================================================ provenance
+def _keygen(args: argparse.Namespace) -> int:
+    from .keys import SigningKey
+
+    key = SigningKey.generate(args.type)
+    priv = Path(args.out + ".pem")
+    pub = Path(args.out + ".pub")
+    if pub.exists() and not args.force:
+        raise _err(f"{pub}: already exists (pass --force to replace the key pair)")
+    key.save(priv, passphrase=_passphrase(args), overwrite=args.force)
+    key.public.save(pub)
+    _out(args, {"type": args.type, "keyid": key.keyid, "hint": key.public.hint, "private": str(priv), "public": str(pub)},
+         f"{args.type} key {key.keyid}\n  private: {priv} (mode 0600)\n  public:  {pub}")
+    return 0
+
+
+def _manifest(args: argparse.Namespace) -> int:
+    from .manifest import DEFAULT_IGNORE, DatasetManifest
+
+    meta = dict(client=args.client, dataset=args.dataset, version=args.version, license=args.license,
+                license_source=args.license_source, source=args.source, creator=args.creator,
+                created_at=args.created_at, name=args.name)
+    if args.shard and args.directory:
+        raise _err("give a directory or --shard NAME=PATH, not both")
+    if args.shard:
+        m = DatasetManifest.from_shards(_shards(args.shard), **meta)
+    elif args.directory:
+        m = DatasetManifest.from_directory(args.directory, ignore_paths=list(DEFAULT_IGNORE) + list(args.ignore),
+                                           **meta)
+    else:
+        raise _err("give a dataset directory or one or more --shard NAME=PATH")
+    data = m.to_json()
+    if args.out is None:
+        sys.stdout.write(data.decode() + "\n")
+        return 0
+    Path(args.out).write_bytes(data)
+    _out(args, {"statement": args.out, "subject": m.name, "sha256": m.root_digest(), "files": len(m.files)},
+         f"manifest {args.out}: {len(m.files)} file(s), subject {m.name!r} sha256 {m.root_digest()}")
+    return 0
+
+
+def _sigstore_sign(payload: bytes, token: str | None, staging: bool) -> dict[str, Any]:
+    from .errors import one_line
+
+    try:
+        from sigstore import dsse as sdsse
+        from sigstore.models import ClientTrustConfig
+        from sigstore.oidc import IdentityToken, detect_credential
+        from sigstore.sign import SigningContext
+    except ImportError as exc:  # pragma: no cover - sigstore is a dependency
+        raise _err(f"--sigstore needs sigstore-python ({exc})") from None
+    try:
+        raw = token or os.environ.get("SIGSTORE_ID_TOKEN") or detect_credential()
+    except Exception as exc:
+        raise _err(f"--sigstore: no usable ambient OIDC credential ({one_line(str(exc), 100)})") from None
+    if not raw:
+        raise _err("--sigstore: no OIDC identity token (pass --identity-token or set SIGSTORE_ID_TOKEN; "
+                   "keyless signing also needs network access to Fulcio and Rekor)")
+    try:
+        identity = IdentityToken(raw)
+        ctx = SigningContext.from_trust_config(ClientTrustConfig.staging() if staging else ClientTrustConfig.production())
+        with ctx.signer(identity, cache=True) as signer:
+            result = signer.sign_dsse(sdsse.Statement(payload))
+    except Exception as exc:
+        raise _err(f"--sigstore: keyless signing failed ({one_line(str(exc), 120)}); "
+                   "it needs network access to Fulcio/Rekor and a valid identity") from None
+    return json.loads(result.to_json())
+
+
+def _sign(args: argparse.Namespace) -> int:
+    from . import bundle as _bundle, dsse
+    from .intoto import Statement
+
+    raw = _read(args.statement, "statement")
+    st = Statement.from_json(raw, args.statement)
+    payload = st.to_json()
+    if args.sigstore:
+        doc: dict[str, Any] = _sigstore_sign(payload, args.identity_token, args.staging)
+        summary = "Sigstore keyless bundle"
+    else:
+        if not args.key:
+            raise _err("--key is required (or --sigstore for keyless signing)")
+        key = _signing_key(args.key, args, kind="p256")
+        env = dsse.sign(payload, key)
+        if args.ledger:
+            from .ledger import Ledger
+
+            if not args.log_key:
+                raise _err("--ledger needs --log-key (the log's Ed25519 private key)")
+            with Ledger.open(args.ledger, _signing_key(args.log_key, args, kind="ed25519")) as led:
+                index, doc = led.append(env, key.public)
+            summary = f"bundle with log entry {index}"
+        elif args.format == "dsse":
+            doc, summary = env.to_dict(), "DSSE envelope"
+        else:
+            doc, summary = _bundle.make_bundle(env, key.public), "bundle"
+        summary += f", signed by {key.keyid}"
+    text = json.dumps(doc, indent=2, sort_keys=True) + "\n"
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+        _out(args, {"out": args.out, "subjects": [s.name for s in st.subjects]}, f"wrote {args.out}: {summary}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from . import _codec, bundle as _bundle, dsse
+    from .errors import VerificationFailed
+    from .intoto import Statement
+    from .manifest import PREDICATE_TYPE, DatasetManifest
+
+    doc = _codec.loads(_read(args.file, "bundle or envelope"), args.file)
+    if not isinstance(doc, dict):
+        raise _err(f"{args.file}: expected a JSON object (a Sigstore bundle or a DSSE envelope)")
+    info: dict[str, Any] = {}
+    if args.identity:
+        return _verify_sigstore(args, doc)
+    if not args.pub:
+        raise _err("--pub is required (or --identity/--issuer for Sigstore keyless bundles)")
+    key = _public_key(args.pub, kind="p256")
+    if "mediaType" in doc:
+        trusted_root = log_key = origin = None
+        if args.trusted_root:
+            trusted_root = _read(args.trusted_root, "trusted root")
+        elif args.ledger:
+            from .ledger import Ledger
+
+            with Ledger.open(args.ledger) as led:
+                log_key, origin = led.log_public, led.origin
+        r = _bundle.verify_bundle(doc, key, trusted_root=trusted_root, log_key=log_key, origin=origin,
+                                  require_tlog=args.require_tlog)
+        payload, keyid = r.payload, r.keyid
+        info.update(logIndex=r.log_index, treeSize=r.tree_size, origin=r.origin)
+    else:
+        if args.require_tlog:
+            raise VerificationFailed(f"{args.file}: a bare DSSE envelope has no transparency-log entry")
+        v = dsse.verify(doc, key)
+        payload, keyid = v.payload, v.keyids[0]
+    st = Statement.from_json(payload, "signed statement")
+    info.update(ok=True, keyid=keyid, predicateType=st.predicate_type,
+                subjects=[{"name": s.name, "sha256": s.digest.get("sha256")} for s in st.subjects])
+    lines = [f"OK: {st.predicate_type} signed by {keyid}"]
+    lines += [f"  subject {s.name!r} sha256 {s.digest.get('sha256')}" for s in st.subjects]
+    if info.get("logIndex") is not None:
+        lines.append(f"  logged at index {info['logIndex']} of {info['treeSize']} in {info['origin']}")
+    if args.data or args.shard:
+        if st.predicate_type != PREDICATE_TYPE:
+            raise _err(f"--data/--shard: the statement is a {st.predicate_type}, not a dataset manifest")
+        m = DatasetManifest.from_statement(st)
+        if args.data:
+            m.verify_directory(args.data)
+        else:
+            m.verify_shards(_shards(args.shard))
+        info["data"] = "match"
+        lines.append(f"  data matches the manifest ({len(m.files)} file(s), dataset {m.dataset!r} {m.version!r})")
+    _out(args, info, "\n".join(lines))
+    return 0
+
+
+def _verify_sigstore(args: argparse.Namespace, doc: dict[str, Any]) -> int:
+    from .errors import VerificationFailed, one_line
+
+    try:
+        from sigstore.models import Bundle, TrustedRoot
+        from sigstore.verify import Verifier, policy
+    except ImportError as exc:  # pragma: no cover
+        raise _err(f"Sigstore verification needs sigstore-python ({exc})") from None
+    try:
+        b = Bundle.from_json(json.dumps(doc))
+    except Exception as exc:
+        raise _err(f"{args.file}: not a Sigstore keyless bundle ({one_line(str(exc), 100)})") from None
+    try:
+        verifier = (Verifier(trusted_root=TrustedRoot.from_file(args.trusted_root)) if args.trusted_root
+                    else Verifier.production(offline=True))
+        ptype, payload = verifier.verify_dsse(b, policy.Identity(identity=args.identity, issuer=args.issuer))
+    except Exception as exc:
+        raise VerificationFailed(f"{args.file}: Sigstore verification failed ({one_line(str(exc), 120)})") from None
+    _out(args, {"ok": True, "payloadType": ptype, "identity": args.identity},
+         f"OK: Sigstore bundle for {args.identity} ({ptype}, {len(payload)} bytes)")
+    return 0
+
+
+# ============================================================================ ledger
+def _open(args: argparse.Namespace, write: bool = False) -> Any:
+    from .ledger import Ledger
+
+    key = _signing_key(args.key, args, kind="ed25519") if write else None
+    return Ledger.open(args.ledger, key)
+
+
+def _ledger_init(args: argparse.Namespace) -> int:
+    from .ledger import Ledger
+
+    with Ledger.init(args.ledger, _signing_key(args.key, args, kind="ed25519"), args.origin) as led:
+        if args.trusted_root:
+            Path(args.trusted_root).write_text(json.dumps(led.trusted_root(), indent=2) + "\n", encoding="utf-8")
+        _out(args, {"ledger": args.ledger, "origin": led.origin, "logId": led.log_id.hex()},
+             f"ledger {args.ledger}: origin {led.origin}, log id {led.log_id.hex()}")
+    return 0
+
+
+def _ledger_append(args: argparse.Namespace) -> int:
+    from . import _codec, dsse
+
+    doc = _codec.loads(_read(args.envelope, "envelope"), args.envelope)
+    if isinstance(doc, dict) and "dsseEnvelope" in doc:
+        doc = doc["dsseEnvelope"]
+    env = dsse.Envelope.from_dict(doc, args.envelope)
+    with _open(args, write=True) as led:
+        index, b = led.append(env, _public_key(args.pub, kind="p256"))
+    if args.out:
+        Path(args.out).write_text(json.dumps(b, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    proof = b["verificationMaterial"]["tlogEntries"][0]["inclusionProof"]
+    _out(args, {"logIndex": index, "bundle": args.out or b},
+         f"appended at index {index}; tree size {proof['treeSize']}" + (f"; bundle {args.out}" if args.out else ""))
+    return 0
+
+
+def _proof_text(kind: str, d: dict[str, Any]) -> str:
+    lines = [kind, *(f"  {k}: {d[k]}" for k in d if k not in ("hashes", "checkpoint"))]
+    lines += [f"  hash[{i}] {h}" for i, h in enumerate(d["hashes"])]
+    if d.get("checkpoint"):
+        lines += ["  checkpoint:", *("    " + line for line in d["checkpoint"].splitlines())]
+    return "\n".join(lines)
+
+
+def _ledger_prove(args: argparse.Namespace) -> int:
+    with _open(args) as led:
+        d = led.prove(args.index, args.tree_size).to_dict()
+    _out(args, d, _proof_text(f"inclusion proof of entry {args.index}", d))
+    return 0
+
+
+def _ledger_consistency(args: argparse.Namespace) -> int:
+    with _open(args) as led:
+        d = led.consistency(args.old, args.new).to_dict()
+    _out(args, d, _proof_text(f"consistency proof {d['oldSize']} → {d['treeSize']}", d))
+    return 0
+
+
+def _ledger_checkpoint(args: argparse.Namespace) -> int:
+    from . import checkpoint as cp
+
+    with _open(args) as led:
+        note = led.checkpoint(args.size)
+        c = cp.verify(note, led.log_public, origin=led.origin)
+    if args.json:
+        _out(args, {"origin": c.origin, "treeSize": c.size, "rootHash": c.root.hex(), "checkpoint": note}, "")
+    else:
+        sys.stdout.write(note)
+    return 0
+
+
+def _ledger_verify(args: argparse.Namespace) -> int:
+    witnesses = [_read(w, "checkpoint").decode("utf-8", "replace") for w in args.witness]
+    with _open(args) as led:
+        report = led.verify(log_key=_public_key(args.log_pub, kind="ed25519") if args.log_pub else None,
+                            witnesses=witnesses, check_signatures=not args.no_signatures)
+    if args.json:
+        _out(args, report.to_dict(), "")
+    else:
+        print(report, file=sys.stdout if report.ok else sys.stderr)
+    return 0 if report.ok else 1
+
+
+def _ledger_export(args: argparse.Namespace) -> int:
+    with _open(args) as led:
+        paths = led.export(args.out)
+        n = led.size
+    _out(args, {k: str(v) for k, v in paths.items()}, f"exported {n} entries to {args.out}")
+    return 0
+
+
+# ============================================================================ wiring
+def _common(p: argparse.ArgumentParser, passphrase: bool = False) -> None:
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    if passphrase:
+        g = p.add_mutually_exclusive_group()
+        g.add_argument("--passphrase-env", metavar="VAR", help="read the key passphrase from this environment variable")
+        g.add_argument("--passphrase-file", metavar="FILE", help="read the key passphrase from this file")
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``provenance`` and ``ledger`` command groups (leaf parsers set ``func``)."""
+    prov = subparsers.add_parser("provenance", help="keys, dataset manifests, DSSE signing and verification")
+    ps = prov.add_subparsers(dest="provenance_command", required=True, metavar="COMMAND")
+
+    p = ps.add_parser("keygen", help="generate a key pair (P-256 for clients/data, Ed25519 for a log)")
+    p.add_argument("--out", required=True, metavar="PREFIX", help="writes PREFIX.pem (0600) and PREFIX.pub")
+    p.add_argument("--type", choices=("p256", "ed25519"), default="p256")
+    p.add_argument("--force", action="store_true", help="replace an existing key pair")
+    _common(p, passphrase=True)
+    p.set_defaults(func=_wrap(_keygen))
+
+    p = ps.add_parser("manifest", help="build a dataset manifest (in-toto statement, model-signing layout)")
+    p.add_argument("directory", nargs="?", help="dataset directory")
+    p.add_argument("--shard", action="append", default=[], metavar="NAME=PATH", help="an in-memory style shard")
+    p.add_argument("--client", required=True)
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--version", required=True)
+    p.add_argument("--license", required=True, help="SPDX license expression")
+    p.add_argument("--license-source", default="", help="where the license was asserted (URL or path)")
+    p.add_argument("--source", default="")
+    p.add_argument("--creator", default="")
+    p.add_argument("--created-at", default=None, help="RFC 3339 time (default: now)")
+    p.add_argument("--name", default=None, help="subject name (default: the directory's name)")
+    p.add_argument("--ignore", action="append", default=[], metavar="PATH", help="extra path to skip")
+    p.add_argument("--out", default=None, help="write the statement here (default: stdout)")
+    _common(p)
+    p.set_defaults(func=_wrap(_manifest))
+
+    p = ps.add_parser("sign", help="sign a statement into a DSSE envelope or Sigstore bundle")
+    p.add_argument("statement", help="in-toto statement JSON ('-' for stdin)")
+    p.add_argument("--key", help="P-256 private key (PEM)")
+    p.add_argument("--format", choices=("bundle", "dsse"), default="bundle")
+    p.add_argument("--out", default=None)
+    p.add_argument("--ledger", default=None, help="also log it in this ledger (bundle gets the log entry)")
+    p.add_argument("--log-key", default=None, help="the ledger's Ed25519 private key")
+    p.add_argument("--sigstore", action="store_true", help="keyless signing through Sigstore (network + OIDC)")
+    p.add_argument("--identity-token", default=None, help="OIDC token for --sigstore")
+    p.add_argument("--staging", action="store_true", help="use Sigstore staging for --sigstore")
+    _common(p, passphrase=True)
+    p.set_defaults(func=_wrap(_sign))
+
+    p = ps.add_parser("verify", help="verify a bundle or DSSE envelope (and the data it describes)")
+    p.add_argument("file")
+    p.add_argument("--pub", help="the signer's P-256 public key")
+    p.add_argument("--trusted-root", default=None, help="Sigstore trusted root describing the log")
+    p.add_argument("--ledger", default=None, help="trust this ledger's log key for the bundle's log entry")
+    p.add_argument("--require-tlog", action="store_true", help="fail without a transparency-log entry")
+    p.add_argument("--data", default=None, help="dataset directory to check against the manifest")
+    p.add_argument("--shard", action="append", default=[], metavar="NAME=PATH")
+    p.add_argument("--identity", default=None, help="Sigstore keyless: expected signer identity")
+    p.add_argument("--issuer", default=None, help="Sigstore keyless: expected OIDC issuer")
+    _common(p)
+    p.set_defaults(func=_wrap(_verify))
+
+    led = subparsers.add_parser("ledger", help="the transparency log (SQLite, RFC 6962, C2SP checkpoints)")
+    ls = led.add_subparsers(dest="ledger_command", required=True, metavar="COMMAND")
+
+    p = ls.add_parser("init", help="create a ledger")
+    p.add_argument("ledger")
+    p.add_argument("--key", required=True, help="the log's Ed25519 private key")
+    p.add_argument("--origin", required=True, help="log origin / checkpoint key name, e.g. example.org/log")
+    p.add_argument("--trusted-root", default=None, help="also write a Sigstore trusted_root.json here")
+    _common(p, passphrase=True)
+    p.set_defaults(func=_wrap(_ledger_init))
+
+    p = ls.add_parser("append", help="log a signed envelope; prints its index (bundle with --out)")
+    p.add_argument("ledger")
+    p.add_argument("envelope", help="DSSE envelope JSON, or a bundle holding one")
+    p.add_argument("--pub", required=True, help="the signer's P-256 public key (checked before logging)")
+    p.add_argument("--key", required=True, help="the log's Ed25519 private key")
+    p.add_argument("--out", default=None, help="write the Sigstore bundle here")
+    _common(p, passphrase=True)
+    p.set_defaults(func=_wrap(_ledger_append))
+
+    p = ls.add_parser("prove", help="inclusion proof for an entry")
+    p.add_argument("ledger")
+    p.add_argument("index", type=int)
+    p.add_argument("--tree-size", type=int, default=None)
+    _common(p)
+    p.set_defaults(func=_wrap(_ledger_prove))
+
+    p = ls.add_parser("consistency", help="consistency proof between two tree sizes")
+    p.add_argument("ledger")
+    p.add_argument("old", type=int)
+    p.add_argument("new", type=int, nargs="?", default=None)
+    _common(p)
+    p.set_defaults(func=_wrap(_ledger_consistency))
+
+    p = ls.add_parser("checkpoint", help="print the latest signed checkpoint")
+    p.add_argument("ledger")
+    p.add_argument("--size", type=int, default=None)
+    _common(p)
+    p.set_defaults(func=_wrap(_ledger_checkpoint))
+
+    p = ls.add_parser("verify", help="recompute the tree and check every signed checkpoint")
+    p.add_argument("ledger")
+    p.add_argument("--log-pub", default=None, help="the log public key you trust (default: the stored one)")
+    p.add_argument("--witness", action="append", default=[], metavar="FILE", help="a checkpoint seen elsewhere")
+    p.add_argument("--no-signatures", action="store_true", help="skip re-verifying each entry's DSSE signature")
+    _common(p)
+    p.set_defaults(func=_wrap(_ledger_verify))
+
+    p = ls.add_parser("export", help="export entries, checkpoints, trusted root and log key")
+    p.add_argument("ledger")
+    p.add_argument("--out", required=True)
+    _common(p)
+    p.set_defaults(func=_wrap(_ledger_export))
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are a single line (exit status 2)."""
+
+    def error(self, message: str) -> "NoReturn":  # type: ignore[override]
+        self.exit(2, f"error: {self.prog}: {message}\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Standalone entry point: ``python -m provenance.cli provenance|ledger ...``."""
+    parser = OneLineParser(prog="redteam", description="redteam provenance and ledger commands")
+    register(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

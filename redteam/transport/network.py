@@ -1,0 +1,431 @@
+"""A simulated uplink network: heterogeneous links, loss, relays, retries, deadline, churn.
+
+The model follows the straggler and churn parametrisation of REFERENCES §4 (the
+synchronous-round time T_i = H·c_i + bytes_i/bw_i + RTT_i with log-normal device
+heterogeneity) and the BitTorrent-style verify-and-re-fetch of BEP 52 (§3.2).
+
+Devices. At construction every client i draws, once and for good, its uplink
+bandwidth bw_i = ``bandwidth_mbps``·exp(``bandwidth_sigma``·z), its link latency
+RTT_i = ``latency_ms``·exp(``latency_sigma``·z') and its compute time per local step
+c_i = ``compute_s_per_step``·exp(``compute_sigma``·z'') (z's standard normal from the
+``rng`` given; medians are the configured values). Explicit per-client arrays can be
+passed instead (regions, hand-made examples).
+
+One round, for each uploading client i (all times in seconds from the round start):
+
+1. the update is ready at R_i = steps·c_i;
+2. the manifest (its canonical JSON) and then the chunks leave back-to-back over i's
+   uplink; chunk j has left at R_i + (|manifest| + Σ_{l≤j} |chunk_l|)/bw_i;
+3. a direct transfer arrives RTT_i later. With probability ``relay_fraction`` a chunk
+   goes via a uniformly drawn other participant r (a swarm peer), which stores and
+   forwards it: + |chunk_j|/bw_r + RTT_r. So a client with only direct chunks arrives
+   at exactly R_i + bytes_i/bw_i + RTT_i;
+4. each chunk attempt is lost with probability ``loss``. The tamper hook then sees the
+   attempts that arrive, as :class:`~redteam.types.ChunkDelivery` objects
+   (``relay == author`` means the chunk came straight from its author), and returns them
+   as delivered: modified, removed (withheld) or added (injected, replayed). Deliveries
+   are matched to manifests by ``(author, index)``; others are ignored;
+5. the receiver checks every delivery against the manifest (length and SHA-256). A chunk
+   that is missing (lost or withheld) or only arrived corrupted is re-fetched, at the
+   time it should have arrived, up to ``retries`` times; a re-fetch comes from the
+   author directly, or with probability ``relay_fraction`` from a swarm peer other than
+   the one of the failed attempt, and costs RTT_src + |chunk|/bw_src. Re-fetches go
+   through the hook again. Every delivery that fails its check is a detection (logged
+   with its relay), even when another copy or a re-fetch completes the chunk;
+6. an update is complete when every chunk verified; it arrives at the last chunk's time.
+   With ``deadline_s`` set, a complete update arriving after the deadline is a straggler
+   and dropped. Round time = the latest finish (arrival, or giving up) over participants,
+   capped at the deadline.
+
+Manifests travel directly and reliably (a control channel; signing them is issue 4's
+job). ``bytes_on_wire`` counts each manifest, each scheduled attempt on each hop it takes
+(lost attempts included: their bytes were sent) and any net growth in bytes the tamper
+hook causes (injected or replayed chunks). Re-fetch and relay uplinks are not modelled as
+contended. All randomness comes from the ``np.random.Generator`` passed in.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from redteam.errors import InvalidParameter
+from redteam.types import ChunkDelivery
+
+from .chunking import ManifestError, UpdateManifest, check_chunk
+
+__all__ = ["NetworkConfig", "Network", "TransmitResult", "TamperHook"]
+
+TamperHook = Callable[[list[ChunkDelivery]], list[ChunkDelivery]]
+
+
+def _num(v: object) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkConfig:
+    """Parameters of the simulated network (medians and log-normal spreads).
+
+    * ``bandwidth_mbps`` / ``bandwidth_sigma``: median uplink in Mbit/s, σ of its log;
+    * ``latency_ms`` / ``latency_sigma``: median link round-trip time, σ of its log;
+    * ``loss``: probability that one chunk transmission is lost;
+    * ``relay_fraction``: probability that a chunk goes via another peer;
+    * ``retries``: re-fetches per chunk after a loss, withholding or digest mismatch;
+    * ``deadline_s``: round deadline (``None``: wait for everyone);
+    * ``compute_s_per_step`` / ``compute_sigma``: median seconds per local step, σ of log;
+    * ``churn_leave`` / ``churn_join``: per-round probability that an online client goes
+      offline / that an offline client comes back.
+    """
+
+    bandwidth_mbps: float = 10.0
+    bandwidth_sigma: float = 0.5
+    latency_ms: float = 50.0
+    latency_sigma: float = 0.5
+    loss: float = 0.0
+    relay_fraction: float = 0.0
+    retries: int = 2
+    deadline_s: float | None = None
+    compute_s_per_step: float = 0.01
+    compute_sigma: float = 0.5
+    churn_leave: float = 0.0
+    churn_join: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("bandwidth_mbps",):
+            v = getattr(self, name)
+            if not (_num(v) and v > 0):
+                raise InvalidParameter(f"NetworkConfig.{name} = {v!r}: must be a finite number > 0")
+        for name in ("latency_ms", "compute_s_per_step", "bandwidth_sigma", "latency_sigma", "compute_sigma"):
+            v = getattr(self, name)
+            if not (_num(v) and v >= 0):
+                raise InvalidParameter(f"NetworkConfig.{name} = {v!r}: must be a finite number ≥ 0")
+        for name in ("loss", "relay_fraction", "churn_leave", "churn_join"):
+            v = getattr(self, name)
+            if not (_num(v) and 0 <= v <= 1):
+                raise InvalidParameter(f"NetworkConfig.{name} = {v!r}: must be a probability in [0, 1]")
+        if self.loss == 1:
+            raise InvalidParameter("NetworkConfig.loss = 1: must be < 1 (nothing would ever arrive)")
+        r = self.retries
+        if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+            raise InvalidParameter(f"NetworkConfig.retries = {r!r}: must be an integer ≥ 0")
+        d = self.deadline_s
+        if d is not None and not (_num(d) and d > 0):
+            raise InvalidParameter(f"NetworkConfig.deadline_s = {d!r}: must be a number > 0 (or unset)")
+
+
+@dataclass(slots=True)
+class TransmitResult:
+    """The outcome of one round's uploads.
+
+    * ``payloads``: client → reassembled, verified payload;
+    * ``dropped``: client → why its update did not make it (bad manifest, a chunk lost,
+      withheld or corrupted after all retries, straggler);
+    * ``detections``: client → digest mismatches seen on its chunks (even if repaired);
+    * ``mismatches``: every mismatching delivery as ``(author, index, relay)``;
+    * ``stragglers``: clients dropped for arriving after the deadline;
+    * ``arrival_s``: client → when its update completed, or when the receiver gave up;
+    * ``bytes_on_wire`` (all of it), ``client_bytes`` (per author), ``round_time_s``.
+    """
+
+    payloads: dict[int, bytes] = field(default_factory=dict)
+    dropped: dict[int, str] = field(default_factory=dict)
+    detections: dict[int, str] = field(default_factory=dict)
+    mismatches: list[tuple[int, int, int]] = field(default_factory=list)
+    stragglers: list[int] = field(default_factory=list)
+    arrival_s: dict[int, float] = field(default_factory=dict)
+    bytes_on_wire: int = 0
+    client_bytes: dict[int, int] = field(default_factory=dict)
+    round_time_s: float = 0.0
+
+
+def _profile(
+    name: str, given: Sequence[float] | None, median: float, sigma: float, z: np.ndarray, positive: bool
+) -> np.ndarray:
+    """Per-client values: ``median·exp(sigma·z)``, or the explicit ``given`` array (checked)."""
+    if given is None:
+        return median * np.exp(sigma * z)
+    arr = np.asarray(given, dtype=np.float64)
+    in_range = (arr > 0).all() if positive else (arr >= 0).all()
+    ok = arr.shape == z.shape and bool(np.isfinite(arr).all()) and bool(in_range)
+    if not ok:
+        raise InvalidParameter(
+            f"Network.{name} = {given!r}: expected {z.shape[0]} finite values {'> 0' if positive else '≥ 0'}"
+        )
+    return arr
+
+
+class Network:
+    """The simulated network for ``n_clients`` devices; see the module docstring.
+
+    Attributes (per client, fixed at construction): ``bandwidth_mbps``, ``latency_s``
+    (round-trip), ``compute_s`` (seconds per local step).
+    """
+
+    def __init__(
+        self,
+        config: NetworkConfig,
+        n_clients: int,
+        rng: np.random.Generator,
+        *,
+        bandwidth_mbps: Sequence[float] | None = None,
+        latency_ms: Sequence[float] | None = None,
+        compute_s_per_step: Sequence[float] | None = None,
+    ) -> None:
+        if not isinstance(config, NetworkConfig):
+            raise InvalidParameter(f"Network.config = {config!r}: expected a NetworkConfig")
+        if isinstance(n_clients, bool) or not isinstance(n_clients, int) or n_clients < 1:
+            raise InvalidParameter(f"Network.n_clients = {n_clients!r}: must be an integer ≥ 1")
+        self.config = config
+        self.n_clients = n_clients
+        z = rng.standard_normal((3, n_clients))  # drawn even when overridden: streams stay aligned
+        c = config
+        self.bandwidth_mbps = _profile(
+            "bandwidth_mbps", bandwidth_mbps, c.bandwidth_mbps, c.bandwidth_sigma, z[0], True
+        )
+        self.latency_s = _profile("latency_ms", latency_ms, c.latency_ms, c.latency_sigma, z[1], False) / 1000.0
+        self.compute_s = _profile(
+            "compute_s_per_step", compute_s_per_step, c.compute_s_per_step, c.compute_sigma, z[2], False
+        )
+        self.bytes_per_s = self.bandwidth_mbps * 1e6 / 8.0
+
+    def __repr__(self) -> str:
+        return f"Network({self.config!r}, n_clients={self.n_clients})"
+
+    def churn(self, online: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Next round's online mask (vectorized).
+
+        An online client goes offline with probability ``churn_leave``; an offline one
+        comes back with probability ``churn_join``.
+        """
+        online = np.asarray(online, dtype=bool)
+        if online.shape != (self.n_clients,):
+            raise InvalidParameter(
+                f"Network.churn: online has shape {online.shape}, expected ({self.n_clients},)"
+            )
+        u = rng.random(self.n_clients)
+        return np.where(online, u >= self.config.churn_leave, u < self.config.churn_join)
+
+    def ready_s(self, clients: Sequence[int], local_steps: int) -> np.ndarray:
+        """When each client's update is ready: steps·c_i."""
+        return local_steps * self.compute_s[np.asarray(clients, dtype=np.int64)]
+
+    # -- one round --------------------------------------------------------------------
+    def transmit(
+        self,
+        round: int,
+        uploads: Mapping[int, tuple[UpdateManifest, Sequence[bytes]]],
+        local_steps: int,
+        rng: np.random.Generator,
+        tamper: TamperHook | None = None,
+        *,
+        parent_digest: str | None = None,
+    ) -> TransmitResult:
+        """Send every client's manifest and chunks to the aggregator; see the module docstring.
+
+        ``uploads`` maps client → (its manifest, the chunks it actually sends); a chunk
+        the author does not send is withheld. With ``parent_digest`` given, a manifest
+        for another parent model is dropped as stale.
+        """
+        if isinstance(local_steps, bool) or not isinstance(local_steps, int) or local_steps < 0:
+            raise InvalidParameter(f"Network.transmit: local_steps = {local_steps!r}: must be an integer ≥ 0")
+        for c in uploads:
+            if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= c < self.n_clients:
+                raise InvalidParameter(
+                    f"Network.transmit: upload key {c!r} is not a client id in [0, {self.n_clients})"
+                )
+        ids = sorted(int(c) for c in uploads)
+        cfg, res = self.config, TransmitResult()
+        finish: dict[int, float] = {}
+        ready = dict(zip(ids, self.ready_s(ids, local_steps).tolist()))
+
+        # manifests (direct, reliable)
+        valid: list[int] = []
+        manifest_done: dict[int, float] = {}
+        for c in ids:
+            manifest = uploads[c][0]
+            mlen = len(manifest.to_json()) if isinstance(manifest, UpdateManifest) else 0
+            res.client_bytes[c] = mlen
+            res.bytes_on_wire += mlen
+            manifest_done[c] = ready[c] + mlen / self.bytes_per_s[c]
+            finish[c] = manifest_done[c] + self.latency_s[c]
+            problem = self._manifest_problem(c, manifest, round, parent_digest)
+            if problem is not None:
+                res.dropped[c] = f"bad manifest: {problem}"
+            else:
+                valid.append(c)
+
+        # first attempt of every chunk: departure times, relay and loss draws (vectorized)
+        manifests = {c: uploads[c][0] for c in valid}
+        keys = [(c, i) for c in valid for i in range(manifests[c].n_chunks)]
+        slot = {key: k for k, key in enumerate(keys)}
+        author = np.array([c for c, _ in keys], dtype=np.int64)
+        data = [self._sent_data(uploads[c][1], i) for c, i in keys]
+        size = np.array([len(b) if b is not None else 0 for b in data], dtype=np.float64)
+        offsets = np.cumsum([0] + [manifests[c].n_chunks for c in valid])
+        depart = np.empty(len(keys))
+        for j, c in enumerate(valid):  # each client's chunks leave back-to-back on its uplink
+            a, b = offsets[j], offsets[j + 1]
+            depart[a:b] = manifest_done[c] + np.cumsum(size[a:b]) / self.bytes_per_s[c]
+        u = rng.random((3, len(keys)))
+        relay = self._first_relays(author, ids, u[0] < cfg.relay_fraction, u[1])
+        via = relay != author
+        forward = np.where(via, size / self.bytes_per_s[relay] + self.latency_s[relay], 0.0)
+        when = depart + self.latency_s[author] + forward
+        lost = u[2] < cfg.loss
+        hops = np.where(via, 2, 1)
+
+        # waves: the first attempt, then up to `retries` re-fetches of what is still missing
+        got: dict[int, dict[int, bytes]] = {c: {} for c in valid}
+        got_at = np.full(len(keys), np.nan)
+        failure: dict[int, tuple[str, float]] = {}
+        mismatch_log: dict[int, list[tuple[int, int]]] = {}
+        pending = np.arange(len(keys))
+        for wave in range(cfg.retries + 1):
+            if wave > 0:
+                pending = np.array([k for k in pending if keys[k][1] not in got[keys[k][0]]], dtype=np.int64)
+                if pending.size == 0:
+                    break
+                u = rng.random((3, pending.size))
+                use_peer = u[0] < cfg.relay_fraction
+                relay[pending] = self._refetch_sources(author[pending], ids, use_peer, u[1], relay[pending])
+                src = relay[pending]
+                fail_time = np.array([failure[k][1] for k in pending.tolist()])
+                when[pending] = fail_time + self.latency_s[src] + size[pending] / self.bytes_per_s[src]
+                lost[pending] = u[2] < cfg.loss
+                hops[pending] = 1
+            sent = [k for k in pending.tolist() if data[k] is not None]
+            for k in sent:
+                nbytes = int(size[k]) * int(hops[k])
+                res.client_bytes[keys[k][0]] += nbytes
+                res.bytes_on_wire += nbytes
+            deliveries = [
+                ChunkDelivery(
+                    author=keys[k][0], index=keys[k][1], relay=int(relay[k]), data=data[k], round=round
+                )
+                for k in sent
+                if not lost[k]
+            ]
+            if tamper is not None:
+                given = sum(_nbytes(d) for d in deliveries)
+                deliveries = list(tamper(deliveries))
+                res.bytes_on_wire += max(0, sum(_nbytes(d) for d in deliveries) - given)
+            by_key: dict[int, list[ChunkDelivery]] = {}
+            for d in deliveries:
+                k = slot.get(_key(d), -1)
+                if k >= 0:
+                    by_key.setdefault(k, []).append(d)
+            for k in pending.tolist():
+                c, i = keys[k]
+                if i in got[c]:
+                    continue
+                bad_relay = None
+                for d in by_key.get(k, ()):  # the first verified copy is used; every bad one is logged
+                    if check_chunk(manifests[c], i, getattr(d, "data", None)) is None:
+                        if i not in got[c]:
+                            got[c][i] = bytes(d.data)
+                            got_at[k] = when[k]
+                        continue
+                    r = getattr(d, "relay", None)
+                    bad_relay = int(r) if isinstance(r, (int, np.integer)) else -1
+                    res.mismatches.append((c, i, bad_relay))
+                    mismatch_log.setdefault(c, []).append((i, bad_relay))
+                if i in got[c]:
+                    continue
+                if bad_relay is not None:
+                    reason = f"chunk {i} digest mismatch after {wave} retries ({_via(bad_relay, c)})"
+                elif lost[k] and data[k] is not None:
+                    reason = f"chunk {i} lost after {wave} retries"
+                else:
+                    reason = f"withheld: missing chunk {i}"
+                failure[k] = (reason, float(when[k]))
+
+        # outcome per client
+        for j, c in enumerate(valid):
+            m, ks = manifests[c], range(offsets[j], offsets[j + 1])
+            if len(got[c]) < m.n_chunks:
+                first = min(i for i in range(m.n_chunks) if i not in got[c])
+                res.dropped[c] = failure[slot[(c, first)]][0]
+                finish[c] = max([finish[c]] + [failure[k][1] for k in ks if keys[k][1] not in got[c]])
+            else:
+                finish[c] = max(finish[c], float(got_at[ks.start : ks.stop].max()))
+                if cfg.deadline_s is not None and finish[c] > cfg.deadline_s:
+                    late = f"arrived at {finish[c]:.3g} s > deadline {cfg.deadline_s:.3g} s"
+                    res.dropped[c] = f"straggler: {late}"
+                    res.stragglers.append(c)
+                else:
+                    res.payloads[c] = b"".join(got[c][i] for i in range(m.n_chunks))
+            if c in mismatch_log:
+                log = mismatch_log[c]
+                i, r = log[0]
+                more = f"; {len(log) - 1} more" if len(log) > 1 else ""
+                fixed = " (verified copies obtained)" if len(got[c]) == m.n_chunks else ""
+                res.detections[c] = f"chunk {i} digest mismatch ({_via(r, c)}){more}{fixed}"
+        res.arrival_s = {c: float(finish[c]) for c in ids}
+        end = max(finish.values(), default=0.0)
+        res.round_time_s = float(min(end, cfg.deadline_s) if cfg.deadline_s is not None else end)
+        return res
+
+    # -- helpers ------------------------------------------------------------------------
+    def _manifest_problem(self, c: int, manifest: object, round: int, parent: str | None) -> str | None:
+        if not isinstance(manifest, UpdateManifest):
+            return f"expected an UpdateManifest, got {type(manifest).__name__}"
+        try:
+            manifest.validate()
+        except ManifestError as exc:
+            return str(exc)
+        if manifest.client != c:
+            return f"manifest names client {manifest.client}, uploaded by client {c}"
+        if manifest.round != round:
+            return f"manifest is for round {manifest.round}, this is round {round}"
+        if parent is not None and manifest.parent_digest != parent:
+            return f"stale parent model {manifest.parent_digest[:12]}…, current is {parent[:12]}…"
+        return None
+
+    @staticmethod
+    def _sent_data(chunks: Sequence[bytes], i: int) -> bytes | None:
+        if i < len(chunks) and isinstance(chunks[i], (bytes, bytearray, memoryview)):
+            return bytes(chunks[i])
+        return None
+
+    @staticmethod
+    def _first_relays(author: np.ndarray, ids: list[int], use: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """Per chunk: its author (direct) or, where ``use``, a uniform other participant."""
+        if len(ids) < 2:
+            return author.copy()
+        peers = np.asarray(ids, dtype=np.int64)
+        r = np.minimum((u * (peers.size - 1)).astype(np.int64), peers.size - 2)
+        r += r >= np.searchsorted(peers, author)  # skip the author's own slot
+        return np.where(use, peers[r], author)
+
+    @staticmethod
+    def _refetch_sources(
+        author: np.ndarray, ids: list[int], use: np.ndarray, u: np.ndarray, prev: np.ndarray
+    ) -> np.ndarray:
+        """Re-fetch sources: the author, or where ``use`` a peer other than the author and ``prev``."""
+        out = author.copy()
+        peers = np.asarray(ids, dtype=np.int64)
+        for j in np.flatnonzero(use):
+            cand = peers[(peers != author[j]) & (peers != prev[j])]
+            if cand.size:
+                out[j] = cand[min(int(u[j] * cand.size), cand.size - 1)]
+        return out
+
+
+def _key(d: object) -> tuple[int, int] | None:
+    a, i = getattr(d, "author", None), getattr(d, "index", None)
+    if isinstance(a, (int, np.integer)) and isinstance(i, (int, np.integer)) and not isinstance(a, bool):
+        return int(a), int(i)
+    return None
+
+
+def _nbytes(d: object) -> int:
+    data = getattr(d, "data", None)
+    return len(data) if isinstance(data, (bytes, bytearray, memoryview)) else 0
+
+
+def _via(relay: int, author: int) -> str:
+    return "direct from the author" if relay == author else f"via relay {relay}"
