@@ -133,11 +133,13 @@ def cone_direction(target: "torch.Tensor", ref: "torch.Tensor", c: float,
     v_hat = torch.where(v_len > 0, v / v_len.clamp_min(1e-300), torch.zeros_like(v))
     alpha = v_hat @ r_hat  # cos(v, r)
     w = v_hat - alpha[:, None] * r_hat[None, :]  # component of v̂ orthogonal to r̂
+    w = w - (w @ r_hat)[:, None] * r_hat[None, :]  # second Gram–Schmidt pass: rounding
     w_len = torch.linalg.vector_norm(w, dim=1, keepdim=True)
-    degenerate = w_len <= 1e-12
+    degenerate = w_len <= 64 * torch.finfo(v.dtype).eps  # v̂ = −r̂ up to rounding
     if fallback is None:
         fallback = torch.zeros_like(r)
     fb = fallback.to(v.dtype)
+    fb = fb - (fb @ r_hat) * r_hat
     fb = fb - (fb @ r_hat) * r_hat
     fb_len = torch.linalg.vector_norm(fb)
     fb = fb / fb_len if float(fb_len) > 0 else fb

@@ -37,7 +37,7 @@ def test_dense_exact_bytes_and_round_trip():
 
 def test_topk_small_vector_exact_bytes():
     x = torch.tensor([0.1, -3.0, 2.0, 0.5, -0.2])
-    codec = make_codec("topk", k=2)
+    codec = make_codec("topk", k=2, indices="uint32")
     payload = codec.encode(x)
     # the two largest magnitudes are -3.0 (index 1) and 2.0 (index 2), sent in index order
     assert payload == header(4, 1, 0, 5, 2) + struct.pack("<2f", -3.0, 2.0) + struct.pack("<2I", 1, 2)
@@ -79,9 +79,9 @@ def test_half_precision_rounding_by_hand():
 
 
 def test_spec_strings_are_canonical():
-    assert make_codec("topk", fraction=0.1).spec == "topk(fraction=0.1, indices='uint32')"
-    assert make_codec("topk").spec == "topk(fraction=0.1, indices='uint32')"
-    assert make_codec("randk", k=7, rescale=True).spec == "randk(k=7, indices='uint32', rescale=True)"
+    assert make_codec("topk", fraction=0.1, indices="uint32").spec == "topk(fraction=0.1, indices='uint32')"
+    assert make_codec("topk").spec == "topk(fraction=0.1, indices='auto')"
+    assert make_codec("randk", k=7, rescale=True).spec == "randk(k=7, indices='auto', rescale=True)"
     assert make_codec("int8").spec == "int8(block_size=256, rounding='deterministic')"
     assert make_codec("none").spec == "none()"
 
@@ -93,10 +93,12 @@ def test_payload_sizes_for_the_digits_mlp():
     d = 4810  # MLP 64-64-10
     dense = 16 + 4 * d
     x = torch.randn(d, generator=gen())
-    topk = make_codec("topk", fraction=0.1).encode(x)
+    topk = make_codec("topk", fraction=0.1, indices="uint32").encode(x)
     assert len(topk) == 16 + 481 * 8  # k = round(0.1 * 4810) = 481
     assert len(topk) / dense <= 0.201
     assert len(make_codec("topk", fraction=0.1, indices="bitmap").encode(x)) == 16 + 481 * 4 + 602
+    # the default ("auto") picks the bitmap here: ⌈4810/8⌉ = 602 bytes < 481 × 4
+    assert len(make_codec("topk", fraction=0.1).encode(x)) == 16 + 481 * 4 + 602
     int8 = make_codec("int8").encode(x)
     assert len(int8) == 16 + 4 * math.ceil(d / 256) + d
     assert len(int8) / dense <= 0.26
@@ -233,7 +235,7 @@ def _valid(name: str, d: int = 10, **params) -> bytes:
     ],
 )
 def test_malformed_payloads_are_rejected_with_a_reason(name, data, match):
-    params = {"k": 1} if name == "topk" else {}
+    params = {"k": 1, "indices": "uint32"} if name == "topk" else {}
     with pytest.raises(DecodeError, match=match):
         make_codec(name, **params).decode(data, 10)
 

@@ -31,7 +31,7 @@ def test_defaults():
         ({"federation": {"partition": "zipf"}}, '[federation].partition = "zipf": expected one of "iid"'),
         ({"federation": {"malicious_fraction": 1.0}}, "[federation].malicious_fraction = 1.0: must be in [0, 1)"),
         ({"fedration": {}}, "unknown section [fedration]; did you mean [federation]?"),
-        ({"attack": {"name": "sing_flip"}}, "unknown attack 'sing_flip'; did you mean 'sign_flip'?"),
+        ({"attack": {"name": "sing_flip"}}, "unknown attack 'sing_flip'; did you mean 'sign_flip'"),
         ({"attack": {"name": "sign_flip", "varient": "own"}}, "no parameter 'varient'; did you mean 'variant'?"),
         ({"attack": {"name": "sign_flip", "variant": "all"}}, "variant"),
         ({"attack": {"variant": "own"}}, "[attack] needs a 'name' key"),

@@ -1,0 +1,114 @@
+"""Coordinate-wise median and trimmed mean: worked examples, the sorting kernel, errors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from defenses._common import sorted_reduce
+from defenses.median import Median, TrimmedMean, coordinate_median, trimmed_mean
+from redteam.errors import InvalidParameter
+
+
+def t(rows):
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+def test_median_worked_example_even_n():
+    x = t([[1, 10], [3, -2], [2, 5], [100, 0]])
+    # column 0 sorted: 1 2 3 100 -> midpoint (2 + 3)/2 = 2.5, lower 2
+    # column 1 sorted: -2 0 5 10 -> midpoint (0 + 5)/2 = 2.5, lower 0
+    dec = Median()(x)
+    assert dec.aggregate.tolist() == [2.5, 2.5]
+    assert dec.accepted.all()
+    assert Median(even_rule="lower")(x).aggregate.tolist() == [2.0, 0.0]
+
+
+def test_median_worked_example_odd_n_ignores_outliers():
+    x = t([[1, -7], [5, 1e30], [2, 0]])
+    # column 0: 1 2 5 -> 2 ; column 1: -7 0 1e30 -> 0
+    assert Median()(x).aggregate.tolist() == [2.0, 0.0]
+
+
+def test_median_nonfinite_rows_sort_to_the_ends():
+    nan, inf = float("nan"), float("inf")
+    x = t([[nan, 1], [1, -inf], [2, 3], [3, 4], [inf, nan]])
+    # column 0: 1 2 3 inf nan(+inf) -> 3 ; column 1: -inf 1 3 4 nan(+inf) -> 3
+    assert Median()(x).aggregate.tolist() == [3.0, 3.0]
+
+
+def test_trimmed_mean_worked_example():
+    x = t([[1, -50], [2, 0], [3, 1], [4, 2], [100, 3]])
+    # b = 1: column 0 drops 1 and 100 -> (2+3+4)/3 = 3; column 1 drops -50 and 3 -> (0+1+2)/3 = 1
+    dec = TrimmedMean(b=1)(x)
+    assert dec.aggregate.tolist() == [3.0, 1.0]
+    assert dec.state["b"] == 1
+    # b = 0 is the plain mean: (1+2+3+4+100)/5 = 22, (-50+0+1+2+3)/5 = -8.8
+    assert torch.allclose(TrimmedMean(b=0)(x).aggregate, t([22.0, -8.8]))
+
+
+def test_trimmed_mean_default_b_is_largest_allowed():
+    x = t([[1], [2], [30], [40]])
+    # n = 4 -> b = (4 - 1)//2 = 1 -> mean of 2 and 30 = 16
+    dec = TrimmedMean()(x)
+    assert dec.state["b"] == 1 and dec.aggregate.tolist() == [16.0]
+
+
+def test_trimmed_mean_huge_values_do_not_cancel_honest_ones():
+    x = t([[1e30], [1.0], [2.0], [3.0], [-1e30]])
+    # b = 1 drops ±1e30 exactly; (1+2+3)/3 = 2 with no cancellation
+    assert TrimmedMean(b=1)(x).aggregate.tolist() == [2.0]
+
+
+@pytest.mark.parametrize("n, b", [(4, 2), (5, 3), (2, 1), (1, 1)])
+def test_trimmed_mean_rejects_2b_ge_n(n, b):
+    with pytest.raises(InvalidParameter, match=r"TrimmedMean\.b = %d: must satisfy 2b < n \(n = %d" % (b, n)):
+        TrimmedMean(b=b)(torch.zeros(n, 3))
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "2"])
+def test_trimmed_mean_bad_b_type(bad):
+    with pytest.raises(InvalidParameter, match="TrimmedMean.b"):
+        TrimmedMean(b=bad)
+
+
+def test_median_bad_even_rule():
+    with pytest.raises(InvalidParameter, match="Median.even_rule = 'upper'"):
+        Median(even_rule="upper")
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13, 16, 17, 33, 64, 100])
+def test_sorting_network_matches_sort(n):
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, 5000, generator=g)
+    x[0, :7] = x[-1, :7]  # some exact ties
+    out = sorted_reduce(x, lambda s: s.clone().T.reshape(-1)[: s.shape[1]])  # shape check only
+    assert out.shape == (5000,)
+    ref = torch.sort(x, dim=0).values
+    for k in sorted({0, (n - 1) // 2, n - 1}):
+        assert torch.equal(sorted_reduce(x, lambda s, k=k: s[k]), ref[k])
+    k = (n - 1) // 2
+    mid = ref[k] if n % 2 else 0.5 * ref[k] + 0.5 * ref[k + 1]
+    assert torch.equal(coordinate_median(x), mid)
+    for b in {0, n // 4, (n - 1) // 2}:
+        expect = ref[b:n - b].double().mean(0).float()
+        assert torch.allclose(trimmed_mean(x, b), expect, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+def test_sorting_network_other_dtypes(dtype):
+    x = torch.randn(9, 300, generator=torch.Generator().manual_seed(0)).to(dtype)
+    out = coordinate_median(x)
+    assert out.dtype == dtype
+    assert torch.equal(out, torch.sort(x, dim=0).values[4])
+
+
+def test_median_does_not_mutate_input():
+    x = torch.randn(6, 20000, generator=torch.Generator().manual_seed(1))
+    x[2, 3] = math.nan
+    before = x.clone()
+    Median()(x)
+    TrimmedMean(b=2)(x)
+    assert torch.equal(torch.nan_to_num(x, nan=7.0), torch.nan_to_num(before, nan=7.0))
