@@ -49,12 +49,14 @@ def krum_scores(dist: "torch.Tensor", neighbours: int) -> "torch.Tensor":
 
 
 def _rank(scores: "torch.Tensor", dist: "torch.Tensor") -> "torch.Tensor":
-    """Indices ordered by (score, sum of all finite distances, position)."""
+    """Indices ordered by (score, number of infinite distances, sum of the finite ones, position)."""
     import torch
 
-    finite = torch.where(torch.isfinite(dist), dist, torch.zeros_like(dist))
-    total = finite.sum(dim=1) + torch.where(torch.isfinite(dist), 0.0, 1.0).sum(dim=1) * 1e300
+    ok = torch.isfinite(dist)
+    total = torch.where(ok, dist, torch.zeros_like(dist)).sum(dim=1)
+    n_far = (~ok).sum(dim=1)
     order = torch.argsort(total, stable=True)
+    order = order[torch.argsort(n_far[order], stable=True)]
     return order[torch.argsort(scores[order], stable=True)]
 
 

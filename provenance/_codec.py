@@ -25,6 +25,8 @@ from .errors import ProvenanceError, one_line
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _FROM_URLSAFE = bytes.maketrans(b"-_", b"+/")
+_B64_VALUE = {c: i for i, c in enumerate(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")}
+_B64_VALUE[ord("=")] = 0
 
 
 def dumps(obj: object) -> bytes:
@@ -126,9 +128,11 @@ def b64decode(text: Any, what: str) -> bytes:
         raw = text.encode("ascii")
     except UnicodeEncodeError:
         raise ProvenanceError(f"{what}: bad base64 (non-ASCII character)") from None
-    try:  # fast path: canonical, padded, standard alphabet
+    try:  # fast path: padded standard alphabet; strict mode rejects stray characters and
+        # bad padding, and the unused low bits of the last character must be zero
         data = binascii.a2b_base64(raw, strict_mode=True)
-        if binascii.b2a_base64(data, newline=False) == raw:
+        if len(raw) % 4 == 0 and (not raw.endswith(b"=") or
+                                  not _B64_VALUE[raw[-3 if raw.endswith(b"==") else -2]] & (15 if raw.endswith(b"==") else 3)):
             return data
     except binascii.Error:
         pass

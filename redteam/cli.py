@@ -120,7 +120,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     from .scenario import load_scenario
 
-    console = Console(stderr=False)
+    # wide enough for the results table even when stdout is a pipe or a file
+    console = Console(stderr=False, width=None if sys.stdout.isatty() else 160)
     sc = load_scenario(args.scenario)
     if args.rounds is not None:
         if args.rounds < 1:
@@ -197,7 +198,7 @@ def _print_table(console: Any, doc: dict[str, Any]) -> None:
     t = Table(title=title, title_justify="left")
     for col in ("attack", "defense", "final acc", "acc drop", f"rounds→{fed['target_accuracy']:.0%}",
                 "bytes on wire", "dropped", "rejected", "detect P / R", "FPR"):
-        t.add_column(col, justify="left" if col in ("attack", "defense") else "right")
+        t.add_column(col, justify="left" if col in ("attack", "defense") else "right", no_wrap=True)
     for run in doc["runs"]:
         m = run["metrics"]
         det = m["detection"]

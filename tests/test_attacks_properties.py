@@ -141,3 +141,21 @@ def test_every_catalog_attack_is_registered_with_summary_and_reference():
         cls = redteam.ATTACKS.get(name)
         assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen  # type: ignore[attr-defined]
         assert hasattr(cls, "__slots__")
+
+
+def test_large_float32_inputs_match_the_float64_path():
+    # above attacks._common.F64_LIMIT elements the statistics run in float32; they must
+    # agree with the float64 computation to float32 accuracy
+    from attacks._common import F64_LIMIT
+
+    g = torch.Generator().manual_seed(5)
+    h, d = 17, F64_LIMIT // 16  # 17·d > F64_LIMIT
+    honest = torch.randn(h, d, generator=g) * 0.1 + 0.02
+    own = torch.randn(2, d, generator=g) * 0.1
+    for name, params in [("alie", {}), ("min_max", {}), ("cosine_evasion", {"threshold": 0.2, "bound": 1.0,
+                                                                             "target": "own"})]:
+        atk = redteam.attack(name, **params)
+        out32 = atk.craft_updates(ctx_of(honest, own, 0))
+        out64 = atk.craft_updates(ctx_of(honest.double(), own.double(), 0))
+        assert out32.dtype == torch.float32
+        assert torch.allclose(out32.double(), out64, rtol=1e-4, atol=1e-6), name

@@ -165,6 +165,9 @@ class Federation:
         defense_state: dict[str, dict] = {}
         records: list[RoundRecord] = []
         server_lr = float(getattr(self.server_opt, "lr", 1.0))
+        # ground truth for scoring: with an attack that acts on nothing (the baseline's
+        # "none"), the would-be attackers are honest clients
+        truth = self.is_malicious.tolist() if self.attack.surfaces else [False] * n
         t_run = time.perf_counter()
 
         for rnd in range(fed.rounds):
@@ -290,7 +293,7 @@ class Federation:
                 accuracy=acc,
                 loss=loss,
                 accepted=accepted,
-                malicious=self.is_malicious.tolist(),
+                malicious=truth,
                 participating=participating,
                 dropped={k: v for k, v in sorted(dropped.items()) if participating[k] or "churn" in v},
                 rejected=dict(sorted(rejected.items())),
