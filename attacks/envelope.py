@@ -331,8 +331,9 @@ class Adaptive(Attack):
         honest = ctx.visible_updates
         n, f, h = ctx.n_clients, ctx.n_malicious, honest.shape[0]
         dev = honest.device
-        if h + f == n and all(0 <= i < n for i in ctx.malicious) and len(set(ctx.malicious)) == f:
-            mal = torch.tensor(ctx.malicious, dtype=torch.int64, device=dev)
+        rows = ctx.rows
+        if h + f == n and all(0 <= i < n for i in rows) and len(set(rows)) == f:
+            mal = torch.tensor(rows, dtype=torch.int64, device=dev)
             is_mal = torch.zeros(n, dtype=torch.bool, device=dev)
             is_mal[mal] = True
             return honest, (~is_mal).nonzero().flatten(), mal

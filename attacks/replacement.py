@@ -71,12 +71,12 @@ class ModelReplacement(Attack):
                 if w is None or w.shape[0] != ctx.n_clients:
                     raise param_error(self, "weighting", "samples",
                                       "needs ctx.weights with one weight per client")
-                if max(ctx.malicious, default=-1) >= w.shape[0]:
+                if max(ctx.rows, default=-1) >= w.shape[0]:
                     raise param_error(self, "weighting", "samples",
-                                      f"malicious client ids {ctx.malicious} do not index ctx.weights "
+                                      f"malicious rows {ctx.rows} do not index ctx.weights "
                                       f"({w.shape[0]} participants); use weighting='uniform' or an explicit boost")
                 w64 = w.to(device=dev, dtype=torch.float64)
-                mine = w64[torch.tensor(ctx.malicious, dtype=torch.int64, device=dev)]
+                mine = w64[torch.tensor(ctx.rows, dtype=torch.int64, device=dev)]
                 if bool((mine <= 0).any()):
                     raise param_error(self, "weighting", "samples", "a malicious client has weight ≤ 0")
                 gamma = w64.sum() / (mine * eta)

@@ -73,6 +73,18 @@ def finite_rows(updates: "torch.Tensor") -> "torch.Tensor":
     return torch.isfinite(updates).all(dim=1)
 
 
+def combine(weights: "torch.Tensor", updates: "torch.Tensor") -> "torch.Tensor":
+    """Σᵢ wᵢ xᵢ over the rows with wᵢ ≠ 0 only, so that a non-finite row with weight 0
+    cannot turn the result into NaN (0·NaN = NaN in a plain matrix product)."""
+    import torch
+
+    w = weights.to(device=updates.device, dtype=updates.dtype)
+    if bool(finite_rows(updates).all()):
+        return w @ updates
+    used = (w != 0).nonzero().flatten()
+    return w.index_select(0, used) @ updates.index_select(0, used)
+
+
 # -- distances -------------------------------------------------------------------------
 def gram64(x: "torch.Tensor", chunk: int = GRAM_CHUNK) -> "torch.Tensor":
     """⟨xᵢ, xⱼ⟩ for all pairs, in float64, accumulated over column blocks."""

@@ -24,7 +24,7 @@ from redteam.errors import InvalidParameter
 from redteam.pipeline import Aggregator, PreAggregator
 from redteam.types import Decision, ServerContext
 
-from ._common import GRAM_CHUNK, check_count, check_number, finite_rows
+from ._common import GRAM_CHUNK, check_count, check_number, combine, finite_rows
 
 if TYPE_CHECKING:
     import torch
@@ -78,7 +78,6 @@ class CenteredClipping(Aggregator):
 
         n, d = updates.shape
         ok = finite_rows(updates)
-        rows = updates if bool(ok.all()) else torch.where(ok[:, None], updates, torch.zeros_like(updates))
         prev = ctx.state.get("previous") if ctx.state else None
         if prev is None:
             v = torch.zeros(d, dtype=updates.dtype, device=updates.device)
@@ -92,12 +91,12 @@ class CenteredClipping(Aggregator):
             v = prev.to(dtype=updates.dtype, device=updates.device)
         a = 1.0  # coefficient of v0
         w = torch.zeros(n, dtype=torch.float64, device=updates.device)
-        okf = ok.to(torch.float64)
         for _ in range(self.n_iter):
-            dist = distances_to(rows, v)
-            s = torch.clamp(self.tau / dist.clamp_min(1e-300), max=1.0) * okf
+            dist = distances_to(updates, v)
+            s = torch.clamp(self.tau / dist.clamp_min(1e-300), max=1.0)
+            s = torch.where(ok, s, torch.zeros_like(s))
             shrink = 1.0 - float(s.sum()) / n
-            v = v * shrink + (s / n).to(updates.dtype) @ rows
+            v = v * shrink + combine(s / n, updates)
             a *= shrink
             w = w * shrink + s / n
         reasons = {i: "non-finite update" for i in (~ok).nonzero().flatten().tolist()}

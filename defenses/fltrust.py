@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, ClassVar
 from redteam.pipeline import Aggregator
 from redteam.types import Decision, ServerContext
 
-from ._common import finite_rows
+from ._common import combine, finite_rows
 from .cosine import cosine_to, root_update_of
 
 if TYPE_CHECKING:
@@ -52,10 +52,10 @@ class FLTrust(Aggregator):
         n, d = updates.shape
         g0 = root_update_of(self, ctx, d).to(updates.device)
         ok = finite_rows(updates)
-        rows = updates if bool(ok.all()) else torch.where(ok[:, None], updates, torch.zeros_like(updates))
-        cos = cosine_to(rows, g0)
+        cos = cosine_to(updates, g0)
+        cos = torch.where(ok, cos, torch.zeros_like(cos))
         trust = torch.where(ok, torch.relu(cos), torch.zeros_like(cos))
-        norms = torch.linalg.vector_norm(rows, dim=1, dtype=torch.float64)
+        norms = torch.linalg.vector_norm(updates, dim=1, dtype=torch.float64)
         g0_norm = float(torch.linalg.vector_norm(g0, dtype=torch.float64))
         total = float(trust.sum())
         if self.normalize:
@@ -68,5 +68,5 @@ class FLTrust(Aggregator):
         for i in (~accepted).nonzero().flatten().tolist():
             reasons[i] = "non-finite update" if not bool(ok[i]) else \
                 f"trust score 0: cosine {float(cos[i]):.4g} to the root update ≤ 0"
-        return Decision(aggregate=w @ rows, accepted=accepted, weights=w, reasons=reasons,
+        return Decision(aggregate=combine(w, updates), accepted=accepted, weights=w, reasons=reasons,
                         state={"trust": trust.tolist(), "root_norm": g0_norm})

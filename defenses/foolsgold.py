@@ -32,7 +32,7 @@ from redteam.errors import InvalidParameter
 from redteam.pipeline import Aggregator
 from redteam.types import Decision, ServerContext
 
-from ._common import check_number, finite_rows, gram64
+from ._common import check_number, combine, finite_rows, gram64
 
 if TYPE_CHECKING:
     import torch
@@ -130,10 +130,9 @@ class FoolsGold(Aggregator):
         else:
             w = alpha
         w = w.to(updates.dtype)
-        rows = updates if bool(ok.all()) else torch.where(ok[:, None], updates, torch.zeros_like(updates))
         accepted = alpha > 0
         reasons = {i: ("non-finite update" if not bool(ok[i]) else
                        "FoolsGold weight 0: its update history is too similar to another client's")
                    for i in (~accepted).nonzero().flatten().tolist()}
-        return Decision(aggregate=w @ rows, accepted=accepted, weights=w, reasons=reasons,
+        return Decision(aggregate=combine(w, updates), accepted=accepted, weights=w, reasons=reasons,
                         state={"ids": new_ids, "history": new_hist, "alpha": alpha.tolist()})

@@ -84,7 +84,8 @@ class GeometricMedian(Aggregator):
     * ``init``: ``"mean"`` (the weighted mean, as in the paper's code) or ``"zero"``.
 
     Rows with a non-finite entry are left out (and reported as rejected).
-    ``Decision.state`` reports ``iterations``, ``converged`` and ``objective``;
+    ``Decision.state`` reports ``iterations``, ``converged`` and ``objective``
+    (F with the αᵢ normalised to sum 1, i.e. the weighted mean distance);
     ``Decision.weights`` are the final Weiszfeld coefficients cᵢ (aggregate = Σ cᵢ xᵢ).
     """
 

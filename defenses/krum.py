@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from redteam.pipeline import Aggregator
 from redteam.types import Decision, ServerContext, param_error
 
-from ._common import check_choice, check_count, sorted_reduce, sq_distances
+from ._common import check_choice, check_count, combine, sorted_reduce, sq_distances
 
 if TYPE_CHECKING:
     import torch
@@ -223,7 +223,7 @@ class MultiKrum(Aggregator):
         w[sel] = 1.0 / m
         accepted = w > 0
         reasons = {j: f"not among the {m} updates selected by Multi-Krum" for j in range(n) if not bool(accepted[j])}
-        return Decision(aggregate=w @ updates, accepted=accepted, weights=w, reasons=reasons, state=state)
+        return Decision(aggregate=combine(w, updates), accepted=accepted, weights=w, reasons=reasons, state=state)
 
 
 @dataclass(frozen=True, slots=True)

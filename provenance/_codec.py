@@ -120,8 +120,10 @@ def integer(value: Any, what: str, *, minimum: int = 0, from_string: bool = Fals
     return value
 
 
-def b64decode(text: Any, what: str) -> bytes:
-    """Decode canonical base64: standard or URL-safe alphabet, padded or not padded."""
+def b64decode(text: Any, what: str, *, urlsafe: bool = False) -> bytes:
+    """Decode canonical base64: padded, standard alphabet; with ``urlsafe`` also the
+    URL-safe alphabet and unpadded text (DSSE requires verifiers to accept both; the
+    price is that ``+``/``-`` and ``/``/``_`` then spell the same bytes)."""
     if not isinstance(text, str):
         raise ProvenanceError(f"{what}: expected a base64 string, got {type(text).__name__}")
     try:
@@ -136,6 +138,12 @@ def b64decode(text: Any, what: str) -> bytes:
             return data
     except binascii.Error:
         pass
+    if not urlsafe:
+        try:
+            data = binascii.a2b_base64(raw, strict_mode=True)
+        except binascii.Error:
+            raise ProvenanceError(f"{what}: bad base64") from None
+        raise ProvenanceError(f"{what}: bad base64 (non-canonical encoding)")
     urlsafe = b"-" in raw or b"_" in raw
     if urlsafe and (b"+" in raw or b"/" in raw):
         raise ProvenanceError(f"{what}: bad base64 (mixes the standard and URL-safe alphabets)")

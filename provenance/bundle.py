@@ -242,7 +242,7 @@ def verify_bundle(bundle: Mapping[str, Any] | bytes | str, key: VerifyingKey, *,
     if hint not in (None, "") and hint != key.hint:
         raise VerificationFailed(f"{w}: publicKey.hint {one_line(hint, 20)}… does not match the verifying key "
                                  f"({key.hint[:16]}…)")
-    env = dsse.Envelope.from_dict(b["dsseEnvelope"], f"{w}.dsseEnvelope")
+    env = dsse.Envelope.from_dict(b["dsseEnvelope"], f"{w}.dsseEnvelope", urlsafe=False)
     ok = dsse.verify(env, key, payload_type=payload_type, max_signatures=1)
     entries = vm.get("tlogEntries", [])
     if not isinstance(entries, list) or len(entries) > 1:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import binascii
 import json
+import re
 from dataclasses import dataclass
 from typing import Iterable, Literal, Mapping
 
@@ -38,6 +39,10 @@ _b64 = binascii.b2a_base64
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 _INTOTO_JSON = json.dumps(PAYLOAD_TYPE).encode()
 _SIG_KEYS = frozenset(("sig", "keyid"))
+# The canonical one-signature envelope as to_json()/sign_json() write it (payload type and
+# keyid restricted to characters JSON does not escape). Anything else takes the full parser.
+_CANONICAL = re.compile(rb'\{"payload":"([A-Za-z0-9+/]*={0,2})","payloadType":"([A-Za-z0-9.+\-/:_]+)",'
+                        rb'"signatures":\[\{(?:"keyid":"([0-9a-f]+)",)?"sig":"([A-Za-z0-9+/]+={0,2})"\}\]\}')
 
 
 def pae(payload_type: str | bytes, payload: bytes) -> bytes:
@@ -83,9 +88,12 @@ class Envelope:
                 % (_codec.b64encode(self.payload), json.dumps(self.payload_type), sigs)).encode()
 
     @classmethod
-    def from_dict(cls, d: object, what: str = "DSSE envelope") -> "Envelope":
+    def from_dict(cls, d: object, what: str = "DSSE envelope", *, urlsafe: bool = True) -> "Envelope":
+        """Parse an untrusted envelope. ``urlsafe`` (DSSE's rule, the default) also
+        accepts URL-safe and unpadded base64; pass ``False`` for canonical padded
+        standard base64 only, so that no two spellings of one envelope both parse."""
         d = _codec.obj(d, what, ("payload", "payloadType", "signatures"))
-        payload = _codec.b64decode(d["payload"], f"{what}.payload")
+        payload = _codec.b64decode(d["payload"], f"{what}.payload", urlsafe=urlsafe)
         ptype = d["payloadType"]
         if type(ptype) is not str or not ptype:
             _codec.string(ptype, f"{what}.payloadType")
@@ -96,7 +104,7 @@ class Envelope:
         for i, s in enumerate(raw_sigs):
             if type(s) is not dict or not s.keys() <= _SIG_KEYS or "sig" not in s:
                 _codec.obj(s, f"{what}.signatures[{i}]", ("sig",), ("keyid",))
-            sig = _codec.b64decode(s["sig"], f"{what}.signatures[{i}].sig")
+            sig = _codec.b64decode(s["sig"], f"{what}.signatures[{i}].sig", urlsafe=urlsafe)
             if not sig:
                 raise ProvenanceError(f"{what}.signatures[{i}].sig: empty signature")
             keyid = s.get("keyid", "")
@@ -106,8 +114,15 @@ class Envelope:
         return cls(payload=payload, payload_type=ptype, signatures=tuple(sigs))
 
     @classmethod
-    def from_json(cls, data: bytes | str, what: str = "DSSE envelope") -> "Envelope":
-        return cls.from_dict(_codec.loads(data, what), what)
+    def from_json(cls, data: bytes | str, what: str = "DSSE envelope", *, urlsafe: bool = True) -> "Envelope":
+        if isinstance(data, bytes):
+            m = _CANONICAL.fullmatch(data)
+            if m is not None:  # exactly the form we emit: skip the general JSON parser
+                payload, sig = binascii.a2b_base64(m[1], strict_mode=True), binascii.a2b_base64(m[4], strict_mode=True)
+                if binascii.b2a_base64(payload, newline=False) == m[1] and \
+                        binascii.b2a_base64(sig, newline=False) == m[4] and sig:
+                    return cls(payload, m[2].decode(), (Signature(sig, (m[3] or b"").decode()),))
+        return cls.from_dict(_codec.loads(data, what), what, urlsafe=urlsafe)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,12 +161,12 @@ def sign_json(payload: bytes, key: SigningKey, *, payload_type: str = PAYLOAD_TY
                      b'"}]}'))
 
 
-def _as_envelope(envelope: Envelope | bytes | str | Mapping[str, object]) -> Envelope:
+def _as_envelope(envelope: Envelope | bytes | str | Mapping[str, object], urlsafe: bool) -> Envelope:
     if isinstance(envelope, Envelope):
         return envelope
     if isinstance(envelope, Mapping):
-        return Envelope.from_dict(dict(envelope))
-    return Envelope.from_json(envelope)
+        return Envelope.from_dict(dict(envelope), urlsafe=urlsafe)
+    return Envelope.from_json(envelope, urlsafe=urlsafe)
 
 
 def verify(
@@ -162,6 +177,7 @@ def verify(
     threshold: int = 1,
     max_signatures: int | None = None,
     keyid_policy: Literal["match", "ignore"] = "match",
+    urlsafe: bool = True,
 ) -> Verified:
     """Verify a DSSE envelope against trusted public keys; return the authenticated payload.
 
@@ -170,11 +186,18 @@ def verify(
     * ``max_signatures``: refuse envelopes carrying more signatures (1 for Sigstore bundles);
     * ``keyid_policy``: ``"match"`` rejects a non-empty ``keyid`` that is not the derived
       key id of the key that made the signature (keyid spoofing); ``"ignore"`` treats
-      it purely as a hint.
+      it purely as a hint;
+    * ``urlsafe``: accept URL-safe/unpadded base64 as DSSE requires (``False``: only
+      canonical padded standard base64, as we emit).
 
     Raises :class:`VerificationFailed` when fewer than ``threshold`` trusted keys verify.
     """
-    env = _as_envelope(envelope)
+    env = _as_envelope(envelope, urlsafe)
+    if (type(trusted) is VerifyingKey and threshold == 1 and len(env.signatures) == 1
+            and env.payload_type == payload_type and env.signatures[0].keyid in ("", trusted.keyid)):
+        # the common case: one key, one signature, matching (or absent) hint
+        if trusted.verify(env.signatures[0].sig, pae(env.payload_type, env.payload)):
+            return Verified(env.payload, env.payload_type, (trusted.keyid,))
     keys = [trusted] if isinstance(trusted, VerifyingKey) else list(trusted)
     if not keys or not all(isinstance(k, VerifyingKey) for k in keys):
         raise ProvenanceError("trusted: expected one or more VerifyingKey objects")

@@ -70,7 +70,9 @@ class AttackContext:
     ``own_updates`` holds the honest updates that the malicious clients themselves
     computed (shape ``(f, d)``, in the order of ``malicious``). ``visible_updates`` is
     what the threat model lets the attacker see of the honest clients: all honest rows
-    for an omniscient attack, otherwise the same as ``own_updates``. ``server_lr`` is
+    for an omniscient attack, otherwise the same as ``own_updates``. ``malicious`` holds
+    client ids; ``malicious_rows`` their positions among the round's participating rows
+    (``n_clients`` rows, in the order ``weights`` uses) — they differ under churn. ``server_lr`` is
     the server step η (model replacement boosts by n/η). ``defense`` is the server's
     defense, given only to attacks that declare ``adaptive = True`` (they line-search
     against it, as a white-box adversary would).
@@ -89,10 +91,18 @@ class AttackContext:
     server_lr: float = 1.0
     defense: Any = None
     state: Mapping[str, Any] = field(default_factory=dict)
+    malicious_rows: tuple[int, ...] = ()
 
     @property
     def n_malicious(self) -> int:
         return len(self.malicious)
+
+    @property
+    def rows(self) -> tuple[int, ...]:
+        """Positions of the malicious clients among this round's rows (what ``weights``
+        and the server's ``(n, d)`` matrix are indexed by). Defaults to ``malicious``
+        when every client takes part and ids equal positions."""
+        return self.malicious_rows or self.malicious
 
 
 @dataclass(frozen=True, slots=True)

@@ -162,10 +162,12 @@ def test_bulyan_default_f():
 
 
 def test_distances_are_float64_accurate_for_nearby_large_vectors():
-    # Two float32 vectors of norm ~1e3 that differ by 1e-3 in one coordinate.
+    # Float32 vectors of norm 32·√1000 ≈ 1012 that differ by 2⁻¹⁰ in one coordinate
+    # (32 + 2⁻¹⁰ is exact in float32): the squared distance is 2⁻²⁰ ≈ 9.5e-7, about
+    # 1e-12 of the squared norms, below float32 resolution but not float64's.
     base = torch.full((1, 1000), 32.0)
     x = torch.cat([base, base, base])
-    x[1, 0] += 1e-3 * 1024 / 1000  # representable step: 32 + 0.001024
+    x[1, 0] += 2.0 ** -10
     d = sq_distances(x)
-    assert d[0, 1].item() == pytest.approx((1e-3 * 1024 / 1000) ** 2, rel=1e-3)
+    assert d[0, 1].item() == pytest.approx(2.0 ** -20, rel=1e-3)
     assert d[0, 2].item() == 0.0

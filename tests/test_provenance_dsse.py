@@ -149,11 +149,23 @@ def test_malformed_json_is_a_one_line_error(text, msg):
 ENV_BYTES = dsse.sign(STATEMENT.to_json(), KEY).to_json()
 
 
+def _rejected_or_same_envelope(bad: bytes, i: int) -> None:
+    """DSSE makes verifiers accept URL-safe base64, so '+'↔'-' and '/'↔'_' re-spell the
+    same bytes; any other single-byte change must be rejected."""
+    try:
+        dsse.verify(bad, KEY.public)
+    except ProvenanceError:
+        return
+    assert {ENV_BYTES[i], bad[i]} in ({ord("+"), ord("-")}, {ord("/"), ord("_")})
+    assert dsse.Envelope.from_json(bad) == dsse.Envelope.from_json(ENV_BYTES)
+
+
 def test_every_position_flipped_is_rejected():
     for i in range(len(ENV_BYTES)):
         bad = ENV_BYTES[:i] + bytes([ENV_BYTES[i] ^ 0x01]) + ENV_BYTES[i + 1:]
         with pytest.raises(ProvenanceError):
-            dsse.verify(bad, KEY.public)
+            dsse.verify(bad, KEY.public, urlsafe=False)
+        _rejected_or_same_envelope(bad, i)
 
 
 @settings(max_examples=500, deadline=None)
@@ -163,4 +175,19 @@ def test_every_single_byte_mutation_of_an_envelope_is_rejected(i, b):
         return
     bad = ENV_BYTES[:i] + bytes([b]) + ENV_BYTES[i + 1:]
     with pytest.raises(ProvenanceError):
-        dsse.verify(bad, KEY.public)
+        dsse.verify(bad, KEY.public, urlsafe=False)  # canonical base64 only: every change is caught
+    _rejected_or_same_envelope(bad, i)
+
+
+def test_alphabet_variant_is_the_only_accepted_respelling():
+    text = ENV_BYTES.decode()
+    sig = json.loads(text)["signatures"][0]["sig"]
+    pos = next((j for j, c in enumerate(sig) if c in "+/"), None)
+    if pos is None:
+        pytest.skip("this signature's base64 has no '+' or '/'")
+    i = text.index(sig) + pos
+    variant = text[:i] + {"+": "-", "/": "_"}[text[i]] + text[i + 1:]
+    if sum(c in "+/" for c in sig) == 1:  # only then is the result a pure URL-safe string
+        assert dsse.verify(variant, KEY.public).payload == STATEMENT.to_json()
+    with pytest.raises(ProvenanceError, match="bad base64"):
+        dsse.verify(variant, KEY.public, urlsafe=False)

@@ -189,6 +189,7 @@ class Federation:
                     round=rnd,
                     n_clients=len(part),
                     malicious=tuple(int(part[k]) for k in mal_pos),
+                    malicious_rows=tuple(mal_pos),
                     own_updates=own,
                     visible_updates=visible,
                     global_params=params,
