@@ -187,6 +187,15 @@ class Backdoor(Attack):
             ys[:, start + p_len - 1] = self.target
         return xs, ys
 
+    def targeted_test(self, x: "torch.Tensor", y: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
+        """Test inputs for the attack success rate: the held-out samples whose true class is
+        not ``target``, triggered, with ``target`` as the label the attacker wants
+        (Bagdasaryan et al. 2020's backdoor accuracy; DESIGN.md "Scoring")."""
+        if y.ndim == 1:
+            keep = y != self.target
+            x, y = x[keep], y[keep]
+        return self.apply(x, y)
+
     def poison_data(self, data: ClientData, client: int, generator: "torch.Generator") -> ClientData:
         import torch
 

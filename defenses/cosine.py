@@ -59,11 +59,12 @@ def root_update_of(obj: Any, ctx: ServerContext, d: int) -> "torch.Tensor":
             "the scenario must give the server a trusted root dataset"
         )
     g0 = torch.as_tensor(ctx.root_update()).flatten()
-    if g0.shape[0] != d or not bool(torch.isfinite(g0).all()):
+    if g0.shape[0] != d:
         raise InvalidParameter(
-            f"{type(obj).__name__}: the root update must be a finite vector of length {d}, "
-            f"got shape {tuple(g0.shape)}"
+            f"{type(obj).__name__}: the root update must be a vector of length {d}, got shape {tuple(g0.shape)}"
         )
+    if not bool(torch.isfinite(g0).all()):
+        raise InvalidParameter(f"{type(obj).__name__}: the root update has non-finite entries")
     return g0
 
 
@@ -119,4 +120,5 @@ class CosineFilter(Filter):
         for i in (ok & ~keep).nonzero().flatten().tolist():
             reasons[i] = f"cosine {float(cos[i]):.4g} to the {self.against} reference < threshold {self.threshold:g}"
         return FilterResult(updates=updates, accepted=keep, reasons=reasons,
-                            state={"reference": self.against, "cosine": cos.tolist()})
+                            state={"reference": self.against, "cosine": cos.tolist(),
+                                   "threshold": self.threshold})

@@ -19,7 +19,7 @@ import binascii
 import functools
 import json
 import re
-from typing import Any, Iterable
+from typing import Any
 
 from .errors import ProvenanceError, one_line
 

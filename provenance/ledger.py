@@ -28,7 +28,6 @@ inserted entries and forked checkpoints (two roots for one size) all fail it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sqlite3
@@ -89,7 +88,7 @@ def _connect(path: Path, timeout: float, synchronous: str) -> sqlite3.Connection
     if synchronous not in ("FULL", "NORMAL", "OFF"):
         raise ProvenanceError(f"synchronous = {synchronous!r}: expected 'FULL', 'NORMAL' or 'OFF'")
     try:
-        conn = sqlite3.connect(path, timeout=timeout, isolation_level=None, check_same_thread=False)
+        conn = sqlite3.connect(path, timeout=timeout, isolation_level=None)
         conn.execute("PRAGMA trusted_schema=OFF")
         conn.execute(f"PRAGMA synchronous={synchronous}")
     except sqlite3.Error as exc:
@@ -178,10 +177,11 @@ class Ledger:
 
     def _lookup(self, keys: list[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
         out: dict[tuple[int, int], bytes] = {}
-        for i in range(0, len(keys), 400):
-            chunk = keys[i:i + 400]
-            sql = ("SELECT level, idx, hash FROM nodes WHERE (level, idx) IN (VALUES "
-                   + ",".join("(?,?)" for _ in chunk) + ")")
+        for i in range(0, len(keys), 200):
+            chunk = keys[i:i + 200]
+            # an OR of primary-key equalities: SQLite answers each with an index search
+            # (a row-value IN (VALUES ...) would scan the whole table)
+            sql = "SELECT level, idx, hash FROM nodes WHERE " + " OR ".join("(level=? AND idx=?)" for _ in chunk)
             out.update(((lv, ix), h) for lv, ix, h in
                        self._conn.execute(sql, [v for k in chunk for v in k]))
         return out

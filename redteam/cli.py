@@ -201,7 +201,6 @@ def _print_table(console: Any, doc: dict[str, Any]) -> None:
         t.add_column(col, justify="left" if col in ("attack", "defense") else "right", no_wrap=True)
     for run in doc["runs"]:
         m = run["metrics"]
-        det = m["detection"]
         t.add_row(
             run["attack"] + (" (baseline)" if run["baseline"] else ""),
             run["defense"],
@@ -211,8 +210,8 @@ def _print_table(console: Any, doc: dict[str, Any]) -> None:
             _bytes(m["bytes_on_wire"]),
             str(m["dropped_updates"]),
             str(m["rejected_updates"]),
-            f"{_fmt(det['precision'])} / {_fmt(det['recall'])}",
-            _fmt(det["fpr"]),
+            f"{_fmt(m['precision'])} / {_fmt(m['recall'])}",
+            _fmt(m["fpr"]),
         )
     console.print(t)
 

@@ -43,6 +43,11 @@ def weighted_mean(updates: "torch.Tensor", weights: "torch.Tensor") -> "torch.Te
     total = weights.sum()
     if float(total) <= 0:
         return torch.zeros(updates.shape[1], dtype=updates.dtype, device=updates.device)
+    zero = weights == 0
+    if bool(zero.any()) and not bool(torch.isfinite(updates[zero]).all()):
+        # a rejected NaN/Inf row must not leak through 0·NaN = NaN
+        used = (~zero).nonzero().flatten()
+        weights, updates = weights[used], updates[used]
     return (weights.to(updates.dtype) @ updates) / total.to(updates.dtype)
 
 
@@ -206,8 +211,10 @@ class Pipeline(Defense):
                     reasons[int(idx[local])] = why
                 keep = res.accepted
                 accepted[idx[~keep]] = False
+                # "_rows": which of the pipeline's input rows this stage saw (telemetry
+                # such as per-row cosines stays attributable to clients)
+                state[str(i)] = {**dict(res.state), "_rows": idx.tolist()}
                 rows, idx, weights = res.updates[keep], idx[keep], weights[keep]
-                state[str(i)] = dict(res.state)
             elif kind == "pre":
                 rows, weights = st.transform(rows, weights, sub_ctx(i))  # type: ignore[attr-defined]
             elif kind == "aggregator":

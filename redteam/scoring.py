@@ -28,6 +28,11 @@ from typing import Any, Sequence
 from .types import RoundRecord
 
 __all__ = [
+    "METRICS",
+    "attack_success_rate",
+    "envelope",
+    "mean_ci",
+    "breakdown_fraction",
     "final_accuracy",
     "final_loss",
     "accuracy_drop",
@@ -115,10 +120,74 @@ def detection(records: Sequence[RoundRecord]) -> Detection:
     return Detection(tp, fp, tn, fn)
 
 
-def _clean(x: float | None) -> float | None:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return None if x is None or math.isnan(x) else x
+def _finite_or_none(x: float | None) -> float | None:
+    if x is None or not math.isfinite(x):
+        return None
     return x
+
+
+def attack_success_rate(records: Sequence[RoundRecord]) -> float | None:
+    """Final-round ASR of a targeted/backdoor attack: the fraction of triggered test
+    samples (true class ≠ target) classified as the target; ``None`` for untargeted runs."""
+    if not records or "asr" not in records[-1].extra:
+        return None
+    return float(records[-1].extra["asr"])
+
+
+def envelope(records: Sequence[RoundRecord]) -> dict[str, float | None]:
+    """Envelope utilisation (REFERENCES §1.3): how close *accepted malicious* updates came
+    to the validation bounds, over all rounds.
+
+    * ``envelope_norm``: max ‖u‖ / M over accepted malicious updates u (M = the norm
+      bound in force for u); 1.0 means an update sat exactly on the bound.
+    * ``envelope_cos``: min cos(u, r) over accepted malicious updates (r = the cosine
+      filter's reference); ``envelope_cos_margin`` = that minus the threshold c (0 = on
+      the bound).
+    """
+    norm_util: float | None = None
+    min_cos: float | None = None
+    margin: float | None = None
+    for r in records:
+        norms = r.extra.get("norms", {})
+        bounds = r.extra.get("norm_bounds", {})
+        cosines = r.extra.get("cosines", {})
+        c = r.extra.get("cos_threshold")
+        for i, (mal, acc) in enumerate(zip(r.malicious, r.accepted)):
+            if not (mal and acc):
+                continue
+            if i in bounds and i in norms and bounds[i] > 0:
+                u = norms[i] / bounds[i]
+                norm_util = u if norm_util is None else max(norm_util, u)
+            if i in cosines:
+                min_cos = cosines[i] if min_cos is None else min(min_cos, cosines[i])
+                if c is not None:
+                    m = cosines[i] - c
+                    margin = m if margin is None else min(margin, m)
+    return {"envelope_norm": norm_util, "envelope_cos": min_cos, "envelope_cos_margin": margin}
+
+
+#: Every scalar metric a cell has, with a one-line definition (for reports and --help).
+METRICS: dict[str, str] = {
+    "final_accuracy": "clean test accuracy after the last round",
+    "final_loss": "clean test loss after the last round",
+    "accuracy_drop": "baseline final accuracy − attacked final accuracy (same seed)",
+    "rounds_to_target": "first round (1-based) reaching target_accuracy (null: never)",
+    "slowdown_rounds": "attacked rounds_to_target − baseline rounds_to_target",
+    "asr": "attack success rate on triggered test samples whose true class is not the target",
+    "precision": "flagged malicious / all flagged (judged updates)",
+    "recall": "flagged malicious / all malicious (judged updates)",
+    "f1": "harmonic mean of precision and recall",
+    "fpr": "flagged honest / all honest (judged updates)",
+    "bytes_on_wire": "bytes sent in all rounds (payloads, retries, manifests)",
+    "dropped_updates": "updates that never reached aggregation",
+    "rejected_updates": "updates flagged by a check (defense, digest, decoding)",
+    "envelope_norm": "max accepted malicious norm / norm bound",
+    "envelope_cos": "min cosine of an accepted malicious update to the filter's reference",
+    "envelope_cos_margin": "envelope_cos − cosine threshold",
+    "wall_time_per_round_s": "wall-clock seconds per round",
+    "defense_time_per_round_s": "seconds per round spent in the defense (merge)",
+    "sim_time_s": "simulated network time of all rounds",
+}
 
 
 def summarize(
@@ -127,19 +196,29 @@ def summarize(
     *,
     target_accuracy: float = 0.9,
 ) -> dict[str, Any]:
-    """The metrics of one run (and its comparison with a baseline run, if given)."""
+    """The metrics of one run (and its comparison with a baseline run, if given).
+
+    Keys are those of :data:`METRICS` (flat), plus the detection counts
+    ``tp``, ``fp``, ``tn``, ``fn`` and ``target_accuracy``.
+    """
     det = detection(records)
     n = max(len(records), 1)
     rtt = rounds_to_target(records, target_accuracy)
     out: dict[str, Any] = {
         "final_accuracy": final_accuracy(records),
-        "final_loss": _clean(final_loss(records)),
+        "final_loss": _finite_or_none(final_loss(records)),
         "rounds_to_target": rtt,
         "target_accuracy": target_accuracy,
+        "asr": attack_success_rate(records),
+        "precision": det.precision,
+        "recall": det.recall,
+        "f1": det.f1,
+        "fpr": det.fpr,
+        "tp": det.tp, "fp": det.fp, "tn": det.tn, "fn": det.fn,
         "bytes_on_wire": sum(r.bytes_on_wire for r in records),
         "dropped_updates": sum(len(r.dropped) for r in records),
         "rejected_updates": sum(len(r.rejected) for r in records),
-        "detection": det.as_dict(),
+        **envelope(records),
         "wall_time_per_round_s": sum(r.wall_time_s for r in records) / n,
         "defense_time_per_round_s": sum(r.defense_time_s for r in records) / n,
         "sim_time_s": sum(r.sim_time_s for r in records),
@@ -149,3 +228,54 @@ def summarize(
         b_rtt = rounds_to_target(baseline, target_accuracy)
         out["slowdown_rounds"] = (rtt - b_rtt) if (rtt is not None and b_rtt is not None) else None
     return out
+
+
+def mean_ci(values: Sequence[float | None], confidence: float = 0.95) -> dict[str, Any]:
+    """Mean over seeds with a two-sided Student-t interval; ``None`` values are skipped.
+
+    One value gives an interval of zero width around it (reported, not hidden: ``n = 1``).
+    """
+    xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if not xs:
+        return {"mean": None, "lo": None, "hi": None, "n": 0}
+    m = sum(xs) / len(xs)
+    if len(xs) == 1:
+        return {"mean": m, "lo": m, "hi": m, "n": 1}
+    var = sum((x - m) ** 2 for x in xs) / (len(xs) - 1)
+    half = _t_quantile(0.5 + confidence / 2, len(xs) - 1) * math.sqrt(var / len(xs))
+    return {"mean": m, "lo": m - half, "hi": m + half, "n": len(xs)}
+
+
+# two-sided 95 % Student-t critical values t_{0.975, ν} for ν = 1..30 (standard tables)
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+         2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+         2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def _t_quantile(p: float, dof: int) -> float:
+    """t_{p, ν}: exact table values for p = 0.975, ν ≤ 30; otherwise the normal quantile
+    with the first two Cornish-Fisher terms (accurate to ~1e-3 for ν > 30)."""
+    from statistics import NormalDist
+
+    if abs(p - 0.975) < 1e-12 and dof <= 30:
+        return _T975[dof - 1]
+    z = NormalDist().inv_cdf(p)
+    return z + (z**3 + z) / (4 * dof) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * dof**2)
+
+
+def breakdown_fraction(
+    points: Sequence[tuple[float, float | None, float | None]],
+    *,
+    accuracy_margin: float = 0.05,
+    asr_level: float = 0.5,
+) -> float | None:
+    """The smallest malicious fraction at which the attack "breaks" the defense.
+
+    ``points`` are (malicious fraction, accuracy drop, ASR) over a malicious-fraction
+    axis (one cell each, seeds averaged). Broken = accuracy drop > ``accuracy_margin``
+    or ASR > ``asr_level``. ``None`` if it never breaks on the axis.
+    """
+    for frac, drop, asr in sorted(points, key=lambda p: p[0]):
+        if (drop is not None and drop > accuracy_margin) or (asr is not None and asr > asr_level):
+            return frac
+    return None

@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 
-from defenses.foolsgold import FoolsGold, foolsgold_weights
 from defenses.fltrust import FLTrust
+from defenses.foolsgold import FoolsGold, foolsgold_weights
+from defenses.sanity import Sanity
 from redteam.errors import InvalidParameter
 from redteam.pipeline import Pipeline
 from redteam.types import ServerContext
-from defenses.sanity import Sanity
 
 F64 = torch.float64
 
@@ -92,7 +92,6 @@ def test_foolsgold_pardoning_by_hand():
     # /0.55 → (1, 4/11, 4/11) → logit(4/11) + 0.5 = ln(4/7) + 0.5 < 0 → (1, 0, 0)
     x = torch.tensor([[1.0, 0.0], [0.6, 0.8], [0.0, 1.0]], dtype=F64)
     assert foolsgold_weights(x).tolist() == pytest.approx([1.0, 0.0, 0.0])
-    # κ = 20 gives 20·(ln(4/7) + 0.5) = 20·(−0.0596) < 0 still; the pardoned client keeps 1
 
 
 def test_foolsgold_history_is_explicit_state():

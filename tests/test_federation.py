@@ -145,8 +145,8 @@ def test_run_scenario_document_shape():
         assert all({"accuracy", "loss"} <= set(r) for r in run["rounds"])
     assert base["metrics"]["accuracy_drop"] == 0.0
     # a 4x sign flip is far outside 2x the median norm: the norm bound catches every one
-    assert atk["metrics"]["detection"]["recall"] == 1.0
-    assert atk["metrics"]["detection"]["fpr"] == 0.0
+    assert atk["metrics"]["recall"] == 1.0
+    assert atk["metrics"]["fpr"] == 0.0
 
 
 def test_device_cuda_without_gpu_is_a_clear_error():

@@ -298,3 +298,18 @@ def test_every_single_byte_mutation_of_a_proof_document_is_rejected(small_ledger
     b = data.draw(st.integers(0, 255).filter(lambda v: v != doc[i]))
     with pytest.raises(ProvenanceError):
         verify_inclusion_document(doc[:i] + bytes([b]) + doc[i + 1:], body, LOG.public, ORIGIN)
+
+
+def test_proofs_read_only_log_n_subtrees_through_the_primary_key(ledger, monkeypatch):
+    """Structural O(log n): a proof asks for O(log n) stored subtrees, each found by an
+    index search (a regression to a table scan would show in the query plan)."""
+    asked = []
+    real = ledger._lookup
+    monkeypatch.setattr(ledger, "_lookup", lambda keys: asked.append(len(keys)) or real(keys))
+    for i in range(21):
+        ledger.prove(i)
+    ledger.consistency(7)
+    assert max(asked) <= 2 * (21).bit_length() + 2
+    sql = "SELECT level, idx, hash FROM nodes WHERE (level=? AND idx=?) OR (level=? AND idx=?)"
+    plan = " ".join(str(r) for r in ledger._conn.execute("EXPLAIN QUERY PLAN " + sql, (0, 1, 1, 0)))
+    assert "USING PRIMARY KEY" in plan and "SCAN nodes" not in plan

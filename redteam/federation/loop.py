@@ -128,6 +128,13 @@ class Federation:
         self.weights = self.data.sizes.to(torch.float32).to(self.device)
         self.test_x, self.test_y = ds.test_x.to(self.device), ds.test_y.to(self.device)
         self.root = StackedData.stack([ClientData(ds.train_x[root_idx], ds.train_y[root_idx])]).to(self.device)
+        # targeted / backdoor attacks say which test inputs measure their success (ASR);
+        # the baseline is scored on the same inputs, so its ASR is the natural rate
+        targeted_from = self.attack if hasattr(self.attack, "targeted_test") else build_attack(scenario.attack)
+        self._targeted = None
+        if hasattr(targeted_from, "targeted_test"):
+            tx, ty = targeted_from.targeted_test(ds.test_x, ds.test_y)
+            self._targeted = (tx.to(self.device), ty.to(self.device))
 
         model = self.workload.build_model(self._torch["init"])
         self.spec = ParamSpec.of(model)
@@ -250,6 +257,7 @@ class Federation:
                     rejected[c] = dropped[c]
 
             accepted = [False] * n
+            extra: dict[str, Any] = {}
             t_def = time.perf_counter()
             if rows:
                 upd = torch.stack(rows)
@@ -279,6 +287,7 @@ class Federation:
                     if not accepted[c]:
                         rejected[c] = merged.reasons.get(pos, "rejected")
                 aggregate = merged.aggregate
+                extra.update(_envelope_telemetry(upd, row_clients, groups, merged.state))
             else:
                 aggregate = torch.zeros(d, dtype=torch.float32, device=dev)
             defense_time = time.perf_counter() - t_def
@@ -286,6 +295,8 @@ class Federation:
             params, opt_state = self.server_opt.step(params, aggregate.to(params.dtype), opt_state)
             prev_update = aggregate
             acc, loss = self.trainer.evaluate(params, self.test_x, self.test_y)
+            if self._targeted is not None:
+                extra["asr"] = self.trainer.evaluate(params, *self._targeted)[0]
             participating = [bool(x) for x in online]
             for c in np.flatnonzero(~online):
                 dropped.setdefault(int(c), "offline (churn)")
@@ -302,6 +313,7 @@ class Federation:
                 sim_time_s=float(tx.round_time_s),
                 wall_time_s=time.perf_counter() - t0,
                 defense_time_s=defense_time,
+                extra=extra,
             )
             records.append(rec)
             if on_round is not None:
@@ -336,3 +348,37 @@ class Federation:
             return cache["g0"]
 
         return update
+
+
+def _envelope_telemetry(
+    updates: torch.Tensor, clients: list[int], groups: list[list[int]], state: dict[str, dict]
+) -> dict[str, Any]:
+    """Per-client norms, and the norm bound / cosines the validation filters applied.
+
+    Feeds the envelope-utilisation metrics: how close accepted updates came to each
+    validation bound. Bounds and cosines are read from the filters' explicit state
+    (``bound``; ``cosine`` with the ``_rows`` a pipeline stage saw).
+    """
+    norms = torch.linalg.vector_norm(updates.to(torch.float64), dim=1).tolist()
+    out: dict[str, Any] = {"norms": {c: norms[k] for k, c in enumerate(clients)}}
+    bounds: dict[int, float] = {}
+    cosines: dict[int, float] = {}
+    for gi, rows in enumerate(groups):
+        st = state.get(f"0.{gi}", {})
+        stages = [v for k, v in sorted(st.items()) if k.isdigit() and isinstance(v, dict)] or [st]
+        for stage in stages:
+            seen = stage.get("_rows", list(range(len(rows))))
+            if "bound" in stage and isinstance(stage["bound"], (int, float)):
+                for r in rows:
+                    bounds[clients[r]] = float(stage["bound"])
+            cos = stage.get("cosine")
+            if isinstance(cos, list) and len(cos) == len(seen):
+                for local, value in zip(seen, cos):
+                    cosines[clients[rows[local]]] = float(value)
+                if isinstance(stage.get("threshold"), (int, float)):
+                    out["cos_threshold"] = float(stage["threshold"])
+    if bounds:
+        out["norm_bounds"] = bounds
+    if cosines:
+        out["cosines"] = cosines
+    return out
