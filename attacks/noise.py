@@ -76,6 +76,7 @@ class NonFinite(Attack):
     fraction: float = 1.0
     base: Literal["own", "zero"] = "own"
     surfaces: ClassVar[tuple[str, ...]] = (Surface.UPDATES,)
+    produces_nonfinite: ClassVar[bool] = True  # non-finite rows are the point
     summary: ClassVar[str] = "Non-finite injection: NaN/±Inf in a fraction of the coordinates"
     reference: ClassVar[str] = "Finite check R1 (REFERENCES.md §1.2)"
 

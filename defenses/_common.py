@@ -67,22 +67,52 @@ def generator_of(ctx: ServerContext) -> "torch.Generator":
 
 
 def finite_rows(updates: "torch.Tensor") -> "torch.Tensor":
-    """Bool mask ``(n,)``: rows whose every entry is finite."""
+    """Bool mask ``(n,)``: rows whose every entry is finite.
+
+    A row sum is non-finite whenever an entry is NaN/±Inf (or the sum overflows), so
+    one fast reduction screens every row and only the flagged rows are checked entry
+    by entry (``torch.isfinite`` over the whole matrix is ~25× slower on CPU).
+    """
     import torch
 
-    return torch.isfinite(updates).all(dim=1)
+    ok = torch.isfinite(updates.sum(dim=1))
+    if not bool(ok.all()):
+        flagged = (~ok).nonzero().flatten()
+        ok[flagged] = torch.isfinite(updates.index_select(0, flagged)).all(dim=1)
+    return ok
 
 
-def combine(weights: "torch.Tensor", updates: "torch.Tensor") -> "torch.Tensor":
-    """Σᵢ wᵢ xᵢ over the rows with wᵢ ≠ 0 only, so that a non-finite row with weight 0
-    cannot turn the result into NaN (0·NaN = NaN in a plain matrix product)."""
+def row_norms(updates: "torch.Tensor", chunk: int = GRAM_CHUNK) -> "torch.Tensor":
+    """‖xᵢ‖₂ of every row, as float64.
+
+    float32 rows take the fast float32 norm; rows where its squares could have
+    overflowed (result ≥ 1e18 or non-finite) or underflowed (result < 1e-15) are
+    recomputed in float64 block by block, as are rows of any other dtype.
+    """
     import torch
 
-    w = weights.to(device=updates.device, dtype=updates.dtype)
-    if bool(finite_rows(updates).all()):
-        return w @ updates
-    used = (w != 0).nonzero().flatten()
-    return w.index_select(0, used) @ updates.index_select(0, used)
+    if updates.dtype == torch.float64:
+        return torch.linalg.vector_norm(updates, dim=1)
+    if updates.dtype == torch.float32:
+        out = torch.linalg.vector_norm(updates, dim=1).to(torch.float64)
+        redo = ~torch.isfinite(out) | (out >= 1e18) | (out < 1e-15)
+        if not bool(redo.any()):
+            return out
+        rows = redo.nonzero().flatten()
+        out[rows] = _row_norms64(updates.index_select(0, rows), chunk)
+        return out
+    return _row_norms64(updates, chunk)
+
+
+def _row_norms64(updates: "torch.Tensor", chunk: int) -> "torch.Tensor":
+    import torch
+
+    n, d = updates.shape
+    acc = torch.zeros(n, dtype=torch.float64, device=updates.device)
+    for start in range(0, d, chunk):
+        block = updates[:, start:start + chunk].to(torch.float64)
+        acc += (block * block).sum(dim=1)
+    return acc.sqrt()
 
 
 # -- distances -------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from redteam.errors import InvalidParameter
 from redteam.pipeline import Aggregator, PreAggregator
 from redteam.types import Decision, ServerContext
 
-from ._common import GRAM_CHUNK, check_count, check_number, combine, finite_rows
+from ._common import GRAM_CHUNK, check_count, check_number, combine, finite_rows, row_norms
 
 if TYPE_CHECKING:
     import torch
@@ -131,7 +131,7 @@ class Clip(PreAggregator):
     ) -> tuple["torch.Tensor", "torch.Tensor"]:
         import torch
 
-        norms = torch.linalg.vector_norm(updates, dim=1, dtype=torch.float64)
+        norms = row_norms(updates)
         scale = torch.clamp(self.bound / norms.clamp_min(1e-300), max=1.0)
         scale = torch.where(torch.isfinite(norms), scale, torch.ones_like(scale))
         return updates * scale.to(updates.dtype)[:, None], weights

@@ -25,7 +25,7 @@ from redteam.errors import InvalidParameter
 from redteam.pipeline import Filter, FilterResult
 from redteam.types import ServerContext
 
-from ._common import GRAM_CHUNK, check_choice, check_number, finite_rows
+from ._common import GRAM_CHUNK, check_choice, check_number, finite_rows, row_norms
 from .median import coordinate_median
 
 if TYPE_CHECKING:
@@ -42,8 +42,8 @@ def cosine_to(updates: "torch.Tensor", ref: "torch.Tensor", chunk: int = GRAM_CH
     dot = torch.zeros(n, dtype=torch.float64, device=updates.device)
     for start in range(0, d, chunk):
         dot += updates[:, start:start + chunk].to(torch.float64) @ ref[start:start + chunk].to(torch.float64)
-    norms = torch.linalg.vector_norm(updates, dim=1, dtype=torch.float64)
-    rnorm = torch.linalg.vector_norm(ref, dtype=torch.float64)
+    norms = row_norms(updates)
+    rnorm = row_norms(ref[None, :])[0]
     denom = norms * rnorm
     cos = torch.where(denom > 0, dot / denom.clamp_min(1e-300), torch.zeros_like(dot))
     return cos.clamp(-1.0, 1.0)

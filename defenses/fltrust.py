@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, ClassVar
 from redteam.pipeline import Aggregator
 from redteam.types import Decision, ServerContext
 
-from ._common import combine, finite_rows
+from ._common import combine, finite_rows, row_norms
 from .cosine import cosine_to, root_update_of
 
 if TYPE_CHECKING:
@@ -55,8 +55,8 @@ class FLTrust(Aggregator):
         cos = cosine_to(updates, g0)
         cos = torch.where(ok, cos, torch.zeros_like(cos))
         trust = torch.where(ok, torch.relu(cos), torch.zeros_like(cos))
-        norms = torch.linalg.vector_norm(updates, dim=1, dtype=torch.float64)
-        g0_norm = float(torch.linalg.vector_norm(g0, dtype=torch.float64))
+        norms = row_norms(updates)
+        g0_norm = float(row_norms(g0[None, :])[0])
         total = float(trust.sum())
         if self.normalize:
             coeff = torch.where(trust > 0, trust * g0_norm / norms.clamp_min(1e-300), torch.zeros_like(trust))

@@ -65,8 +65,10 @@ class NormBound(Filter):
     def filter(self, updates: "torch.Tensor", ctx: ServerContext) -> FilterResult:
         import torch
 
-        norms = torch.linalg.vector_norm(updates.to(torch.float64), dim=1)
-        finite = torch.isfinite(updates).all(dim=1)
+        from ._common import finite_rows, row_norms
+
+        norms = row_norms(updates)  # float64, block by block
+        finite = finite_rows(updates)
         m = self.threshold(torch.where(finite, norms, torch.full_like(norms, float("nan"))))
         reasons: dict[int, str] = {}
         for i in (~finite).nonzero().flatten().tolist():

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 from redteam.pipeline import Filter, FilterResult
 from redteam.types import ServerContext
 
-from ._common import check_choice, check_count, check_number, finite_rows
+from ._common import check_choice, check_count, check_number, finite_rows, row_norms
 
 if TYPE_CHECKING:
     import torch
@@ -59,14 +59,14 @@ class Sanity(Filter):
             reasons = {i: f"update has {d} entries, the model has {expected}" for i in range(n)}
             return FilterResult(updates=updates, accepted=torch.zeros(n, dtype=torch.bool, device=updates.device),
                                 reasons=reasons)
-        bad = ~torch.isfinite(updates)
-        n_bad = bad.sum(dim=1)
-        ok = n_bad == 0
+        ok = finite_rows(updates)
         for i in (~ok).nonzero().flatten().tolist():
-            reasons[i] = f"non-finite update ({int(n_bad[i])} NaN/Inf entries)"
+            n_bad = int((~torch.isfinite(updates[i])).sum())
+            reasons[i] = f"non-finite update ({n_bad} NaN/Inf entries)"
         state = {}
         if self.max_abs is not None:
-            peak = updates.abs().amax(dim=1) if d else torch.zeros(n, dtype=updates.dtype, device=updates.device)
+            peak = torch.maximum(updates.amax(dim=1), -updates.amin(dim=1)) if d else \
+                torch.zeros(n, dtype=updates.dtype, device=updates.device)
             over = ok & (peak > self.max_abs)
             for i in over.nonzero().flatten().tolist():
                 reasons[i] = f"max |Δ| = {float(peak[i]):.4g} > max_abs {self.max_abs:g}"
@@ -144,7 +144,7 @@ class ZScore(Filter):
 
         ok = finite_rows(updates)
         reasons = {i: "non-finite update" for i in (~ok).nonzero().flatten().tolist()}
-        norms = torch.linalg.vector_norm(updates, dim=1, dtype=torch.float64)
+        norms = row_norms(updates)
         z = torch.zeros_like(norms)
         z[ok] = norm_zscores(norms[ok], self.statistic, self.ddof)
         score = z if self.side == "upper" else z.abs()

@@ -64,6 +64,29 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, metavar="S", help="override [scenario].seed")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
 
+    mx = sub.add_parser(
+        "matrix",
+        help="run a scenario matrix (attacks × defenses × settings × seeds) into a results store",
+        description=textwrap.dedent(
+            """\
+            Expand the scenario's [matrix] into cells and run each cell once per seed, with the
+            no-attack baseline of the same seed and settings (shared across attacks). Results go
+            to a SQLite store in --out, written as each run finishes: a run killed at any moment
+            can be continued with --resume, which recomputes nothing that finished.
+            Then read it with: redteam report DIR"""
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    mx.add_argument("scenario", help="scenario TOML file with a [matrix] table (or without: one cell)")
+    mx.add_argument("--out", default="results", metavar="DIR", help="results directory (default: ./results)")
+    mx.add_argument("--executor", default="local", choices=("local", "process", "ray"),
+                    help="local: one run after another; process: a pool on this machine; ray: Ray tasks")
+    mx.add_argument("--workers", type=int, metavar="N", help="parallel runs (process/ray; default: cores)")
+    mx.add_argument("--ray-address", metavar="ADDR", help="an existing Ray cluster (default: start a local one)")
+    mx.add_argument("--resume", action="store_true", help="continue a store that already holds results")
+    mx.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"), help="where tensors live")
+    mx.add_argument("--quiet", action="store_true", help="no progress display")
+
     for group, what in (("attacks", "attack"), ("defenses", "defense"), ("workloads", "workload")):
         g = sub.add_parser(group, help=f"list registered {group}")
         gs = g.add_subparsers(dest="action", metavar="ACTION")
@@ -93,6 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "run":
             return _cmd_run(args)
+        if args.command == "matrix":
+            return _cmd_matrix(args)
         if args.command in ("attacks", "defenses", "workloads"):
             if getattr(args, "action", None) != "list":
                 parser.parse_args([args.command, "--help"])
@@ -166,6 +191,44 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.json:
         path = write_json(doc, args.json)
         console.print(f"results written to [bold]{path}[/bold]")
+    return 0
+
+
+def _cmd_matrix(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from .runner.matrix_run import run_matrix
+
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    if args.quiet:
+        summary = run_matrix(args.scenario, args.out, executor=args.executor, workers=args.workers,
+                             ray_address=args.ray_address, resume=args.resume, device=args.device)
+    else:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        with Progress(
+            TextColumn("[bold]runs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[current]}"),
+            console=Console(stderr=True), transient=True,
+        ) as progress:
+            task = progress.add_task("matrix", total=None, current="")
+
+            def on_progress(done: int, total: int, label: str) -> None:
+                progress.update(task, completed=done, total=total, current=label)
+
+            summary = run_matrix(args.scenario, args.out, executor=args.executor, workers=args.workers,
+                                 ray_address=args.ray_address, resume=args.resume, device=args.device,
+                                 on_progress=on_progress)
+    console.print(
+        f"{summary.total} runs ({summary.computed} computed, {summary.skipped} already in the store) "
+        f"in {summary.wall_time_s:.1f} s → [bold]{summary.store}[/bold]"
+    )
+    try:
+        from .report.cli import print_summary
+    except ImportError:
+        print_summary = None
+    if print_summary is not None:
+        print_summary(console, summary.store.parent)
     return 0
 
 

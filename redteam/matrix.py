@@ -191,10 +191,15 @@ def expand(doc: Mapping[str, Any], where: str) -> Matrix:
             raise InvalidScenario(f"{where}: [matrix].{key} has duplicate labels {dup}; give each a 'label'")
         return out
 
-    base_attack = base.get("attack", {"name": "none"})
-    base_defense = base.get("defense", {"name": "mean"})
-    attacks = axis("attacks", _entry_label(base_attack, "attack", where, 0))
-    defenses = axis("defenses", _entry_label(base_defense, "defense", where, 0))
+    def plain(table: Any, kind: str) -> tuple[str, dict[str, Any]]:
+        # without a matrix axis the scenario's own slot is the single entry, labelled by name
+        _, tab = _entry_label(table, kind, where, 0)
+        if "pipeline" in tab:
+            return _entry_label(table, kind, where, 0)
+        return tab["name"], tab
+
+    attacks = axis("attacks", plain(base.get("attack", {"name": "none"}), "attack"))
+    defenses = axis("defenses", plain(base.get("defense", {"name": "mean"}), "defense"))
 
     seeds_spec = mx.get("seeds", 1)
     if isinstance(seeds_spec, bool) or not (

@@ -58,6 +58,8 @@ __all__ = [
     "HierarchySpec",
     "PluginSpec",
     "load_scenario",
+    "load_document",
+    "load_matrix",
     "parse_scenario",
 ]
 
@@ -296,7 +298,8 @@ def _plugin(table: Any, section: str, where: _Where, registry: Any, check: bool 
 def parse_scenario(data: Mapping[str, Any], *, file: str = "<scenario>", check_plugins: bool = True) -> Scenario:
     """Validate a parsed TOML document (a dict) into a :class:`Scenario`."""
     where = _Where(file)
-    allowed = ("scenario", "workload", "federation", "transport", "hierarchy", "attack", "defense")
+    allowed = ("scenario", "workload", "federation", "transport", "hierarchy", "attack", "defense",
+               "matrix", "expect")
     for key in data:
         if key not in allowed:
             close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
@@ -366,19 +369,72 @@ def _check_codec(spec: TransportSpec, where: _Where) -> None:
         raise InvalidScenario(f"{where.file}: [transport]: {exc}") from None
 
 
-def load_scenario(path: str | Path) -> Scenario:
-    """Read and validate a scenario file."""
-    p = Path(path)
+def _read_toml(p: Path, via: str = "") -> dict[str, Any]:
+    origin = f" (included from {via})" if via else ""
     try:
         raw = p.read_bytes()
     except FileNotFoundError:
-        raise InvalidScenario(f"{p}: no such scenario file") from None
+        raise InvalidScenario(f"{p}: no such scenario file{origin}") from None
     except OSError as exc:
-        raise InvalidScenario(f"{p}: cannot read: {exc.strerror}") from None
+        raise InvalidScenario(f"{p}: cannot read: {exc.strerror}{origin}") from None
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
+        return tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
-        raise InvalidScenario(f"{p}: not UTF-8 text") from None
+        raise InvalidScenario(f"{p}: not UTF-8 text{origin}") from None
     except tomllib.TOMLDecodeError as exc:
-        raise InvalidScenario(f"{p}: invalid TOML: {exc}") from None
-    return parse_scenario(data, file=p.name)
+        raise InvalidScenario(f"{p}: invalid TOML: {exc}{origin}") from None
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep merge: tables merge key by key, anything else in ``over`` replaces."""
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = _merge(dict(out[k]), v)
+        else:
+            out[k] = v
+    return out
+
+
+def load_document(path: str | Path, _stack: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """Read a scenario file with its ``include``\ s resolved (a raw, unvalidated dict).
+
+    ``include = "base.toml"`` (or a list) names files relative to the including file;
+    they are merged in order, and the including file's own keys win.
+    """
+    p = Path(path)
+    resolved = p.resolve()
+    if resolved in _stack:
+        chain = " -> ".join(x.name for x in (*_stack, resolved))
+        raise InvalidScenario(f"{p.name}: include cycle: {chain}")
+    data = _read_toml(p, _stack[-1].name if _stack else "")
+    inc = data.pop("include", None)
+    if inc is None:
+        return data
+    if isinstance(inc, str):
+        inc = [inc]
+    if not isinstance(inc, list) or not all(isinstance(i, str) for i in inc):
+        raise InvalidScenario(f"{p.name}: include = {inc!r}: must be a file name or a list of them")
+    merged: dict[str, Any] = {}
+    for name in inc:
+        merged = _merge(merged, load_document(p.parent / name, (*_stack, resolved)))
+    return _merge(merged, data)
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file (its base scenario, if it has a ``[matrix]``)."""
+    p = Path(path)
+    return parse_scenario(load_document(p), file=p.name)
+
+
+def load_matrix(path: str | Path) -> tuple[Scenario, "Any", dict[str, Any]]:
+    """Read a scenario file and expand its ``[matrix]`` (a file without one is one cell).
+
+    Returns the base scenario, the :class:`~redteam.matrix.Matrix` and the raw document.
+    """
+    from .matrix import expand
+
+    p = Path(path)
+    doc = load_document(p)
+    base = parse_scenario(doc, file=p.name)
+    return base, expand(doc, p.name), doc

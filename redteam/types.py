@@ -211,10 +211,29 @@ class RoundRecord:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (client-keyed dicts get string keys; see :meth:`from_dict`)."""
         out = dataclasses.asdict(self)
         out["dropped"] = {str(k): v for k, v in self.dropped.items()}
         out["rejected"] = {str(k): v for k, v in self.rejected.items()}
+        out["extra"] = {
+            k: ({str(c): x for c, x in v.items()} if isinstance(v, dict) else v) for k, v in self.extra.items()
+        }
         return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "RoundRecord":
+        """Inverse of :meth:`to_dict`: client ids become ints again."""
+
+        def ints(m: Any) -> Any:
+            if isinstance(m, Mapping) and all(isinstance(k, str) and k.lstrip("-").isdigit() for k in m):
+                return {int(k): v for k, v in m.items()}
+            return m
+
+        kw = {f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d}
+        kw["dropped"] = ints(kw.get("dropped", {}))
+        kw["rejected"] = ints(kw.get("rejected", {}))
+        kw["extra"] = {k: ints(v) for k, v in dict(kw.get("extra", {})).items()}
+        return cls(**kw)
 
 
 def _check_fields(obj: Any) -> None:
@@ -233,11 +252,14 @@ class Attack:
 
     * ``surfaces``: which hooks it overrides (subset of :class:`Surface`.ALL);
     * ``omniscient``: ``True`` if it needs every honest update of the round;
-    * ``summary`` and ``reference``: one line each, shown by ``redteam attacks list``.
+    * ``summary`` and ``reference``: one line each, shown by ``redteam attacks list``;
+    * ``produces_nonfinite``: ``True`` when sending NaN/Inf is the attack's purpose
+      (the contract kit then does not require finite rows from finite inputs).
     """
 
     surfaces: ClassVar[tuple[str, ...]] = ()
     omniscient: ClassVar[bool] = False
+    produces_nonfinite: ClassVar[bool] = False
     summary: ClassVar[str] = ""
     reference: ClassVar[str] = ""
 
@@ -275,6 +297,9 @@ class Defense:
     reference: ClassVar[str] = ""
     #: True when the result does not depend on the order of the clients.
     symmetric: ClassVar[bool] = True
+    #: True when n copies of one update x aggregate to x (unanimity); False for rules
+    #: whose point is to change that result (added noise, down-weighting look-alikes).
+    unanimity: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         _check_fields(self)

@@ -1,0 +1,275 @@
+"""Run a scenario matrix into a results store, resumably, on one of three executors.
+
+Every cell runs once per seed, each with its no-attack baseline of the same seed and
+settings; baselines are shared (one per defense × settings × seed). Work is done in two
+phases — all baselines, then all attacked runs — and each run is one unit of work whose
+result is written to the store the moment it finishes (the driver does all writing).
+
+Executors:
+
+* ``local``: one run after another in this process;
+* ``process``: a pool of worker processes on this machine (``--workers``, default the
+  number of cores), each limited to ``cores / workers`` torch threads;
+* ``ray``: each run is a Ray task, on a local Ray instance or an existing cluster
+  (``--ray-address``); needs the optional extra ``redteam[ray]``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from ..errors import InvalidParameter, RedteamError
+from ..matrix import Matrix, derive_seed
+from ..scenario import parse_scenario
+from ..scoring import summarize
+from ..types import RoundRecord
+from .store import PlanRow, ResultsStore, StoreError
+
+__all__ = ["Unit", "plan_units", "run_matrix", "execute_unit", "EXECUTORS", "MatrixSummary"]
+
+EXECUTORS = ("local", "process", "ray")
+
+
+@dataclass(frozen=True)
+class Unit:
+    run_key: str
+    baseline: bool
+    cell_id: str
+    attack: str
+    defense: str
+    settings: dict[str, Any]
+    replicate: int
+    seed: int
+    doc: dict[str, Any] = field(repr=False)
+    target_accuracy: float = 0.9
+
+
+@dataclass
+class MatrixSummary:
+    store: Path
+    total: int
+    computed: int
+    skipped: int
+    wall_time_s: float
+
+
+def plan_units(matrix: Matrix, scenario_seed: int, file: str) -> tuple[list[PlanRow], list[Unit], list[Unit]]:
+    """The plan rows, the distinct baseline units and the distinct attacked units."""
+    rows: list[PlanRow] = []
+    baselines: dict[str, Unit] = {}
+    attacked: dict[str, Unit] = {}
+    for pos, cell in enumerate(matrix.cells):
+        for rep in matrix.seeds:
+            seed = derive_seed(scenario_seed, cell.settings, rep)
+            doc = copy.deepcopy(dict(cell.doc))
+            doc.setdefault("scenario", {})
+            doc["scenario"] = {**doc["scenario"], "seed": seed}
+            bdoc = copy.deepcopy(doc)
+            bdoc["attack"] = {"name": "none"}
+            sc = parse_scenario(doc, file=file)
+            bsc = parse_scenario(bdoc, file=file)
+            key, bkey = sc.digest(), bsc.digest()
+            tgt = sc.federation.target_accuracy
+            rows.append(PlanRow(cell.id, rep, cell.attack, cell.defense, cell.settings_dict, seed, key, bkey, pos))
+            baselines.setdefault(
+                bkey, Unit(bkey, True, f"{cell.defense}[none]", "none", cell.defense, cell.settings_dict, rep, seed,
+                           bdoc, tgt)
+            )
+            if key != bkey:
+                attacked.setdefault(
+                    key, Unit(key, False, cell.id, cell.attack, cell.defense, cell.settings_dict, rep, seed, doc, tgt)
+                )
+    return rows, list(baselines.values()), list(attacked.values())
+
+
+def execute_unit(doc: dict[str, Any], device: str = "cpu", threads: int | None = None) -> dict[str, Any]:
+    """Run one concrete scenario document; return its round records (as dicts)."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    from ..federation.loop import Federation
+    from .single import _versions
+
+    sc = parse_scenario(doc, file="<cell>")
+    t = time.perf_counter()
+    res = Federation(sc, device=device).run()
+    return {
+        "records": [r.to_dict() for r in res.records],
+        "wall_time_s": time.perf_counter() - t,
+        "versions": _versions(),
+    }
+
+
+# ------------------------------------------------------------------------ executors
+
+
+def _local(units: list[Unit], device: str, workers: int, ray_address: str | None) -> Iterator[tuple[Unit, dict]]:
+    for u in units:
+        yield u, execute_unit(u.doc, device)
+
+
+def _init_worker(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _process(units: list[Unit], device: str, workers: int, ray_address: str | None) -> Iterator[tuple[Unit, dict]]:
+    import multiprocessing as mp
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    ctx = mp.get_context("spawn")  # no fork after torch has started its thread pools
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
+                             initargs=(threads,)) as pool:
+        pending = {pool.submit(execute_unit, u.doc, device, threads): u for u in units}
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                u = pending.pop(fut)
+                yield u, fut.result()
+
+
+def _ray(units: list[Unit], device: str, workers: int, ray_address: str | None) -> Iterator[tuple[Unit, dict]]:
+    try:
+        import ray
+    except ImportError:
+        raise RedteamError("the ray executor needs Ray: pip install 'redteam[ray]'") from None
+    started = False
+    if not ray.is_initialized():
+        if ray_address:
+            ray.init(address=ray_address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+        started = True
+    try:
+        threads = max(1, (os.cpu_count() or 1) // workers) if not ray_address else 1
+        task = ray.remote(num_cpus=1)(execute_unit)
+        refs = {task.remote(u.doc, device, threads): u for u in units}
+        while refs:
+            done, _ = ray.wait(list(refs), num_returns=1)
+            for ref in done:
+                u = refs.pop(ref)
+                yield u, ray.get(ref)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+_EXEC: dict[str, Callable[..., Iterator[tuple[Unit, dict]]]] = {"local": _local, "process": _process, "ray": _ray}
+
+
+# ---------------------------------------------------------------------------- driver
+
+
+def run_matrix(
+    path: str | Path,
+    out: str | Path,
+    *,
+    executor: str = "local",
+    workers: int | None = None,
+    ray_address: str | None = None,
+    resume: bool = False,
+    device: str = "cpu",
+    on_progress: Callable[[int, int, str], None] | None = None,
+) -> MatrixSummary:
+    """Expand the scenario at ``path``, run what the store at ``out`` lacks, write results.
+
+    ``on_progress(done, total, label)`` is called before each run starts (label = the
+    run) and after each finishes.
+    """
+    from ..scenario import load_matrix
+    from .single import _versions
+
+    if executor not in EXECUTORS:
+        raise InvalidParameter(f"--executor = {executor!r}: must be one of {', '.join(EXECUTORS)}")
+    workers = workers or (os.cpu_count() or 1)
+    if workers < 1:
+        raise InvalidParameter(f"--workers = {workers}: must be ≥ 1")
+    p = Path(path)
+    base, matrix, doc = load_matrix(p)
+    rows, b_units, a_units = plan_units(matrix, base.seed, p.name)
+
+    store = ResultsStore(out)
+    try:
+        finished = store.finished_keys()
+        planned = {r.run_key for r in rows} | {r.baseline_key for r in rows}
+        if finished and not resume:
+            raise StoreError(
+                f"{store.path} already holds results; pass --resume to continue it, or choose another --out"
+            )
+        store.set_meta(
+            scenario_file=str(p),
+            scenario_name=base.name,
+            scenario_doc=doc,
+            scenario_digest=base.digest(),
+            versions=_versions(),
+            expectations=[_exp_dict(e) for e in matrix.expectations],
+            reproduce=f"redteam matrix {p} --out {out}",
+        )
+        store.set_plan(rows)
+        todo_b = [u for u in b_units if u.run_key not in finished]
+        todo_a = [u for u in a_units if u.run_key not in finished]
+        total = len(planned)
+        done = len(planned & finished)
+        t0 = time.perf_counter()
+        computed = 0
+        run = _EXEC[executor]
+
+        def report(label: str) -> None:
+            if on_progress:
+                on_progress(done, total, label)
+
+        for phase in (todo_b, todo_a):
+            if not phase:
+                continue
+            report(_label(phase[0]))
+            for unit, result in run(phase, device, workers, ray_address):
+                _record(store, unit, result)
+                done += 1
+                computed += 1
+                report(_label(unit))
+        return MatrixSummary(store.path, total, computed, total - computed, time.perf_counter() - t0)
+    finally:
+        store.close()
+
+
+def _label(u: Unit) -> str:
+    return ("baseline " if u.baseline else "") + u.cell_id + f" seed {u.replicate}"
+
+
+def _exp_dict(e: Any) -> dict[str, Any]:
+    return {"metric": e.metric, "min": e.min, "max": e.max, "attack": e.attack, "defense": e.defense,
+            "settings": list(e.settings), "index": e.index}
+
+
+def _record(store: ResultsStore, unit: Unit, result: dict[str, Any]) -> None:
+    records = [RoundRecord.from_dict(r) for r in result["records"]]
+    if unit.baseline:
+        baseline = records
+    else:
+        b = store.baseline_of(unit.run_key)
+        baseline = [RoundRecord.from_dict(r) for r in b["rounds"]] if b else None
+    metrics = summarize(records, baseline, target_accuracy=unit.target_accuracy)
+    store.put_run(
+        run_key=unit.run_key,
+        baseline=unit.baseline,
+        cell_id=unit.cell_id,
+        attack=unit.attack,
+        defense=unit.defense,
+        settings=unit.settings,
+        replicate=unit.replicate,
+        seed=unit.seed,
+        scenario_digest=unit.run_key,
+        metrics=metrics,
+        rounds=result["records"],
+        versions=result["versions"],
+        wall_time_s=result["wall_time_s"],
+    )
+

@@ -1,0 +1,249 @@
+"""The results store: one SQLite file, the source of truth for reports.
+
+Tables:
+
+* ``meta``: the scenario (raw document and digest), package versions, creation time;
+* ``plan``: the cells × replicates of the current matrix, each with the key of its
+  attacked run and of its baseline run;
+* ``runs``: one row per finished run (attacked or baseline) — its metrics, per-round
+  records, the concrete scenario's digest and the package versions.
+
+Crash safety: a run's row is written in one transaction when the run has finished, and
+only then; a process killed at any moment (``kill -9`` included) leaves either the whole
+row or nothing. Resume: a run whose key is already in ``runs`` is never recomputed.
+Keys are the SHA-256 of the concrete scenario a run executed (seed, attack, defense,
+settings), so a changed scenario can never be mistaken for a finished one. WAL mode and
+a busy timeout let two processes use one store without corrupting it (``INSERT OR
+IGNORE``: the first writer of a key wins).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from ..errors import RedteamError
+from .single import sanitize
+
+__all__ = ["ResultsStore", "PlanRow", "StoreError", "STORE_NAME"]
+
+STORE_NAME = "results.sqlite"
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS plan (
+    cell_id TEXT NOT NULL,
+    replicate INTEGER NOT NULL,
+    attack TEXT NOT NULL,
+    defense TEXT NOT NULL,
+    settings TEXT NOT NULL,
+    seed INTEGER NOT NULL,
+    run_key TEXT NOT NULL,
+    baseline_key TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    PRIMARY KEY (cell_id, replicate)
+);
+CREATE TABLE IF NOT EXISTS runs (
+    run_key TEXT PRIMARY KEY,
+    baseline INTEGER NOT NULL,
+    cell_id TEXT NOT NULL,
+    attack TEXT NOT NULL,
+    defense TEXT NOT NULL,
+    settings TEXT NOT NULL,
+    replicate INTEGER NOT NULL,
+    seed INTEGER NOT NULL,
+    scenario_digest TEXT NOT NULL,
+    metrics TEXT NOT NULL,
+    rounds TEXT NOT NULL,
+    versions TEXT NOT NULL,
+    wall_time_s REAL NOT NULL,
+    finished_at REAL NOT NULL
+);
+"""
+
+
+class StoreError(RedteamError):
+    """The results store is missing, unreadable or not a redteam store."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRow:
+    cell_id: str
+    replicate: int
+    attack: str
+    defense: str
+    settings: dict[str, Any]
+    seed: int
+    run_key: str
+    baseline_key: str
+    position: int
+
+
+class ResultsStore:
+    """Open (creating if asked) the store at ``path`` (a directory or a ``.sqlite`` file)."""
+
+    def __init__(self, path: str | Path, *, create: bool = True) -> None:
+        p = Path(path)
+        if p.suffix != ".sqlite":
+            if create:
+                p.mkdir(parents=True, exist_ok=True)
+            p = p / STORE_NAME
+        if not create and not p.exists():
+            raise StoreError(f"{p}: no results store here (run `redteam matrix SCENARIO --out DIR` first)")
+        self.path = p
+        try:
+            self._db = sqlite3.connect(p, timeout=60.0, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            with self._tx():
+                for stmt in _SCHEMA.strip().split(";"):
+                    if stmt.strip():
+                        self._db.execute(stmt)
+                self._db.execute(
+                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+                )
+            v = self.meta("schema_version")
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{p}: not a redteam results store ({exc})") from None
+        if v != str(SCHEMA_VERSION):
+            raise StoreError(f"{p}: store schema version {v}, this redteam reads {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> "ResultsStore":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[None]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    # -- meta -----------------------------------------------------------------------
+    def meta(self, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, **items: Any) -> None:
+        with self._tx():
+            for k, v in items.items():
+                val = v if isinstance(v, str) else json.dumps(sanitize(v), sort_keys=True)
+                self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (k, val))
+
+    # -- plan -----------------------------------------------------------------------
+    def set_plan(self, rows: Sequence[PlanRow]) -> None:
+        """Replace the plan with ``rows`` (results of earlier plans stay in ``runs``)."""
+        with self._tx():
+            self._db.execute("DELETE FROM plan")
+            self._db.executemany(
+                "INSERT INTO plan VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (r.cell_id, r.replicate, r.attack, r.defense, json.dumps(r.settings, sort_keys=True),
+                     r.seed, r.run_key, r.baseline_key, r.position)
+                    for r in rows
+                ],
+            )
+
+    def plan(self) -> list[PlanRow]:
+        rows = self._db.execute(
+            "SELECT cell_id, replicate, attack, defense, settings, seed, run_key, baseline_key, position "
+            "FROM plan ORDER BY position, replicate"
+        ).fetchall()
+        return [PlanRow(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6], r[7], r[8]) for r in rows]
+
+    # -- runs -----------------------------------------------------------------------
+    def finished_keys(self) -> set[str]:
+        return {r[0] for r in self._db.execute("SELECT run_key FROM runs")}
+
+    def put_run(
+        self,
+        *,
+        run_key: str,
+        baseline: bool,
+        cell_id: str,
+        attack: str,
+        defense: str,
+        settings: dict[str, Any],
+        replicate: int,
+        seed: int,
+        scenario_digest: str,
+        metrics: dict[str, Any],
+        rounds: list[dict[str, Any]],
+        versions: dict[str, str],
+        wall_time_s: float,
+    ) -> bool:
+        """Record a finished run; ``False`` if that key was already there (first wins)."""
+        with self._tx():
+            cur = self._db.execute(
+                "INSERT OR IGNORE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    run_key, int(baseline), cell_id, attack, defense, json.dumps(settings, sort_keys=True),
+                    replicate, seed, scenario_digest, json.dumps(sanitize(metrics), sort_keys=True),
+                    json.dumps(sanitize(rounds)), json.dumps(versions, sort_keys=True), wall_time_s, time.time(),
+                ),
+            )
+            return cur.rowcount == 1
+
+    def run(self, run_key: str) -> dict[str, Any] | None:
+        row = self._db.execute(
+            "SELECT run_key, baseline, cell_id, attack, defense, settings, replicate, seed, scenario_digest, "
+            "metrics, rounds, versions, wall_time_s FROM runs WHERE run_key = ?",
+            (run_key,),
+        ).fetchone()
+        if row is None:
+            return None
+        return {
+            "run_key": row[0], "baseline": bool(row[1]), "cell_id": row[2], "attack": row[3],
+            "defense": row[4], "settings": json.loads(row[5]), "replicate": row[6], "seed": row[7],
+            "scenario_digest": row[8], "metrics": json.loads(row[9]), "rounds": json.loads(row[10]),
+            "versions": json.loads(row[11]), "wall_time_s": row[12],
+        }
+
+    def baseline_of(self, run_key: str) -> dict[str, Any] | None:
+        """The finished baseline run planned for the attacked run ``run_key``."""
+        row = self._db.execute("SELECT baseline_key FROM plan WHERE run_key = ? LIMIT 1", (run_key,)).fetchone()
+        return self.run(row[0]) if row else None
+
+    def results(self, *, with_rounds: bool = False) -> list[dict[str, Any]]:
+        """The plan joined with its finished runs, in plan order (unfinished: no metrics)."""
+        out = []
+        for p in self.plan():
+            run = self.run(p.run_key)
+            base = self.run(p.baseline_key)
+            item: dict[str, Any] = {
+                "cell_id": p.cell_id, "attack": p.attack, "defense": p.defense, "settings": p.settings,
+                "replicate": p.replicate, "seed": p.seed, "finished": run is not None,
+                "metrics": run["metrics"] if run else None,
+            }
+            if with_rounds:
+                item["rounds"] = run["rounds"] if run else None
+                item["baseline_rounds"] = base["rounds"] if base else None
+            out.append(item)
+        return out
+
+    def canonical_dump(self) -> list[tuple]:
+        """Every finished run's content minus timings, in key order (for equality checks)."""
+        rows = self._db.execute(
+            "SELECT run_key, baseline, cell_id, attack, defense, settings, replicate, seed, "
+            "scenario_digest, metrics, rounds FROM runs ORDER BY run_key"
+        ).fetchall()
+        out = []
+        for r in rows:
+            metrics = {k: v for k, v in json.loads(r[9]).items() if "time" not in k}
+            rounds = [{k: v for k, v in rd.items() if "time" not in k} for rd in json.loads(r[10])]
+            out.append((*r[:9], json.dumps(metrics, sort_keys=True), json.dumps(rounds, sort_keys=True)))
+        return out

@@ -1,0 +1,398 @@
+"""Deterministic builders of the inputs the contract kit feeds to plugins.
+
+Every builder takes a plain integer ``seed`` and small integers, so one line such as
+``make_attack_context(seed=7, n=5, f=2, d=3)`` rebuilds exactly the input a failing
+check saw. The hypothesis strategies (:mod:`redteam.testing.strategies`) draw those
+integers; the builders turn them into tensors through a seeded ``torch.Generator``
+(fast: nothing element-wise goes through hypothesis). Nothing here imports hypothesis.
+
+Update matrices come in a few *kinds*, chosen to reach the corners plugins get wrong:
+
+* ``"gaussian"``: i.i.d. N(0, 1) rows;
+* ``"clustered"``: a shared direction plus noise, like real training deltas;
+* ``"duplicates"``: clustered, some rows exact copies of others (ties in sorts and
+  distance rankings);
+* ``"zeros"``: clustered, some rows exactly zero (free riders, zero norms);
+* ``"outlier"``: clustered, one row 50× longer than the rest;
+* ``"sparse"``: clustered, about 70 % of the entries zero (top-k-compressed updates);
+* ``"identical"``: every row the same vector (zero spread: MAD, std and distances 0).
+
+Everything is drawn on the CPU in float64, scaled by ``scale`` and then cast to the
+requested dtype and moved to the device, so a seed gives the same values everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from redteam.types import AttackContext, ChunkDelivery, ClientData, ServerContext
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "KINDS",
+    "QuadraticLoss",
+    "FixedUpdate",
+    "generator",
+    "make_updates",
+    "make_server_context",
+    "make_attack_context",
+    "make_client_data",
+    "make_deliveries",
+    "make_manifest",
+    "AttackCase",
+    "DefenseCase",
+]
+
+#: the kinds of update matrices :func:`make_updates` builds (see the module docstring)
+KINDS: tuple[str, ...] = ("gaussian", "clustered", "duplicates", "zeros", "outlier", "sparse", "identical")
+
+Kind = Literal["gaussian", "clustered", "duplicates", "zeros", "outlier", "sparse", "identical"]
+
+
+def generator(seed: int) -> "torch.Generator":
+    """A CPU ``torch.Generator`` seeded with ``seed`` (the trainer's generators are CPU ones)."""
+    import torch
+
+    return torch.Generator(device="cpu").manual_seed(int(seed) % (2**63))
+
+
+def _dtype(dtype: "torch.dtype | str | None") -> "torch.dtype":
+    import torch
+
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, str):
+        got = getattr(torch, dtype.removeprefix("torch."), None)
+        if not isinstance(got, torch.dtype):
+            raise ValueError(f"dtype = {dtype!r}: not a torch dtype name (e.g. 'float32')")
+        return got
+    return dtype
+
+
+def make_updates(
+    seed: int,
+    n: int,
+    d: int,
+    *,
+    dtype: "torch.dtype | str | None" = None,
+    device: "torch.device | str" = "cpu",
+    kind: Kind = "clustered",
+    scale: float = 1.0,
+    finite: bool = True,
+) -> "torch.Tensor":
+    """An ``(n, d)`` update matrix of the given ``kind`` (module docstring), times ``scale``.
+
+    With ``finite=False`` about 10 % of the entries (at least one) become NaN, +Inf or −Inf.
+    """
+    import torch
+
+    if n < 0 or d < 0:
+        raise ValueError(f"make_updates: (n, d) = ({n}, {d}): both must be ≥ 0")
+    if kind not in KINDS:
+        raise ValueError(f"make_updates: kind = {kind!r}: must be one of {', '.join(KINDS)}")
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"make_updates: scale = {scale!r}: must be a finite number > 0")
+    g = generator(seed)
+    f64 = torch.float64
+    if kind == "gaussian":
+        x = torch.randn(n, d, generator=g, dtype=f64)
+    else:
+        base = torch.randn(d, generator=g, dtype=f64)
+        x = base + 0.5 * torch.randn(n, d, generator=g, dtype=f64)
+    if n > 1 and kind == "duplicates":
+        src = torch.randint(0, n, (n,), generator=g)
+        copy = torch.rand(n, generator=g, dtype=f64) < 0.4
+        x = torch.where(copy[:, None], x[src], x)
+    elif n > 1 and kind == "zeros":
+        zero = torch.rand(n, generator=g, dtype=f64) < 0.3
+        i = int(torch.randint(0, n, (1,), generator=g))
+        zero[i] = True  # at least one zero row ...
+        zero[(i + 1 + int(torch.randint(0, n - 1, (1,), generator=g))) % n] = False  # ... never all
+        x = torch.where(zero[:, None], torch.zeros_like(x), x)
+    elif kind == "outlier":
+        x[int(torch.randint(0, max(n, 1), (1,), generator=g))] *= 50.0 if n else 1.0
+    elif kind == "sparse":
+        x = x * (torch.rand(n, d, generator=g, dtype=f64) < 0.3)
+    elif kind == "identical":
+        x = x[:1].expand(n, d).clone() if n else x
+    x = x * float(scale)
+    if not finite and n * d > 0:
+        bad = torch.rand(n, d, generator=g, dtype=f64) < 0.1
+        bad.view(-1)[int(torch.randint(0, n * d, (1,), generator=g))] = True
+        pick = torch.randint(0, 3, (n, d), generator=g)
+        values = torch.tensor([math.nan, math.inf, -math.inf], dtype=f64)[pick]
+        x = torch.where(bad, values, x)
+    return x.to(dtype=_dtype(dtype)).to(device)
+
+
+@dataclass(frozen=True, slots=True)
+class QuadraticLoss:
+    """A server-side loss for tests: ``L(w + Δ) = ½‖Δ − target‖²`` for each candidate row.
+
+    It has the shape of ``ServerContext.evaluate_loss``: ``(k, d)`` deltas → ``(k,)``
+    losses (float64, on the deltas' device). An update moving towards ``target``
+    lowers the loss; the zero delta scores ½‖target‖².
+    """
+
+    target: "torch.Tensor"
+
+    def __call__(self, deltas: "torch.Tensor") -> "torch.Tensor":
+        import torch
+
+        t = self.target.to(device=deltas.device, dtype=torch.float64)
+        return 0.5 * (deltas.to(torch.float64) - t).square().sum(dim=1)
+
+
+@dataclass(frozen=True, slots=True)
+class FixedUpdate:
+    """A server root update for tests (``ServerContext.root_update``): returns a copy of
+    ``vector`` on every call, so a defense that modifies it cannot change the next call."""
+
+    vector: "torch.Tensor"
+
+    def __call__(self) -> "torch.Tensor":
+        return self.vector.clone()
+
+
+def _consensus(updates: "torch.Tensor") -> "torch.Tensor":
+    """Coordinate median of the finite rows (zeros when there are none): the server's
+    idea of the right direction in the test world."""
+    import torch
+
+    ok = torch.isfinite(updates).all(dim=1)
+    if updates.shape[0] == 0 or not bool(ok.any()):
+        return torch.zeros(updates.shape[1], dtype=updates.dtype, device=updates.device)
+    return updates[ok].median(dim=0).values
+
+
+def make_server_context(
+    updates: "torch.Tensor",
+    seed: int = 0,
+    *,
+    weights: Literal["random", "equal"] | None = "random",
+    previous: bool | "torch.Tensor" = True,
+    server_data: bool = True,
+    target: "torch.Tensor | None" = None,
+    client_ids: Literal["positions", "sparse"] = "sparse",
+    round: int = 0,
+    state: dict[str, Any] | None = None,
+) -> ServerContext:
+    """A :class:`ServerContext` for ``updates`` with everything a defense may ask for.
+
+    * ``weights``: random sample counts in [1, 100] (``"random"``), all ones, or ``None``;
+      float32 like the trainer's, on the updates' device;
+    * ``previous``: a previous global update (random, or the tensor given) or none;
+    * ``server_data``: give the server data: ``evaluate_loss`` is a
+      :class:`QuadraticLoss` and ``root_update`` a :class:`FixedUpdate`, both centred on
+      ``target`` (default: the coordinate median of the finite rows);
+    * ``client_ids``: ``"positions"`` (0 … n−1) or ``"sparse"`` (distinct, increasing
+      ids from a larger population, as under churn);
+    * the generator is a CPU generator seeded from ``seed``.
+    """
+    import torch
+
+    n, d = int(updates.shape[0]), int(updates.shape[1])
+    dev, dt = updates.device, updates.dtype
+    g = generator(seed * 2 + 1)
+    w = None
+    if weights == "random":
+        w = torch.randint(1, 101, (n,), generator=g).to(device=dev, dtype=torch.float32)
+    elif weights == "equal":
+        w = torch.ones(n, dtype=torch.float32, device=dev)
+    if isinstance(previous, bool):
+        prev = torch.randn(d, generator=g, dtype=torch.float64).to(dtype=dt, device=dev) if previous else None
+    else:
+        prev = previous
+    if client_ids == "sparse" and n:
+        ids = tuple(sorted(torch.randperm(3 * n, generator=g)[:n].tolist()))
+    else:
+        ids = tuple(range(n))
+    evaluate = root = None
+    if server_data:
+        t = _consensus(updates) if target is None else target.to(dtype=dt, device=dev)
+        evaluate, root = QuadraticLoss(t.clone()), FixedUpdate(t.clone())
+    return ServerContext(
+        round=round,
+        n_clients=n,
+        weights=w,
+        global_params=torch.randn(d, generator=g, dtype=torch.float64).to(dtype=dt, device=dev),
+        previous_update=prev,
+        generator=generator(seed),
+        state=dict(state or {}),
+        evaluate_loss=evaluate,
+        root_update=root,
+        client_ids=ids,
+    )
+
+
+def make_attack_context(
+    seed: int,
+    n: int,
+    f: int,
+    d: int,
+    *,
+    dtype: "torch.dtype | str | None" = None,
+    device: "torch.device | str" = "cpu",
+    kind: Kind = "clustered",
+    scale: float = 1.0,
+    omniscient: bool = False,
+    previous: bool = True,
+    churn: bool = False,
+    server_lr: float = 1.0,
+    num_classes: int = 10,
+    round: int = 0,
+    defense: Any = None,
+) -> AttackContext:
+    """An :class:`AttackContext` for one round with ``n`` participants, ``f`` of them malicious.
+
+    The round's honest updates are a :func:`make_updates` matrix; the malicious rows are
+    ``f`` positions drawn from the seed. As in the trainer, ``own_updates`` holds the
+    malicious clients' honest updates, ``visible_updates`` is every honest row when
+    ``omniscient`` and otherwise the very same tensor as ``own_updates``. With ``churn``
+    the client ids come from a larger population, so ``malicious`` (ids) and
+    ``malicious_rows`` (positions) differ. ``weights`` are random sample counts.
+    """
+    import torch
+
+    if not (n >= 1 and 0 <= f <= n):
+        raise ValueError(f"make_attack_context: (n, f) = ({n}, {f}): need n ≥ 1 and 0 ≤ f ≤ n")
+    full = make_updates(seed, n, d, dtype=dtype, device=device, kind=kind, scale=scale)
+    g = generator(seed * 2 + 1)
+    rows = sorted(torch.randperm(n, generator=g)[:f].tolist())
+    honest = [i for i in range(n) if i not in set(rows)]
+    ids = sorted(torch.randperm(2 * n, generator=g)[:n].tolist()) if churn else list(range(n))
+    own = full[rows]
+    visible = full[honest] if omniscient else own
+    prev = torch.randn(d, generator=g, dtype=torch.float64).to(dtype=full.dtype, device=full.device) \
+        if previous else None
+    w = torch.randint(1, 101, (n,), generator=g).to(device=full.device, dtype=torch.float32)
+    return AttackContext(
+        round=round,
+        n_clients=n,
+        malicious=tuple(ids[i] for i in rows),
+        own_updates=own,
+        visible_updates=visible,
+        global_params=torch.randn(d, generator=g, dtype=torch.float64).to(dtype=full.dtype, device=full.device),
+        generator=generator(seed),
+        num_classes=num_classes,
+        weights=w,
+        previous_update=prev,
+        server_lr=server_lr,
+        defense=defense,
+        malicious_rows=tuple(rows),
+    )
+
+
+def make_client_data(
+    seed: int,
+    *,
+    samples: int = 16,
+    sample_shape: tuple[int, ...] = (64,),
+    num_classes: int = 10,
+    dtype: "torch.dtype | str | None" = None,
+    device: "torch.device | str" = "cpu",
+) -> ClientData:
+    """A client dataset: inputs uniform in [0, 1) of shape ``(samples, *sample_shape)``
+    (default 64 values, the 8×8 digits images) and int64 labels in [0, num_classes)."""
+    import torch
+
+    g = generator(seed)
+    x = torch.rand((samples, *sample_shape), generator=g, dtype=torch.float64)
+    y = torch.randint(0, num_classes, (samples,), generator=g)
+    return ClientData(x=x.to(dtype=_dtype(dtype)).to(device), y=y.to(device))
+
+
+def make_deliveries(seed: int, ctx: AttackContext, *, chunks: int = 3, chunk_size: int = 32) -> list[ChunkDelivery]:
+    """The chunk deliveries of one round: ``chunks`` chunks of random bytes from each
+    participating client (the malicious ones included), each via a random relay."""
+    import torch
+
+    g = generator(seed * 2 + 1)
+    bad = set(ctx.malicious)
+    honest = [i for i in range(ctx.n_clients + len(bad)) if i not in bad][: ctx.n_clients - len(bad)]
+    ids = sorted(bad) + honest
+    out = []
+    for author in ids:
+        for index in range(chunks):
+            data = bytes(torch.randint(0, 256, (chunk_size,), generator=g, dtype=torch.uint8).tolist())
+            relay = ids[int(torch.randint(0, len(ids), (1,), generator=g))]
+            out.append(ChunkDelivery(author=author, index=index, relay=relay, data=data, round=ctx.round))
+    return out
+
+
+def make_manifest(seed: int, client: int = 0) -> Any:
+    """A dataset manifest for a malicious client (provenance attacks), fixed timestamp."""
+    import torch
+
+    from provenance.manifest import DatasetManifest
+
+    g = generator(seed)
+    shards = {f"shard-{i}.bin": bytes(torch.randint(0, 256, (64,), generator=g, dtype=torch.uint8).tolist())
+              for i in range(3)}
+    return DatasetManifest.from_shards(
+        shards, client=f"client-{client}", dataset="test-data", version="1", license="CC-BY-4.0",
+        source="redteam.testing", creator="redteam.testing", created_at="2025-01-01T00:00:00Z",
+    )
+
+
+
+@dataclass(frozen=True, slots=True)
+class AttackCase:
+    """The handful of numbers one generated attack input is built from.
+
+    Its ``repr`` is a reproduce line: ``AttackCase(seed=3, n=5, f=2, d=4, ...).context()``
+    rebuilds the very context (and ``.data()`` the client dataset) a check saw.
+    """
+
+    seed: int
+    n: int
+    f: int
+    d: int
+    dtype: str = "float32"
+    kind: Kind = "clustered"
+    scale: float = 1.0
+    previous: bool = True
+    churn: bool = False
+    server_lr: float = 1.0
+    samples: int = 16
+
+    def context(self, *, device: "torch.device | str" = "cpu", omniscient: bool = False,
+                defense: Any = None, num_classes: int = 10) -> AttackContext:
+        return make_attack_context(
+            self.seed, self.n, self.f, self.d, dtype=self.dtype, device=device, kind=self.kind,
+            scale=self.scale, omniscient=omniscient, previous=self.previous, churn=self.churn,
+            server_lr=self.server_lr, num_classes=num_classes, defense=defense,
+        )
+
+    def data(self, *, device: "torch.device | str" = "cpu", sample_shape: tuple[int, ...] = (64,),
+             num_classes: int = 10) -> ClientData:
+        return make_client_data(self.seed, samples=self.samples, sample_shape=sample_shape,
+                                num_classes=num_classes, device=device)
+
+
+@dataclass(frozen=True, slots=True)
+class DefenseCase:
+    """The handful of numbers one generated defense input is built from (``repr`` rebuilds it)."""
+
+    seed: int
+    n: int
+    d: int
+    dtype: str = "float32"
+    kind: Kind = "clustered"
+    scale: float = 1.0
+    weights: Literal["random", "equal"] | None = "random"
+    previous: bool = True
+    client_ids: Literal["positions", "sparse"] = "sparse"
+
+    def updates(self, *, device: "torch.device | str" = "cpu", seed_offset: int = 0) -> "torch.Tensor":
+        return make_updates(self.seed + seed_offset, self.n, self.d, dtype=self.dtype, device=device,
+                            kind=self.kind, scale=self.scale)
+
+    def context(self, updates: "torch.Tensor", **overrides: Any) -> ServerContext:
+        kw: dict[str, Any] = dict(weights=self.weights, previous=self.previous, client_ids=self.client_ids)
+        kw.update(overrides)
+        return make_server_context(updates, self.seed, **kw)
