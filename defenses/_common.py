@@ -115,18 +115,38 @@ def _row_norms64(updates: "torch.Tensor", chunk: int) -> "torch.Tensor":
     return acc.sqrt()
 
 
+def combine(weights: "torch.Tensor", updates: "torch.Tensor") -> "torch.Tensor":
+    """Σᵢ wᵢ xᵢ over the rows with wᵢ ≠ 0 only, so that a non-finite row with weight 0
+    cannot turn the result into NaN (0·NaN = NaN in a plain matrix product)."""
+    w = weights.to(device=updates.device, dtype=updates.dtype)
+    if bool(finite_rows(updates).all()):
+        return w @ updates
+    used = (w != 0).nonzero().flatten()
+    return w.index_select(0, used) @ updates.index_select(0, used)
+
+
 # -- distances -------------------------------------------------------------------------
-def gram64(x: "torch.Tensor", chunk: int = GRAM_CHUNK) -> "torch.Tensor":
-    """⟨xᵢ, xⱼ⟩ for all pairs, in float64, accumulated over column blocks."""
+def gram64(x: "torch.Tensor", chunk: int = 8192) -> "torch.Tensor":
+    """⟨xᵢ, xⱼ⟩ for all pairs, in float64, accumulated over column blocks.
+
+    Each block is converted to float64 on its own (bounded memory). The rows are
+    split in two halves and only the upper block triangle (top·allᵀ, bottom·bottomᵀ)
+    is multiplied, which saves a quarter of the flops; the lower part is mirrored.
+    """
     import torch
 
     n, d = x.shape
     g = torch.zeros(n, n, dtype=torch.float64, device=x.device)
-    if x.dtype == torch.float64:
-        return g.addmm_(x, x.T)
+    h = n // 2
     for start in range(0, d, chunk):
         block = x[:, start:start + chunk].to(torch.float64)
-        g.addmm_(block, block.T)
+        if h == 0:
+            g.addmm_(block, block.T)
+            continue
+        g[:h].addmm_(block[:h], block.T)
+        g[h:, h:].addmm_(block[h:], block[h:].T)
+    if h:
+        g[h:, :h] = g[:h, h:].T
     return g
 
 

@@ -165,8 +165,12 @@ def _set_path(doc: dict[str, Any], path: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def expand(doc: Mapping[str, Any], where: str) -> Matrix:
-    """Expand a raw scenario document with ``[matrix]`` into cells (validated later)."""
+def expand(doc: Mapping[str, Any], where: str, *, check_plugins: bool = True) -> Matrix:
+    """Expand a raw scenario document with ``[matrix]`` into cells (validated later).
+
+    ``check_plugins=False`` checks the structure only (no plugin is instantiated, so
+    nothing imports torch): what the pytest plugin does at collection time.
+    """
     from .scenario import parse_scenario
 
     base = {k: copy.deepcopy(v) for k, v in doc.items() if k not in ("matrix", "expect", "include")}
@@ -238,7 +242,7 @@ def expand(doc: Mapping[str, Any], where: str) -> Matrix:
                 cdoc["defense"] = copy.deepcopy(d_table)
                 cell = Cell(a_label, d_label, tuple(combo), cdoc)
                 try:
-                    parse_scenario(cdoc, file=where)
+                    parse_scenario(cdoc, file=where, check_plugins=check_plugins)
                 except InvalidScenario as exc:
                     raise InvalidScenario(f"{exc} (in matrix cell {cell.id})") from None
                 cells.append(cell)

@@ -397,7 +397,7 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def load_document(path: str | Path, _stack: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """Read a scenario file with its ``include``\ s resolved (a raw, unvalidated dict).
+    """Read a scenario file with its includes resolved (a raw, unvalidated dict).
 
     ``include = "base.toml"`` (or a list) names files relative to the including file;
     they are merged in order, and the including file's own keys win.

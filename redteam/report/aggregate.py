@@ -1,0 +1,436 @@
+"""From a results store to what a report shows: cells × seeds → mean and interval per metric.
+
+Everything here is plain data (frozen dataclasses of floats, strings and tuples), so the
+table, Markdown, JSON, CSV and HTML writers only format; no writer computes a number.
+
+* :func:`aggregate_cells`: per cell, the mean over its finished seeds of every metric,
+  with a two-sided Student-t interval (:func:`redteam.scoring.mean_ci`; ``None`` values,
+  e.g. an ASR of an untargeted attack, are skipped, so ``n`` may be below the seed count).
+* :func:`convergence`: per cell, accuracy per round, attacked and baseline, averaged
+  over seeds.
+* :func:`breakdown`: per (attack, defense, other settings) the breakdown fraction over a
+  ``*.malicious_fraction`` matrix axis (:func:`redteam.scoring.breakdown_fraction` on the
+  seed means), with the accuracy margin and ASR level as parameters.
+* :func:`envelope_utilisation`: per cell, the worst case over seeds of how close accepted
+  malicious updates came to the validation bounds (largest norm / bound, smallest cosine).
+* :func:`load_report`: all of the above from a store directory, with the scenario,
+  versions, reproduce command and the ``[[expect]]`` verdicts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from ..errors import RedteamError
+from ..scoring import METRICS, breakdown_fraction, mean_ci
+
+__all__ = [
+    "REPORT_METRICS",
+    "Stat",
+    "CellSummary",
+    "Curve",
+    "BreakdownRow",
+    "EnvelopeRow",
+    "ExpectationResult",
+    "Report",
+    "aggregate_cells",
+    "convergence",
+    "breakdown",
+    "envelope_utilisation",
+    "check_expectations",
+    "settings_groups",
+    "axis_labels",
+    "resolve_metrics",
+    "load_report",
+    "ReportError",
+]
+
+#: Every metric a report can show or a ``--fail-if`` expression can name.
+REPORT_METRICS: dict[str, str] = {
+    **METRICS,
+    "tp": "malicious updates flagged (judged updates, all rounds)",
+    "fp": "honest updates flagged",
+    "tn": "honest updates accepted",
+    "fn": "malicious updates accepted",
+}
+
+Settings = tuple[tuple[str, Any], ...]
+
+
+class ReportError(RedteamError):
+    """A report cannot be made: unknown metric, empty store, unwritable output, ..."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stat:
+    """Mean over seeds with its interval; ``n`` = the seeds that had a value."""
+
+    mean: float | None
+    lo: float | None
+    hi: float | None
+    n: int
+
+    @property
+    def half_width(self) -> float | None:
+        """Half the interval's width, or ``None`` with fewer than two values."""
+        if self.n < 2 or self.mean is None or self.hi is None:
+            return None
+        return self.hi - self.mean
+
+
+@dataclass(frozen=True, slots=True)
+class CellSummary:
+    cell_id: str
+    attack: str
+    defense: str
+    settings: Settings
+    planned: int  # seeds in the plan
+    finished: int  # seeds with a finished run
+    metrics: Mapping[str, Stat] = field(hash=False)
+
+    def value(self, metric: str) -> float | None:
+        """The seed mean of ``metric`` (``None``: undefined or nothing finished)."""
+        s = self.metrics.get(metric)
+        return None if s is None else s.mean
+
+
+@dataclass(frozen=True, slots=True)
+class Curve:
+    """Accuracy per round (index = round), averaged over the seeds that have that round."""
+
+    cell_id: str
+    attack: str
+    defense: str
+    settings: Settings
+    attacked: tuple[float, ...]
+    baseline: tuple[float, ...]
+    seeds: int
+
+
+@dataclass(frozen=True, slots=True)
+class BreakdownRow:
+    attack: str
+    defense: str
+    settings: Settings  # the other settings (the axis removed)
+    axis: str  # e.g. "federation.malicious_fraction"
+    points: tuple[tuple[float, float | None, float | None], ...]  # (fraction, drop, asr), sorted
+    fraction: float | None  # None: never broke on the axis
+
+
+@dataclass(frozen=True, slots=True)
+class EnvelopeRow:
+    cell_id: str
+    attack: str
+    defense: str
+    settings: Settings
+    norm: float | None  # max over seeds of envelope_norm
+    cos: float | None  # min over seeds of envelope_cos
+    cos_margin: float | None  # min over seeds of envelope_cos_margin
+
+
+@dataclass(frozen=True, slots=True)
+class ExpectationResult:
+    index: int  # 0-based, as in the scenario's [[expect]] order
+    description: str  # "accuracy_drop ≤ 0.05"
+    cell_id: str
+    value: float | None
+    failure: str | None  # None: holds
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    source: Path  # the store file
+    name: str
+    file: str | None
+    digest: str | None
+    versions: Mapping[str, str] = field(hash=False)
+    reproduce: str | None
+    scenario_doc: Mapping[str, Any] | None = field(hash=False)
+    cells: tuple[CellSummary, ...]
+    curves: tuple[Curve, ...]
+    breakdown: tuple[BreakdownRow, ...]
+    envelope: tuple[EnvelopeRow, ...]
+    expectations: tuple[ExpectationResult, ...]
+    confidence: float = 0.95
+    accuracy_margin: float = 0.05
+    asr_level: float = 0.5
+
+    @property
+    def out_dir(self) -> Path:
+        return self.source.parent
+
+    def defined(self, metric: str) -> bool:
+        """Whether any cell has a value for ``metric``."""
+        return any(c.value(metric) is not None for c in self.cells)
+
+
+# ------------------------------------------------------------------------ helpers
+
+
+def _settings(d: Mapping[str, Any] | Settings) -> Settings:
+    items = d.items() if isinstance(d, Mapping) else d
+    return tuple(sorted((str(k), v) for k, v in items))
+
+
+def _num(v: Any) -> float | None:
+    if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    f = float(v)
+    return f if math.isfinite(f) else None
+
+
+def _unique(xs: Iterable[str]) -> list[str]:
+    seen: dict[str, None] = {}
+    for x in xs:
+        seen.setdefault(x, None)
+    return list(seen)
+
+
+def settings_groups(items: Sequence[Any], drop: str | None = None) -> dict[Settings, list[Any]]:
+    """Items (anything with ``.settings``) grouped by their settings, ``drop`` removed."""
+    out: dict[Settings, list[Any]] = {}
+    for it in items:
+        key = tuple((k, v) for k, v in it.settings if k != drop)
+        out.setdefault(key, []).append(it)
+    return out
+
+
+def axis_labels(items: Sequence[Any]) -> tuple[list[str], list[str]]:
+    """Attacks and defenses in the order they first appear (the matrix's order)."""
+    return _unique(i.attack for i in items), _unique(i.defense for i in items)
+
+
+def resolve_metrics(names: Iterable[str]) -> list[str]:
+    """Validate metric names (comma-separated lists allowed); unknown ones name close matches."""
+    import difflib
+
+    out: list[str] = []
+    for raw in names:
+        for name in (p.strip() for p in str(raw).split(",")):
+            if not name:
+                continue
+            if name not in REPORT_METRICS:
+                close = difflib.get_close_matches(name, list(REPORT_METRICS), n=3)
+                hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+                raise ReportError(
+                    f"--metric {name!r}: unknown metric{hint} (known: {', '.join(REPORT_METRICS)})"
+                )
+            if name not in out:
+                out.append(name)
+    return out
+
+
+# -------------------------------------------------------------------- aggregation
+
+
+def aggregate_cells(rows: Sequence[Mapping[str, Any]], *, confidence: float = 0.95) -> tuple[CellSummary, ...]:
+    """Group store rows (``ResultsStore.results()``) by cell, in plan order, and average.
+
+    Every name of :data:`REPORT_METRICS` gets a :class:`Stat`; unfinished seeds count in
+    ``planned`` but not in ``finished`` nor in any mean.
+    """
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(r["cell_id"], []).append(r)
+    out = []
+    for cell_id, rs in groups.items():
+        done = [r for r in rs if r.get("finished") and r.get("metrics") is not None]
+        stats = {}
+        for m in REPORT_METRICS:
+            ci = mean_ci([_num(r["metrics"].get(m)) for r in done], confidence)
+            stats[m] = Stat(ci["mean"], ci["lo"], ci["hi"], ci["n"])
+        first = rs[0]
+        out.append(CellSummary(cell_id, first["attack"], first["defense"], _settings(first["settings"]),
+                               len(rs), len(done), stats))
+    return tuple(out)
+
+
+def _mean_series(series: Sequence[Sequence[float]]) -> tuple[float, ...]:
+    if not series:
+        return ()
+    length = max(len(s) for s in series)
+    out = []
+    for i in range(length):
+        xs = [s[i] for s in series if i < len(s) and math.isfinite(s[i])]
+        out.append(sum(xs) / len(xs) if xs else math.nan)
+    return tuple(out)
+
+
+def _accuracies(records: Sequence[Mapping[str, Any]] | None) -> list[float]:
+    if not records:
+        return []
+    ordered = sorted(records, key=lambda r: r.get("round", 0))
+    return [v if (v := _num(r.get("accuracy"))) is not None else math.nan for r in ordered]
+
+
+def convergence(rows: Sequence[Mapping[str, Any]]) -> tuple[Curve, ...]:
+    """Per cell, the seed-mean accuracy per round of the attacked runs and of their baselines
+    (rows from ``ResultsStore.results(with_rounds=True)``)."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(r["cell_id"], []).append(r)
+    out = []
+    for cell_id, rs in groups.items():
+        done = [r for r in rs if r.get("finished") and r.get("rounds")]
+        att = _mean_series([_accuracies(r["rounds"]) for r in done])
+        base = _mean_series([a for r in done if (a := _accuracies(r.get("baseline_rounds")))])
+        first = rs[0]
+        out.append(Curve(cell_id, first["attack"], first["defense"], _settings(first["settings"]), att, base,
+                         len(done)))
+    return tuple(out)
+
+
+def fraction_axis(cells: Sequence[CellSummary]) -> str | None:
+    """The matrix setting that varies the malicious fraction (key ending in
+    ``malicious_fraction``), if the matrix has one."""
+    keys = _unique(k for c in cells for k, _ in c.settings if k.rsplit(".", 1)[-1] == "malicious_fraction")
+    return keys[0] if keys else None
+
+
+def breakdown(
+    cells: Sequence[CellSummary],
+    *,
+    accuracy_margin: float = 0.05,
+    asr_level: float = 0.5,
+    axis: str | None = None,
+) -> tuple[BreakdownRow, ...]:
+    """Breakdown fraction of each (attack, defense, other settings) over the malicious-fraction
+    axis: the smallest fraction whose seed-mean accuracy drop exceeds ``accuracy_margin`` or
+    whose seed-mean ASR exceeds ``asr_level`` (REFERENCES §1.3). Empty without such an axis;
+    the no-attack cells (attack ``none``) are left out."""
+    axis = axis or fraction_axis(cells)
+    if axis is None:
+        return ()
+    rows: dict[tuple[str, str, Settings], list[tuple[float, float | None, float | None]]] = {}
+    for c in cells:
+        s = dict(c.settings)
+        if c.attack == "none" or axis not in s or _num(s[axis]) is None or c.finished == 0:
+            continue
+        others = tuple((k, v) for k, v in c.settings if k != axis)
+        rows.setdefault((c.attack, c.defense, others), []).append(
+            (float(s[axis]), c.value("accuracy_drop"), c.value("asr"))
+        )
+    return tuple(
+        BreakdownRow(a, d, others, axis, tuple(sorted(pts)),
+                     breakdown_fraction(pts, accuracy_margin=accuracy_margin, asr_level=asr_level))
+        for (a, d, others), pts in rows.items()
+    )
+
+
+def envelope_utilisation(rows: Sequence[Mapping[str, Any]]) -> tuple[EnvelopeRow, ...]:
+    """Per cell, the worst case over its finished seeds: the largest accepted-malicious norm
+    over the bound (``envelope_norm``), the smallest accepted-malicious cosine
+    (``envelope_cos``) and cosine margin. Cells where no bound was ever measured are left out."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(r["cell_id"], []).append(r)
+    out = []
+    for cell_id, rs in groups.items():
+        ms = [r["metrics"] for r in rs if r.get("finished") and r.get("metrics")]
+
+        def pick(key: str, fn: Any) -> float | None:
+            xs = [v for m in ms if (v := _num(m.get(key))) is not None]
+            return fn(xs) if xs else None
+
+        norm, cos, margin = pick("envelope_norm", max), pick("envelope_cos", min), pick("envelope_cos_margin", min)
+        if norm is None and cos is None and margin is None:
+            continue
+        first = rs[0]
+        out.append(EnvelopeRow(cell_id, first["attack"], first["defense"], _settings(first["settings"]),
+                               norm, cos, margin))
+    return tuple(out)
+
+
+def check_expectations(cells: Sequence[CellSummary], expectations: Sequence[Mapping[str, Any]]) -> tuple[
+        ExpectationResult, ...]:
+    """The scenario's ``[[expect]]`` rows (as stored in the store's meta) checked against the
+    seed means of every cell they match (cells with no finished seed are skipped)."""
+    from ..matrix import Cell, Expectation
+
+    out = []
+    for e in expectations:
+        exp = Expectation(
+            metric=e["metric"], min=e.get("min"), max=e.get("max"), attack=e.get("attack"),
+            defense=e.get("defense"), settings=tuple(tuple(s) for s in e.get("settings") or ()),
+            index=int(e.get("index", 0)),
+        )
+        for c in cells:
+            if c.finished == 0 or not exp.matches(Cell(c.attack, c.defense, c.settings, {})):
+                continue
+            v = c.value(exp.metric)
+            out.append(ExpectationResult(exp.index, exp.describe(), c.cell_id, v, exp.check(v)))
+    return tuple(out)
+
+
+# ------------------------------------------------------------------------ loading
+
+
+def _json_meta(store: Any, key: str) -> Any:
+    raw = store.meta(key)
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def load_report(
+    path: str | Path,
+    *,
+    confidence: float = 0.95,
+    accuracy_margin: float = 0.05,
+    asr_level: float = 0.5,
+) -> Report:
+    """Read the store at ``path`` (a results directory or its ``.sqlite`` file) into a
+    :class:`Report`. A missing, corrupt or empty store raises :class:`StoreError` /
+    :class:`ReportError` with a one-line message."""
+    from ..runner.store import STORE_NAME, ResultsStore, StoreError
+
+    p = Path(path)
+    if not p.exists():
+        raise StoreError(f"{p}: no such directory")
+    if p.is_dir() and not (p / STORE_NAME).is_file():
+        raise StoreError(f"{p}: no results store here (run `redteam matrix SCENARIO --out {p}` first)")
+    try:
+        with ResultsStore(p, create=False) as store:
+            rows = store.results(with_rounds=True)
+            meta = {k: _json_meta(store, k) for k in
+                    ("scenario_name", "scenario_file", "scenario_digest", "versions", "reproduce", "scenario_doc",
+                     "expectations")}
+            source = store.path
+    except sqlite3.Error as exc:
+        raise StoreError(f"{p}: corrupt results store ({exc})") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StoreError(f"{p}: corrupt results store (unreadable row: {exc})") from None
+    if not rows:
+        raise ReportError(f"{source}: the store has no planned cells (did `redteam matrix` start?)")
+    try:
+        cells = aggregate_cells(rows, confidence=confidence)
+        curves = convergence(rows)
+        env = envelope_utilisation(rows)
+        exps = check_expectations(cells, meta["expectations"] if isinstance(meta["expectations"], list) else [])
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise StoreError(f"{source}: corrupt results store (unexpected content: {exc})") from None
+    return Report(
+        source=source,
+        name=str(meta["scenario_name"] or source.parent.name),
+        file=meta["scenario_file"] if isinstance(meta["scenario_file"], str) else None,
+        digest=meta["scenario_digest"] if isinstance(meta["scenario_digest"], str) else None,
+        versions=meta["versions"] if isinstance(meta["versions"], dict) else {},
+        reproduce=meta["reproduce"] if isinstance(meta["reproduce"], str) else None,
+        scenario_doc=meta["scenario_doc"] if isinstance(meta["scenario_doc"], dict) else None,
+        cells=cells,
+        curves=curves,
+        breakdown=breakdown(cells, accuracy_margin=accuracy_margin, asr_level=asr_level),
+        envelope=env,
+        expectations=exps,
+        confidence=confidence,
+        accuracy_margin=accuracy_margin,
+        asr_level=asr_level,
+    )
