@@ -6,10 +6,13 @@
 
 Each cell is the median wall time of ``--repeats`` calls after one warm-up call, on
 float32 updates drawn from N(0, 1) with a seeded generator. Robust rules that take f
-use f = n // 10 (Bulyan needs n ≥ 4f + 3, so f = 1 at n = 10). The "peak" column is
-the largest resident-memory growth above the pre-call level seen by a 1 ms sampler
-thread during the warm-up call (d = 10⁶ only; MiB; a lower bound, the sampler can
-miss a short spike). Output is a markdown table on stdout.
+use f = n // 10 (Bulyan needs n ≥ 4f + 3, so f = 1 at n = 10). On a shared machine,
+intra-op threads fight other processes for the cores; ``--threads 1`` gives steadier
+figures there. The "peak" column is
+the largest resident-memory growth above the pre-call level (after handing freed heap
+pages back with ``malloc_trim``) seen by a 1 ms sampler thread during the warm-up call
+(d = 10⁶ only; MiB; a lower bound, the sampler can miss a short spike; the input
+itself, n × d × 4 bytes, is not counted). Output is a markdown table on stdout.
 
 Reference figures from DESIGN.md (a widely used library, n = 100, d = 10⁶, this
 machine): mean 27 ms, coordinate median 2.3 s, trimmed mean 2.3 s, Krum 0.72 s,
@@ -19,6 +22,8 @@ geometric median (3 iterations) 1.3 s, centered clipping 0.29 s; NNM ~31 GiB.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import os
 import statistics
 import sys
@@ -49,8 +54,18 @@ def _rss_bytes() -> int:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _release_free_memory() -> None:
+    """Hand freed heap pages back to the OS (glibc), so RSS growth measures this call."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def peak_rss_growth(fn: Callable[[], object]) -> float:
     """Largest RSS growth (MiB) observed while ``fn`` runs, sampled every ms."""
+    _release_free_memory()
     base = _rss_bytes()
     peak = [base]
     done = threading.Event()
@@ -71,31 +86,32 @@ def peak_rss_growth(fn: Callable[[], object]) -> float:
     return (peak[0] - base) / 2**20
 
 
-def defenses_for(n: int) -> dict[str, object]:
+def defenses_for(n: int) -> list[tuple[str, object]]:
+    """(label, defense) pairs; labels are the same for every n (f = n // 10)."""
     f = n // 10
     fb = min(f, (n - 3) // 4)
-    return {
-        "mean": Mean(),
-        "median": Median(),
-        f"trimmed_mean (b={f})": TrimmedMean(b=f),
-        f"krum (f={f})": Krum(f=f),
-        f"multi_krum (f={f})": MultiKrum(f=f),
-        f"bulyan (f={fb})": Bulyan(f=fb),
-        "geometric_median (converged)": GeometricMedian(),
-        "geometric_median (3 it)": GeometricMedian(max_iter=3, tol=0.0),
-        "centered_clipping (L=1)": CenteredClipping(tau=10.0, n_iter=1),
-        "centered_clipping (L=3)": CenteredClipping(tau=10.0, n_iter=3),
-        f"nnm (f={f}) → mean": NNM(f=f),
-        "bucketing (s=2) → median": Pipeline((Bucketing(s=2), Median())),
-        "clip → mean": Clip(bound=1.0),
-        "dp_noise": DPNoise(sigma=0.025),
-        "norm_bound (reject, 2×median)": NormBound(multiplier=2.0, mode="reject"),
-        "cosine_filter (median)": CosineFilter(against="median", threshold=0.0),
-        "sanity": Sanity(),
-        "zscore": ZScore(),
-        "fltrust": FLTrust(),
-        "foolsgold": FoolsGold(),
-    }
+    return [
+        ("mean", Mean()),
+        ("median", Median()),
+        ("trimmed_mean (b = n/10)", TrimmedMean(b=f)),
+        ("krum (f = n/10)", Krum(f=f)),
+        ("multi_krum (f = n/10, m = n−f)", MultiKrum(f=f)),
+        ("bulyan (f = n/10)", Bulyan(f=fb)),
+        ("geometric_median (to convergence)", GeometricMedian()),
+        ("geometric_median (3 iterations)", GeometricMedian(max_iter=3, tol=0.0)),
+        ("centered_clipping (L = 1)", CenteredClipping(tau=10.0, n_iter=1)),
+        ("centered_clipping (L = 3)", CenteredClipping(tau=10.0, n_iter=3)),
+        ("nnm (f = n/10) → mean", NNM(f=f)),
+        ("bucketing (s = 2) → median", Pipeline((Bucketing(s=2), Median()))),
+        ("clip → mean", Clip(bound=1.0)),
+        ("dp_noise", DPNoise(sigma=0.025)),
+        ("norm_bound (reject, 2×median norm)", NormBound(multiplier=2.0, mode="reject")),
+        ("cosine_filter (median reference)", CosineFilter(against="median", threshold=0.0)),
+        ("sanity", Sanity()),
+        ("zscore", ZScore()),
+        ("fltrust", FLTrust()),
+        ("foolsgold (first round)", FoolsGold()),
+    ]
 
 
 def bench(names: list[str] | None, ns: list[int], ds: list[int], repeats_small: int, repeats_large: int) -> None:
@@ -108,11 +124,11 @@ def bench(names: list[str] | None, ns: list[int], ds: list[int], repeats_small: 
             g0 = x.mean(dim=0) + 0.1 * torch.randn(d, generator=gen)
             ctx = ServerContext.default(x, root_update=lambda g0=g0: g0)
             repeats = repeats_small if d < 10**6 else repeats_large
-            for label, dfn in defenses_for(n).items():
+            for label, dfn in defenses_for(n):
                 key = label.split(" ")[0]
                 if names and key not in names:
                     continue
-                call = lambda: dfn(x, ctx)  # noqa: E731
+                call = lambda dfn=dfn, x=x, ctx=ctx: dfn(x, ctx)  # noqa: E731
                 if d >= 10**6:
                     peak = peak_rss_growth(call)
                 else:
@@ -127,7 +143,7 @@ def bench(names: list[str] | None, ns: list[int], ds: list[int], repeats_small: 
                 cell = f"{med * 1e3:.1f} ms" if med < 1 else f"{med:.2f} s"
                 if peak is not None:
                     cell += f" / {peak:.0f} MiB"
-                rows.setdefault(label.replace(f"={n // 10}", "=n/10").replace(f"(f={min(n // 10, (n - 3) // 4)})", "(f)"), {})[(n, d)] = cell
+                rows.setdefault(label, {})[(n, d)] = cell
                 print(f"# {label} n={n} d={d}: {cell}", file=sys.stderr, flush=True)
             del x
     header = "| defense | " + " | ".join(f"n={n}, d=10^{len(str(d)) - 1}" for n, d in cols) + " |"
@@ -146,7 +162,10 @@ def main() -> None:
     ap.add_argument("--n", default="10,50,100")
     ap.add_argument("--d", default="10000,1000000")
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per cell at d = 10^6 (7 at smaller d)")
+    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (default: torch's choice)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     ds = [10**4] if args.quick else [int(v) for v in args.d.split(",")]
     names = [s for s in args.only.split(",") if s] or None
     bench(names, [int(v) for v in args.n.split(",")], ds, 7, args.repeats)

@@ -8,6 +8,10 @@
   min/max across whole rows, so every step is a vectorized op over the chunk's
   columns); elsewhere it calls ``torch.sort``. NaN sorts as +inf, so a non-finite row
   acts as an extreme value, never as a poison that spreads to every coordinate.
+  :func:`halves_reduce` sorts only the two halves of the rows and :func:`kth_of_two`
+  reads any order statistic off them (median, trimmed-mean cut points).
+* :func:`finite_rows`, :func:`row_norms`, :func:`combine` — row screening, float64
+  norms and weighted sums that a zero-weight NaN row cannot spoil.
 * small validation helpers that raise :func:`~redteam.types.param_error` messages.
 """
 
@@ -16,7 +20,6 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Callable
 
-from redteam.errors import InvalidParameter
 from redteam.types import ServerContext, param_error
 
 if TYPE_CHECKING:
@@ -171,24 +174,25 @@ def sq_distances(x: "torch.Tensor") -> "torch.Tensor":
 
 
 # -- sorting coordinates ----------------------------------------------------------------
-def _bitonic(a: "torch.Tensor", b: "torch.Tensor") -> "torch.Tensor":
-    """Sort the rows of ``a`` (N, c), N a power of two, ascending along dim 0.
+def _bitonic(a: "torch.Tensor", b: "torch.Tensor", group: int) -> "torch.Tensor":
+    """Sort every block of ``group`` consecutive rows of ``a`` ascending (dim 0).
 
-    Classic bitonic network: stages of size 2, 4, … N; in each stage, blocks of
-    ``size`` rows alternate direction (ascending, descending) except in the last
-    stage; each layer compares row i with row i + j inside its block. Layers are
-    written as strided views, ping-ponging between the buffers ``a`` and ``b``;
-    the buffer holding the sorted rows is returned.
+    ``group`` is a power of two dividing ``a.shape[0]``. Classic bitonic network:
+    stages of size 2, 4, … ``group``; below the last stage, blocks of ``size`` rows
+    alternate direction (ascending, descending); each layer compares row i with row
+    i + j inside its block. A layer is two or four elementwise min/max calls on
+    strided views, ping-ponging between the buffers ``a`` and ``b``; the buffer that
+    holds the sorted rows is returned.
     """
     import torch
 
     n_rows, c = a.shape
     src, dst = a, b
     size = 2
-    while size <= n_rows:
+    while size <= group:
         j = size // 2
         while j >= 1:
-            if size == n_rows:
+            if size == group:  # last stage: every block ascending
                 v = src.view(n_rows // (2 * j), 2, j, c)
                 w = dst.view(n_rows // (2 * j), 2, j, c)
                 torch.minimum(v[:, 0], v[:, 1], out=w[:, 0])
@@ -209,9 +213,61 @@ def _bitonic(a: "torch.Tensor", b: "torch.Tensor") -> "torch.Tensor":
     return src
 
 
-def _chunk_columns(n_pow2: int) -> int:
-    # two ping-pong buffers of n_pow2 × c values should stay cache-resident
-    return max(2048, min(16384, (1 << 20) // max(n_pow2, 1)))
+def _pow2(k: int) -> int:
+    return 1 << max(k - 1, 0).bit_length()
+
+
+def _chunk_columns(rows: int) -> int:
+    # two ping-pong buffers of rows × c values should stay cache-resident
+    return max(2048, min(16384, (1 << 20) // max(rows, 1)))
+
+
+def _sorted_groups(
+    x: "torch.Tensor",
+    splits: tuple[int, ...],
+    reduce: Callable[..., "torch.Tensor"],
+    out_dtype: "torch.dtype | None",
+) -> "torch.Tensor":
+    """Sort consecutive row groups of sizes ``splits`` per column; reduce chunk by chunk.
+
+    ``reduce(*groups)`` receives each group's ``(size, c)`` values sorted ascending
+    (NaN as +inf) and returns ``(c,)``. On CPU the groups are padded with +inf to a
+    common power of two and sorted together by one bitonic network; elsewhere
+    ``torch.sort`` is used.
+    """
+    import torch
+
+    n, d = x.shape
+    out = torch.empty(d, dtype=out_dtype or x.dtype, device=x.device)
+    bounds = [0]
+    for size in splits:
+        bounds.append(bounds[-1] + size)
+    if x.device.type != "cpu":
+        for start in range(0, d, 1 << 20):
+            block = torch.nan_to_num(x[:, start:start + (1 << 20)], nan=math.inf, posinf=math.inf,
+                                     neginf=-math.inf)
+            parts = [torch.sort(block[lo:hi], dim=0).values for lo, hi in zip(bounds, bounds[1:])]
+            out[start:start + block.shape[1]] = reduce(*parts)
+        return out
+    group = _pow2(max(splits))
+    rows = group * len(splits)
+    c = _chunk_columns(rows)
+    buf_a = torch.empty(rows, c, dtype=x.dtype)
+    buf_b = torch.empty(rows, c, dtype=x.dtype)
+    for start in range(0, d, c):
+        width = min(c, d - start)
+        a = buf_a if width == c else torch.empty(rows, width, dtype=x.dtype)
+        b = buf_b if width == c else torch.empty(rows, width, dtype=x.dtype)
+        for g, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+            top = g * group
+            torch.nan_to_num(x[lo:hi, start:start + width], nan=math.inf, posinf=math.inf,
+                             neginf=-math.inf, out=a[top:top + hi - lo])
+            if hi - lo < group:
+                a[top + hi - lo:top + group].fill_(math.inf)
+        s = _bitonic(a, b, group) if group > 1 else a
+        parts = [s[g * group:g * group + size] for g, size in enumerate(splits)]
+        out[start:start + width] = reduce(*parts)
+    return out
 
 
 def sorted_reduce(
@@ -225,36 +281,40 @@ def sorted_reduce(
     values in ascending order (NaN sorted as +inf) and returns a ``(c,)`` tensor.
     The result ``(d,)`` is in ``out_dtype`` (default: ``x.dtype``). ``x`` is not changed.
     """
+    return _sorted_groups(x, (x.shape[0],), reduce, out_dtype)
+
+
+def halves_reduce(
+    x: "torch.Tensor",
+    reduce: Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"],
+    out_dtype: "torch.dtype | None" = None,
+) -> "torch.Tensor":
+    """Like :func:`sorted_reduce`, but only the two halves of the rows are sorted.
+
+    ``reduce(lo, hi)`` gets rows ``[0, ⌈n/2⌉)`` and ``[⌈n/2⌉, n)`` each sorted per
+    column; :func:`kth_of_two` then finds any order statistic of the union without
+    the final merge (a quarter of the sorting network for n = 100).
+    """
+    n = x.shape[0]
+    p = (n + 1) // 2
+    if n - p == 0:
+        return _sorted_groups(x, (n,), lambda s: reduce(s, s[:0]), out_dtype)
+    return _sorted_groups(x, (p, n - p), reduce, out_dtype)
+
+
+def kth_of_two(a: "torch.Tensor", b: "torch.Tensor", k: int) -> "torch.Tensor":
+    """The k-th smallest (0-based) per column of the union of sorted ``a`` and ``b``.
+
+    With a[−1] = b[−1] = −∞ and a[i] = b[i] = +∞ past the end, the answer is
+    minᵢ max(a[i − 1], b[k − i]) over i = 0 … k + 1: the i-th term is the largest
+    of the k + 1 smallest values when exactly i of them come from ``a``.
+    """
     import torch
 
-    n, d = x.shape
-    out = torch.empty(d, dtype=out_dtype or x.dtype, device=x.device)
-    if x.device.type != "cpu" or n == 1:
-        step = d if x.device.type != "cpu" else 1 << 16
-        for start in range(0, d, step):
-            block = x[:, start:start + step]
-            block = torch.nan_to_num(block, nan=math.inf, posinf=math.inf, neginf=-math.inf)
-            s = torch.sort(block, dim=0).values if n > 1 else block
-            out[start:start + step] = reduce(s)
-        return out
-    n_pow2 = 1 << (n - 1).bit_length()
-    c = _chunk_columns(n_pow2)
-    buf_a = torch.empty(n_pow2, c, dtype=x.dtype)
-    buf_b = torch.empty(n_pow2, c, dtype=x.dtype)
-    for start in range(0, d, c):
-        width = min(c, d - start)
-        a = buf_a if width == c else torch.empty(n_pow2, width, dtype=x.dtype)
-        b = buf_b if width == c else torch.empty(n_pow2, width, dtype=x.dtype)
-        torch.nan_to_num(x[:, start:start + width], nan=math.inf, posinf=math.inf,
-                         neginf=-math.inf, out=a[:n])
-        if n_pow2 > n:
-            a[n:].fill_(math.inf)
-        s = _bitonic(a, b)
-        out[start:start + width] = reduce(s[:n])
-    return out
-
-
-def need_rows(obj: Any, n: int, minimum: int, why: str) -> None:
-    """Raise a clear error when a round has too few rows for the rule."""
-    if n < minimum:
-        raise InvalidParameter(f"{type(obj).__name__}: needs at least {minimum} updates ({why}), got n = {n}")
+    p, q = a.shape[0], b.shape[0]
+    i0, i1 = max(0, k - q + 1), min(k + 1, p)  # other i give +∞ terms
+    neg = torch.full_like(a[:1] if p else b[:1], -math.inf)
+    a_pad = torch.cat([neg, a[:i1]])  # a_pad[i] = a[i − 1]
+    b_pad = torch.cat([neg, b[:k + 1 - i0]])  # b_pad[j + 1] = b[j]
+    terms = torch.maximum(a_pad[i0:i1 + 1], b_pad[k - i1 + 1:k - i0 + 2].flip(0))
+    return terms.amin(dim=0)

@@ -97,6 +97,8 @@ class CosineFilter(Filter):
 
         d = updates.shape[1]
         if self.against == "median":
+            if bool(ok.all()):
+                return coordinate_median(updates)
             return coordinate_median(updates[ok]) if bool(ok.any()) else None
         if self.against == "previous":
             if ctx.previous_update is None:

@@ -80,6 +80,7 @@ class FoolsGold(Aggregator):
 
     kappa: float = 1.0
     normalize: bool = True
+    unanimity: ClassVar[bool] = False  # identical histories are Sybils by definition: weight 0
     summary: ClassVar[str] = "FoolsGold: weights from cosine similarity of clients' cumulative updates"
     reference: ClassVar[str] = "Fung, Yoon & Beschastnikh, RAID 2020"
 
@@ -93,8 +94,8 @@ class FoolsGold(Aggregator):
         ids = list(ctx.client_ids) if ctx.client_ids else list(range(n))
         if len(ids) != n or len(set(ids)) != n:
             raise InvalidParameter(f"FoolsGold: ctx.client_ids must name each of the {n} updates once, got {ids!r}")
-        # a fresh tensor: the caller's updates are never modified
-        current = torch.where(ok[:, None], updates, torch.zeros_like(updates))
+        # a fresh tensor (the state must not alias the caller's updates); non-finite rows → 0
+        current = updates.clone() if bool(ok.all()) else torch.where(ok[:, None], updates, torch.zeros_like(updates))
         state = ctx.state or {}
         old_ids = list(state.get("ids", []))
         old = state.get("history")

@@ -11,16 +11,18 @@
   mean of the β = θ − 2f chosen values closest to that coordinate's median.
   Requires n ≥ 4f + 3.
 
-All distances come from one float64 Gram matrix (no Python loop over pairs). Ties in
-the Krum score are broken by the sum of squared distances to all other updates, then
-by position, so the choice does not depend on the clients' order for distinct data.
-A non-finite update is infinitely far from everyone: it is never selected.
+All distances come from one float64 Gram matrix (no Python loop over pairs). The
+papers leave ties in the Krum score open; here they are broken by the sum of squared
+distances to all other updates, then by two fingerprints of the rows' values (Σxⱼ,
+Σj·xⱼ), then by position, so the choice does not depend on the clients' order
+unless two different rows agree on all of these. A non-finite update is infinitely
+far from everyone: it is never selected.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal
 
 from redteam.pipeline import Aggregator
 from redteam.types import Decision, ServerContext, param_error
@@ -30,7 +32,7 @@ from ._common import check_choice, check_count, combine, sorted_reduce, sq_dista
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Krum", "MultiKrum", "Bulyan", "krum_scores"]
+__all__ = ["Krum", "MultiKrum", "Bulyan", "krum_scores", "content_keys"]
 
 
 def krum_scores(dist: "torch.Tensor", neighbours: int) -> "torch.Tensor":
@@ -48,16 +50,55 @@ def krum_scores(dist: "torch.Tensor", neighbours: int) -> "torch.Tensor":
     return torch.topk(others, neighbours, dim=1, largest=False).values.sum(dim=1)
 
 
-def _rank(scores: "torch.Tensor", dist: "torch.Tensor") -> "torch.Tensor":
-    """Indices ordered by (score, number of infinite distances, sum of the finite ones, position)."""
+def content_keys(updates: "torch.Tensor") -> "torch.Tensor":
+    """Two order-free fingerprints of every row, ``(n, 2)`` float64: Σⱼ xⱼ and Σⱼ j·xⱼ.
+
+    They depend on a row's values only (not on its position among the clients), so
+    ranking by them breaks ties between different rows the same way in any order.
+    """
+    import torch
+
+    n, d = updates.shape
+    keys = torch.zeros(n, 2, dtype=torch.float64, device=updates.device)
+    step = 1 << 16
+    for start in range(0, d, step):
+        block = torch.nan_to_num(updates[:, start:start + step].to(torch.float64), nan=0.0, posinf=0.0, neginf=0.0)
+        pos = torch.arange(start + 1, start + 1 + block.shape[1], dtype=torch.float64, device=updates.device)
+        keys[:, 0] += block.sum(dim=1)
+        keys[:, 1] += (block * pos).sum(dim=1)
+    return keys
+
+
+def _rank(
+    scores: "torch.Tensor",
+    dist: "torch.Tensor",
+    content: "Callable[[], torch.Tensor] | None" = None,
+) -> "torch.Tensor":
+    """Row indices ordered by (score, number of infinite distances, sum of the finite
+    ones, then — only if a tie remains — the rows' content keys, then position).
+
+    ``content()`` returns :func:`content_keys` of these rows; it is called only when
+    two rows tie on the first three keys, so the common case reads no update data.
+    """
     import torch
 
     ok = torch.isfinite(dist)
     total = torch.where(ok, dist, torch.zeros_like(dist)).sum(dim=1)
-    n_far = (~ok).sum(dim=1)
-    order = torch.argsort(total, stable=True)
-    order = order[torch.argsort(n_far[order], stable=True)]
-    return order[torch.argsort(scores[order], stable=True)]
+    keys = [scores, (~ok).sum(dim=1).to(scores.dtype), total]
+
+    def order_by(columns: list["torch.Tensor"]) -> "torch.Tensor":
+        order = torch.arange(scores.shape[0], device=scores.device)
+        for col in reversed(columns):  # stable sorts, least significant key first
+            order = order[torch.argsort(col[order], stable=True)]
+        return order
+
+    order = order_by(keys)
+    if content is not None and scores.shape[0] > 1:
+        ranked = torch.stack([k[order] for k in keys], dim=1)
+        if bool((ranked[1:] == ranked[:-1]).all(dim=1).any()):
+            extra = content().to(device=scores.device)
+            order = order_by(keys + [extra[:, 0], extra[:, 1]])
+    return order
 
 
 def _krum_f(obj: Any, f: int | None, n: int) -> int:
@@ -118,11 +159,11 @@ class Krum(Aggregator):
         k = _neighbours(self, self.neighbours, n, f)
         dist = sq_distances(updates)
         scores = krum_scores(dist, k)
-        best = _rank(scores, dist)[0]
+        best = _rank(scores, dist, lambda: content_keys(updates))[0]
         accepted = _one_hot(n, best, updates) > 0
         best_score = float(scores[best])
         reasons = {
-            j: f"not selected by Krum (score {float(scores[j]):.6g} > best {best_score:.6g})"
+            j: f"not selected by Krum (score {float(scores[j]):.6g}; the selected update scored {best_score:.6g})"
             for j in range(n) if j != int(best)
         }
         return Decision(
@@ -134,27 +175,40 @@ class Krum(Aggregator):
         )
 
 
-def _iterative_krum(dist: "torch.Tensor", f: int, count: int, clamp: bool) -> list[int]:
+def _iterative_krum(dist: "torch.Tensor", f: int, count: int, clamp: bool,
+                    updates: "torch.Tensor | None" = None) -> list[int]:
     """Apply Krum ``count`` times, each time to the rows not yet chosen.
 
     On r remaining rows Krum uses r − f − 2 neighbours; with ``clamp`` this is raised
-    to at least 1 (Bulyan's last steps run Krum on fewer than 2f + 3 rows).
+    to at least 1 (Bulyan's last steps run Krum on fewer than 2f + 3 rows). Chosen
+    rows are masked out (their column set to +inf) rather than re-indexed.
     """
     import torch
 
     n = dist.shape[0]
-    remaining = torch.arange(n, device=dist.device)
+    alive = torch.ones(n, dtype=torch.bool, device=dist.device)
     chosen: list[int] = []
+    keys: list["torch.Tensor"] = []
+
+    def content_of(idx: "torch.Tensor") -> "torch.Tensor":
+        if not keys:
+            keys.append(content_keys(updates))
+        return keys[0].index_select(0, idx.to(keys[0].device))
+
     for _ in range(count):
-        r = int(remaining.shape[0])
-        sub = dist[remaining][:, remaining]
+        r = n - len(chosen)
         k = r - f - 2
         if clamp:
             k = max(k, 1)
         k = min(k, r - 1)
-        pick = int(_rank(krum_scores(sub, k), sub)[0])
-        chosen.append(int(remaining[pick]))
-        remaining = torch.cat([remaining[:pick], remaining[pick + 1:]])
+        masked = dist.masked_fill(~alive[None, :], float("inf"))
+        idx = alive.nonzero().flatten()
+        rows = masked.index_select(0, idx)
+        scores = krum_scores(masked, k).index_select(0, idx) if k > 0 else torch.zeros(r, dtype=dist.dtype, device=dist.device)
+        tie_break = None if updates is None else (lambda idx=idx: content_of(idx))
+        pick = int(idx[_rank(scores, rows, tie_break)[0]])
+        chosen.append(pick)
+        alive[pick] = False
     return chosen
 
 
@@ -207,7 +261,7 @@ class MultiKrum(Aggregator):
                 raise param_error(self, "m", self.m, f"must be ≤ n (n = {n})")
             k = _neighbours(self, self.neighbours, n, f)
             scores = krum_scores(dist, k)
-            chosen = _rank(scores, dist)[:m].tolist()
+            chosen = _rank(scores, dist, lambda: content_keys(updates))[:m].tolist()
             state: dict[str, Any] = {"f": f, "m": m, "neighbours": k, "scores": scores.tolist()}
         else:
             limit = n - 2 * f - 2
@@ -215,7 +269,7 @@ class MultiKrum(Aggregator):
             if m > limit:
                 raise param_error(self, "m", self.m,
                                   f"must be ≤ n − 2f − 2 = {limit} with variant = 'iterative' (n = {n}, f = {f})")
-            chosen = _iterative_krum(dist, f, m, clamp=False)
+            chosen = _iterative_krum(dist, f, m, clamp=False, updates=updates)
             state = {"f": f, "m": m}
         state["selected"] = list(chosen)
         sel = torch.tensor(chosen, dtype=torch.long, device=updates.device)
@@ -265,7 +319,7 @@ class Bulyan(Aggregator):
         f = self.resolve_f(n)
         theta = n - 2 * f
         beta = theta - 2 * f
-        chosen = _iterative_krum(sq_distances(updates), f, theta, clamp=True)
+        chosen = _iterative_krum(sq_distances(updates), f, theta, clamp=True, updates=updates)
         sel = torch.tensor(chosen, dtype=torch.long, device=updates.device)
         selected = updates.index_select(0, sel)
         agg = sorted_reduce(selected, lambda s: _closest_to_median_mean(s, beta))

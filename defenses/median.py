@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from redteam.pipeline import Aggregator
 from redteam.types import Decision, ServerContext, param_error
 
-from ._common import check_choice, check_count, sorted_reduce
+from ._common import check_choice, check_count, halves_reduce, kth_of_two
 
 if TYPE_CHECKING:
     import torch
@@ -36,21 +36,35 @@ def coordinate_median(updates: "torch.Tensor", even_rule: str = "midpoint") -> "
     n = updates.shape[0]
     k = (n - 1) // 2
     if n % 2 == 1 or even_rule == "lower":
-        return sorted_reduce(updates, lambda s: s[k])
-    return sorted_reduce(updates, lambda s: 0.5 * s[k] + 0.5 * s[k + 1])
+        return halves_reduce(updates, lambda a, b: kth_of_two(a, b, k))
+    return halves_reduce(updates, lambda a, b: 0.5 * kth_of_two(a, b, k) + 0.5 * kth_of_two(a, b, k + 1))
 
 
 def trimmed_mean(updates: "torch.Tensor", b: int) -> "torch.Tensor":
-    """Per column: drop the ``b`` smallest and ``b`` largest values, average the rest."""
+    """Per column: drop the ``b`` smallest and ``b`` largest values, average the rest.
+
+    With s the sorted column, lo = s[b] and hi = s[n−1−b], clamping every value to
+    [lo, hi] turns the b values below lo into lo and the b above hi into hi, so
+    Σ_{b ≤ r < n−b} s[r] = Σ clamp(x, lo, hi) − b·lo − b·hi, exactly, and the dropped
+    values (however huge) never enter a sum. Sums are accumulated in float64.
+    """
     import torch
 
     n = updates.shape[0]
     keep = n - 2 * b
 
-    def reduce(s: "torch.Tensor") -> "torch.Tensor":
-        return s[b:n - b].sum(dim=0, dtype=torch.float64) / keep
+    def reduce(lo_half: "torch.Tensor", hi_half: "torch.Tensor") -> "torch.Tensor":
+        if b == 0:
+            total = lo_half.sum(dim=0, dtype=torch.float64) + hi_half.sum(dim=0, dtype=torch.float64)
+            return total / keep
+        lo = kth_of_two(lo_half, hi_half, b)
+        hi = kth_of_two(lo_half, hi_half, n - 1 - b)
+        total = torch.clamp(lo_half, lo, hi).sum(dim=0, dtype=torch.float64)
+        total += torch.clamp(hi_half, lo, hi).sum(dim=0, dtype=torch.float64)
+        total -= b * (lo.to(torch.float64) + hi.to(torch.float64))
+        return total / keep
 
-    return sorted_reduce(updates, reduce)
+    return halves_reduce(updates, reduce)
 
 
 def _all_accepted(updates: "torch.Tensor") -> "torch.Tensor":

@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
         register = None
     if register is not None:
         register(sub)
+    from .report.cli import register as register_report  # `redteam report DIR`
+
+    register_report(sub)
     return p
 
 
@@ -122,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if getattr(args, "action", None) != "list":
                 parser.parse_args([args.command, "--help"])
             return _cmd_list(args.command, args.names)
-        handler = getattr(args, "handler", None)
+        handler = getattr(args, "handler", None) or getattr(args, "func", None)
         if handler is not None:
             return int(handler(args) or 0)
         parser.print_help()

@@ -15,15 +15,23 @@ Grouping (``grouping``):
 * ``random``: a fresh random assignment every round (from the round's generator);
 * ``region``: contiguous blocks of client ids (clients of one region share a
   sub-aggregator), fixed across rounds;
-* ``hash``: group = SHA-256(client id) mod groups — fixed and *predictable*, which
-  is exactly what an identity-grinding attacker exploits (REFERENCES §3.4).
+* ``hash``: group = SHA-256(identity) mod groups, the identity being the client's
+  public name (its id in decimal unless ``identities`` says otherwise) — fixed and
+  *predictable*, which is exactly what an identity-grinding attacker exploits
+  (REFERENCES §3.4).
+
+Sub-aggregators. The leader of a bottom group — the member that computes and passes up
+its partial aggregate — is the member with the lowest client id. A compromised leader
+can replace that partial aggregate (REFERENCES §3.4); ``hierarchical_merge`` models this
+with its ``tamper_group`` hook, applied to each bottom group's aggregate before it
+passes up (only when there is more than one group: a flat merge is the server's own).
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Callable, Literal, Mapping
 
 import numpy as np
 import torch
@@ -31,7 +39,7 @@ import torch
 from .errors import InvalidParameter
 from .types import Decision, Defense, ServerContext
 
-__all__ = ["Hierarchy", "MergeResult", "assign_groups", "hierarchical_merge"]
+__all__ = ["Hierarchy", "MergeResult", "assign_groups", "group_of_identity", "hierarchical_merge"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,10 +72,21 @@ class MergeResult:
     state: dict[str, dict] = field(default_factory=dict)
 
 
+def group_of_identity(identity: str, n_groups: int) -> int:
+    """The bottom group of ``identity`` under ``grouping="hash"``: SHA-256(identity) mod groups
+    (the first 8 bytes of the digest, big-endian)."""
+    return int.from_bytes(hashlib.sha256(identity.encode()).digest()[:8], "big") % n_groups
+
+
 def assign_groups(
-    client_ids: list[int], n_total: int, hierarchy: Hierarchy, rng: np.random.Generator
+    client_ids: list[int], n_total: int, hierarchy: Hierarchy, rng: np.random.Generator,
+    identities: Mapping[int, str] | None = None,
 ) -> list[list[int]]:
-    """Bottom groups as lists of *positions* into ``client_ids`` (empty groups dropped)."""
+    """Bottom groups as lists of *positions* into ``client_ids`` (empty groups dropped).
+
+    ``identities`` (client id → public name) is what ``grouping="hash"`` hashes; clients
+    not in it are named by their id.
+    """
     m = len(client_ids)
     g = min(hierarchy.n_groups, max(m, 1))
     if g <= 1:
@@ -78,10 +97,8 @@ def assign_groups(
     elif hierarchy.grouping == "region":
         labels = np.array([cid * g // max(n_total, 1) for cid in client_ids], dtype=np.int64)
     else:  # hash
-        labels = np.array(
-            [int.from_bytes(hashlib.sha256(str(cid).encode()).digest()[:8], "big") % g for cid in client_ids],
-            dtype=np.int64,
-        )
+        names = identities or {}
+        labels = np.array([group_of_identity(names.get(cid, str(cid)), g) for cid in client_ids], dtype=np.int64)
     groups = [np.flatnonzero(labels == k).tolist() for k in range(g)]
     return [grp for grp in groups if grp]
 
@@ -94,11 +111,15 @@ def hierarchical_merge(
     upper: Defense,
     fan_out: int,
     make_ctx: Callable[[torch.Tensor, list[int], str], ServerContext],
+    tamper_group: Callable[[int, list[int], torch.Tensor], torch.Tensor] | None = None,
 ) -> MergeResult:
     """Merge ``updates`` (``(m, d)``) up the tree described by ``groups`` and ``fan_out``.
 
     ``make_ctx(weights, rows, key)`` builds the server context of one node (``rows`` are
     the positions it covers at the bottom level, ``key`` names the node for its state).
+    ``tamper_group(group index, rows, aggregate) -> aggregate`` is what each bottom
+    group's leader passes up instead of its honest aggregate (a compromised
+    sub-aggregator); it is not called for a flat merge.
     """
     m = updates.shape[0]
     accepted = torch.zeros(m, dtype=torch.bool, device=updates.device)
@@ -123,10 +144,19 @@ def hierarchical_merge(
         for local in (~acc).nonzero().flatten().tolist():
             reasons.setdefault(rows[local], f"rejected by {type(defense).__name__}")
         total = (w * acc.to(w.dtype)).sum()
-        if bool(acc.any()):
-            nodes.append((dec.aggregate, total, rows))
         if len(groups) == 1:
             return MergeResult(dec.aggregate, accepted, reasons, groups, state)
+        agg = dec.aggregate
+        if tamper_group is not None:
+            agg = tamper_group(gi, list(rows), agg)
+            if not isinstance(agg, torch.Tensor) or tuple(agg.shape) != tuple(dec.aggregate.shape):
+                raise InvalidParameter(
+                    f"tamper_group returned {tuple(getattr(agg, 'shape', ()))} for group {gi}, "
+                    f"expected {tuple(dec.aggregate.shape)}"
+                )
+            agg = agg.to(dtype=dec.aggregate.dtype, device=dec.aggregate.device)
+        if bool(acc.any()):
+            nodes.append((agg, total, rows))
 
     # upper levels
     level = 1

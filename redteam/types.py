@@ -48,8 +48,9 @@ class Surface:
     UPDATES = "updates"  # craft_updates: the rows the malicious clients send
     TRANSPORT = "transport"  # tamper_chunks: chunks in flight
     PROVENANCE = "provenance"  # forge_provenance: manifests and keys
+    HIERARCHY = "hierarchy"  # choose_identity, tamper_subaggregate: merge groups and sub-aggregators
 
-    ALL = (DATA, UPDATES, TRANSPORT, PROVENANCE)
+    ALL = (DATA, UPDATES, TRANSPORT, PROVENANCE, HIERARCHY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +177,9 @@ class ChunkDelivery:
     """One chunk in flight: ``data`` as it will arrive, sent by ``author`` via ``relay``.
 
     Transport attacks receive the round's list of deliveries and may change ``data``
-    (tamper, substitute), drop entries (withhold) or add entries (replay).
+    (tamper, substitute), drop entries (withhold) or add entries (replay). ``index == -1``
+    is the update's header (its manifest, or the signed envelope of it), announced
+    before the chunks; ``relay == author`` means the delivery came straight from its author.
     """
 
     author: int
@@ -282,6 +285,15 @@ class Attack:
     def forge_provenance(self, manifest: Any, ctx: AttackContext) -> Any:
         """Return the dataset manifest a malicious client presents."""
         return manifest
+
+    def choose_identity(self, client: int, n_groups: int) -> str:
+        """Return the public name malicious ``client`` enrolls under (hash grouping reads it)."""
+        return str(client)
+
+    def tamper_subaggregate(self, aggregate: "torch.Tensor", group: int, members: tuple[int, ...],
+                            ctx: AttackContext) -> "torch.Tensor":
+        """Return the ``(d,)`` partial aggregate bottom ``group`` (client ids ``members``) passes up."""
+        return aggregate
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ def test_krum_picks_lowest_score():
     assert dec.accepted.tolist() == [False, True, False, False, False]
     assert dec.weights.tolist() == [0.0, 1.0, 0.0, 0.0, 0.0]
     assert dec.state["neighbours"] == 2 and dec.state["selected"] == [1]
-    assert set(dec.reasons) == {0, 2, 3, 4} and "score 65" in dec.reasons[3]
+    assert set(dec.reasons) == {0, 2, 3, 4} and "score 65;" in dec.reasons[3]
 
 
 def test_multi_krum_mean_of_m_best():
@@ -171,3 +171,16 @@ def test_distances_are_float64_accurate_for_nearby_large_vectors():
     d = sq_distances(x)
     assert d[0, 1].item() == pytest.approx(2.0 ** -20, rel=1e-3)
     assert d[0, 2].item() == 0.0
+
+
+def test_exact_ties_between_different_rows_do_not_depend_on_order():
+    # Rows a, a, b, b (a = 4/3, b = 8/3), Krum with f = 0 → 2 neighbours: every score is
+    # 0 + 16/9 and every total 32/9, so only the rows' values can decide: Σx picks a.
+    rows = torch.tensor([[4 / 3], [4 / 3], [8 / 3], [8 / 3]])
+    for perm in ([0, 1, 2, 3], [2, 3, 0, 1], [2, 0, 3, 1]):
+        assert Krum(f=0)(rows[perm]).aggregate.tolist() == pytest.approx([4 / 3])
+    # same for the boundary of Multi-Krum's m best and for Bulyan's iterative selection
+    x = torch.tensor([[0.0, 1.0], [1.0, 0.0], [0.0, -1.0], [-1.0, 0.0], [0.0, 0.0]])
+    outs = {tuple(MultiKrum(f=1, m=2)(x[list(p)]).aggregate.tolist())
+            for p in ([0, 1, 2, 3, 4], [3, 2, 1, 0, 4], [4, 1, 3, 0, 2])}
+    assert len(outs) == 1

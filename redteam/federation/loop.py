@@ -4,9 +4,25 @@ One round (DESIGN.md, "The flow of one round")::
 
     churn → local training (all clients batched; poisoned data for attackers)
           → delta = local − global → update-poisoning attack on the malicious rows
-          → compress (error feedback) → chunk + manifest → simulated transport
-            (transport attacks act here) → reassemble + verify → decode (untrusted)
-          → hierarchical merge with the defense → server optimizer → evaluate
+          → compress (error feedback) → chunk + manifest (signed with ``signed_chunks``)
+          → simulated transport (transport attacks act here) → verify headers and
+            chunks → decode (untrusted) → hierarchical merge with the defense
+            (compromised sub-aggregators act here) → server optimizer → evaluate
+
+Before the first round, with ``provenance_gate`` in the defense, every client presents
+its signed, logged dataset manifest and the gate excludes those that fail
+(:mod:`.provenance`). ``signed_chunks`` and ``provenance_gate`` are found in the defense
+pipeline (their ``acts_at``) and run at those stages; inside the pipeline they accept
+everything. A client excluded by the gate, or banned for equivocation, takes part in no
+later round and is recorded as rejected (and dropped) with the reason in every round.
+
+What transport attacks see (``ctx.state`` of ``tamper_chunks``, read-only): ``own_uploads``
+(malicious client → (its header, its chunks) this round), ``signer`` (signs an
+:class:`~redteam.transport.chunking.UpdateManifest` with the key of a malicious client —
+the attackers' own keys, nothing else — or returns its JSON when updates are unsigned),
+``signed``, ``codec``, ``dim``, ``chunk_size``, ``parent_digest`` and, for an attack with
+``history_rounds = k > 0``, ``history``: round → the deliveries (headers and chunks, as
+sent) of each of the last k rounds, the traffic an eavesdropper has recorded.
 
 Randomness comes from independent streams spawned from the scenario seed (data split,
 roles, model init, training batches, network, attack, defense, codec), so a run with
@@ -16,8 +32,10 @@ clients see the same batches and the same network either way.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Callable
 
 import numpy as np
@@ -26,9 +44,10 @@ import torch
 from ..errors import DecodeError, InvalidParameter, RedteamError
 from ..merge import Hierarchy, assign_groups, hierarchical_merge
 from ..scenario import PluginSpec, Scenario
-from ..transport.chunking import build_manifest, new_nonce, params_digest
-from ..transport.network import Network, NetworkConfig
-from ..types import AttackContext, ClientData, RoundRecord, ServerContext, Surface
+from ..transport.chunking import UpdateManifest, build_manifest, new_nonce, params_digest
+from ..transport.network import HEADER_INDEX, Network, NetworkConfig
+from ..transport.signing import sign_update
+from ..types import AttackContext, ChunkDelivery, ClientData, RoundRecord, ServerContext, Surface
 from .builders import build_attack, build_compressor, build_defense, build_workload
 from .params import ParamSpec
 from .partition import partition
@@ -37,7 +56,9 @@ from .training import BatchedTrainer, LocalTraining, StackedData
 
 __all__ = ["Federation", "RunResult", "resolve_device"]
 
-_STREAMS = ("split", "roles", "init", "train", "network", "attack", "defense", "codec", "merge", "root")
+# appended streams never change the earlier ones (SeedSequence children are indexed)
+_STREAMS = ("split", "roles", "init", "train", "network", "attack", "defense", "codec", "merge", "root",
+            "keys", "provenance")
 
 
 def resolve_device(device: str) -> torch.device:
@@ -117,10 +138,24 @@ class Federation:
         self.defense = build_defense(scenario.defense)
         self.upper_defense = build_defense(scenario.hierarchy.upper_defense)
         self.hierarchy = Hierarchy(scenario.hierarchy.fan_out, scenario.hierarchy.depth, scenario.hierarchy.grouping)
+        stages = tuple(getattr(self.defense, "stages", ()) or (self.defense,))
+        self.signed_chunks = next((s for s in stages if getattr(s, "acts_at", None) == "transport"), None)
+        self.gate = next((s for s in stages if getattr(s, "acts_at", None) == "admission"), None)
+        self.enrollment = None
+        if self.signed_chunks is not None or self.gate is not None:
+            from .provenance import Enrollment
 
+            self.enrollment = Enrollment.derive(n, self._np["keys"])
+        # public names: hash grouping reads them, and an identity-grinding attacker chooses its own
+        self.identities: dict[int, str] = {}
+        if Surface.HIERARCHY in self.attack.surfaces:
+            self.identities = {c: str(self.attack.choose_identity(c, self.hierarchy.n_groups)) for c in self.malicious}
+
+        clean: list[ClientData] = []
         clients: list[ClientData] = []
         for i, p in enumerate(parts):
             cd = ClientData(ds.train_x[pool[p]], ds.train_y[pool[p]])
+            clean.append(cd)
             if self.is_malicious[i] and Surface.DATA in self.attack.surfaces:
                 cd = self.attack.poison_data(cd, i, self._torch["attack"])
             clients.append(cd)
@@ -156,6 +191,37 @@ class Federation:
         self.network = Network(
             NetworkConfig(**{k: getattr(net, k) for k in net.__dataclass_fields__}), n, self._np["network"]
         )
+        # the provenance gate: admission before the first round (data is fixed for the run)
+        self.excluded: dict[int, str] = {}
+        self.admission: Any = None
+        if self.gate is not None:
+            self.admission = self._admit(clean, clients, scenario.workload.name)
+            self.excluded = dict(self.admission.excluded)
+
+    def _admit(self, clean: list[ClientData], actual: list[ClientData], dataset: str) -> Any:
+        from .provenance import admit
+
+        forgers: dict[int, AttackContext] = {}
+        if Surface.PROVENANCE in self.attack.surfaces and self.malicious:
+            f, d = len(self.malicious), self.spec.dim
+            zeros = torch.zeros((f, d), dtype=torch.float32, device=self.device)
+            base = AttackContext(
+                round=0, n_clients=len(actual), malicious=tuple(self.malicious), own_updates=zeros,
+                visible_updates=zeros, global_params=self.params0, generator=self._torch["attack"],
+                num_classes=self.num_classes, weights=self.weights, malicious_rows=tuple(self.malicious),
+            )
+            forgers = {c: base for c in self.malicious}
+        return admit(
+            self.gate,
+            clean=dict(enumerate(clean)),
+            actual=dict(enumerate(actual)),
+            dataset=dataset,
+            enrollment=self.enrollment,
+            log_rng=self._np["provenance"],
+            origin=f"redteam.federation/seed-{self.scenario.seed}",
+            forgers=forgers,
+            attack=self.attack,
+        )
 
     # ------------------------------------------------------------------ one run
     def run(self, on_round: Callable[[RoundRecord], None] | None = None) -> RunResult:
@@ -175,94 +241,99 @@ class Federation:
         # ground truth for scoring: with an attack that acts on nothing (the baseline's
         # "none"), the would-be attackers are honest clients
         truth = self.is_malicious.tolist() if self.attack.surfaces else [False] * n
+        banned: dict[int, str] = dict(self.excluded)  # gate exclusions, then equivocation bans
+        signed = self.signed_chunks is not None
+        verifier = self.signed_chunks.verifier(self.enrollment.public) if signed else None
+        history: dict[int, tuple[ChunkDelivery, ...]] = {}
+        keep = int(getattr(self.attack, "history_rounds", 0) or 0)
         t_run = time.perf_counter()
 
         for rnd in range(fed.rounds):
             t0 = time.perf_counter()
             if rnd > 0:
                 online = self.network.churn(online, self._np["network"])
-            part = np.flatnonzero(online)
+            part = np.array([c for c in np.flatnonzero(online) if int(c) not in banned], dtype=np.int64)
             part_t = torch.as_tensor(part, dtype=torch.long, device=dev)
-            local = self.trainer.train(params, self.data, part_t, self.local, self._torch["train"])
-            deltas = local - params
-            mal_pos = [k for k, c in enumerate(part) if self.is_malicious[c]]
-            honest_pos = [k for k, c in enumerate(part) if not self.is_malicious[c]]
-            actx: AttackContext | None = None
-            if mal_pos and self.attack.surfaces:
-                own = deltas[mal_pos]
-                omni = fed.omniscient if fed.omniscient is not None else bool(getattr(self.attack, "omniscient", False))
-                visible = deltas[honest_pos] if (omni and honest_pos) else own
-                actx = AttackContext(
-                    round=rnd,
-                    n_clients=len(part),
-                    malicious=tuple(int(part[k]) for k in mal_pos),
-                    malicious_rows=tuple(mal_pos),
-                    own_updates=own,
-                    visible_updates=visible,
-                    global_params=params,
-                    generator=self._torch["attack"],
-                    num_classes=self.num_classes,
-                    weights=self.weights[part_t],
-                    previous_update=prev_update,
-                    server_lr=server_lr,
-                    defense=self.defense if getattr(self.attack, "adaptive", False) else None,
-                )
-                if Surface.UPDATES in self.attack.surfaces:
-                    crafted = self.attack.craft_updates(actx)
-                    if tuple(crafted.shape) != tuple(own.shape):
-                        raise RedteamError(
-                            f"attack {self.attack_spec.name!r}: craft_updates returned shape "
-                            f"{tuple(crafted.shape)}, expected {tuple(own.shape)}"
-                        )
-                    deltas = deltas.clone()
-                    deltas[mal_pos] = crafted.to(deltas.dtype)
-
-            # compress (client-side error feedback) → chunk → transport
-            comp = self.compressor.compress(
-                deltas, residual[part_t] if residual is not None else None, self._torch["codec"]
-            )
-            if residual is not None and comp.residual is not None:
-                residual[part_t] = comp.residual
-            digest = params_digest(params)
-            uploads = {}
-            for k, c in enumerate(part):
-                nonce = new_nonce(self._np["network"])
-                uploads[int(c)] = build_manifest(
-                    comp.payloads[k],
-                    round=rnd,
-                    client=int(c),
-                    parent_digest=digest,
-                    codec=self.codec_label,
-                    chunk_size=sc.transport.chunk_size,
-                    nonce=nonce,
-                )
-            tamper = None
-            if actx is not None and Surface.TRANSPORT in self.attack.surfaces:
-                ctx_t = actx
-                tamper = lambda deliveries: self.attack.tamper_chunks(deliveries, ctx_t)  # noqa: E731
-            tx = self.network.transmit(rnd, uploads, fed.local_steps, self._np["network"], tamper)
-
-            dropped: dict[int, str] = dict(tx.dropped)
-            rejected: dict[int, str] = dict(tx.detections)
-            rows, row_clients = [], []
-            for c in part:
-                c = int(c)
-                if c not in tx.payloads:
-                    continue
-                try:
-                    rows.append(self.compressor.codec.decode(tx.payloads[c], d).to(dev))
-                    row_clients.append(c)
-                except DecodeError as exc:
-                    dropped[c] = f"undecodable update: {exc}"
-                    rejected[c] = dropped[c]
-
-            accepted = [False] * n
+            dropped: dict[int, str] = {c: why for c, why in banned.items() if online[c]}
+            rejected: dict[int, str] = dict(dropped)
             extra: dict[str, Any] = {}
+            if rnd == 0 and self.admission is not None:
+                extra["provenance_gate"] = self.admission.summary()
+            accepted = [False] * n
+            rows: list[torch.Tensor] = []
+            row_clients: list[int] = []
+            tx = None
+            actx: AttackContext | None = None
+            if part.size:
+                local = self.trainer.train(params, self.data, part_t, self.local, self._torch["train"])
+                deltas = local - params
+                mal_pos = [k for k, c in enumerate(part) if self.is_malicious[c]]
+                honest_pos = [k for k, c in enumerate(part) if not self.is_malicious[c]]
+                if mal_pos and self.attack.surfaces:
+                    own = deltas[mal_pos]
+                    omni = fed.omniscient if fed.omniscient is not None else bool(getattr(self.attack, "omniscient", False))
+                    visible = deltas[honest_pos] if (omni and honest_pos) else own
+                    actx = AttackContext(
+                        round=rnd,
+                        n_clients=len(part),
+                        malicious=tuple(int(part[k]) for k in mal_pos),
+                        malicious_rows=tuple(mal_pos),
+                        own_updates=own,
+                        visible_updates=visible,
+                        global_params=params,
+                        generator=self._torch["attack"],
+                        num_classes=self.num_classes,
+                        weights=self.weights[part_t],
+                        previous_update=prev_update,
+                        server_lr=server_lr,
+                        defense=self.defense if getattr(self.attack, "adaptive", False) else None,
+                    )
+                    if Surface.UPDATES in self.attack.surfaces:
+                        crafted = self.attack.craft_updates(actx)
+                        if tuple(crafted.shape) != tuple(own.shape):
+                            raise RedteamError(
+                                f"attack {self.attack_spec.name!r}: craft_updates returned shape "
+                                f"{tuple(crafted.shape)}, expected {tuple(own.shape)}"
+                            )
+                        deltas = deltas.clone()
+                        deltas[mal_pos] = crafted.to(deltas.dtype)
+
+                tx, timing = self._transport(rnd, part, part_t, deltas, residual, params, actx, verifier,
+                                             history, keep)
+                extra.update(timing)
+                dropped.update(tx.dropped)
+                rejected.update(tx.detections)
+                if tx.mismatches:
+                    flagged: dict[int, int] = {}
+                    for _, _, r in tx.mismatches:
+                        flagged[r] = flagged.get(r, 0) + 1
+                    extra["flagged_relays"] = flagged
+                # gossip of signed headers: two valid signatures for one (sender, round)
+                if signed:
+                    for c, why in self.signed_chunks.equivocations(tx.headers, rnd).items():
+                        tx.payloads.pop(c, None)
+                        tx.alternates.pop(c, None)
+                        dropped[c] = rejected[c] = why
+                        if self.signed_chunks.ban:
+                            banned[c] = f"banned in round {rnd}: {why}"
+                for c in part:
+                    c = int(c)
+                    if c not in tx.payloads:
+                        continue
+                    try:
+                        rows.append(self.compressor.codec.decode(tx.payloads[c], d).to(dev))
+                        row_clients.append(c)
+                    except DecodeError as exc:
+                        dropped[c] = f"undecodable update: {exc}"
+                        rejected[c] = dropped[c]
+
             t_def = time.perf_counter()
             if rows:
+                primary = len(rows)
+                groups = assign_groups(row_clients, n, self.hierarchy, self._np["merge"], self.identities)
+                self._place_alternates(tx, rows, row_clients, groups, d, extra)
                 upd = torch.stack(rows)
                 w = self.weights[torch.as_tensor(row_clients, device=dev)]
-                groups = assign_groups(row_clients, n, self.hierarchy, self._np["merge"])
 
                 def make_ctx(wts: torch.Tensor, rows_: list[int], key: str) -> ServerContext:
                     return ServerContext(
@@ -278,13 +349,22 @@ class Federation:
                         client_ids=tuple(row_clients[r] for r in rows_),
                     )
 
+                tamper_group = None
+                if actx is not None and Surface.HIERARCHY in self.attack.surfaces:
+                    ctx_h = actx
+
+                    def tamper_group(gi: int, rows_: list[int], agg: torch.Tensor) -> torch.Tensor:
+                        members = tuple(row_clients[r] for r in rows_)
+                        return self.attack.tamper_subaggregate(agg, gi, members, ctx_h)
+
                 merged = hierarchical_merge(
-                    upd, w, groups, self.defense, self.upper_defense, self.hierarchy.fan_out, make_ctx
+                    upd, w, groups, self.defense, self.upper_defense, self.hierarchy.fan_out, make_ctx, tamper_group
                 )
                 defense_state = merged.state
                 for pos, c in enumerate(row_clients):
-                    accepted[c] = bool(merged.accepted[pos])
-                    if not accepted[c]:
+                    ok = bool(merged.accepted[pos])
+                    accepted[c] = accepted[c] or ok
+                    if not ok and pos < primary:
                         rejected[c] = merged.reasons.get(pos, "rejected")
                 aggregate = merged.aggregate
                 extra.update(_envelope_telemetry(upd, row_clients, groups, merged.state))
@@ -309,8 +389,8 @@ class Federation:
                 participating=participating,
                 dropped={k: v for k, v in sorted(dropped.items()) if participating[k] or "churn" in v},
                 rejected=dict(sorted(rejected.items())),
-                bytes_on_wire=int(tx.bytes_on_wire),
-                sim_time_s=float(tx.round_time_s),
+                bytes_on_wire=int(tx.bytes_on_wire) if tx is not None else 0,
+                sim_time_s=float(tx.round_time_s) if tx is not None else 0.0,
                 wall_time_s=time.perf_counter() - t0,
                 defense_time_s=defense_time,
                 extra=extra,
@@ -327,6 +407,123 @@ class Federation:
             params={"attack": dict(self.attack_spec.params)},
             wall_time_s=time.perf_counter() - t_run,
         )
+
+    # ------------------------------------------------------------ transport
+    def _transport(
+        self,
+        rnd: int,
+        part: np.ndarray,
+        part_t: torch.Tensor,
+        deltas: torch.Tensor,
+        residual: torch.Tensor | None,
+        params: torch.Tensor,
+        actx: AttackContext | None,
+        verifier: Any,
+        history: dict[int, tuple[ChunkDelivery, ...]],
+        keep: int,
+    ) -> tuple[Any, dict[str, Any]]:
+        """compress (client-side error feedback) → chunk → header (signed) → transmit."""
+        sc = self.scenario
+        comp = self.compressor.compress(deltas, residual[part_t] if residual is not None else None,
+                                        self._torch["codec"])
+        if residual is not None and comp.residual is not None:
+            residual[part_t] = comp.residual
+        digest = params_digest(params)
+        keys = self.enrollment.keys if verifier is not None else None
+        uploads: dict[int, tuple[UpdateManifest, list[bytes]]] = {}
+        headers: dict[int, bytes] = {}
+        t_sign = time.perf_counter()
+        for k, c in enumerate(part):
+            c = int(c)
+            nonce = new_nonce(self._np["network"])
+            m, chunks = build_manifest(
+                comp.payloads[k], round=rnd, client=c, parent_digest=digest, codec=self.codec_label,
+                chunk_size=sc.transport.chunk_size, nonce=nonce,
+            )
+            uploads[c] = (m, chunks)
+            headers[c] = sign_update(m, keys[c]) if keys is not None else m.to_json()
+        sign_s = time.perf_counter() - t_sign if keys is not None else 0.0
+
+        tamper = None
+        if actx is not None and Surface.TRANSPORT in self.attack.surfaces:
+            mal = set(actx.malicious)
+
+            def signer(m: UpdateManifest) -> bytes:
+                if m.client not in mal:
+                    raise RedteamError(f"signer: client {m.client} is not malicious; the attacker holds only "
+                                       "its own clients' keys")
+                return sign_update(m, keys[m.client]) if keys is not None else m.to_json()
+
+            state = {
+                "own_uploads": {c: (headers[c], tuple(uploads[c][1])) for c in actx.malicious if c in uploads},
+                "signer": signer,
+                "signed": keys is not None,
+                "codec": self.compressor.codec,
+                "dim": self.spec.dim,
+                "chunk_size": sc.transport.chunk_size,
+                "parent_digest": digest,
+            }
+            if keep:
+                state["history"] = MappingProxyType(dict(history))
+            ctx_t = dataclasses.replace(actx, state=MappingProxyType(state))
+            tamper = lambda deliveries: self.attack.tamper_chunks(deliveries, ctx_t)  # noqa: E731
+
+        verify_s = [0.0]
+        open_header = None
+        if verifier is not None:
+
+            def open_header(author: int, header: bytes) -> UpdateManifest:
+                t = time.perf_counter()
+                try:
+                    return verifier.open(author, header, round=rnd, parent_digest=digest)
+                finally:
+                    verify_s[0] += time.perf_counter() - t
+
+        tx = self.network.transmit(
+            rnd, uploads, sc.federation.local_steps, self._np["network"], tamper,
+            parent_digest=digest, headers=headers, open_header=open_header,
+        )
+        if keep:
+            history[rnd] = tuple(
+                [ChunkDelivery(c, HEADER_INDEX, c, headers[c], rnd) for c in uploads]
+                + [ChunkDelivery(c, i, c, ch, rnd) for c, (_, chs) in uploads.items() for i, ch in enumerate(chs)]
+            )
+            for old in [r for r in history if r <= rnd - keep]:
+                del history[old]
+        header_bytes = sum(len(h) for h in headers.values())
+        timing: dict[str, Any] = {"header_bytes": header_bytes}
+        if keys is not None:
+            plain = sum(len(m.to_json()) for m, _ in uploads.values())
+            timing.update(signature_overhead_bytes=header_bytes - plain, sign_s=sign_s, verify_s=verify_s[0])
+        return tx, timing
+
+    def _place_alternates(self, tx: Any, rows: list[torch.Tensor], row_clients: list[int],
+                          groups: list[list[int]], d: int, extra: dict[str, Any]) -> None:
+        """An equivocator's further updates: each goes to the bottom group after its own
+        (the other sub-aggregator it was sent to). With one group there is no other
+        sub-aggregator, and the receiver keeps only the first header."""
+        if tx is None or not tx.alternates:
+            return
+        ignored = 0
+        for c, payloads in sorted(tx.alternates.items()):
+            if c not in row_clients:
+                continue
+            home = next(gi for gi, g in enumerate(groups) if row_clients.index(c) in g)
+            for j, payload in enumerate(payloads):
+                if len(groups) < 2:
+                    ignored += 1
+                    continue
+                try:
+                    row = self.compressor.codec.decode(payload, d).to(self.device)
+                except DecodeError:
+                    ignored += 1
+                    continue
+                groups[(home + 1 + j) % len(groups)].append(len(rows))
+                rows.append(row)
+                row_clients.append(c)
+        extra["equivocal_rows"] = len(row_clients) - len(set(row_clients))
+        if ignored:
+            extra["ignored_alternates"] = ignored
 
     # ------------------------------------------------------------ server data
     def _evaluate_loss(self, params: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -13,15 +13,14 @@ table, Markdown, JSON, CSV and HTML writers only format; no writer computes a nu
   seed means), with the accuracy margin and ASR level as parameters.
 * :func:`envelope_utilisation`: per cell, the worst case over seeds of how close accepted
   malicious updates came to the validation bounds (largest norm / bound, smallest cosine).
-* :func:`load_report`: all of the above from a store directory, with the scenario,
-  versions, reproduce command and the ``[[expect]]`` verdicts.
+* :func:`check_expectations`: the scenario's ``[[expect]]`` rows against the seed means.
+
+:func:`redteam.report.load.load_report` puts them together from a results store.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -45,8 +44,8 @@ __all__ = [
     "check_expectations",
     "settings_groups",
     "axis_labels",
+    "fraction_axis",
     "resolve_metrics",
-    "load_report",
     "ReportError",
 ]
 
@@ -136,6 +135,7 @@ class EnvelopeRow:
 @dataclass(frozen=True, slots=True)
 class ExpectationResult:
     index: int  # 0-based, as in the scenario's [[expect]] order
+    metric: str
     description: str  # "accuracy_drop ≤ 0.05"
     cell_id: str
     value: float | None
@@ -215,7 +215,7 @@ def resolve_metrics(names: Iterable[str]) -> list[str]:
             if not name:
                 continue
             if name not in REPORT_METRICS:
-                close = difflib.get_close_matches(name, list(REPORT_METRICS), n=3)
+                close = difflib.get_close_matches(name.lower(), list(REPORT_METRICS), n=3)
                 hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
                 raise ReportError(
                     f"--metric {name!r}: unknown metric{hint} (known: {', '.join(REPORT_METRICS)})"
@@ -363,74 +363,5 @@ def check_expectations(cells: Sequence[CellSummary], expectations: Sequence[Mapp
             if c.finished == 0 or not exp.matches(Cell(c.attack, c.defense, c.settings, {})):
                 continue
             v = c.value(exp.metric)
-            out.append(ExpectationResult(exp.index, exp.describe(), c.cell_id, v, exp.check(v)))
+            out.append(ExpectationResult(exp.index, exp.metric, exp.describe(), c.cell_id, v, exp.check(v)))
     return tuple(out)
-
-
-# ------------------------------------------------------------------------ loading
-
-
-def _json_meta(store: Any, key: str) -> Any:
-    raw = store.meta(key)
-    if raw is None:
-        return None
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return raw
-
-
-def load_report(
-    path: str | Path,
-    *,
-    confidence: float = 0.95,
-    accuracy_margin: float = 0.05,
-    asr_level: float = 0.5,
-) -> Report:
-    """Read the store at ``path`` (a results directory or its ``.sqlite`` file) into a
-    :class:`Report`. A missing, corrupt or empty store raises :class:`StoreError` /
-    :class:`ReportError` with a one-line message."""
-    from ..runner.store import STORE_NAME, ResultsStore, StoreError
-
-    p = Path(path)
-    if not p.exists():
-        raise StoreError(f"{p}: no such directory")
-    if p.is_dir() and not (p / STORE_NAME).is_file():
-        raise StoreError(f"{p}: no results store here (run `redteam matrix SCENARIO --out {p}` first)")
-    try:
-        with ResultsStore(p, create=False) as store:
-            rows = store.results(with_rounds=True)
-            meta = {k: _json_meta(store, k) for k in
-                    ("scenario_name", "scenario_file", "scenario_digest", "versions", "reproduce", "scenario_doc",
-                     "expectations")}
-            source = store.path
-    except sqlite3.Error as exc:
-        raise StoreError(f"{p}: corrupt results store ({exc})") from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise StoreError(f"{p}: corrupt results store (unreadable row: {exc})") from None
-    if not rows:
-        raise ReportError(f"{source}: the store has no planned cells (did `redteam matrix` start?)")
-    try:
-        cells = aggregate_cells(rows, confidence=confidence)
-        curves = convergence(rows)
-        env = envelope_utilisation(rows)
-        exps = check_expectations(cells, meta["expectations"] if isinstance(meta["expectations"], list) else [])
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise StoreError(f"{source}: corrupt results store (unexpected content: {exc})") from None
-    return Report(
-        source=source,
-        name=str(meta["scenario_name"] or source.parent.name),
-        file=meta["scenario_file"] if isinstance(meta["scenario_file"], str) else None,
-        digest=meta["scenario_digest"] if isinstance(meta["scenario_digest"], str) else None,
-        versions=meta["versions"] if isinstance(meta["versions"], dict) else {},
-        reproduce=meta["reproduce"] if isinstance(meta["reproduce"], str) else None,
-        scenario_doc=meta["scenario_doc"] if isinstance(meta["scenario_doc"], dict) else None,
-        cells=cells,
-        curves=curves,
-        breakdown=breakdown(cells, accuracy_margin=accuracy_margin, asr_level=asr_level),
-        envelope=env,
-        expectations=exps,
-        confidence=confidence,
-        accuracy_margin=accuracy_margin,
-        asr_level=asr_level,
-    )

@@ -42,7 +42,8 @@ __all__ = [
     "make_attack_context",
     "make_client_data",
     "make_deliveries",
-    "make_manifest",
+    "make_provenance",
+    "participant_ids",
     "AttackCase",
     "DefenseCase",
 ]
@@ -113,8 +114,8 @@ def make_updates(
         zero[i] = True  # at least one zero row ...
         zero[(i + 1 + int(torch.randint(0, n - 1, (1,), generator=g))) % n] = False  # ... never all
         x = torch.where(zero[:, None], torch.zeros_like(x), x)
-    elif kind == "outlier":
-        x[int(torch.randint(0, max(n, 1), (1,), generator=g))] *= 50.0 if n else 1.0
+    elif kind == "outlier" and n:
+        x[int(torch.randint(0, n, (1,), generator=g))] *= 50.0
     elif kind == "sparse":
         x = x * (torch.rand(n, d, generator=g, dtype=f64) < 0.3)
     elif kind == "identical":
@@ -312,9 +313,8 @@ def make_deliveries(seed: int, ctx: AttackContext, *, chunks: int = 3, chunk_siz
     import torch
 
     g = generator(seed * 2 + 1)
-    bad = set(ctx.malicious)
-    honest = [i for i in range(ctx.n_clients + len(bad)) if i not in bad][: ctx.n_clients - len(bad)]
-    ids = sorted(bad) + honest
+    bad, honest = participant_ids(ctx)
+    ids = bad + honest
     out = []
     for author in ids:
         for index in range(chunks):
@@ -324,20 +324,32 @@ def make_deliveries(seed: int, ctx: AttackContext, *, chunks: int = 3, chunk_siz
     return out
 
 
-def make_manifest(seed: int, client: int = 0) -> Any:
-    """A dataset manifest for a malicious client (provenance attacks), fixed timestamp."""
-    import torch
+def participant_ids(ctx: AttackContext) -> tuple[list[int], list[int]]:
+    """(malicious ids, made-up honest ids) of the round's participants: the honest ones
+    are the smallest ids not taken by the attackers (the context does not name them)."""
+    bad = set(ctx.malicious)
+    honest = [i for i in range(ctx.n_clients + len(bad)) if i not in bad][: ctx.n_clients - len(bad)]
+    return sorted(bad), honest
 
-    from provenance.manifest import DatasetManifest
 
-    g = generator(seed)
-    shards = {f"shard-{i}.bin": bytes(torch.randint(0, 256, (64,), generator=g, dtype=torch.uint8).tolist())
-              for i in range(3)}
-    return DatasetManifest.from_shards(
-        shards, client=f"client-{client}", dataset="test-data", version="1", license="CC-BY-4.0",
-        source="redteam.testing", creator="redteam.testing", created_at="2025-01-01T00:00:00Z",
-    )
+def make_provenance(seed: int, client: int, clean: ClientData, actual: ClientData,
+                    capabilities: tuple[str, ...] = (), dataset: str = "synthetic") -> tuple[Any, dict[str, Any]]:
+    """What the trainer hands ``forge_provenance``: the curator's manifest of the clean
+    data, and the ``ctx.state`` entries ``client``, ``shards`` (the bytes actually trained
+    on) and ``keyring`` (the client's enrolled key stolen with ``"enrolled_key"``, a log
+    key with ``"log_key"``; keys drawn from ``seed``)."""
+    import numpy as np
 
+    from redteam.federation.provenance import Keyring, dataset_manifest, shards_of
+    from redteam.transport.signing import derive_key
+
+    rng = np.random.default_rng(seed)
+    key, log_key = derive_key(rng, "p256"), derive_key(rng, "ed25519")
+    ring = Keyring({client: key.public}, stolen={client: key} if "enrolled_key" in capabilities else {},
+                   log_key=log_key if "log_key" in capabilities else None, origin="redteam.testing/log",
+                   log_size=1 + seed % 5)
+    state = {"client": client, "keyring": ring, "shards": shards_of(actual)}
+    return dataset_manifest(client, shards_of(clean), dataset), state
 
 
 @dataclass(frozen=True, slots=True)

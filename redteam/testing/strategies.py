@@ -23,7 +23,6 @@ from .builders import (
     KINDS,
     AttackCase,
     DefenseCase,
-    make_attack_context,
     make_client_data,
     make_server_context,
     make_updates,

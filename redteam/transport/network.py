@@ -37,8 +37,19 @@ One round, for each uploading client i (all times in seconds from the round star
    and dropped. Round time = the latest finish (arrival, or giving up) over participants,
    capped at the deadline.
 
-Manifests travel directly and reliably (a control channel; signing them is issue 4's
-job). ``bytes_on_wire`` counts each manifest, each scheduled attempt on each hop it takes
+Manifests travel directly and reliably (a control channel), unless the caller passes
+``headers``: then each client's header (its manifest JSON, or the DSSE envelope that
+signs it, see :mod:`.signing`) is announced as a delivery of index −1 through the same
+relay as the client's chunk 0 (an announcement travels with the first chunk), is never
+lost, and goes through the tamper hook in a call of its own before the chunks. The
+receiver opens every distinct header that arrives for a client with ``open_header``
+(default: parse the canonical manifest JSON and check client, round and parent); a
+header it refuses is a detection, and the update is dropped unless another header for
+that client opens. When several *different* headers open for one client (equivocation),
+the first is the update this receiver takes, ``headers`` lists them all (for gossip
+between sub-aggregators), and each further one whose chunks arrive complete (matched
+by digest, as content-addressed chunks are) is returned in ``alternates``: the copy a
+different sub-aggregator would have received. ``bytes_on_wire`` counts each manifest, each scheduled attempt on each hop it takes
 (lost attempts included: their bytes were sent) and any net growth in bytes the tamper
 hook causes (injected or replayed chunks). Re-fetch and relay uplinks are not modelled as
 contended. All randomness comes from the ``np.random.Generator`` passed in.
@@ -52,14 +63,16 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from redteam.errors import InvalidParameter
+from redteam.errors import InvalidParameter, RedteamError
 from redteam.types import ChunkDelivery
 
 from .chunking import ManifestError, UpdateManifest, check_chunk
 
-__all__ = ["NetworkConfig", "Network", "TransmitResult", "TamperHook"]
+__all__ = ["NetworkConfig", "Network", "TransmitResult", "TamperHook", "HeaderOpener", "HEADER_INDEX"]
 
 TamperHook = Callable[[list[ChunkDelivery]], list[ChunkDelivery]]
+HeaderOpener = Callable[[int, bytes], UpdateManifest]
+HEADER_INDEX = -1  # ChunkDelivery.index of an update's header
 
 
 def _num(v: object) -> bool:
@@ -128,7 +141,10 @@ class TransmitResult:
     * ``mismatches``: every mismatching delivery as ``(author, index, relay)``;
     * ``stragglers``: clients dropped for arriving after the deadline;
     * ``arrival_s``: client → when its update completed, or when the receiver gave up;
-    * ``bytes_on_wire`` (all of it), ``client_bytes`` (per author), ``round_time_s``.
+    * ``bytes_on_wire`` (all of it), ``client_bytes`` (per author), ``round_time_s``;
+    * with ``headers``: ``manifests`` (client → the manifest its accepted header
+      announced), ``headers`` (client → every distinct header that opened, in arrival
+      order) and ``alternates`` (client → complete payloads of its further headers).
     """
 
     payloads: dict[int, bytes] = field(default_factory=dict)
@@ -140,6 +156,9 @@ class TransmitResult:
     bytes_on_wire: int = 0
     client_bytes: dict[int, int] = field(default_factory=dict)
     round_time_s: float = 0.0
+    manifests: dict[int, UpdateManifest] = field(default_factory=dict)
+    headers: dict[int, list[bytes]] = field(default_factory=dict)
+    alternates: dict[int, list[bytes]] = field(default_factory=dict)
 
 
 def _profile(
@@ -223,12 +242,17 @@ class Network:
         tamper: TamperHook | None = None,
         *,
         parent_digest: str | None = None,
+        headers: Mapping[int, bytes] | None = None,
+        open_header: HeaderOpener | None = None,
     ) -> TransmitResult:
         """Send every client's manifest and chunks to the aggregator; see the module docstring.
 
         ``uploads`` maps client → (its manifest, the chunks it actually sends); a chunk
         the author does not send is withheld. With ``parent_digest`` given, a manifest
-        for another parent model is dropped as stale.
+        for another parent model is dropped as stale. With ``headers`` (client → header
+        bytes) the headers are announced through the tamper hook and opened with
+        ``open_header(client, header) -> UpdateManifest``, which raises a
+        :class:`~redteam.errors.RedteamError` naming the problem to refuse one.
         """
         if isinstance(local_steps, bool) or not isinstance(local_steps, int) or local_steps < 0:
             raise InvalidParameter(f"Network.transmit: local_steps = {local_steps!r}: must be an integer ≥ 0")
@@ -237,35 +261,44 @@ class Network:
                 raise InvalidParameter(
                     f"Network.transmit: upload key {c!r} is not a client id in [0, {self.n_clients})"
                 )
+        if headers is not None:
+            missing = sorted(int(c) for c in uploads if c not in headers)
+            if missing or not all(isinstance(h, (bytes, bytearray)) for h in headers.values()):
+                raise InvalidParameter(
+                    f"Network.transmit: headers must give bytes for every uploading client (missing {missing})"
+                )
         ids = sorted(int(c) for c in uploads)
         cfg, res = self.config, TransmitResult()
         finish: dict[int, float] = {}
         ready = dict(zip(ids, self.ready_s(ids, local_steps).tolist()))
 
-        # manifests (direct, reliable)
+        # manifests (direct, reliable) or headers (announced; opened after the hook)
         valid: list[int] = []
         manifest_done: dict[int, float] = {}
         for c in ids:
             manifest = uploads[c][0]
-            mlen = len(manifest.to_json()) if isinstance(manifest, UpdateManifest) else 0
+            if headers is not None:
+                mlen = len(headers[c])
+            else:
+                mlen = len(manifest.to_json()) if isinstance(manifest, UpdateManifest) else 0
             res.client_bytes[c] = mlen
             res.bytes_on_wire += mlen
             manifest_done[c] = ready[c] + mlen / self.bytes_per_s[c]
             finish[c] = manifest_done[c] + self.latency_s[c]
-            problem = self._manifest_problem(c, manifest, round, parent_digest)
+            problem = self._manifest_problem(c, manifest, round, parent_digest if headers is None else None)
             if problem is not None:
                 res.dropped[c] = f"bad manifest: {problem}"
             else:
                 valid.append(c)
 
         # first attempt of every chunk: departure times, relay and loss draws (vectorized)
-        manifests = {c: uploads[c][0] for c in valid}
-        keys = [(c, i) for c in valid for i in range(manifests[c].n_chunks)]
+        sent_manifests = {c: uploads[c][0] for c in valid}
+        keys = [(c, i) for c in valid for i in range(sent_manifests[c].n_chunks)]
         slot = {key: k for k, key in enumerate(keys)}
         author = np.array([c for c, _ in keys], dtype=np.int64)
         data = [self._sent_data(uploads[c][1], i) for c, i in keys]
         size = np.array([len(b) if b is not None else 0 for b in data], dtype=np.float64)
-        offsets = np.cumsum([0] + [manifests[c].n_chunks for c in valid])
+        offsets = np.cumsum([0] + [sent_manifests[c].n_chunks for c in valid])
         depart = np.empty(len(keys))
         for j, c in enumerate(valid):  # each client's chunks leave back-to-back on its uplink
             a, b = offsets[j], offsets[j + 1]
@@ -278,12 +311,26 @@ class Network:
         lost = u[2] < cfg.loss
         hops = np.where(via, 2, 1)
 
+        scheduled = {c: j for j, c in enumerate(valid)}
+        if headers is None:
+            manifests = sent_manifests
+            alternates: dict[int, list[UpdateManifest]] = {}
+        else:
+            manifests, alternates = self._announce(round, valid, headers, relay, slot, tamper, open_header,
+                                                   parent_digest, res)
+            valid = [c for c in valid if c in manifests]
+        alt_got: dict[tuple[int, int], dict[int, bytes]] = {}
+        # a header may announce more chunks than its author scheduled (a forged one): such
+        # chunks count if someone delivers them; they arrive with the author's last chunk
+        extra_at: dict[int, float] = {}
+
         # waves: the first attempt, then up to `retries` re-fetches of what is still missing
         got: dict[int, dict[int, bytes]] = {c: {} for c in valid}
         got_at = np.full(len(keys), np.nan)
         failure: dict[int, tuple[str, float]] = {}
         mismatch_log: dict[int, list[tuple[int, int]]] = {}
-        pending = np.arange(len(keys))
+        pending = np.array([k for k, (c, i) in enumerate(keys) if c in manifests and i < manifests[c].n_chunks],
+                           dtype=np.int64)
         for wave in range(cfg.retries + 1):
             if wave > 0:
                 pending = np.array([k for k in pending if keys[k][1] not in got[keys[k][0]]], dtype=np.int64)
@@ -297,7 +344,7 @@ class Network:
                 when[pending] = fail_time + self.latency_s[src] + size[pending] / self.bytes_per_s[src]
                 lost[pending] = u[2] < cfg.loss
                 hops[pending] = 1
-            sent = [k for k in pending.tolist() if data[k] is not None]
+            sent = [k for k in (pending.tolist() if wave > 0 else range(len(keys))) if data[k] is not None]
             for k in sent:
                 nbytes = int(size[k]) * int(hops[k])
                 res.client_bytes[keys[k][0]] += nbytes
@@ -315,9 +362,18 @@ class Network:
                 res.bytes_on_wire += max(0, sum(_nbytes(d) for d in deliveries) - given)
             by_key: dict[int, list[ChunkDelivery]] = {}
             for d in deliveries:
-                k = slot.get(_key(d), -1)
+                key = _key(d)
+                k = slot.get(key, -1) if key is not None else -1
                 if k >= 0:
                     by_key.setdefault(k, []).append(d)
+                elif key is not None and key[0] in manifests and 0 <= key[1] < manifests[key[0]].n_chunks:
+                    c, i = key
+                    if i not in got[c] and check_chunk(manifests[c], i, getattr(d, "data", None)) is None:
+                        got[c][i] = bytes(d.data)
+                        own = when[offsets[scheduled[c]]:offsets[scheduled[c] + 1]]
+                        extra_at[c] = float(own.max()) if own.size else finish[c]
+                elif key is not None and key[0] in alternates:  # a chunk only an equivocation copy lists
+                    self._match_alternate(key, d, alternates, alt_got)
             for k in pending.tolist():
                 c, i = keys[k]
                 if i in got[c]:
@@ -328,6 +384,8 @@ class Network:
                         if i not in got[c]:
                             got[c][i] = bytes(d.data)
                             got_at[k] = when[k]
+                        continue
+                    if c in alternates and self._match_alternate((c, i), d, alternates, alt_got):
                         continue
                     r = getattr(d, "relay", None)
                     bad_relay = int(r) if isinstance(r, (int, np.integer)) else -1
@@ -344,14 +402,17 @@ class Network:
                 failure[k] = (reason, float(when[k]))
 
         # outcome per client
-        for j, c in enumerate(valid):
-            m, ks = manifests[c], range(offsets[j], offsets[j + 1])
+        for c in valid:
+            m = manifests[c]
+            ks = range(offsets[scheduled[c]], offsets[scheduled[c] + 1])
             if len(got[c]) < m.n_chunks:
                 first = min(i for i in range(m.n_chunks) if i not in got[c])
-                res.dropped[c] = failure[slot[(c, first)]][0]
-                finish[c] = max([finish[c]] + [failure[k][1] for k in ks if keys[k][1] not in got[c]])
+                k_first = slot.get((c, first))
+                res.dropped[c] = failure[k_first][0] if k_first in failure else f"withheld: missing chunk {first}"
+                finish[c] = max([finish[c]] + [failure[k][1] for k in ks if k in failure and keys[k][1] not in got[c]])
             else:
-                finish[c] = max(finish[c], float(got_at[ks.start : ks.stop].max()))
+                arrived = [got_at[slot[(c, i)]] for i in range(m.n_chunks) if (c, i) in slot]
+                finish[c] = max([finish[c], *arrived, *([extra_at[c]] if c in extra_at else [])])
                 if cfg.deadline_s is not None and finish[c] > cfg.deadline_s:
                     late = f"arrived at {finish[c]:.3g} s > deadline {cfg.deadline_s:.3g} s"
                     res.dropped[c] = f"straggler: {late}"
@@ -363,11 +424,108 @@ class Network:
                 i, r = log[0]
                 more = f"; {len(log) - 1} more" if len(log) > 1 else ""
                 fixed = " (verified copies obtained)" if len(got[c]) == m.n_chunks else ""
-                res.detections[c] = f"chunk {i} digest mismatch ({_via(r, c)}){more}{fixed}"
+                res.detections.setdefault(c, f"chunk {i} digest mismatch ({_via(r, c)}){more}{fixed}")
+        for c, alts in sorted(alternates.items()):
+            if c not in res.payloads:
+                continue
+            primary = manifests[c]
+            for j, alt in enumerate(alts):
+                parts = dict(alt_got.get((c, j), {}))
+                for i in range(min(alt.n_chunks, primary.n_chunks)):  # content-addressed: same digest, same chunk
+                    if i not in parts and alt.chunk_digests[i] == primary.chunk_digests[i] and i in got[c]:
+                        parts[i] = got[c][i]
+                if len(parts) == alt.n_chunks:
+                    res.alternates.setdefault(c, []).append(b"".join(parts[i] for i in range(alt.n_chunks)))
+        if headers is not None:
+            res.manifests = {c: manifests[c] for c in valid}
         res.arrival_s = {c: float(finish[c]) for c in ids}
         end = max(finish.values(), default=0.0)
         res.round_time_s = float(min(end, cfg.deadline_s) if cfg.deadline_s is not None else end)
         return res
+
+    def _announce(
+        self,
+        round: int,
+        valid: list[int],
+        headers: Mapping[int, bytes],
+        relay: np.ndarray,
+        slot: Mapping[tuple[int, int], int],
+        tamper: TamperHook | None,
+        open_header: HeaderOpener | None,
+        parent_digest: str | None,
+        res: TransmitResult,
+    ) -> tuple[dict[int, UpdateManifest], dict[int, list[UpdateManifest]]]:
+        """The announcement: headers through the hook, then opened. Returns the accepted
+        manifest per client and the further (equivocating) manifests."""
+        announced = [
+            ChunkDelivery(author=c, index=HEADER_INDEX, relay=int(relay[slot[(c, 0)]]) if (c, 0) in slot else c,
+                          data=bytes(headers[c]), round=round)
+            for c in valid
+        ]
+        if tamper is not None:
+            given = sum(_nbytes(d) for d in announced)
+            announced = list(tamper(announced))
+            res.bytes_on_wire += max(0, sum(_nbytes(d) for d in announced) - given)
+        arrived: dict[int, list[tuple[bytes, int]]] = {}
+        for d in announced:
+            key = _key(d)
+            data = getattr(d, "data", None)
+            if key is None or key[1] != HEADER_INDEX or key[0] not in valid or not isinstance(
+                    data, (bytes, bytearray, memoryview)):
+                continue
+            r = getattr(d, "relay", key[0])
+            seen = arrived.setdefault(key[0], [])
+            if all(bytes(data) != h for h, _ in seen):
+                seen.append((bytes(data), int(r) if isinstance(r, (int, np.integer)) else -1))
+
+        def default_open(c: int, h: bytes) -> UpdateManifest:
+            m = UpdateManifest.from_json(h)
+            problem = self._manifest_problem(c, m, round, parent_digest)
+            if problem is not None:
+                raise ManifestError(problem)
+            return m
+
+        opener = open_header or default_open
+        manifests: dict[int, UpdateManifest] = {}
+        alternates: dict[int, list[UpdateManifest]] = {}
+        for c in valid:
+            opened: list[tuple[bytes, UpdateManifest]] = []
+            problems: list[str] = []
+            for h, r in arrived.get(c, ()):
+                try:
+                    m = opener(c, h)
+                except RedteamError as exc:
+                    problems.append(f"{exc} ({_via(r, c)})")
+                    continue
+                if not isinstance(m, UpdateManifest):
+                    raise InvalidParameter(f"Network.transmit: open_header returned {type(m).__name__}, "
+                                           "expected an UpdateManifest")
+                if all(m != o for _, o in opened):
+                    opened.append((h, m))
+            more = f"; {len(problems) - 1} more" if len(problems) > 1 else ""
+            if problems:
+                res.detections[c] = f"bad header: {problems[0]}{more}"
+            if not opened:
+                res.dropped[c] = f"bad header: {problems[0]}{more}" if problems else \
+                    "no header arrived (withheld or dropped in transit)"
+                continue
+            manifests[c] = opened[0][1]
+            res.headers[c] = [h for h, _ in opened]
+            if len(opened) > 1:
+                alternates[c] = [m for _, m in opened[1:]]
+        return manifests, alternates
+
+    @staticmethod
+    def _match_alternate(key: tuple[int, int], d: ChunkDelivery, alternates: Mapping[int, list[UpdateManifest]],
+                         alt_got: dict[tuple[int, int], dict[int, bytes]]) -> bool:
+        """File ``d`` under the first equivocation copy whose digest it matches; True if one did."""
+        c, i = key
+        data = getattr(d, "data", None)
+        for j, m in enumerate(alternates.get(c, ())):
+            if i < m.n_chunks and check_chunk(m, i, data) is None:
+                alt_got.setdefault((c, j), {}).setdefault(i, bytes(data))
+                return True
+        return False
 
     # -- helpers ------------------------------------------------------------------------
     def _manifest_problem(self, c: int, manifest: object, round: int, parent: str | None) -> str | None:

@@ -1,0 +1,468 @@
+"""``pytest -m attacks``: scenario expectations as test items, and fixtures for attack tests.
+
+Registered through the ``pytest11`` entry point, so it is active wherever redteam is
+installed, and inert unless used: importing it imports neither torch nor the engine,
+and collecting a scenario file reads it with ``tomllib`` and checks its structure and
+plugin names without instantiating a plugin (no torch either). Parameter validation of
+the plugins, and the runs, happen when the first item of a file runs.
+
+What becomes a test item: every matrix cell of a scenario file that at least one
+``[[expect]]`` row applies to, named after the cell (``envelope.toml::krum[alie]``) and
+marked ``attacks``. Scenario files are the ``*.toml`` files
+
+* under ``scenarios/`` of the rootdir and under the paths the ini option
+  ``redteam_scenarios`` names, when pytest walks them; when pytest was given no paths
+  (it uses ``testpaths``) those directories are *added* to the collection only if the
+  ``-m`` expression names ``attacks`` or ``--redteam`` is given (so a plain ``pytest``
+  does not start long matrices, and ``pytest -m attacks`` finds them);
+* given explicitly on the command line (``pytest path/to/file.toml``).
+
+An item runs its cell's no-attack baselines and attacked runs for every seed, caching
+each run by its key in one results store per scenario file (a session temp directory,
+or ``--redteam-out DIR`` to keep and resume them), and checks the expectations on the
+metrics averaged over seeds. A failure shows a table of each expectation (mean, 95 %
+interval, per-seed values, bound) and the commands that reproduce it. The terminal
+summary shows the attacks × defenses table of the session.
+
+Fixtures (defined in :mod:`redteam._pytest_fixtures`, registered here):
+``redteam_registries``, ``redteam_federation``, ``run_cell``, ``attack_vs_all_defenses``,
+``redteam_ledger``, ``check_attack``, ``check_defense``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import fnmatch
+import hashlib
+import os
+import re
+import shlex
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+
+import pytest
+
+from ._pytest_fixtures import (  # noqa: F401  (the fixtures: pytest finds them on this module)
+    SMALL_SCENARIO,
+    CellMetrics,
+    DefenseTable,
+    Registries,
+    _columns,
+    _fmt,
+    _means,
+    attack_vs_all_defenses,
+    check_attack,
+    check_defense,
+    redteam_federation,
+    redteam_ledger,
+    redteam_registries,
+    run_cell,
+)
+
+if TYPE_CHECKING:
+    from .matrix import Cell, Expectation
+
+__all__ = [
+    "SMALL_SCENARIO",
+    "CellItem",
+    "CellMetrics",
+    "DefenseTable",
+    "ExpectationFailed",
+    "Registries",
+    "ScenarioFile",
+]
+
+_CONTEXT_METRICS = ("final_accuracy", "accuracy_drop")
+
+
+# ------------------------------------------------------------------------------ hooks
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("redteam", "redteam scenario expectations (pytest -m attacks)")
+    g.addoption("--redteam", action="store_true", default=False,
+                help="add the scenario directories to the collection even without -m attacks")
+    g.addoption("--redteam-out", metavar="DIR", default=None,
+                help="keep each scenario file's results store under DIR and resume from it in later sessions "
+                     "(keys are the concrete scenarios, not the code: delete DIR after changing the engine)")
+    g.addoption("--redteam-metric", metavar="METRIC", default="accuracy_drop",
+                help="metric of the terminal summary table (default: accuracy_drop)")
+    g.addoption("--redteam-device", metavar="DEVICE", default="cpu", help="device of the runs (cpu, cuda, auto)")
+    parser.addini("redteam_scenarios", type="paths", default=[],
+                  help="files or directories of scenario files, besides <rootdir>/scenarios")
+    parser.addini("redteam_marks", type="linelist", default=[],
+                  help="lines 'GLOB: mark [mark ...]': extra marks for the items of matching scenario files "
+                       "(matched against the file name and its rootdir-relative path)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "attacks: scenario expectations collected by the redteam pytest plugin (pytest -m attacks)"
+    )
+    state = _State(config)
+    config.stash[_STATE] = state
+    for p in state.roots:
+        if p != state.default_root and not p.exists():
+            config.issue_config_time_warning(
+                pytest.PytestConfigWarning(f"redteam_scenarios: {p} does not exist"), stacklevel=2)
+    if config.args_source != pytest.Config.ArgsSource.ARGS and (
+        config.getoption("redteam") or re.search(r"\battacks\b", config.getoption("markexpr") or "")
+    ):
+        config.args.extend(str(p) for p in state.roots if p.exists())
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    state = config.stash.get(_STATE, None)
+    if state is not None:
+        state.close()
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> "ScenarioFile | None":
+    if file_path.suffix != ".toml":
+        return None
+    state = parent.config.stash.get(_STATE, None)
+    if state is None:
+        return None
+    p = file_path.resolve()
+    if p in state.seen or not (p in state.explicit or any(p.is_relative_to(r) for r in state.roots)):
+        return None
+    state.seen.add(p)
+    return ScenarioFile.from_parent(parent, path=file_path)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    state = config.stash.get(_STATE, None)
+    if state is None or not (state.outcomes or state.python_results):
+        return
+    metric = config.getoption("redteam_metric")
+    tr = terminalreporter
+    tr.write_sep("=", f"redteam: attacks × defenses ({metric})")
+    by_file: dict[str, list[_Outcome]] = {}
+    for o in state.outcomes:
+        by_file.setdefault(o.file, []).append(o)
+    for file, outs in by_file.items():
+        tr.write_line(f"{file}  (✓ every expectation holds, ✗ one fails, ! error)")
+        cells = {(o.row, o.defense): _fmt(o.metrics.get(metric)) + " " + {"passed": "✓", "failed": "✗"}.get(
+            o.status, "!") for o in outs}
+        for line in _grid(cells, [o.row for o in outs], [o.defense for o in outs]):
+            tr.write_line("  " + line)
+        store = state.stores.get(file)
+        if store is not None:
+            tr.write_line(f"  results: redteam report {shlex.quote(str(store))}")
+    if state.python_results:
+        tr.write_line("run_cell / attack_vs_all_defenses")
+        cells = {(a, d): _fmt(m.get(metric)) for a, d, m in state.python_results}
+        for line in _grid(cells, [a for a, _, _ in state.python_results], [d for _, d, _ in state.python_results]):
+            tr.write_line("  " + line)
+
+
+# ---------------------------------------------------------------------- collection
+
+
+class ScenarioFile(pytest.File):
+    """A scenario file; its items are the cells that some ``[[expect]]`` row applies to."""
+
+    def collect(self) -> Iterator["CellItem"]:
+        from .matrix import expand
+        from .scenario import load_document, parse_scenario
+
+        name = self.path.name
+        doc = load_document(self.path)
+        if not doc.get("expect"):
+            return
+        parse_scenario(doc, file=name, check_plugins=False)
+        matrix = expand(doc, name, check_plugins=False)
+        _check_names(matrix.cells, name)
+        marks = self.config.stash[_STATE].marks_for(self.path, self.config.rootpath)
+        for cell in matrix.cells:
+            exps = tuple(e for e in matrix.expectations if e.matches(cell))
+            if not exps:
+                continue
+            item = CellItem.from_parent(self, name=cell.id, cell=cell, expectations=exps, seeds=matrix.seeds)
+            for m in ("attacks", *marks):
+                item.add_marker(m)
+            yield item
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        from .errors import RedteamError
+
+        if isinstance(excinfo.value, RedteamError):
+            return f"{type(excinfo.value).__name__}: {excinfo.value}"
+        return super().repr_failure(excinfo)
+
+
+def _check_names(cells: Sequence["Cell"], where: str) -> None:
+    """Plugin names against the entry points (no plugin is loaded, so no torch)."""
+    from .errors import InvalidScenario
+    from .registry import ATTACKS, DEFENSES, WORKLOADS
+
+    known = {r.kind: r.names() for r in (ATTACKS, DEFENSES, WORKLOADS)}
+
+    def check(table: Any, path: str, kind: str, cell: "Cell") -> None:
+        name = table if isinstance(table, str) else table.get("name") if isinstance(table, Mapping) else None
+        if isinstance(name, str) and name not in known[kind]:
+            close = difflib.get_close_matches(name, known[kind], n=3, cutoff=0.5)
+            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+            raise InvalidScenario(f"{where}: {path}.name = {name!r}: unknown {kind}{hint} "
+                                  f"(known: {', '.join(known[kind])}) (in matrix cell {cell.id})")
+
+    for cell in cells:
+        d = cell.doc
+        check(d.get("workload"), "[workload]", "workload", cell)
+        check(d.get("attack"), "[attack]", "attack", cell)
+        dfn = d.get("defense")
+        stages = dfn["pipeline"] if isinstance(dfn, Mapping) and isinstance(dfn.get("pipeline"), list) else [dfn]
+        for i, s in enumerate(stages):
+            check(s, "[defense]" if len(stages) == 1 and stages[0] is dfn else f"[defense].pipeline[{i}]",
+                  "defense", cell)
+        h = d.get("hierarchy")
+        if isinstance(h, Mapping):
+            check(h.get("upper_defense"), "[hierarchy].upper_defense", "defense", cell)
+
+
+# ----------------------------------------------------------------------- the items
+
+
+class ExpectationFailed(AssertionError):
+    """A cell's metrics (means over seeds) broke at least one of its expectations."""
+
+    def __init__(self, outcome: "_Outcome") -> None:
+        super().__init__("; ".join(outcome.failures))
+        self.outcome = outcome
+
+
+class CellItem(pytest.Item):
+    """One matrix cell with the expectations that apply to it; runs all its seeds."""
+
+    def __init__(self, *, cell: "Cell", expectations: tuple["Expectation", ...], seeds: tuple[int, ...],
+                 **kw: Any) -> None:
+        super().__init__(**kw)
+        self.cell = cell
+        self.expectations = expectations
+        self.seeds = seeds
+        self.outcome: _Outcome | None = None
+
+    def runtest(self) -> None:
+        state = self.config.stash[_STATE]
+        try:
+            outcome = state.file_run(self.path).run_cell(self.cell, self.expectations)
+        except Exception:
+            state.outcomes.append(_Outcome(state.display(self.path), self.cell, {}, [], [], [], "error"))
+            raise
+        self.outcome = outcome
+        state.outcomes.append(outcome)
+        if outcome.failures:
+            outcome.status = "failed"
+            raise ExpectationFailed(outcome)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        from .errors import RedteamError
+
+        exc = excinfo.value
+        if isinstance(exc, ExpectationFailed):
+            return exc.outcome.render() + "\n" + self.reproduce()
+        if isinstance(exc, RedteamError):
+            return f"{type(exc).__name__}: {exc}\n\n" + self.reproduce()
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, f"{self.path.name}::{self.name}"
+
+    def reproduce(self) -> str:
+        """The commands that rerun this cell, and the whole matrix with a report."""
+        state = self.config.stash[_STATE]
+        here = self.config.invocation_params.dir
+        try:
+            rel = os.path.relpath(self.path, here)
+        except ValueError:  # another drive
+            rel = str(self.path)
+        store = state.stores.get(state.display(self.path)) or state.store_dir(self.path)
+        q = shlex.quote
+        return ("reproduce:\n"
+                f"  pytest {q(f'{rel}::{self.name}')}\n"
+                f"  redteam matrix {q(rel)} --out {q(str(store))} --resume   "
+                "# this cell's runs are in the store already\n"
+                f"  redteam report {q(str(store))}")
+
+
+@dataclasses.dataclass
+class _Outcome:
+    file: str
+    cell: "Cell"
+    metrics: dict[str, Any]  # means over seeds
+    per_seed: list[dict[str, Any]]
+    checks: list[tuple["Expectation", dict[str, Any], str | None]]  # (expectation, mean_ci, why not)
+    failures: list[str]
+    status: str = "passed"
+
+    @property
+    def defense(self) -> str:
+        return self.cell.defense
+
+    @property
+    def row(self) -> str:
+        s = self.cell.id
+        return s[len(self.cell.defense) + 1:-1]  # "alie" or "alie,malicious_fraction=0.2"
+
+    def render(self) -> str:
+        n = len(self.per_seed)
+        head = (f"{self.cell.id} in {self.file}: {len(self.failures)} of {len(self.checks)} expectation(s) "
+                f"failed; metrics are means over {n} seed{'s' if n != 1 else ''}:")
+        rows = [("metric", "mean", "95% CI", "per seed", "bound", "")]
+        shown = set()
+        for e, ci, why in self.checks:
+            rows.append(self._row(e.metric, ci, e.describe()[len(e.metric) + 1:], "ok" if why is None else "FAIL"))
+            shown.add(e.metric)
+        for m in _CONTEXT_METRICS:
+            if m not in shown and m in self.metrics:
+                from .scoring import mean_ci
+
+                rows.append(self._row(m, mean_ci([s.get(m) for s in self.per_seed]), "", ""))
+        return "\n".join([*self.failures, "", head, *_columns(rows, indent="  ")]) + "\n"
+
+    def _row(self, metric: str, ci: Mapping[str, Any], bound: str, verdict: str) -> tuple[str, ...]:
+        interval = f"[{_fmt(ci['lo'])}, {_fmt(ci['hi'])}]" if ci.get("n", 0) > 1 else ""
+        seeds = ", ".join(_fmt(s.get(metric)) for s in self.per_seed)
+        return metric, _fmt(ci["mean"]), interval, seeds, bound, verdict
+
+
+# ------------------------------------------------------------------- session state
+
+
+class _FileRun:
+    """One scenario file's validated matrix, run plan and results store."""
+
+    def __init__(self, path: Path, display: str, out: Path, device: str) -> None:
+        from .runner.matrix_run import _exp_dict, plan_units
+        from .runner.single import _versions
+        from .runner.store import ResultsStore
+        from .scenario import load_matrix
+
+        base, matrix, doc = load_matrix(path)  # full validation: plugins are instantiated here
+        rows, b_units, a_units = plan_units(matrix, base.seed, path.name)
+        self.device = device
+        self.rows: dict[str, list[Any]] = {}
+        for r in rows:
+            self.rows.setdefault(r.cell_id, []).append(r)
+        self.units = {u.run_key: u for u in (*b_units, *a_units)}
+        self.store = ResultsStore(out)
+        self.store.set_meta(scenario_file=str(path), scenario_name=base.name, scenario_doc=doc,
+                            scenario_digest=base.digest(), versions=_versions(),
+                            expectations=[_exp_dict(e) for e in matrix.expectations],
+                            reproduce=f"redteam matrix {path} --out {out} --resume")
+        self.store.set_plan(rows)
+        self.file = display
+
+    def run_cell(self, cell: "Cell", expectations: Sequence["Expectation"]) -> _Outcome:
+        from .matrix import check_cell
+        from .runner.matrix_run import _record, execute_unit
+        from .scoring import mean_ci
+
+        rows = self.rows[cell.id]
+        finished = self.store.finished_keys()
+        need = {k: self.units[k] for r in rows for k in (r.baseline_key, r.run_key) if k not in finished}
+        for unit in sorted(need.values(), key=lambda u: not u.baseline):  # baselines first
+            _record(self.store, unit, execute_unit(unit.doc, self.device))
+        per_seed = [self.store.run(r.run_key)["metrics"] for r in rows]
+        means = _means(per_seed)
+        checks = []
+        for e in expectations:
+            ci = mean_ci([s.get(e.metric) for s in per_seed])
+            checks.append((e, ci, e.check(ci["mean"])))
+        return _Outcome(self.file, cell, means, per_seed, checks, check_cell(cell, means, expectations))
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class _State:
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.default_root = (config.rootpath / "scenarios").resolve()
+        self.roots = [self.default_root, *(Path(p).resolve() for p in config.getini("redteam_scenarios"))]
+        here = config.invocation_params.dir
+        self.explicit = set()
+        if config.args_source == pytest.Config.ArgsSource.ARGS:
+            for a in config.args:
+                p = a.split("::", 1)[0]
+                if p.endswith(".toml"):
+                    self.explicit.add((here / p).resolve())
+        self.marks = []
+        for line in config.getini("redteam_marks"):
+            glob, sep, names = line.partition(":")
+            if not sep or not names.split():
+                raise pytest.UsageError(f"redteam_marks line {line!r}: expected 'GLOB: mark [mark ...]'")
+            self.marks.append((glob.strip(), names.split()))
+        self.seen: set[Path] = set()
+        self.runs: dict[Path, _FileRun | BaseException] = {}
+        self.stores: dict[str, Path] = {}
+        self.outcomes: list[_Outcome] = []
+        self.memo: dict[str, list[Any]] = {}
+        self.python_results: list[tuple[str, str, dict[str, Any]]] = []
+
+    def marks_for(self, path: Path, rootpath: Path) -> list[str]:
+        rel = path.resolve().relative_to(rootpath.resolve()).as_posix() if path.resolve().is_relative_to(
+            rootpath.resolve()) else path.as_posix()
+        return [m for glob, ms in self.marks if fnmatch.fnmatch(path.name, glob) or fnmatch.fnmatch(rel, glob)
+                for m in ms]
+
+    def display(self, path: Path) -> str:
+        """A scenario file as the summary names it: relative to the rootdir where possible."""
+        p, root = path.resolve(), self.config.rootpath.resolve()
+        return p.relative_to(root).as_posix() if p.is_relative_to(root) else str(p)
+
+    def store_dir(self, path: Path) -> Path:
+        tag = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
+        out = self.config.getoption("redteam_out")
+        if out:
+            return Path(out).resolve() / f"{path.stem}-{tag}"
+        factory = getattr(self.config, "_tmp_path_factory", None)
+        if factory is not None:
+            return factory.mktemp(f"redteam-{path.stem}")
+        return Path(tempfile.mkdtemp(prefix=f"redteam-{path.stem}-"))
+
+    def file_run(self, path: Path) -> _FileRun:
+        key = path.resolve()
+        if key not in self.runs:
+            out = self.store_dir(path)
+            self.stores[self.display(path)] = out
+            try:
+                self.runs[key] = _FileRun(path, self.display(path), out, self.config.getoption("redteam_device"))
+            except Exception as exc:  # remembered: every item of the file fails with it, fast
+                self.runs[key] = exc
+        run = self.runs[key]
+        if isinstance(run, BaseException):
+            raise run
+        return run
+
+    def records(self, scenario: Any, device: str) -> list[Any]:
+        """The round records of one concrete scenario, computed once per session."""
+        key = scenario.digest()
+        if key not in self.memo:
+            from .federation.loop import Federation
+
+            self.memo[key] = Federation(scenario, device=device).run().records
+        return self.memo[key]
+
+    def close(self) -> None:
+        for run in self.runs.values():
+            if isinstance(run, _FileRun):
+                run.close()
+
+
+_STATE = pytest.StashKey[_State]()
+
+
+# -------------------------------------------------------------------------- helpers
+
+
+def _grid(cells: Mapping[tuple[str, str], str], rows: Sequence[str], cols: Sequence[str]) -> list[str]:
+    """Attacks as rows, defenses as columns; transposed when there are many more defenses."""
+    rs, cs = list(dict.fromkeys(rows)), list(dict.fromkeys(cols))
+    if len(cs) > max(6, len(rs)):
+        table = [("defense \\ attack", *rs)] + [(c, *(cells.get((r, c), "") for r in rs)) for c in cs]
+    else:
+        table = [("attack \\ defense", *cs)] + [(r, *(cells.get((r, c), "") for c in cs)) for r in rs]
+    return _columns(table)

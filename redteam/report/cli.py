@@ -1,0 +1,200 @@
+"""``redteam report DIR``: read a results store and print or write its report.
+
+:func:`register` adds the ``report`` subcommand to ``redteam``'s subparsers (the leaf
+parser sets ``handler``, which ``redteam.cli.main`` calls; errors are
+:class:`~redteam.errors.RedteamError`, printed by ``main`` as one line, exit 2).
+:func:`print_summary` is what ``redteam matrix`` prints when it finishes.
+
+Exit status: 0 = report made (and, with ``--fail-if``, no cell fails); 1 = some cell
+fails the ``--fail-if`` condition (each one is named with its values on stderr);
+2 = bad input (no store, corrupt store, unknown metric, bad expression, unwritable
+``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = ["register", "print_summary", "cmd_report", "FORMATS", "fail_if_cells"]
+
+FORMATS = ("table", "md", "html", "json", "csv")
+
+_DESCRIPTION = textwrap.dedent(
+    """\
+    Read the results store that `redteam matrix --out DIR` wrote and report it:
+      table  attacks × defenses of each --metric, one table per settings combination (default)
+      md     the same as Markdown, with breakdown fraction, envelope and expectations
+      html   a self-contained page (heatmaps, convergence curves, detection, scenario,
+             versions, reproduce command; images embedded): --out, default DIR/report.html
+      json   format redteam.report/v1: mean, 95 % interval and n per metric per cell
+      csv    one row per cell: settings, seeds, then M, M_lo, M_hi, M_n for each metric
+    Values are means over seeds; ± is the half-width of the 95 % Student-t interval.
+
+    --fail-if EXPR gates a pipeline: EXPR is evaluated on each cell's seed means, e.g.
+      --fail-if "asr > 0.2 or accuracy_drop > 0.05"
+    Allowed: metric names, numbers, < <= > >= == !=, and, or, not, parentheses.
+    A comparison with an undefined (null) metric is false. Exit status 1 names every
+    cell for which EXPR holds; 2 = bad input or expression."""
+)
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``report`` to ``redteam``'s subcommands."""
+    p = subparsers.add_parser(
+        "report",
+        help="report a results store: table, Markdown, HTML, JSON or CSV; --fail-if gates CI",
+        description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("dir", metavar="DIR", help="results directory written by `redteam matrix --out DIR`")
+    p.add_argument("--format", default="table", choices=FORMATS, help="output format (default: table)")
+    p.add_argument(
+        "--metric", action="append", default=None, metavar="M",
+        help="metric(s) to show; repeat or comma-separate (default: accuracy_drop for table; "
+             "accuracy_drop, asr, recall, fpr for md/html; all for json/csv)",
+    )
+    p.add_argument("--out", metavar="FILE", help="write to FILE instead of stdout (html: default DIR/report.html)")
+    p.add_argument("--fail-if", metavar="EXPR", help="exit 1 naming every cell for which EXPR holds")
+    p.add_argument("--margin", type=float, default=0.05, metavar="X",
+                   help="breakdown fraction: accuracy drop that counts as broken (default 0.05)")
+    p.add_argument("--asr-level", type=float, default=0.5, metavar="X",
+                   help="breakdown fraction: ASR that counts as broken (default 0.5)")
+    p.set_defaults(handler=cmd_report)
+    return p
+
+
+def _default_metrics(fmt: str, report: Any) -> list[str]:
+    from .aggregate import REPORT_METRICS
+    from .html import default_html_metrics
+    from .tables import DEFAULT_TABLE_METRIC
+
+    if fmt == "table":
+        return [DEFAULT_TABLE_METRIC]
+    if fmt in ("md", "html"):
+        return default_html_metrics(report)
+    return list(REPORT_METRICS)
+
+
+def fail_if_cells(report: Any, condition: Any) -> list[tuple[Any, dict[str, float | None]]]:
+    """The cells (with the values the condition read) for which ``condition`` holds."""
+    out = []
+    for c in report.cells:
+        values = {m: c.value(m) for m in condition.metrics}
+        if condition.holds(values):
+            out.append((c, values))
+    return out
+
+
+def _write(text: str, out: str | None) -> None:
+    from .aggregate import ReportError
+
+    if out is None:
+        sys.stdout.write(text)
+        return
+    try:
+        Path(out).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise ReportError(f"--out {out}: cannot write ({exc.strerror or exc})") from None
+    print(f"wrote {out}", file=sys.stderr)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .aggregate import ReportError, resolve_metrics
+    from .load import load_report
+    from .fail_if import parse_fail_if
+    from .tables import fmt_value
+
+    for name in ("margin", "asr_level"):
+        v = getattr(args, name)
+        if not (0.0 <= v <= 1.0):
+            raise ReportError(f"--{name.replace('_', '-')} = {v}: must be in [0, 1]")
+    condition = parse_fail_if(args.fail_if) if args.fail_if is not None else None
+    metrics = resolve_metrics(args.metric) if args.metric else None
+    report = load_report(args.dir, accuracy_margin=args.margin, asr_level=args.asr_level)
+    metrics = metrics or _default_metrics(args.format, report)
+
+    if args.format == "table":
+        from rich.console import Console
+
+        if args.out:
+            try:
+                with open(args.out, "w", encoding="utf-8") as fh:
+                    _print_table(Console(file=fh, width=200, color_system=None), report, metrics)
+            except OSError as exc:
+                raise ReportError(f"--out {args.out}: cannot write ({exc.strerror or exc})") from None
+        else:
+            _print_table(Console(width=None if sys.stdout.isatty() else 200), report, metrics)
+    elif args.format == "html":
+        from .html import write_html
+
+        path = write_html(report, args.out, metrics)
+        print(f"HTML report: {path}")
+    else:
+        from .formats import to_csv, to_json, to_markdown
+
+        render = {"md": to_markdown, "json": to_json, "csv": to_csv}[args.format]
+        _write(render(report, metrics), args.out)
+
+    if condition is None:
+        return 0
+    unjudged = [c.cell_id for c in report.cells if c.finished == 0]
+    if unjudged:
+        print(f"--fail-if: {len(unjudged)} cell(s) have no finished run; their metrics are undefined",
+              file=sys.stderr)
+    failing = fail_if_cells(report, condition)
+    if not failing:
+        print(f"--fail-if {condition.text!r}: no cell fails ({len(report.cells)} checked)", file=sys.stderr)
+        return 0
+    print(f"--fail-if {condition.text!r}: {len(failing)} of {len(report.cells)} cell(s) fail:", file=sys.stderr)
+    for c, values in failing:
+        vals = ", ".join(f"{m} = {'null' if v is None else fmt_value(m, v)}" for m, v in values.items())
+        print(f"  {c.cell_id}: {vals}", file=sys.stderr)
+    return 1
+
+
+def _print_table(console: Any, report: Any, metrics: Sequence[str]) -> None:
+    from .tables import print_tables
+
+    print_tables(console, report, metrics)
+
+
+def print_summary(console: Any, out_dir: str | Path) -> Path | None:
+    """After ``redteam matrix``: the accuracy-drop table, the expectations' tally, and the
+    HTML report written to ``OUT/report.html`` (its path printed). Returns that path (or
+    ``None`` when the report could not be made; the reason is printed, nothing raised)."""
+    from rich.markup import escape
+
+    from ..errors import RedteamError
+    from .load import load_report
+    from .tables import DEFAULT_TABLE_METRIC, print_tables
+
+    try:
+        report = load_report(out_dir)
+    except RedteamError as exc:
+        console.print(f"[yellow]no report: {escape(str(exc))}[/yellow]")
+        return None
+    print_tables(console, report, [DEFAULT_TABLE_METRIC])
+    if report.expectations:
+        bad = [e for e in report.expectations if e.failure]
+        style = "red" if bad else "green"
+        console.print(f"[{style}]expectations: {len(report.expectations) - len(bad)} of "
+                      f"{len(report.expectations)} hold[/{style}]")
+        for e in bad:
+            console.print(f"  [red]{escape(e.cell_id)}: expect #{e.index + 1} ({escape(e.description)}): "
+                          f"{escape(e.failure or '')}[/red]")
+    try:
+        from .html import write_html
+
+        path = write_html(report)
+    except ImportError as exc:  # matplotlib is a dependency; say so rather than fail the matrix
+        console.print(f"[yellow]HTML report skipped: {escape(str(exc))}[/yellow]")
+        return None
+    except RedteamError as exc:
+        console.print(f"[yellow]HTML report skipped: {escape(str(exc))}[/yellow]")
+        return None
+    console.print(f"HTML report: [bold]{escape(str(path))}[/bold]")
+    return path

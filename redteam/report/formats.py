@@ -1,0 +1,237 @@
+"""Markdown, JSON and CSV renderings of a :class:`~redteam.report.aggregate.Report`.
+
+* **Markdown**: one attacks × defenses table per metric and settings group (as in the
+  terminal), then the breakdown fraction, envelope utilisation and expectations.
+* **JSON** (format ``redteam.report/v1``): the scenario, versions, reproduce command and,
+  per cell, ``{"mean", "lo", "hi", "n"}`` for each metric; the breakdown, envelope and
+  expectation rows. Undefined values are ``null``.
+* **CSV**: one row per cell: ``cell_id, attack, defense``, one column per matrix
+  setting, ``seeds_planned, seeds_finished``, then ``M, M_lo, M_hi, M_n`` for each metric
+  ``M`` (empty = undefined).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from typing import Any, Sequence
+
+from .aggregate import REPORT_METRICS, Report, axis_labels, settings_groups
+from .tables import LEGEND, cell_text, fmt_value, group_title, metric_grids, short_key
+
+__all__ = ["to_markdown", "to_json", "to_csv", "report_dict", "FORMAT_ID"]
+
+FORMAT_ID = "redteam.report/v1"
+
+
+def _f(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]], right_from: int = 1) -> list[str]:
+    out = ["| " + " | ".join(_md_cell(h) for h in header) + " |",
+           "|" + "|".join("---" if i < right_from else "---:" for i in range(len(header))) + "|"]
+    out += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in rows]
+    return out
+
+
+def to_markdown(report: Report, metrics: Sequence[str]) -> str:
+    lines = [f"# redteam report: {report.name}", ""]
+    seeds = max((c.planned for c in report.cells), default=0)
+    lines.append(f"{len(report.cells)} cells × {seeds} seed(s); "
+                 f"{sum(c.finished for c in report.cells)}/{sum(c.planned for c in report.cells)} runs finished. "
+                 f"{LEGEND}.")
+    lines.append("")
+    for m in metrics:
+        lines += [f"## {m}", "", f"{REPORT_METRICS[m]}.", ""]
+        for group, attacks, defenses, by in metric_grids(report.cells):
+            if group:
+                lines += [f"### {group_title(group)}", ""]
+            lines += _md_table(["attack \\ defense", *defenses],
+                               [[a, *[cell_text(by.get((a, d)), m) for d in defenses]] for a in attacks])
+            lines.append("")
+    if report.breakdown:
+        lines += [f"## Breakdown fraction ({short_key(report.breakdown[0].axis)})", "",
+                  f"Smallest malicious fraction at which accuracy_drop > {report.accuracy_margin:g} "
+                  f"or asr > {report.asr_level:g} (seed means); `>max` = never on the axis.", ""]
+        for group, rows in settings_groups(report.breakdown).items():
+            if group:
+                lines += [f"### {group_title(group)}", ""]
+            attacks, defenses = axis_labels(rows)
+            by = {(r.attack, r.defense): r for r in rows}
+            lines += _md_table(["attack \\ defense", *defenses],
+                               [[a, *[_bd_text(by.get((a, d))) for d in defenses]] for a in attacks])
+            lines.append("")
+    if report.envelope:
+        lines += ["## Envelope utilisation", "",
+                  "Worst case over seeds: largest accepted malicious norm / bound, smallest accepted "
+                  "malicious cosine, and its margin over the threshold.", ""]
+        lines += _md_table(["cell", "norm / bound", "min cosine", "cosine margin"],
+                           [[e.cell_id, fmt_value("envelope_norm", e.norm), fmt_value("envelope_cos", e.cos),
+                             fmt_value("envelope_cos_margin", e.cos_margin)] for e in report.envelope])
+        lines.append("")
+    if report.expectations:
+        bad = [e for e in report.expectations if e.failure]
+        lines += ["## Expectations", "", f"{len(report.expectations) - len(bad)} of {len(report.expectations)} hold.",
+                  ""]
+        lines += _md_table(["#", "expectation", "cell", "value", "verdict"],
+                           [[str(e.index + 1), e.description, e.cell_id, fmt_value(e.metric, e.value),
+                             "holds" if not e.failure else f"FAILS: {e.failure}"] for e in report.expectations],
+                           right_from=3)
+        lines.append("")
+    if report.reproduce:
+        lines += ["## Reproduce", "", "```", report.reproduce, "```", ""]
+    if report.versions:
+        lines.append("Versions: " + ", ".join(f"{k} {v}" for k, v in sorted(report.versions.items())))
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _bd_text(row: Any) -> str:
+    if row is None:
+        return ""
+    if row.fraction is None:
+        return f">{max(p[0] for p in row.points):g}"
+    return f"{row.fraction:g}"
+
+
+def report_dict(report: Report, metrics: Sequence[str]) -> dict[str, Any]:
+    """The JSON document (``redteam.report/v1``) for ``metrics``."""
+    return {
+        "format": FORMAT_ID,
+        "scenario": {"name": report.name, "file": report.file, "digest": report.digest,
+                     "doc": report.scenario_doc},
+        "versions": dict(report.versions),
+        "reproduce": report.reproduce,
+        "confidence": report.confidence,
+        "metrics": {m: REPORT_METRICS[m] for m in metrics},
+        "cells": [
+            {
+                "cell_id": c.cell_id, "attack": c.attack, "defense": c.defense, "settings": dict(c.settings),
+                "seeds_planned": c.planned, "seeds_finished": c.finished,
+                "metrics": {m: {"mean": _f(s.mean), "lo": _f(s.lo), "hi": _f(s.hi), "n": s.n}
+                            for m in metrics if (s := c.metrics.get(m)) is not None},
+            }
+            for c in report.cells
+        ],
+        "breakdown": {
+            "accuracy_margin": report.accuracy_margin, "asr_level": report.asr_level,
+            "rows": [{"attack": r.attack, "defense": r.defense, "settings": dict(r.settings), "axis": r.axis,
+                      "points": [{"fraction": f, "accuracy_drop": _f(d), "asr": _f(a)} for f, d, a in r.points],
+                      "breakdown_fraction": r.fraction} for r in report.breakdown],
+        },
+        "envelope": [{"cell_id": e.cell_id, "attack": e.attack, "defense": e.defense, "settings": dict(e.settings),
+                      "envelope_norm": _f(e.norm), "envelope_cos": _f(e.cos),
+                      "envelope_cos_margin": _f(e.cos_margin)} for e in report.envelope],
+        "expectations": [{"index": e.index, "expectation": e.description, "cell_id": e.cell_id,
+                          "metric": e.metric, "value": _f(e.value), "holds": e.failure is None, "failure": e.failure}
+                         for e in report.expectations],
+    }
+
+
+def to_json(report: Report, metrics: Sequence[str]) -> str:
+    return json.dumps(report_dict(report, metrics), indent=2, allow_nan=False, default=str) + "\n"
+
+
+def to_csv(report: Report, metrics: Sequence[str]) -> str:
+    keys: list[str] = []
+    for c in report.cells:
+        for k, _ in c.settings:
+            if k not in keys:
+                keys.append(k)
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    header = ["cell_id", "attack", "defense", *keys, "seeds_planned", "seeds_finished"]
+    for m in metrics:
+        header += [m, f"{m}_lo", f"{m}_hi", f"{m}_n"]
+    w.writerow(header)
+    for c in report.cells:
+        s = dict(c.settings)
+        row: list[Any] = [c.cell_id, c.attack, c.defense, *[s.get(k, "") for k in keys], c.planned, c.finished]
+        for m in metrics:
+            st = c.metrics.get(m)
+            row += ["" if v is None else repr(float(v)) for v in (st.mean, st.lo, st.hi)] + [st.n]
+        w.writerow(row)
+    return buf.getvalue()
+
+
+# ------------------------------------------------------------------- TOML-ish dump
+
+_BARE = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+
+
+def _toml_str(s: str) -> str:
+    # JSON's string escapes are TOML's basic-string escapes; TOML also forbids a raw DEL
+    return json.dumps(s, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
+def _toml_key(k: Any) -> str:
+    k = str(k)
+    return k if k and set(k) <= _BARE else _toml_str(k)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        return repr(v)
+    if isinstance(v, str):
+        return _toml_str(v)
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items() if x is not None) + " }"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if v is None:
+        return '""'
+    return _toml_str(str(v))
+
+
+def toml_dump(doc: Any, _prefix: str = "") -> str:
+    """A readable TOML rendering of a scenario document (scalars first, then ``[tables]``
+    and ``[[arrays of tables]]``; ``null`` values, which TOML cannot hold, are left out)."""
+    if not isinstance(doc, dict):
+        return _toml_value(doc) + "\n"
+    scalars, tables, arrays = [], [], []
+    for k, v in doc.items():
+        if v is None:
+            continue
+        if isinstance(v, dict):
+            tables.append((k, v))
+        elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            arrays.append((k, v))
+        else:
+            scalars.append((k, v))
+    out = [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in scalars]
+    for k, v in tables:
+        name = f"{_prefix}{_toml_key(k)}"
+        body = toml_dump(v, name + ".")
+        has_scalars = any(x is not None and not isinstance(x, dict)
+                          and not (isinstance(x, list) and x and all(isinstance(y, dict) for y in x))
+                          for x in v.values())
+        if out:
+            out.append("")
+        if has_scalars or not v:
+            out.append(f"[{name}]")
+        out.append(body.rstrip("\n"))
+    for k, items in arrays:
+        name = f"{_prefix}{_toml_key(k)}"
+        for item in items:
+            if out:
+                out.append("")
+            out.append(f"[[{name}]]")
+            out.append(toml_dump(item, name + ".").rstrip("\n"))
+    return "\n".join(line for line in out) + "\n"

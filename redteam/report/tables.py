@@ -1,0 +1,123 @@
+"""The attacks × defenses table of one metric, for the terminal (rich) and shared formatting.
+
+A matrix with ``[matrix.settings]`` axes gives one table per combination of settings
+(titled e.g. ``malicious_fraction=0.25``). Each entry is the mean over the cell's seeds,
+``± h`` the half-width of the 95 % Student-t interval when two or more seeds have a
+value; ``—`` = undefined (e.g. ASR of an untargeted attack); ``…`` = no seed finished;
+a trailing ``*`` = some of the cell's seeds have not finished.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from .aggregate import REPORT_METRICS, CellSummary, Report, Stat, axis_labels, settings_groups
+
+__all__ = [
+    "fmt_value",
+    "fmt_stat",
+    "cell_text",
+    "group_title",
+    "short_key",
+    "metric_grids",
+    "metric_table",
+    "print_tables",
+    "DEFAULT_TABLE_METRIC",
+    "LEGEND",
+]
+
+DEFAULT_TABLE_METRIC = "accuracy_drop"
+
+LEGEND = ("mean over seeds ± half-width of the 95 % interval (≥ 2 seeds); — undefined; … not run yet; "
+          "* some seeds not finished")
+
+_DECIMAL3 = {"final_accuracy", "accuracy_drop", "asr", "precision", "recall", "f1", "fpr", "final_loss",
+             "envelope_norm", "envelope_cos", "envelope_cos_margin", "target_accuracy"}
+_COUNTS = {"bytes_on_wire", "dropped_updates", "rejected_updates", "tp", "fp", "tn", "fn",
+           "rounds_to_target", "slowdown_rounds"}
+
+
+def fmt_value(metric: str, v: float | None) -> str:
+    """A metric value as the reports print it (``—`` for undefined)."""
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "—"
+    if metric in _DECIMAL3:
+        return f"{v:.3f}"
+    if metric in _COUNTS:
+        return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.1f}"
+    return f"{v:.3g}"
+
+
+def fmt_stat(metric: str, s: Stat | None) -> str:
+    """``mean ± half-width`` (the ± part only with two or more values)."""
+    if s is None or s.mean is None:
+        return "—"
+    h = s.half_width
+    text = fmt_value(metric, s.mean)
+    if h is not None:
+        text += f" ± {fmt_value(metric, h)}"
+    return text
+
+
+def cell_text(cell: CellSummary | None, metric: str) -> str:
+    if cell is None:
+        return ""
+    if cell.finished == 0:
+        return "…"
+    text = fmt_stat(metric, cell.metrics.get(metric))
+    return text + ("*" if cell.finished < cell.planned else "")
+
+
+def short_key(key: str) -> str:
+    return key.rsplit(".", 1)[-1]
+
+
+def group_title(settings: Sequence[tuple[str, Any]]) -> str:
+    """``malicious_fraction=0.25, alpha=0.5`` (empty for the matrix without settings)."""
+    return ", ".join(f"{short_key(k)}={v}" for k, v in settings)
+
+
+def metric_grids(cells: Sequence[CellSummary]) -> list[tuple[tuple, list[str], list[str], dict]]:
+    """Per settings group: (settings, attacks, defenses, {(attack, defense): cell})."""
+    out = []
+    for group, cs in settings_groups(cells).items():
+        attacks, defenses = axis_labels(cs)
+        out.append((group, attacks, defenses, {(c.attack, c.defense): c for c in cs}))
+    return out
+
+
+def metric_table(report: Report, metric: str) -> list[tuple[str, Any]]:
+    """(title, rich table) per settings group of ``metric``; every label in a table is
+    escaped (cell labels contain brackets, which rich would read as markup)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    tables = []
+    for group, attacks, defenses, by in metric_grids(report.cells):
+        title = metric + (f" · {group_title(group)}" if group else "")
+        t = Table()
+        t.add_column("attack \\ defense", justify="left", no_wrap=True, style="bold")
+        for d in defenses:
+            t.add_column(escape(d), justify="right", no_wrap=True)
+        for a in attacks:
+            t.add_row(escape(a), *[escape(cell_text(by.get((a, d)), metric)) for d in defenses])
+        tables.append((title, t))
+    return tables
+
+
+def print_tables(console: Any, report: Report, metrics: Sequence[str]) -> None:
+    """Print a header, the legend, and one table per metric (and settings group)."""
+    from rich.markup import escape
+
+    seeds = max((c.planned for c in report.cells), default=0)
+    done = sum(c.finished for c in report.cells)
+    total = sum(c.planned for c in report.cells)
+    console.print(f"[bold]{escape(report.name)}[/bold]: {len(report.cells)} cells × {seeds} seed(s), "
+                  f"{done}/{total} runs finished — {escape(str(report.source))}")
+    console.print(f"[dim]{escape(LEGEND)}[/dim]")
+    for m in metrics:
+        console.print(f"[dim]{m}: {escape(REPORT_METRICS[m])}[/dim]")
+        for title, t in metric_table(report, m):
+            console.print(f"[bold]{escape(title)}[/bold]")
+            console.print(t)

@@ -1,0 +1,216 @@
+"""The attack hooks' contract checks (private; the public entry is ``check_attack``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from redteam.types import Attack, AttackContext, ChunkDelivery, ClientData, Surface
+
+from . import _checks as K
+from .builders import generator, make_deliveries, make_provenance, participant_ids
+
+CTX_TENSORS = ("own_updates", "visible_updates", "global_params", "weights", "previous_update")
+HOOKS = (("craft_updates", Surface.UPDATES), ("poison_data", Surface.DATA),
+         ("tamper_chunks", Surface.TRANSPORT), ("forge_provenance", Surface.PROVENANCE),
+         ("choose_identity", Surface.HIERARCHY), ("tamper_subaggregate", Surface.HIERARCHY))
+
+
+def overrides(plugin: Attack, hook: str) -> bool:
+    return getattr(type(plugin), hook) is not getattr(Attack, hook)
+
+
+def check_updates(plugin: Attack, label: str, ctx: AttackContext, where: str, tally: K.Tally) -> None:
+    import torch
+
+    hook = "craft_updates"
+    snap = K.snapshot(K.tensors_of(ctx, CTX_TENSORS))
+    state = ctx.generator.get_state()
+    out = K.call(label, hook, lambda: plugin.craft_updates(ctx), where, tally)
+    if out is K.REFUSED:
+        return
+    own = ctx.own_updates
+    if not isinstance(out, torch.Tensor):
+        K.fail(label, K.P_SHAPE, f"{hook} returned a {type(out).__name__}, not a tensor", where)
+    if tuple(out.shape) != tuple(own.shape) or out.dtype != own.dtype or out.device != own.device:
+        K.fail(label, K.P_SHAPE, f"{hook} returned {tuple(out.shape)} {K.dtype_name(out)} on {out.device}; "
+               f"own_updates is {tuple(own.shape)} {K.dtype_name(own)} on {own.device}", where)
+    if not getattr(plugin, "produces_nonfinite", False) and not K.finite(out):
+        K.fail(label, K.P_FINITE, f"{hook} returned {int((~torch.isfinite(out)).sum())} non-finite entries from "
+               "finite inputs (declare `produces_nonfinite = True` if that is the attack's purpose)", where)
+    if changed := K.mutated(snap):
+        K.fail(label, K.P_MUTATION, f"{hook} modified ctx.{', ctx.'.join(changed)}", where)
+    again = dataclasses.replace(ctx, generator=K.regenerate(ctx.generator, state))
+    out2 = K.call(label, hook, lambda: plugin.craft_updates(again), where, None)
+    if not K.same(out, out2):
+        K.fail(label, K.P_DETERMINISTIC, f"two calls with generators in the same state differ "
+               f"(max |Δ| = {K.max_gap(out, out2):.3g})", where)
+    tally.ok(hook)
+
+
+def check_data(plugin: Attack, label: str, data: ClientData, client: int, seed: int, num_classes: int,
+                where: str, tally: K.Tally) -> None:
+    import torch
+
+    hook = "poison_data"
+    snap = K.snapshot({"data.x": data.x, "data.y": data.y})
+    g = generator(seed)
+    state = g.get_state()
+    out = K.call(label, hook, lambda: plugin.poison_data(data, client, g), where, tally)
+    if out is K.REFUSED:
+        return
+    if not isinstance(out, ClientData) or not all(isinstance(t, torch.Tensor) for t in (out.x, out.y)):
+        K.fail(label, K.P_SHAPE, f"{hook} returned {type(out).__name__}, not a ClientData of tensors", where)
+    x, y = out.x, out.y
+    for name, got, ref in (("x", x, data.x), ("y", y, data.y)):
+        if got.dtype != ref.dtype or tuple(got.shape[1:]) != tuple(ref.shape[1:]) or got.device != ref.device:
+            K.fail(label, K.P_SHAPE, f"{hook} returned {name} {tuple(got.shape)} {K.dtype_name(got)} on "
+                   f"{got.device}; the client's {name} is {tuple(ref.shape)} {K.dtype_name(ref)} on {ref.device}",
+                   where)
+    if x.shape[0] != y.shape[0]:
+        K.fail(label, K.P_SHAPE, f"{hook} returned {x.shape[0]} inputs but {y.shape[0]} labels", where)
+    if y.numel() and (int(y.min()) < 0 or int(y.max()) >= num_classes):
+        K.fail(label, K.P_LABELS, f"labels span [{int(y.min())}, {int(y.max())}], outside [0, {num_classes})", where)
+    if not getattr(plugin, "produces_nonfinite", False) and not K.finite(x):
+        K.fail(label, K.P_FINITE, f"{hook} returned non-finite inputs from finite ones", where)
+    if changed := K.mutated(snap):
+        K.fail(label, K.P_MUTATION, f"{hook} modified {', '.join(changed)} in place", where)
+    out2 = K.call(label, hook, lambda: plugin.poison_data(data, client, K.regenerate(g, state)), where, None)
+    if not (K.same(x, out2.x) and K.same(y, out2.y)):
+        K.fail(label, K.P_DETERMINISTIC, "two calls with generators in the same state differ", where)
+    tally.ok(hook)
+
+
+def check_transport(plugin: Attack, label: str, ctx: AttackContext, seed: int, where: str,
+                     tally: K.Tally) -> None:
+    hook = "tamper_chunks"
+    snap = K.snapshot(K.tensors_of(ctx, CTX_TENSORS))
+    state = ctx.generator.get_state()
+
+    def run(c: AttackContext) -> Any:
+        return plugin.tamper_chunks(make_deliveries(seed, c), c)
+
+    out = K.call(label, hook, lambda: run(ctx), where, tally)
+    if out is K.REFUSED:
+        return
+    try:
+        items = list(out)
+    except TypeError:
+        K.fail(label, K.P_SHAPE, f"{hook} returned {type(out).__name__}, not a list of ChunkDelivery", where)
+    for item in items:
+        if not isinstance(item, ChunkDelivery) or not isinstance(item.data, (bytes, bytearray, memoryview)) \
+                or not all(isinstance(v, int) for v in (item.author, item.index, item.relay, item.round)):
+            K.fail(label, K.P_SHAPE, f"{hook} returned {item!r:.120}, not a ChunkDelivery with bytes data", where)
+    if changed := K.mutated(snap):
+        K.fail(label, K.P_MUTATION, f"{hook} modified ctx.{', ctx.'.join(changed)}", where)
+    again = K.call(label, hook, lambda: run(dataclasses.replace(ctx, generator=K.regenerate(ctx.generator, state))),
+                   where, None)
+
+    def key(seq: Any) -> list[tuple[Any, ...]]:
+        return [(d.author, d.index, d.relay, bytes(d.data), d.round) for d in seq]
+
+    if key(items) != key(list(again)):
+        K.fail(label, K.P_DETERMINISTIC, "two calls with generators in the same state deliver different chunks", where)
+    tally.ok(hook)
+
+
+def _fingerprint(out: Any) -> Any:
+    """A comparable form of what ``forge_provenance`` returned (keys by their key id)."""
+    import json
+
+    if hasattr(out, "to_json") and not hasattr(out, "envelope"):
+        return ("manifest", out.to_json())
+    if hasattr(out, "envelope"):
+        signer = getattr(out, "signer", None)
+        proof = json.dumps(out.proof, sort_keys=True, default=str) if getattr(out, "proof", None) else None
+        return ("presentation", out.client, out.envelope, getattr(signer, "keyid", signer), out.statement,
+                out.log, proof)
+    return ("other", repr(out))
+
+
+def check_provenance(plugin: Attack, label: str, ctx: AttackContext, clean: ClientData, seed: int, where: str,
+                     tally: K.Tally) -> None:
+    """As the trainer calls it: the curator's manifest of the clean data, and ``ctx.state``
+    with the client, the shards it trains on (poisoned by the attack's own
+    ``poison_data``) and the keyring its declared ``capabilities`` grant."""
+    from provenance.manifest import DatasetManifest
+    from redteam.federation.provenance import Presentation
+
+    hook = "forge_provenance"
+    client = ctx.malicious[0] if ctx.malicious else 0
+    caps = tuple(getattr(plugin, "capabilities", ()))
+    actual = K.call(label, "poison_data", lambda: plugin.poison_data(clean, client, generator(seed)), where, tally)
+    if actual is K.REFUSED:
+        return
+    manifest, state = make_provenance(seed, client, clean, actual, caps)
+    c = dataclasses.replace(ctx, state={**dict(ctx.state), **state})
+    snap = K.snapshot(K.tensors_of(c, CTX_TENSORS))
+    gen_state = c.generator.get_state()
+    before = manifest.to_json()
+    out = K.call(label, hook, lambda: plugin.forge_provenance(manifest, c), where, tally)
+    if out is K.REFUSED:
+        return
+    if not isinstance(out, (DatasetManifest, Presentation)):
+        K.fail(label, K.P_SHAPE, f"{hook} returned {type(out).__name__}, expected a DatasetManifest (for the "
+               "curator to sign) or a Presentation", where)
+    if manifest.to_json() != before:
+        K.fail(label, K.P_MUTATION, f"{hook} changed the manifest it was given", where)
+    if changed := K.mutated(snap):
+        K.fail(label, K.P_MUTATION, f"{hook} modified ctx.{', ctx.'.join(changed)}", where)
+    manifest2, state2 = make_provenance(seed, client, clean, actual, caps)
+    c2 = dataclasses.replace(ctx, state={**dict(ctx.state), **state2},
+                             generator=K.regenerate(c.generator, gen_state))
+    again = K.call(label, hook, lambda: plugin.forge_provenance(manifest2, c2), where, None)
+    if _fingerprint(out) != _fingerprint(again):
+        K.fail(label, K.P_DETERMINISTIC, "two calls with generators (and keys) in the same state forge different "
+               "presentations", where)
+    tally.ok(hook)
+
+
+def check_identity(plugin: Attack, label: str, ctx: AttackContext, n_groups: int, where: str,
+                   tally: K.Tally) -> None:
+    hook = "choose_identity"
+    for client in ctx.malicious:
+        out = K.call(label, hook, lambda: plugin.choose_identity(client, n_groups), where, tally)
+        if out is K.REFUSED:
+            return
+        if not isinstance(out, str) or not out:
+            K.fail(label, K.P_SHAPE, f"{hook}({client}, {n_groups}) returned {out!r}, not a non-empty str", where)
+        again = K.call(label, hook, lambda: plugin.choose_identity(client, n_groups), where, None)
+        if again != out:
+            K.fail(label, K.P_DETERMINISTIC, f"{hook}({client}, {n_groups}) returned {out!r}, then {again!r}", where)
+    tally.ok(hook)
+
+
+def check_subaggregate(plugin: Attack, label: str, ctx: AttackContext, where: str, tally: K.Tally) -> None:
+    """Two merge groups: every participant (led by the smallest id), and one led by a
+    malicious client; the partial aggregate is the mean of the rows the context holds."""
+    import torch
+
+    hook = "tamper_subaggregate"
+    bad, honest = participant_ids(ctx)
+    rows = torch.cat([ctx.own_updates, ctx.visible_updates]) if ctx.visible_updates is not ctx.own_updates \
+        else ctx.own_updates
+    groups = [(0, tuple(sorted(bad + honest))), (1, tuple(bad[:1] + honest[: len(honest) // 2]))]
+    for group, members in groups:
+        agg = rows.to(torch.float64).mean(dim=0).to(rows.dtype)
+        snap = K.snapshot({"aggregate": agg, **K.tensors_of(ctx, CTX_TENSORS)})
+        state = ctx.generator.get_state()
+        out = K.call(label, hook, lambda: plugin.tamper_subaggregate(agg, group, members, ctx), where, tally)
+        if out is K.REFUSED:
+            return
+        if not isinstance(out, torch.Tensor) or out.shape != agg.shape or out.dtype != agg.dtype \
+                or out.device != agg.device:
+            got = f"{tuple(out.shape)} {K.dtype_name(out)} on {out.device}" if isinstance(out, torch.Tensor) \
+                else type(out).__name__
+            K.fail(label, K.P_SHAPE, f"{hook} returned {got}; the partial aggregate is {tuple(agg.shape)} "
+                   f"{K.dtype_name(agg)} on {agg.device}", where)
+        if not getattr(plugin, "produces_nonfinite", False) and not K.finite(out):
+            K.fail(label, K.P_FINITE, f"{hook} returned a non-finite partial aggregate from a finite one", where)
+        if changed := K.mutated(snap):
+            K.fail(label, K.P_MUTATION, f"{hook} modified {', '.join(changed)}", where)
+        again = dataclasses.replace(ctx, generator=K.regenerate(ctx.generator, state))
+        out2 = K.call(label, hook, lambda: plugin.tamper_subaggregate(agg, group, members, again), where, None)
+        if not K.same(out, out2):
+            K.fail(label, K.P_DETERMINISTIC, f"{hook}: two calls with generators in the same state differ", where)
+    tally.ok(hook)
