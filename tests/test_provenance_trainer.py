@@ -282,8 +282,7 @@ def test_stolen_key_passes_the_gate_and_the_poisoned_labels_are_trained_on():
     clean = Federation(sc, attack=dataclasses.replace(sc.attack, name="none"))
     assert fed.excluded == {} and clean.excluded == {}
     for c in fed.malicious:  # the labels it trains on are C − 1 − y of the clean ones
-        n = int(fed.data.sizes[c])
-        assert fed.data.y[c, :n].tolist() == [9 - y for y in clean.data.y[c, :n].tolist()]
+        assert fed.data.client(c).y.tolist() == [9 - y for y in clean.data.client(c).y.tolist()]
     r = fed.run().records[0]
     assert all(r.accepted) and r.rejected == {}  # and its updates are authentic: signing cannot help either
 
