@@ -69,7 +69,8 @@ class RogueAggregator(Attack):
 
     def validate_group(self, v: int | None) -> None:
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-            raise param_error(self, "group", v, "must be a group index ≥ 0 (or unset: groups led by a malicious client)")
+            raise param_error(self, "group", v,
+                              "must be a group index ≥ 0 (or unset: the groups a malicious client leads)")
 
     def controls(self, group: int, members: tuple[int, ...], ctx: AttackContext) -> bool:
         """Does the attacker hold this group's sub-aggregator?"""

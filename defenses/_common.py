@@ -118,11 +118,12 @@ def _row_norms64(updates: "torch.Tensor", chunk: int) -> "torch.Tensor":
     return acc.sqrt()
 
 
-def combine(weights: "torch.Tensor", updates: "torch.Tensor") -> "torch.Tensor":
+def combine(weights: "torch.Tensor", updates: "torch.Tensor", finite: "torch.Tensor | None" = None) -> "torch.Tensor":
     """Σᵢ wᵢ xᵢ over the rows with wᵢ ≠ 0 only, so that a non-finite row with weight 0
-    cannot turn the result into NaN (0·NaN = NaN in a plain matrix product)."""
+    cannot turn the result into NaN (0·NaN = NaN in a plain matrix product).
+    ``finite`` is :func:`finite_rows` of ``updates`` when the caller has it already."""
     w = weights.to(device=updates.device, dtype=updates.dtype)
-    if bool(finite_rows(updates).all()):
+    if bool((finite_rows(updates) if finite is None else finite).all()):
         return w @ updates
     used = (w != 0).nonzero().flatten()
     return w.index_select(0, used) @ updates.index_select(0, used)

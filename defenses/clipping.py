@@ -24,7 +24,7 @@ from redteam.errors import InvalidParameter
 from redteam.pipeline import Aggregator, PreAggregator
 from redteam.types import Decision, ServerContext
 
-from ._common import GRAM_CHUNK, check_count, check_number, combine, finite_rows, row_norms
+from ._common import check_count, check_number, combine, finite_rows, row_norms
 
 if TYPE_CHECKING:
     import torch
@@ -32,15 +32,18 @@ if TYPE_CHECKING:
 __all__ = ["CenteredClipping", "Clip", "distances_to"]
 
 
-def distances_to(x: "torch.Tensor", v: "torch.Tensor", chunk: int = GRAM_CHUNK) -> "torch.Tensor":
-    """‖xᵢ − v‖₂ for every row, differences taken directly (no cancellation), float64 sums."""
+def distances_to(x: "torch.Tensor", v: "torch.Tensor", chunk: int = 16384) -> "torch.Tensor":
+    """‖xᵢ − v‖₂ for every row, differences taken directly (no cancellation).
+
+    Each column block's norms come from :func:`row_norms` (fast float32, float64 where
+    the squares could overflow or underflow) and are summed in float64.
+    """
     import torch
 
     n, d = x.shape
     acc = torch.zeros(n, dtype=torch.float64, device=x.device)
     for start in range(0, d, chunk):
-        diff = x[:, start:start + chunk] - v[start:start + chunk]
-        acc += torch.linalg.vector_norm(diff, dim=1, dtype=torch.float64).square()
+        acc += row_norms(x[:, start:start + chunk] - v[start:start + chunk]).square()
     return acc.sqrt()
 
 
@@ -91,12 +94,14 @@ class CenteredClipping(Aggregator):
             v = prev.to(dtype=updates.dtype, device=updates.device)
         a = 1.0  # coefficient of v0
         w = torch.zeros(n, dtype=torch.float64, device=updates.device)
+        at_origin = prev is None
         for _ in range(self.n_iter):
-            dist = distances_to(updates, v)
+            dist = row_norms(updates) if at_origin else distances_to(updates, v)
+            at_origin = False
             s = torch.clamp(self.tau / dist.clamp_min(1e-300), max=1.0)
             s = torch.where(ok, s, torch.zeros_like(s))
             shrink = 1.0 - float(s.sum()) / n
-            v = v * shrink + combine(s / n, updates)
+            v = v * shrink + combine(s / n, updates, ok)
             a *= shrink
             w = w * shrink + s / n
         reasons = {i: "non-finite update" for i in (~ok).nonzero().flatten().tolist()}

@@ -160,7 +160,7 @@ class SignedChunks(Filter):
     ban: bool = True
     keyid_policy: Literal["match", "ignore"] = "match"
     acts_at: ClassVar[str] = "transport"
-    summary: ClassVar[str] = "Signed update headers (in-toto/DSSE, P-256): reject replay, rollback, forgery, equivocation"
+    summary: ClassVar[str] = "Signed update headers (in-toto/DSSE): reject forgery, replay, rollback, equivocation"
     reference: ClassVar[str] = "DSSE v1; in-toto Statement v1; BEP 52; REFERENCES §3.2"
 
     def validate_gossip(self, v: bool) -> None:
@@ -190,8 +190,10 @@ class SignedChunks(Filter):
             distinct = list(dict.fromkeys(bytes(h) for h in hs))
             if len(distinct) > 1:
                 a, b = read_header(distinct[0]), read_header(distinct[1])
-                what = (f"Merkle roots {a.merkle_root[:12]}… and {b.merkle_root[:12]}…" if a.merkle_root != b.merkle_root
-                        else f"one Merkle root {a.merkle_root[:12]}…, nonces {a.nonce[:8]}… and {b.nonce[:8]}…")
+                if a.merkle_root != b.merkle_root:
+                    what = f"Merkle roots {a.merkle_root[:12]}… and {b.merkle_root[:12]}…"
+                else:
+                    what = f"one Merkle root {a.merkle_root[:12]}…, nonces {a.nonce[:8]}… and {b.nonce[:8]}…"
                 out[int(c)] = f"equivocation: {len(distinct)} different signed headers for round {round} ({what})"
         return out
 

@@ -32,10 +32,10 @@ OURS = ["chunk_tamper", "chunk_substitute", "mix_and_match", "replay", "equivoca
 def _scenario(defense=("mean",), attack=None, rounds=2, clients=8, fraction=0.25, **sections):
     doc = {
         "scenario": {"seed": 1},
-        "workload": {"name": "digits"},
+        "workload": {"name": "synthetic"},  # logistic regression on 20 features: d = 84, fast
         "federation": {"clients": clients, "rounds": rounds, "lr": 0.2, "malicious_fraction": fraction,
                        "partition": "iid", "local_steps": 5},
-        "transport": {"chunk_size": 4096, "network": {"retries": 1}},
+        "transport": {"chunk_size": 128, "network": {"retries": 1}},  # a dense update: 352 B = 3 chunks
         "defense": {"pipeline": [{"name": d} if isinstance(d, str) else d for d in defense]},
     }
     if attack is not None:
@@ -77,15 +77,14 @@ def test_bit_flips_by_a_relay_are_caught_by_chunk_digests_and_the_relay_is_named
     assert tx.mismatches and set(r.extra["flagged_relays"]) <= set(fed.malicious)
     for author, _, relay in tx.mismatches:
         assert author not in fed.malicious and relay in fed.malicious
-        assert r.rejected[author].startswith("chunk ") and f"via relay {relay}" in tx.detections[author] \
-            or author in r.rejected
+        assert "digest mismatch (via relay " in r.rejected[author]
     # whatever arrived is byte-identical to what its author sent
     assert all(tx.payloads[c] == sent[c] for c in tx.payloads)
 
 
 def test_an_on_path_polluter_denies_service_but_never_gets_a_flipped_bit_aggregated():
     fed, res, log = _run(SIGNED, {"name": "chunk_tamper", "position": "path", "headers": True}, rounds=1)
-    r, (sent, tx) = res.records[0], log[0]
+    r, (_, tx) = res.records[0], log[0]
     for c in range(8):
         if c in fed.malicious:
             assert r.accepted[c]
@@ -123,8 +122,8 @@ def test_mix_and_match_passes_under_an_unsigned_forged_header_and_not_under_a_si
     assert all(res.records[1].accepted) and res.records[1].rejected == {}
     for c in (c for c in range(8) if c not in fed.malicious):
         old, new, got = (x[c] for x in (sent0, sent1, tx1.payloads))
-        mixed = b"".join((old if i % 2 else new)[i * 4096:(i + 1) * 4096] for i in range(5))
-        assert len(new) == 19256 and got == mixed and got not in (old, new)  # 5 chunks: 4 × 4096 + 2872
+        # 16-byte codec header + 84 float32 = 352 bytes = chunks of 128, 128, 96; the odd one is old
+        assert len(new) == 352 and got == new[:128] + old[128:256] + new[256:] and got not in (old, new)
 
     fed, res, _ = _run(SIGNED, {"name": "mix_and_match", "position": "path"})
     for c in (c for c in range(8) if c not in fed.malicious):
@@ -173,8 +172,8 @@ def test_equivocation_counts_twice_unsigned_and_is_banned_with_gossip():
 def test_withholding_is_a_dropped_straggler_not_a_detection():
     fed, res, _ = _run(SIGNED, {"name": "withhold", "fraction": 0.5}, rounds=1)
     r = res.records[0]
-    for c in fed.malicious:  # 5 chunks, the last ⌈2.5⌉ = 3 withheld: the first missing is chunk 2
-        assert not r.accepted[c] and r.dropped[c] == "withheld: missing chunk 2" and c not in r.rejected
+    for c in fed.malicious:  # 3 chunks, the last ⌈1.5⌉ = 2 withheld: the first missing is chunk 1
+        assert not r.accepted[c] and r.dropped[c] == "withheld: missing chunk 1" and c not in r.rejected
     assert sum(r.accepted) == 6
 
 
@@ -186,12 +185,13 @@ NORM = {"name": "norm_bound", "mode": "reject", "bound": 5.0}
     ("none", "scale", "norm "),
     ("int8", "scale", "norm "),
     ("fp16", "scale", "norm "),
-    ("none", "dim", "undecodable update: none payload: dimension 4294967295, expected 4810"),
-    ("topk", "density", "undecodable update: topk payload: header count 4810"),
+    ("none", "dim", "undecodable update: none payload: dimension 4294967295, expected 84"),
+    ("topk", "density", "undecodable update: topk payload: header count 84, topk(fraction=0.1, indices='auto') "
+                        "at d=84 expects 8"),
 ])
 def test_codec_abuse_is_caught_after_decoding(codec, mode, reason):
     fed, res, _ = _run(("signed_chunks", NORM, "mean"), {"name": "codec_abuse", "mode": mode}, rounds=1,
-                       transport={"codec": codec})
+                       transport={"codec": codec, "codec_params": {"block_size": 32} if codec == "int8" else {}})
     r = res.records[0]
     for c in fed.malicious:
         assert not r.accepted[c] and r.rejected[c].startswith(reason), r.rejected[c]
@@ -201,8 +201,8 @@ def test_codec_abuse_is_caught_after_decoding(codec, mode, reason):
 def test_codec_abuse_without_a_bound_wrecks_the_model_but_nothing_crashes():
     fed, res, _ = _run(("mean",), {"name": "codec_abuse"})
     norms = res.records[0].extra["norms"]
-    assert min(norms[c] for c in fed.malicious) > 1e31  # 4810 coordinates of ±1e30
-    assert all(r.accuracy < 0.2 for r in res.records)
+    assert all(norms[c] == pytest.approx(1e30 * 84 ** 0.5, rel=1e-6) for c in fed.malicious)  # 84 × ±1e30
+    assert all(not r.loss < 1e20 for r in res.records)  # huge or non-finite: the model is wrecked
 
 
 # ----------------------------------------------------------------------------- rogue sub-aggregator
@@ -240,10 +240,10 @@ def test_rogue_aggregator_hurts_a_mean_at_the_top_far_more_than_a_median():
     mean = Federation(_scenario(attack={"name": "rogue_aggregator", "group": 0}, hierarchy={**hier}, **kw)).run()
     median = Federation(_scenario(attack={"name": "rogue_aggregator", "group": 0},
                                   hierarchy={**hier, "upper_defense": "median"}, **kw)).run()
-    # one of four groups flipped ×10: the mean at the top is wrecked (below chance), a median over the
-    # four groups keeps most of the progress (measured: clean 0.41, mean 0.01, median 0.27)
-    assert clean >= 0.35 and mean.records[-1].accuracy <= 0.1
-    assert median.records[-1].accuracy >= mean.records[-1].accuracy + 0.2
+    # one of four groups flipped ×10: the mean at the top is wrecked (below the 4-class chance), a
+    # median over the four groups keeps nearly all of the progress (measured: 0.785, 0.11, 0.76)
+    assert clean >= 0.7 and mean.records[-1].accuracy <= 0.2
+    assert median.records[-1].accuracy >= clean - 0.1
 
 
 # ----------------------------------------------------------------------------- identity grinding

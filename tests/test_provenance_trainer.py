@@ -130,7 +130,8 @@ def test_verifier_accepts_an_honest_header_and_names_every_forgery():
     old = sign_update(_manifest(round=2, nonce="02" * 16)[0], KEYS[0])
     assert reason(0, old) == "replay: header is signed for round 2, this is round 3"
     stale = sign_update(_manifest(nonce="03" * 16, parent="cd" * 32)[0], KEYS[0])
-    assert reason(0, stale) == "rollback: header's parent model cdcdcdcdcdcd… is not the current model abababababab…"
+    assert reason(0, stale) == \
+        "rollback: header's parent model cdcdcdcdcdcd… is not the current model abababababab…"
     other = sign_update(_manifest(nonce="04" * 16)[0], KEYS[1])  # client 1's key, sent as client 0
     assert reason(0, other).startswith("bad signature: ")
     assert reason(2, sign_update(_manifest(client=2, nonce="05" * 16)[0], KEYS[2])) == \
@@ -174,7 +175,8 @@ def test_defense_parameters_are_validated_and_it_is_an_identity_filter():
         assert dec.accepted.tolist() == [True, True] and dec.aggregate.tolist() == [2.0, 3.0]
     sc = _scenario(("signed_chunks", "provenance_gate", "median"))
     assert sc.defense_label() == "signed_chunks+provenance_gate+median"
-    with pytest.raises(InvalidScenario, match=r"\[defense.pipeline\[0\]\]: defense 'signed_chunks': parameter 'ban' = 3: expected true or false"):
+    with pytest.raises(InvalidScenario,
+                       match=r"\[defense.pipeline\[0\]\]: defense 'signed_chunks': parameter 'ban' = 3: expected true"):
         _scenario(({"name": "signed_chunks", "ban": 3}, "mean"))
 
 

@@ -271,7 +271,8 @@ class Federation:
                 honest_pos = [k for k, c in enumerate(part) if not self.is_malicious[c]]
                 if mal_pos and self.attack.surfaces:
                     own = deltas[mal_pos]
-                    omni = fed.omniscient if fed.omniscient is not None else bool(getattr(self.attack, "omniscient", False))
+                    omni = fed.omniscient if fed.omniscient is not None else \
+                        bool(getattr(self.attack, "omniscient", False))
                     visible = deltas[honest_pos] if (omni and honest_pos) else own
                     actx = AttackContext(
                         round=rnd,
@@ -349,16 +350,15 @@ class Federation:
                         client_ids=tuple(row_clients[r] for r in rows_),
                     )
 
-                tamper_group = None
-                if actx is not None and Surface.HIERARCHY in self.attack.surfaces:
-                    ctx_h = actx
+                ctx_h = actx if Surface.HIERARCHY in self.attack.surfaces else None
 
-                    def tamper_group(gi: int, rows_: list[int], agg: torch.Tensor) -> torch.Tensor:
-                        members = tuple(row_clients[r] for r in rows_)
-                        return self.attack.tamper_subaggregate(agg, gi, members, ctx_h)
+                def tamper_group(gi: int, rows_: list[int], agg: torch.Tensor) -> torch.Tensor:
+                    members = tuple(row_clients[r] for r in rows_)
+                    return self.attack.tamper_subaggregate(agg, gi, members, ctx_h)
 
                 merged = hierarchical_merge(
-                    upd, w, groups, self.defense, self.upper_defense, self.hierarchy.fan_out, make_ctx, tamper_group
+                    upd, w, groups, self.defense, self.upper_defense, self.hierarchy.fan_out, make_ctx,
+                    tamper_group if ctx_h is not None else None,
                 )
                 defense_state = merged.state
                 for pos, c in enumerate(row_clients):
@@ -469,19 +469,17 @@ class Federation:
             tamper = lambda deliveries: self.attack.tamper_chunks(deliveries, ctx_t)  # noqa: E731
 
         verify_s = [0.0]
-        open_header = None
-        if verifier is not None:
 
-            def open_header(author: int, header: bytes) -> UpdateManifest:
-                t = time.perf_counter()
-                try:
-                    return verifier.open(author, header, round=rnd, parent_digest=digest)
-                finally:
-                    verify_s[0] += time.perf_counter() - t
+        def open_header(author: int, header: bytes) -> UpdateManifest:
+            t = time.perf_counter()
+            try:
+                return verifier.open(author, header, round=rnd, parent_digest=digest)
+            finally:
+                verify_s[0] += time.perf_counter() - t
 
         tx = self.network.transmit(
             rnd, uploads, sc.federation.local_steps, self._np["network"], tamper,
-            parent_digest=digest, headers=headers, open_header=open_header,
+            parent_digest=digest, headers=headers, open_header=open_header if verifier is not None else None,
         )
         if keep:
             history[rnd] = tuple(

@@ -49,10 +49,13 @@ that client opens. When several *different* headers open for one client (equivoc
 the first is the update this receiver takes, ``headers`` lists them all (for gossip
 between sub-aggregators), and each further one whose chunks arrive complete (matched
 by digest, as content-addressed chunks are) is returned in ``alternates``: the copy a
-different sub-aggregator would have received. ``bytes_on_wire`` counts each manifest, each scheduled attempt on each hop it takes
-(lost attempts included: their bytes were sent) and any net growth in bytes the tamper
-hook causes (injected or replayed chunks). Re-fetch and relay uplinks are not modelled as
-contended. All randomness comes from the ``np.random.Generator`` passed in.
+different sub-aggregator would have received.
+
+``bytes_on_wire`` counts each manifest (or header, signature included), each scheduled
+attempt on each hop it takes (lost attempts included: their bytes were sent) and any net
+growth in bytes the tamper hook causes (injected or replayed chunks and headers).
+Re-fetch and relay uplinks are not modelled as contended. All randomness comes from the
+``np.random.Generator`` passed in.
 """
 
 from __future__ import annotations
