@@ -145,7 +145,9 @@ def test_adaptive_ends_just_inside_norm_bound():
     ctx = make_ctx(HONEST, [[0.3, 0.4]], defense=defense)
     out = redteam.attack("adaptive").craft_updates(ctx)
     norm = float(torch.linalg.vector_norm(out.to(torch.float64)))
-    assert 1.7 - 1e-6 <= norm <= 1.7
+    # just inside the bound; "inside" is decided by the defense itself (the float32 row's
+    # norm may exceed 1.7 by one ulp of the float64 computation and still be accepted)
+    assert 1.7 - 1e-6 <= norm <= 1.7 + 1e-12
     assert cos(out[0], torch.tensor([0.3, 0.4])).item() == pytest.approx(-1.0)
     full = torch.cat([torch.tensor(HONEST), out])
     assert defense(full).accepted.all()
@@ -158,7 +160,8 @@ def test_adaptive_shrinks_an_attack_that_is_too_strong():
     ctx = make_ctx(HONEST, [[0.3, 0.4], [0.0, 0.1]], defense=defense)
     out = redteam.attack("adaptive", attack="ipm", params={"epsilon": 100.0}).craft_updates(ctx)
     norms = torch.linalg.vector_norm(out.to(torch.float64), dim=1)
-    assert bool((norms <= 1.0).all()) and bool((norms >= 1.0 - 1e-6).all())
+    assert bool((norms <= 1.0 + 1e-12).all()) and bool((norms >= 1.0 - 1e-6).all())
+    assert defense(torch.cat([torch.tensor(HONEST), out])).accepted.all()
     assert cos(out[0], torch.tensor([-0.1, -0.15])).item() == pytest.approx(1.0)
 
 
