@@ -160,7 +160,7 @@ def test_adaptive_shrinks_an_attack_that_is_too_strong():
     ctx = make_ctx(HONEST, [[0.3, 0.4], [0.0, 0.1]], defense=defense)
     out = redteam.attack("adaptive", attack="ipm", params={"epsilon": 100.0}).craft_updates(ctx)
     norms = torch.linalg.vector_norm(out.to(torch.float64), dim=1)
-    assert bool((norms <= 1.0 + 1e-12).all()) and bool((norms >= 1.0 - 1e-6).all())
+    assert bool((norms <= 1.0 + 1e-6).all()) and bool((norms >= 1.0 - 1e-6).all())  # float32 rows
     assert defense(torch.cat([torch.tensor(HONEST), out])).accepted.all()
     assert cos(out[0], torch.tensor([-0.1, -0.15])).item() == pytest.approx(1.0)
 
