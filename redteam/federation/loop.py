@@ -165,11 +165,17 @@ class Federation:
         self.root = StackedData.stack([ClientData(ds.train_x[root_idx], ds.train_y[root_idx])]).to(self.device)
         # targeted / backdoor attacks say which test inputs measure their success (ASR);
         # the baseline is scored on the same inputs, so its ASR is the natural rate
-        targeted_from = self.attack if hasattr(self.attack, "targeted_test") else build_attack(scenario.attack)
         self._targeted = None
-        if hasattr(targeted_from, "targeted_test"):
-            tx, ty = targeted_from.targeted_test(ds.test_x, ds.test_y)
+        for candidate in (self.attack, build_attack(scenario.attack)):
+            targeted_test = getattr(candidate, "targeted_test", None)
+            if targeted_test is None:
+                continue
+            try:
+                tx, ty = targeted_test(ds.test_x, ds.test_y)
+            except AttributeError:  # a composition without a targeted part
+                continue
             self._targeted = (tx.to(self.device), ty.to(self.device))
+            break
 
         model = self.workload.build_model(self._torch["init"])
         self.spec = ParamSpec.of(model)

@@ -1,0 +1,137 @@
+"""Composition: several attacks acting together, each on its own surface.
+
+Many published attacks are two techniques at once: model replacement (Bagdasaryan et
+al., AISTATS 2020) boosts an update trained on *backdoored data*; constrain-and-scale
+scales a poisoned update to just inside a norm bound (Sun et al. 2019; Wang et al.,
+"Attack of the Tails", NeurIPS 2020). ``compose`` lets a scenario say exactly that::
+
+    [attack]
+    name = "compose"
+    attacks = [ { name = "backdoor", target = 0 }, { name = "model_replacement" } ]
+
+Hooks run in the order given: ``poison_data`` chains the data attacks, ``craft_updates``
+feeds each update attack the rows the previous one produced (as ``own_updates``), and the
+transport, provenance and hierarchy hooks chain likewise. The composite is omniscient,
+adaptive or targeted if any part is; ASR comes from the first part that defines
+``targeted_test``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from redteam.errors import RedteamError
+from redteam.types import Attack, AttackContext, ClientData, param_error
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True, slots=True)
+class Compose(Attack):
+    """Run several attacks together (see the module docstring).
+
+    ``attacks``: the parts, as tables with a ``name`` (default: just ``none``).
+    """
+
+    attacks: tuple[Any, ...] = ({"name": "none"},)
+    summary: ClassVar[str] = "Several attacks at once, each on its surface (e.g. backdoor + model replacement)"
+    reference: ClassVar[str] = "Bagdasaryan et al., AISTATS 2020 (backdoor + boosting)"
+
+    def validate_attacks(self, v: tuple[Any, ...]) -> None:
+        if not isinstance(v, tuple) or not v:
+            raise param_error(self, "attacks", v, "must be a non-empty list of attack tables")
+        for i, a in enumerate(v):
+            if isinstance(a, Attack):
+                continue
+            if not (isinstance(a, dict) and isinstance(a.get("name"), str)):
+                raise param_error(self, f"attacks[{i}]", a, "must be a table with a 'name' (or an Attack)")
+            if a["name"] == "compose":
+                raise param_error(self, f"attacks[{i}]", a, "compose cannot contain compose")
+        try:
+            self.parts
+        except RedteamError as exc:
+            raise param_error(self, "attacks", v, str(exc)) from None
+
+    def __hash__(self) -> int:
+        return hash(tuple(repr(a) for a in self.attacks))
+
+    @property
+    def parts(self) -> tuple[Attack, ...]:
+        from redteam.registry import ATTACKS
+
+        return tuple(
+            a if isinstance(a, Attack) else ATTACKS.create(a["name"], {k: x for k, x in a.items() if k != "name"})
+            for a in self.attacks
+        )
+
+    @property
+    def surfaces(self) -> tuple[str, ...]:  # type: ignore[override]
+        seen: list[str] = []
+        for p in self.parts:
+            for s in p.surfaces:
+                if s not in seen:
+                    seen.append(s)
+        return tuple(seen)
+
+    @property
+    def omniscient(self) -> bool:  # type: ignore[override]
+        return any(getattr(p, "omniscient", False) for p in self.parts)
+
+    @property
+    def capabilities(self) -> tuple[str, ...]:
+        """What the parts hold (enrolled keys, the log key), for provenance attacks."""
+        caps: list[str] = []
+        for p in self.parts:
+            caps.extend(c for c in getattr(p, "capabilities", ()) if c not in caps)
+        return tuple(caps)
+
+    @property
+    def adaptive(self) -> bool:
+        return any(getattr(p, "adaptive", False) for p in self.parts)
+
+    @property
+    def produces_nonfinite(self) -> bool:  # type: ignore[override]
+        return any(getattr(p, "produces_nonfinite", False) for p in self.parts)
+
+    def targeted_test(self, x: "torch.Tensor", y: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
+        for p in self.parts:
+            if hasattr(p, "targeted_test"):
+                return p.targeted_test(x, y)
+        raise AttributeError("no part of this composition is a targeted attack")
+
+    def poison_data(self, data: ClientData, client: int, generator: "torch.Generator") -> ClientData:
+        for p in self.parts:
+            data = p.poison_data(data, client, generator)
+        return data
+
+    def craft_updates(self, ctx: AttackContext) -> "torch.Tensor":
+        rows = ctx.own_updates
+        for p in self.parts:
+            if "updates" in p.surfaces:
+                rows = p.craft_updates(dataclasses.replace(ctx, own_updates=rows))
+        return rows
+
+    def tamper_chunks(self, deliveries: list, ctx: AttackContext) -> list:
+        for p in self.parts:
+            deliveries = p.tamper_chunks(deliveries, ctx)
+        return deliveries
+
+    def forge_provenance(self, manifest: Any, ctx: AttackContext) -> Any:
+        for p in self.parts:
+            manifest = p.forge_provenance(manifest, ctx)
+        return manifest
+
+    def choose_identity(self, client: int, n_groups: int) -> str:
+        for p in self.parts:
+            if "hierarchy" in p.surfaces:
+                return p.choose_identity(client, n_groups)
+        return str(client)
+
+    def tamper_subaggregate(self, aggregate: "torch.Tensor", group: int, members: tuple[int, ...],
+                            ctx: AttackContext) -> "torch.Tensor":
+        for p in self.parts:
+            aggregate = p.tamper_subaggregate(aggregate, group, members, ctx)
+        return aggregate
