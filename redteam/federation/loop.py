@@ -309,7 +309,16 @@ class Federation:
                                              history, keep)
                 extra.update(timing)
                 dropped.update(tx.dropped)
-                rejected.update(tx.detections)
+                # a check that failed but was repaired by a re-fetch (a tampered relayed chunk
+                # fetched again from another peer) is a detection, not a rejected update
+                repaired: dict[int, str] = {}
+                for c, why in tx.detections.items():
+                    if c in tx.payloads:
+                        repaired[c] = why
+                    else:
+                        rejected[c] = why
+                if repaired:
+                    extra["repaired"] = repaired
                 if tx.mismatches:
                     flagged: dict[int, int] = {}
                     for _, _, r in tx.mismatches:
