@@ -109,9 +109,13 @@ def execute_unit(doc: dict[str, Any], device: str = "cpu", threads: int | None =
 # ------------------------------------------------------------------------ executors
 
 
-def _local(units: list[Unit], device: str, workers: int, ray_address: str | None) -> Iterator[tuple[Unit, dict]]:
-    for u in units:
-        yield u, execute_unit(u.doc, device)
+Phases = list[list[Unit]]
+
+
+def _local(phases: Phases, device: str, workers: int, ray_address: str | None) -> Iterator[tuple[Unit, dict]]:
+    for phase in phases:
+        for u in phase:
+            yield u, execute_unit(u.doc, device)
 
 
 def _init_worker(threads: int) -> None:
@@ -120,23 +124,34 @@ def _init_worker(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _process(units: list[Unit], device: str, workers: int, ray_address: str | None) -> Iterator[tuple[Unit, dict]]:
+def _process(phases: Phases, device: str, workers: int, ray_address: str | None) -> Iterator[tuple[Unit, dict]]:
+    """One pool for all phases; a phase is submitted once the previous one was consumed
+    (so the baselines are in the store before the attacked runs that need them)."""
     import multiprocessing as mp
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
 
     threads = max(1, (os.cpu_count() or 1) // workers)
     ctx = mp.get_context("spawn")  # no fork after torch has started its thread pools
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
                              initargs=(threads,)) as pool:
-        pending = {pool.submit(execute_unit, u.doc, device, threads): u for u in units}
-        while pending:
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in done:
-                u = pending.pop(fut)
-                yield u, fut.result()
+        for phase in phases:
+            pending = {pool.submit(execute_unit, u.doc, device, threads): u for u in phase}
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    u = pending.pop(fut)
+                    try:
+                        result = fut.result()
+                    except BrokenProcessPool:
+                        raise RedteamError(
+                            "a worker process died (out of memory, or killed); finished runs are in the "
+                            "store: rerun with --resume"
+                        ) from None
+                    yield u, result
 
 
-def _ray(units: list[Unit], device: str, workers: int, ray_address: str | None) -> Iterator[tuple[Unit, dict]]:
+def _ray(phases: Phases, device: str, workers: int, ray_address: str | None) -> Iterator[tuple[Unit, dict]]:
     try:
         import ray
     except ImportError:
@@ -151,12 +166,13 @@ def _ray(units: list[Unit], device: str, workers: int, ray_address: str | None) 
     try:
         threads = max(1, (os.cpu_count() or 1) // workers) if not ray_address else 1
         task = ray.remote(num_cpus=1)(execute_unit)
-        refs = {task.remote(u.doc, device, threads): u for u in units}
-        while refs:
-            done, _ = ray.wait(list(refs), num_returns=1)
-            for ref in done:
-                u = refs.pop(ref)
-                yield u, ray.get(ref)
+        for phase in phases:
+            refs = {task.remote(u.doc, device, threads): u for u in phase}
+            while refs:
+                done, _ = ray.wait(list(refs), num_returns=1)
+                for ref in done:
+                    u = refs.pop(ref)
+                    yield u, ray.get(ref)
     finally:
         if started:
             ray.shutdown()
@@ -226,15 +242,14 @@ def run_matrix(
             if on_progress:
                 on_progress(done, total, label)
 
-        for phase in (todo_b, todo_a):
-            if not phase:
-                continue
-            report(_label(phase[0]))
-            for unit, result in run(phase, device, workers, ray_address):
-                _record(store, unit, result)
-                done += 1
-                computed += 1
-                report(_label(unit))
+        phases = [p for p in (todo_b, todo_a) if p]
+        if phases:
+            report(_label(phases[0][0]))
+        for unit, result in run(phases, device, workers, ray_address):
+            _record(store, unit, result)
+            done += 1
+            computed += 1
+            report(_label(unit))
         return MatrixSummary(store.path, total, computed, total - computed, time.perf_counter() - t0)
     finally:
         store.close()
