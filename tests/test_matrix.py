@@ -203,3 +203,20 @@ def test_two_concurrent_runs_do_not_corrupt_one_store(tmp_path):
     run_matrix(f, ref)
     with ResultsStore(ref) as x, ResultsStore(out) as y:
         assert x.canonical_dump() == y.canonical_dump()
+
+
+@pytest.mark.parametrize("executor", ["process", "ray"])
+def test_parallel_executors_match_local(tmp_path, executor):
+    if executor == "ray":
+        pytest.importorskip("ray")
+    f = tmp_path / "m.toml"
+    f.write_text(MATRIX_TOML.replace("seeds = 2", "seeds = 1").replace(', { name = "gaussian", std = 3.0 }', ""))
+    run_matrix(f, tmp_path / "local")
+    s = run_matrix(f, tmp_path / executor, executor=executor, workers=2)
+    assert s.computed == 2 + 2 * 2
+    with ResultsStore(tmp_path / "local") as a, ResultsStore(tmp_path / executor) as b:
+        ra, rb = a.results(with_rounds=True), b.results(with_rounds=True)
+        assert [r["cell_id"] for r in ra] == [r["cell_id"] for r in rb]
+        for x, y in zip(ra, rb):
+            assert [r["accuracy"] for r in x["rounds"]] == pytest.approx([r["accuracy"] for r in y["rounds"]], abs=1e-9)
+            assert [r["accepted"] for r in x["rounds"]] == [r["accepted"] for r in y["rounds"]]
