@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import statistics
-import time
 
 import torch
 
 from redteam.transport import Compressor, build_manifest, check_chunk, make_codec, reassemble
+from _timing import median_time
 
 CODECS = [
     ("none", {}),
@@ -34,16 +33,6 @@ CODECS = [
 ]
 
 
-def _median_time(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
 def bench_codecs(n: int, d: int, repeats: int) -> None:
     g = torch.Generator().manual_seed(0)
     updates = torch.randn(n, d, generator=g) * 0.01
@@ -55,8 +44,8 @@ def bench_codecs(n: int, d: int, repeats: int) -> None:
     for name, params in CODECS:
         comp = Compressor(make_codec(name, **params), error_feedback=True)
         res = comp.compress(updates, residual, g)
-        t_enc = _median_time(lambda: comp.compress(updates, residual, g), repeats)
-        t_dec = _median_time(lambda: comp.decode_many(res.payloads, d), repeats)
+        t_enc = median_time(lambda: comp.compress(updates, residual, g), repeats)
+        t_dec = median_time(lambda: comp.decode_many(res.payloads, d), repeats)
         _, errors = comp.decode_many(res.payloads, d)
         assert errors == [None] * n
         print(
@@ -85,7 +74,7 @@ def bench_chunking(total_mib: int, chunk_size: int, repeats: int) -> None:
         reassemble(m, dict(enumerate(ch)))
 
     mb = len(payload) / 1e6
-    t_raw, t_verify, t_full = (_median_time(f, repeats) for f in (raw, verify, full))
+    t_raw, t_verify, t_full = (median_time(f, repeats) for f in (raw, verify, full))
     print(f"\n## chunking, {total_mib} MiB payload, chunk_size = {chunk_size:,} ({manifest.n_chunks} chunks)\n")
     print(f"raw SHA-256 over the whole payload:   {mb / t_raw:7.0f} MB/s")
     print(f"per-chunk verification (receiver):    {mb / t_verify:7.0f} MB/s  ({100 * t_raw / t_verify:.0f} % of raw)")

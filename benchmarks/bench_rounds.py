@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import numpy as np
 import torch
@@ -24,16 +23,7 @@ from redteam.federation.training import BatchedTrainer, LocalTraining, StackedDa
 from redteam.types import ClientData
 from redteam.workloads.digits import Digits
 from redteam.workloads.synthetic import Synthetic
-
-
-def _median_time(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+from _timing import median_time
 
 
 def _clients(workload, n: int, seed: int = 0):
@@ -69,8 +59,8 @@ def bench_training(workload, n: int, repeats: int, loop: bool = True) -> dict:
     tr = BatchedTrainer(workload, model, spec)
     gen = torch.Generator().manual_seed(0)
     idx = torch.arange(n)
-    batched = _median_time(lambda: tr.train(flat, data, idx, cfg, gen), repeats)
-    looped = _median_time(lambda: per_client_loop(workload, model, spec, flat, clients, cfg, gen), max(1, repeats // 3)) if loop else float("nan")
+    batched = median_time(lambda: tr.train(flat, data, idx, cfg, gen), repeats)
+    looped = median_time(lambda: per_client_loop(workload, model, spec, flat, clients, cfg, gen), max(1, repeats // 3)) if loop else float("nan")
     return {"n": n, "batched_ms": batched * 1e3, "loop_ms": looped * 1e3, "ratio": looped / batched}
 
 
