@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--version", action="store_true", help="print the version and exit")
+    p.add_argument("--version", action="store_true", dest="show_version", help="print the version and exit")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     run = sub.add_parser(
@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.version:
+    if args.show_version:
         from . import __version__
 
         print(f"redteam {__version__}")

@@ -72,3 +72,15 @@ def test_lists(capsys):
     assert "sign_flip" in out and "variant" in out
     assert main(["defenses", "list"]) == 0
     assert "norm_bound" in capsys.readouterr().out
+
+
+def test_subcommand_version_option_is_not_the_global_version(tmp_path, capsys):
+    # `provenance manifest --version` is the dataset's version, not "print redteam's version"
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.csv").write_text("1,2\n")
+    out = tmp_path / "stmt.json"
+    rc = main(["provenance", "manifest", str(data), "--client", "c0", "--dataset", "toy",
+               "--version", "3", "--license", "MIT", "--out", str(out)])
+    assert rc == 0 and out.exists()
+    assert "redteam 0." not in capsys.readouterr().out
