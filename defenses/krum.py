@@ -84,7 +84,7 @@ def _rank(
 
     ok = torch.isfinite(dist)
     total = torch.where(ok, dist, torch.zeros_like(dist)).sum(dim=1)
-    keys = [scores, (~ok).sum(dim=1).to(scores.dtype), total]
+    keys = [_tie_classes(scores), (~ok).sum(dim=1).to(scores.dtype), _tie_classes(total)]
 
     def order_by(columns: list["torch.Tensor"]) -> "torch.Tensor":
         order = torch.arange(scores.shape[0], device=scores.device)
@@ -99,6 +99,28 @@ def _rank(
             extra = content().to(device=scores.device)
             order = order_by(keys + [extra[:, 0], extra[:, 1]])
     return order
+
+
+def _tie_classes(values: "torch.Tensor", rtol: float = 1e-9) -> "torch.Tensor":
+    """Replace values by the index of their tie class: sorted values closer than
+    ``rtol`` × (largest finite magnitude) to their predecessor share a class.
+
+    Scores that are equal in exact arithmetic come out of the Gram matrix a few ulps
+    apart, in an order that depends on the rows' positions; classing them makes the
+    ranking depend on the multiset of values only (then content keys break the tie).
+    """
+    import torch
+
+    vals, idx = torch.sort(values)
+    finite = vals[torch.isfinite(vals)]
+    scale = float(finite.abs().max()) if finite.numel() else 0.0
+    tol = rtol * max(scale, 1e-300)
+    gaps = vals[1:] - vals[:-1]
+    step = torch.zeros_like(vals, dtype=torch.int64)
+    step[1:] = (gaps > tol).to(torch.int64)  # inf − inf = nan: infinite values share a class
+    classes = torch.empty_like(step)
+    classes[idx] = torch.cumsum(step, 0)
+    return classes.to(values.dtype)
 
 
 def _krum_f(obj: Any, f: int | None, n: int) -> int:

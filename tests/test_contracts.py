@@ -126,8 +126,6 @@ def test_krum_is_invariant_to_permuting_tied_clients():
     check_defense("krum", updates=rows, permutation=[2, 3, 0, 1])
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (defenses/krum.py): scores tied in exact arithmetic differ by Gram "
-                                       "rounding (~1e-13), so the pick between two tied groups depends on order")
 def test_krum_is_invariant_to_permuting_rounding_tied_clients():
     # Found by the kit (250 generated inputs): seven rows where clients 1 and 4 send the same
     # update a, clients 2 and 3 the same update b. With f = 2 and 3 neighbours, a's score is

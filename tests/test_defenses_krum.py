@@ -184,3 +184,11 @@ def test_exact_ties_between_different_rows_do_not_depend_on_order():
     outs = {tuple(MultiKrum(f=1, m=2)(x[list(p)]).aggregate.tolist())
             for p in ([0, 1, 2, 3, 4], [3, 2, 1, 0, 4], [4, 1, 3, 0, 2])}
     assert len(outs) == 1
+
+
+def test_tie_classes_group_values_within_relative_tolerance():
+    from defenses.krum import _tie_classes
+
+    # 1.0 and 1.0 + 1e-13 tie (relative gap 1e-13 < 1e-9); 2.0 is its own class; infinities share one
+    v = torch.tensor([2.0, 1.0 + 1e-13, float("inf"), 1.0, float("inf")], dtype=torch.float64)
+    assert _tie_classes(v).tolist() == [1.0, 0.0, 2.0, 0.0, 2.0]
