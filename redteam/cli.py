@@ -231,7 +231,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     except ImportError:
         print_summary = None
     if print_summary is not None:
-        print_summary(console, summary.store.parent)
+        print_summary(console, summary.store)
     return 0
 
 

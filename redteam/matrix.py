@@ -236,10 +236,10 @@ def expand(doc: Mapping[str, Any], where: str, *, check_plugins: bool = True) ->
         for d_label, d_table in defenses:
             for a_label, a_table in attacks:
                 cdoc = copy.deepcopy(base)
-                for path, value in combo:
-                    _set_path(cdoc, path, value)
                 cdoc["attack"] = copy.deepcopy(a_table)
                 cdoc["defense"] = copy.deepcopy(d_table)
+                for path, value in combo:  # after the axes, so "attack.x" / "defense.x" sweep too
+                    _set_path(cdoc, path, value)
                 cell = Cell(a_label, d_label, tuple(combo), cdoc)
                 try:
                     parse_scenario(cdoc, file=where, check_plugins=check_plugins)

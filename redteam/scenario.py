@@ -135,7 +135,8 @@ class FederationSpec:
 
     @property
     def n_malicious(self) -> int:
-        return int(round(self.malicious_fraction * self.clients))
+        """round(fraction × clients), halves rounded up (0.5 × 5 → 3)."""
+        return int(math.floor(self.malicious_fraction * self.clients + 0.5))
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,7 +313,13 @@ def parse_scenario(data: Mapping[str, Any], *, file: str = "<scenario>", check_p
         spec = _plugin(data["workload"], "workload", where, WORKLOADS, check_plugins)
         kw["workload"] = WorkloadSpec(spec.name, spec.params)
     if "federation" in data:
-        kw["federation"] = _build(FederationSpec, data["federation"], "federation", where)
+        fed = _build(FederationSpec, data["federation"], "federation", where)
+        if fed.malicious_fraction > 0 and fed.n_malicious == 0:
+            raise where.err(
+                "[federation].malicious_fraction", data["federation"]["malicious_fraction"],
+                f"gives no malicious client among {fed.clients} (need ≥ {0.5 / fed.clients:.3g}, or 0 for none)",
+            )
+        kw["federation"] = fed
     if "transport" in data:
         kw["transport"] = _build(
             TransportSpec,

@@ -156,3 +156,21 @@ def test_device_cuda_without_gpu_is_a_clear_error():
 
     with pytest.raises(InvalidParameter, match="no CUDA device"):
         Federation(_scenario(federation={"rounds": 1}), device="cuda")
+
+
+def test_a_federation_runs_once():
+    from redteam.errors import RedteamError
+
+    fed = Federation(_scenario(federation={"rounds": 1}))
+    fed.run()
+    with pytest.raises(RedteamError, match="already run"):
+        fed.run()
+
+
+def test_upper_level_defenses_see_their_children_not_the_clients():
+    # FoolsGold insists that client_ids name each of its n inputs once: at the upper level
+    # its inputs are the 4 sub-aggregates, which carry no client ids
+    sc = _scenario(federation={"rounds": 2},
+                   hierarchy={"fan_out": 4, "depth": 2, "upper_defense": {"name": "foolsgold"}})
+    res = Federation(sc).run()
+    assert len(res.records) == 2

@@ -220,3 +220,14 @@ def test_parallel_executors_match_local(tmp_path, executor):
         for x, y in zip(ra, rb):
             assert [r["accuracy"] for r in x["rounds"]] == pytest.approx([r["accuracy"] for r in y["rounds"]], abs=1e-9)
             assert [r["accepted"] for r in x["rounds"]] == [r["accepted"] for r in y["rounds"]]
+
+
+def test_settings_under_attack_and_defense_really_sweep():
+    m = expand(_doc(defense={"name": "norm_bound", "bound": 1.0},
+                    matrix={"attacks": ["sign_flip"], "settings": {"defense.bound": [1.0, 5.0]}}), "x")
+    assert [c.doc["defense"]["bound"] for c in m.cells] == [1.0, 5.0]
+
+
+def test_malicious_fraction_that_rounds_to_no_client_is_an_error():
+    with pytest.raises(InvalidScenario, match="gives no malicious client among 4"):
+        expand(_doc(federation={"clients": 4, "malicious_fraction": 0.1}), "x.toml")

@@ -99,6 +99,7 @@ class Federation:
         server_root_samples: int = 64,
     ) -> None:
         self.scenario = scenario
+        self._ran = False
         self.device = resolve_device(device)
         self.attack_spec = attack if attack is not None else scenario.attack
         fed = scenario.federation
@@ -231,6 +232,10 @@ class Federation:
 
     # ------------------------------------------------------------------ one run
     def run(self, on_round: Callable[[RoundRecord], None] | None = None) -> RunResult:
+        """Run every round. A Federation runs once: its random streams advance as it goes."""
+        if self._ran:
+            raise RedteamError("this Federation has already run; build a new one for another run")
+        self._ran = True
         sc = self.scenario
         fed = sc.federation
         n = fed.clients
@@ -351,18 +356,25 @@ class Federation:
                 upd = torch.stack(rows)
                 w = self.weights[torch.as_tensor(row_clients, device=dev)]
 
+                # one server-data oracle per round: every merge node sees the same root update
+                evaluate_loss = self._evaluate_loss(params)
+                root_update = self._root_update(params)
+
                 def make_ctx(wts: torch.Tensor, rows_: list[int], key: str) -> ServerContext:
+                    # a bottom node's inputs are its clients; an upper node's are its children
+                    # (sub-aggregates), which carry no client ids
+                    bottom = len(rows_) == int(wts.shape[0])
                     return ServerContext(
                         round=rnd,
-                        n_clients=len(rows_),
+                        n_clients=int(wts.shape[0]),
                         weights=wts,
                         global_params=params,
                         previous_update=prev_update,
                         generator=self._torch["defense"],
                         state=defense_state.get(key, {}),
-                        evaluate_loss=self._evaluate_loss(params),
-                        root_update=self._root_update(params),
-                        client_ids=tuple(row_clients[r] for r in rows_),
+                        evaluate_loss=evaluate_loss,
+                        root_update=root_update,
+                        client_ids=tuple(row_clients[r] for r in rows_) if bottom else (),
                     )
 
                 ctx_h = actx if Surface.HIERARCHY in self.attack.surfaces else None

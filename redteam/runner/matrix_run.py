@@ -128,27 +128,37 @@ def _process(phases: Phases, device: str, workers: int, ray_address: str | None)
     """One pool for all phases; a phase is submitted once the previous one was consumed
     (so the baselines are in the store before the attacked runs that need them)."""
     import multiprocessing as mp
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-    from concurrent.futures.process import BrokenProcessPool
+    from concurrent.futures import ProcessPoolExecutor
 
     threads = max(1, (os.cpu_count() or 1) // workers)
     ctx = mp.get_context("spawn")  # no fork after torch has started its thread pools
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
                              initargs=(threads,)) as pool:
-        for phase in phases:
-            pending = {pool.submit(execute_unit, u.doc, device, threads): u for u in phase}
-            while pending:
-                done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    u = pending.pop(fut)
-                    try:
-                        result = fut.result()
-                    except BrokenProcessPool:
-                        raise RedteamError(
-                            "a worker process died (out of memory, or killed); finished runs are in the "
-                            "store: rerun with --resume"
-                        ) from None
-                    yield u, result
+        try:
+            yield from _drain(pool, phases, device, threads)
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)  # fail now, not after the queue
+            raise
+
+
+def _drain(pool: Any, phases: Phases, device: str, threads: int) -> Iterator[tuple[Unit, dict]]:
+    from concurrent.futures import FIRST_COMPLETED, wait
+    from concurrent.futures.process import BrokenProcessPool
+
+    for phase in phases:
+        pending = {pool.submit(execute_unit, u.doc, device, threads): u for u in phase}
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                u = pending.pop(fut)
+                try:
+                    result = fut.result()
+                except BrokenProcessPool:
+                    raise RedteamError(
+                        "a worker process died (out of memory, or killed); finished runs are in the "
+                        "store: rerun with --resume"
+                    ) from None
+                yield u, result
 
 
 def _ray(phases: Phases, device: str, workers: int, ray_address: str | None) -> Iterator[tuple[Unit, dict]]:
