@@ -307,7 +307,18 @@ def _saturate(x: "torch.Tensor", limit: float) -> "torch.Tensor":
 
 
 @dataclass(frozen=True, slots=True)
-class Float16(Codec):
+class _TwoByte(Codec):
+    """Shared wire layout of the 16-bit codecs: d little-endian 2-byte values, no flags."""
+
+    def _body(self, parts, i):
+        return 0, parts[i].tobytes()
+
+    def _body_size(self, d, flags):
+        return 2 * d
+
+
+@dataclass(frozen=True, slots=True)
+class Float16(_TwoByte):
     """IEEE 754 binary16, round to nearest even, saturating at ±65504."""
 
     name: ClassVar[str] = "fp16"
@@ -322,12 +333,6 @@ class Float16(Codec):
         h = _saturate(x, 65504.0).to(torch.float16)
         return h.to(torch.float32), _le(h.numpy(), "<f2")
 
-    def _body(self, parts, i):
-        return 0, parts[i].tobytes()
-
-    def _body_size(self, d, flags):
-        return 2 * d
-
     def _parse(self, view, flags, d, count):
         import torch
 
@@ -338,7 +343,7 @@ _BF16_MAX = float(np.frombuffer(np.uint32(0x7F7F0000).tobytes(), np.float32)[0])
 
 
 @dataclass(frozen=True, slots=True)
-class BFloat16(Codec):
+class BFloat16(_TwoByte):
     """bfloat16 (float32's exponent, 8-bit significand), round to nearest even."""
 
     name: ClassVar[str] = "bf16"
@@ -352,12 +357,6 @@ class BFloat16(Codec):
 
         h = _saturate(x, _BF16_MAX).to(torch.bfloat16)
         return h.to(torch.float32), _le(h.view(torch.int16).numpy().view(np.uint16), "<u2")
-
-    def _body(self, parts, i):
-        return 0, parts[i].tobytes()
-
-    def _body_size(self, d, flags):
-        return 2 * d
 
     def _parse(self, view, flags, d, count):
         import torch
