@@ -9,8 +9,18 @@ Attacks and Defenses for Federated Learning", NDSS 2021. All malicious clients s
 
 * ``"unit_vec"``: p = μ/‖μ‖ (inverse unit vector; the released code's default);
 * ``"sign"``: p = sign(μ) (inverse sign);
-* ``"std"``: p = σ, the coordinate-wise standard deviation of the benign updates
-  (``ddof``, default 1 as ``torch.std``).
+* ``"std"``: p = −s·σ, σ the coordinate-wise standard deviation of the benign updates
+  (``ddof``, default 1 as ``torch.std``) and s = ``std_sign``.
+
+Sign of the ``std`` direction (``std_sign``). The released code works on gradients and
+sends μ_g − γ·σ_g. Our rows are deltas (local − global ≈ −η·gradient): negating the
+space flips μ but not σ (a standard deviation is ≥ 0), so the released attack is
+μ_Δ + γ·σ_Δ on deltas, ``std_sign = +1`` (the default). ``std_sign = −1`` applies the
+printed formula μ − γσ literally to delta rows (what a delta-space port that forgets the
+flip computes). ``unit_vec`` and ``sign`` need no such parameter: p flips with μ, so
+μ − γp is the same attack in either space. Worked example: honest deltas (1, 1), (2, 3),
+(3, 2) give μ = (2, 2), σ = (1, 1) and, for Min-Max, the crafted row
+(1 + √2.5, 1 + √2.5) ≈ (2.581, 2.581) (derivation in the tests).
 
 γ is the largest value for which x_b stays inside the benign cloud:
 
@@ -50,8 +60,9 @@ __all__ = ["MinMax", "MinSum", "perturbation", "gamma_search"]
 DEV_TYPES = ("unit_vec", "sign", "std")
 
 
-def perturbation(benign: "torch.Tensor", dev_type: str, ddof: int = 1) -> "torch.Tensor":
-    """The direction p (float64, shape (d,)) for ``dev_type`` over the benign rows."""
+def perturbation(benign: "torch.Tensor", dev_type: str, ddof: int = 1, std_sign: int = 1) -> "torch.Tensor":
+    """The direction p (``work`` precision, shape (d,)) for ``dev_type`` over the benign
+    rows; for ``"std"`` p = −std_sign·σ, so that x_b = μ − γp = μ + std_sign·γ·σ."""
     import torch
 
     x = work(benign)
@@ -63,7 +74,7 @@ def perturbation(benign: "torch.Tensor", dev_type: str, ddof: int = 1) -> "torch
         return torch.sign(mu)
     if x.shape[0] <= ddof:
         return torch.zeros_like(mu)
-    return x.std(dim=0, correction=ddof)
+    return -std_sign * x.std(dim=0, correction=ddof)
 
 
 def gamma_search(passes, gamma_init: float, tol: float) -> float:
@@ -86,6 +97,7 @@ class _Agnostic(Attack):
     tol: float = 1e-5
     ddof: int = 1
     knowledge: Literal["omniscient", "own"] = "omniscient"
+    std_sign: int = 1
     surfaces: ClassVar[tuple[str, ...]] = (Surface.UPDATES,)
 
     @property
@@ -111,6 +123,11 @@ class _Agnostic(Attack):
     def validate_knowledge(self, v: str) -> None:
         check_knowledge(self, v)
 
+    def validate_std_sign(self, v: int) -> None:
+        if isinstance(v, bool) or v not in (1, -1):
+            raise param_error(self, "std_sign", v, "must be +1 (released code: μ + γσ on deltas) "
+                                                   "or -1 (μ − γσ on deltas)")
+
     def _bound_ok(self, cand_sq: "torch.Tensor", benign_sq: "torch.Tensor") -> bool:  # pragma: no cover
         raise NotImplementedError
 
@@ -120,7 +137,7 @@ class _Agnostic(Attack):
 
         x = work(benign)
         mu = x.mean(dim=0)
-        p = perturbation(x, self.dev_type, self.ddof)
+        p = perturbation(x, self.dev_type, self.ddof, self.std_sign)
         cen = x - mu[None, :]  # x_i − μ = −D_i
         a = torch.linalg.vector_norm(cen, dim=1, dtype=torch.float64) ** 2  # ‖D_i‖²
         b = -(cen @ p).to(torch.float64)  # ⟨p, D_i⟩
@@ -150,7 +167,9 @@ class MinMax(_Agnostic):
 
     Parameters: ``dev_type`` ∈ {unit_vec, sign, std} (default unit_vec), ``gamma_init``
     (10, the released code's start for the AGR-agnostic attacks), ``tol`` (1e-5),
-    ``ddof`` (for ``std``), ``knowledge`` (``"omniscient"`` default, or ``"own"``).
+    ``ddof`` and ``std_sign`` (for ``std``: +1 default = the released code's μ_g − γσ_g
+    carried to deltas, i.e. μ + γσ; −1 = μ − γσ on deltas), ``knowledge``
+    (``"omniscient"`` default, or ``"own"``).
     """
 
     summary: ClassVar[str] = "Min-Max: μ − γp, largest γ keeping max distance within the benign diameter"

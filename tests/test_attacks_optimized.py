@@ -84,6 +84,41 @@ def test_min_sum_worked_example():
     assert torch.allclose(out, torch.tensor([[0.0]]), atol=1e-4)
 
 
+def test_min_max_std_sign_issue_example():
+    # Issue 8 §3's example. Honest deltas (1, 1), (2, 3), (3, 2): μ = (2, 2); σ with ddof = 1
+    # (torch.std, as the released code): column (1, 2, 3) → Σ(x − 2)² = 2, /2 = 1; column
+    # (1, 3, 2) likewise → σ = (1, 1). Benign squared distances: (1,1)–(2,3) = 1 + 4 = 5,
+    # (1,1)–(3,2) = 5, (2,3)–(3,2) = 2 → bound max = 5.
+    # std_sign = +1 (released μ_g − γσ_g carried to deltas): x = (2 + γ, 2 + γ);
+    #   ‖x − (1,1)‖² = 2(1 + γ)², ‖x − (2,3)‖² = ‖x − (3,2)‖² = γ² + (γ − 1)², the first is the
+    #   max for γ ≥ 0; 2(1 + γ)² ≤ 5 → γ* = √2.5 − 1 ≈ 0.58114, x ≈ (2.58114, 2.58114).
+    ctx = make_ctx([[1.0, 1.0], [2.0, 3.0], [3.0, 2.0]], [[0.0, 0.0]])
+    atk = redteam.attack("min_max", dev_type="std")
+    g, _, _ = atk.gamma(ctx.visible_updates)
+    assert math.sqrt(2.5) - 1 - 1e-4 < g <= math.sqrt(2.5) - 1
+    out = atk.craft_updates(ctx)
+    assert torch.allclose(out, torch.full((1, 2), 1 + math.sqrt(2.5)), atol=1e-4)
+    assert torch.allclose(out, torch.tensor([[2.581, 2.581]]), atol=1e-3)
+    # std_sign = −1 (μ − γσ literally on deltas): x = (2 − γ, 2 − γ); now (2,3) and (3,2)
+    #   are the far ones: γ² + (1 + γ)² ≤ 5 → γ² + γ − 2 ≤ 0 → γ* = 1, x = (1, 1), a copy
+    #   of the first honest row (‖x − (1,1)‖² = 2(1 − γ)² = 0 ≤ 5).
+    neg = redteam.attack("min_max", dev_type="std", std_sign=-1).craft_updates(ctx)
+    assert torch.allclose(neg, torch.tensor([[1.0, 1.0]]), atol=1e-4)
+    # Min-Sum, released min bound: benign sums (1,1) → 5 + 5 = 10, (2,3) → 5 + 2 = 7,
+    #   (3,2) → 7: bound 7. Candidate (2 + γ, 2 + γ): 2(1 + γ)² + 2(γ² + (γ − 1)²) = 6γ² + 4
+    #   ≤ 7 → γ* = √0.5, x = 2 + √0.5 ≈ 2.7071 (the sum is symmetric in ±γ: −1 gives 2 − √0.5).
+    ms = redteam.attack("min_sum", dev_type="std").craft_updates(ctx)
+    assert torch.allclose(ms, torch.full((1, 2), 2 + math.sqrt(0.5)), atol=1e-4)
+    ms_neg = redteam.attack("min_sum", dev_type="std", std_sign=-1).craft_updates(ctx)
+    assert torch.allclose(ms_neg, torch.full((1, 2), 2 - math.sqrt(0.5)), atol=1e-4)
+    # unit_vec flips with the space: p = μ/‖μ‖ = (1, 1)/√2, x = μ − γp moves towards (1,1) and
+    #   beyond: x = (2 − t, 2 − t), t = γ/√2; far rows (2,3),(3,2): t² + (1 + t)² ≤ 5 → t = 1.
+    uv = redteam.attack("min_max").craft_updates(ctx)
+    assert torch.allclose(uv, torch.tensor([[1.0, 1.0]]), atol=1e-4)
+    with pytest.raises(InvalidParameter, match=r"MinMax\.std_sign = 0"):
+        redteam.attack("min_max", std_sign=0)
+
+
 def test_min_max_errors():
     with pytest.raises(InvalidParameter, match=r"parameter 'dev_type' = 'gauss'"):
         redteam.attack("min_max", dev_type="gauss")
