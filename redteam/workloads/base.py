@@ -30,13 +30,20 @@ __all__ = ["Dataset", "Workload"]
 
 @dataclass(frozen=True, slots=True)
 class Dataset:
-    """Training pool and held-out test split of one workload."""
+    """Training pool and held-out test split of one workload.
+
+    ``groups`` (optional, ``(N,)`` int64): a group id per training sample (for text, the
+    document's package), used by the ``by_group`` partition; ``source``: what the data is,
+    with a digest of exactly the bytes used where the workload computes one.
+    """
 
     train_x: "torch.Tensor"
     train_y: "torch.Tensor"
     test_x: "torch.Tensor"
     test_y: "torch.Tensor"
     num_classes: int
+    groups: "torch.Tensor | None" = None
+    source: str = ""
 
     def to(self, device: "torch.device | str") -> "Dataset":
         return Dataset(
@@ -45,6 +52,8 @@ class Dataset:
             self.test_x.to(device),
             self.test_y.to(device),
             self.num_classes,
+            self.groups,
+            self.source,
         )
 
 

@@ -1,0 +1,191 @@
+"""An offline text corpus: documents, groups, held-out split and byte windows.
+
+Nothing is downloaded. The default corpus is the text that ships with the Python
+interpreter running redteam:
+
+* the standard library's sources, every ``*.py`` file under
+  ``sysconfig.get_paths()["stdlib"]`` except installed third-party packages
+  (``site-packages``, ``dist-packages``), byte caches and the test suites (``test``,
+  ``tests``, ``idle_test`` directories); one document per file, grouped by top-level
+  package (``email/mime/text.py`` → ``email``; a plain module is its own group);
+* the reference-manual topics of ``pydoc_data.topics`` (the text behind ``help()``),
+  one document per topic, all in the group ``pydoc_topics``.
+
+``text_dir`` replaces that with a user's own corpus: every regular file under the
+directory (recursively, symlinks not followed) is one document, grouped by its first
+path component below the directory (files at the top level are their own group).
+
+Determinism: file lists are sorted; which documents are kept under the ``max_bytes``
+cap, and which are held out, is decided by the SHA-256 of each document's *name*, so the
+choice does not depend on the seed, the file system's order or the other documents.
+The standard library differs slightly between Python patch versions; :func:`digest`
+hashes exactly the bytes used (names and contents), and the dataset manifest of the
+provenance gate covers those documents.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InvalidParameter
+
+__all__ = [
+    "Document",
+    "stdlib_documents",
+    "directory_documents",
+    "select",
+    "split_heldout",
+    "windows",
+    "digest",
+    "unigram_cross_entropy",
+]
+
+_SKIP_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"})
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    """One document: a stable name, the group it belongs to, and its bytes."""
+
+    name: str
+    group: str
+    data: bytes
+
+    @property
+    def key(self) -> int:
+        """A stable 64-bit key from the name (the order of selection under the cap)."""
+        return _key("select", self.name)
+
+    @property
+    def split_key(self) -> float:
+        """A stable number in [0, 1) from the name, independent of :attr:`key` (held-out split)."""
+        return _key("heldout", self.name) / 2**64
+
+
+def _key(salt: str, name: str) -> int:
+    return int.from_bytes(hashlib.sha256(f"{salt}\0{name}".encode()).digest()[:8], "big")
+
+
+def stdlib_documents(root: str | Path | None = None) -> list[Document]:
+    """The standard library's sources (grouped by package) and the pydoc topics.
+
+    Read once per process and directory (the interpreter's files do not change under it)."""
+    return list(_stdlib_cached(str(Path(root if root is not None else sysconfig.get_paths()["stdlib"]))))
+
+
+@functools.lru_cache(maxsize=4)
+def _stdlib_cached(root: str) -> tuple[Document, ...]:
+    base = Path(root)
+    if not base.is_dir():
+        raise InvalidParameter(f"corpus: the standard library directory {str(base)!r} does not exist")
+    docs: list[Document] = []
+    for path in sorted(base.rglob("*.py")):
+        rel = path.relative_to(base)
+        if any(part in _SKIP_DIRS for part in rel.parts[:-1]) or not path.is_file():
+            continue
+        group = rel.parts[0] if len(rel.parts) > 1 else rel.stem
+        docs.append(Document(f"stdlib/{rel.as_posix()}", group, path.read_bytes()))
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:  # pragma: no cover - every CPython ships it
+        topics = {}
+    for name in sorted(topics):
+        docs.append(Document(f"pydoc_topics/{name}", "pydoc_topics", topics[name].encode("utf-8")))
+    return tuple(docs)
+
+
+def directory_documents(text_dir: str | Path) -> list[Document]:
+    """Every regular file under ``text_dir`` is one document (see the module docstring)."""
+    base = Path(text_dir)
+    if not base.is_dir():
+        raise InvalidParameter(f"text_dir = {str(text_dir)!r}: not a directory")
+    docs: list[Document] = []
+    for path in sorted(base.rglob("*")):
+        if path.is_symlink() or not path.is_file():
+            continue
+        rel = path.relative_to(base)
+        group = rel.parts[0] if len(rel.parts) > 1 else rel.as_posix()
+        docs.append(Document(rel.as_posix(), group, path.read_bytes()))
+    if not docs:
+        raise InvalidParameter(f"text_dir = {str(text_dir)!r}: contains no files")
+    return docs
+
+
+def select(docs: list[Document], max_bytes: int, max_doc_bytes: int) -> list[Document]:
+    """Truncate each document to ``max_doc_bytes``, then keep documents in the order of
+    their name keys while the total stays ≤ ``max_bytes``; return them sorted by name."""
+    kept: list[Document] = []
+    total = 0
+    for doc in sorted(docs, key=lambda d: (d.key, d.name)):
+        data = doc.data[:max_doc_bytes]
+        if not data:
+            continue
+        if total + len(data) > max_bytes:
+            continue
+        kept.append(Document(doc.name, doc.group, data))
+        total += len(data)
+    return sorted(kept, key=lambda d: d.name)
+
+
+def split_heldout(docs: list[Document], fraction: float) -> tuple[list[Document], list[Document]]:
+    """(train, held-out): a document is held out when its ``split_key`` < ``fraction``.
+
+    At least one document lands on each side (the smallest key is held out, the largest
+    trained on, when the hash split leaves a side empty)."""
+    if len(docs) < 2:
+        raise InvalidParameter(f"corpus: {len(docs)} document(s): need at least 2 (training and held-out)")
+    held = [d for d in docs if d.split_key < fraction]
+    train = [d for d in docs if d.split_key >= fraction]
+    by_key = sorted(docs, key=lambda d: (d.split_key, d.name))
+    if not held:
+        held = [by_key[0]]
+        train = [d for d in docs if d is not by_key[0]]
+    if not train:
+        train = [by_key[-1]]
+        held = [d for d in docs if d is not by_key[-1]]
+    return train, held
+
+
+def windows(docs: list[Document], context: int) -> tuple[np.ndarray, np.ndarray]:
+    """Cut every document into windows of ``context + 1`` bytes with stride ``context``
+    (consecutive windows share one byte, so every byte after a document's first is a
+    target exactly once); a shorter tail is dropped. Returns ``(windows (N, context + 1)
+    uint8, document index (N,) int64)``."""
+    chunks: list[np.ndarray] = []
+    owner: list[np.ndarray] = []
+    for i, doc in enumerate(docs):
+        arr = np.frombuffer(doc.data, dtype=np.uint8)
+        m = (len(arr) - 1) // context
+        if m <= 0:
+            continue
+        idx = np.arange(m)[:, None] * context + np.arange(context + 1)[None, :]
+        chunks.append(arr[idx])
+        owner.append(np.full(m, i, dtype=np.int64))
+    if not chunks:
+        return np.zeros((0, context + 1), dtype=np.uint8), np.zeros(0, dtype=np.int64)
+    return np.concatenate(chunks), np.concatenate(owner)
+
+
+def digest(docs: list[Document]) -> str:
+    """SHA-256 over the documents used, in order: name, length and bytes of each."""
+    h = hashlib.sha256()
+    for d in docs:
+        name = d.name.encode()
+        h.update(len(name).to_bytes(8, "big") + name + len(d.data).to_bytes(8, "big"))
+        h.update(d.data)
+    return h.hexdigest()
+
+
+def unigram_cross_entropy(train: np.ndarray, test: np.ndarray, vocab: int = 256) -> float:
+    """Cross-entropy in bits per symbol of ``test`` under the unigram distribution of
+    ``train`` with add-one (Laplace) smoothing: the baseline a language model must beat."""
+    counts = np.bincount(np.asarray(train, dtype=np.int64).ravel(), minlength=vocab).astype(np.float64) + 1.0
+    p = counts / counts.sum()
+    t = np.asarray(test, dtype=np.int64).ravel()
+    return float(-np.log2(p[t]).mean())

@@ -1,0 +1,221 @@
+"""A byte-level decoder-only transformer language model on an offline corpus.
+
+The model is a GPT-style decoder (Radford et al., "Language Models are Unsupervised
+Multitask Learners", 2019; the architecture of Vaswani et al., "Attention Is All You
+Need", NeurIPS 2017, decoder only): byte embedding plus learned position embedding,
+``layers`` pre-LayerNorm blocks of causal multi-head self-attention and a GELU MLP
+(4 × wider), a final LayerNorm and an untied output layer over the 256 byte values.
+No tokenizer: the vocabulary is the 256 byte values, so nothing is downloaded and the
+mean cross-entropy in nats per token is, divided by ln 2, **bits per byte**.
+
+It is written to be trained functionally and batched over clients
+(``vmap(grad(loss))`` over stacked flat parameter rows, :mod:`redteam.federation.training`):
+no in-place operations on parameters, no dropout, the causal mask built from torch ops
+in ``forward``, and attention as an explicit softmax — ``scaled_dot_product_attention``
+has no batching rule on CPU and would fall back to a per-client loop under ``vmap``.
+
+Data (:mod:`.corpus`): the documents (the interpreter's standard library sources and
+pydoc topics by default, or ``text_dir``) are capped at ``max_bytes``, split into fixed
+held-out documents (``heldout_fraction``, by a hash of each document's name, independent
+of the seed) and training documents, and cut into windows of ``context + 1`` bytes:
+``x = w[:-1]``, ``y = w[1:]`` (next-byte targets). The dataset carries each training
+window's **group** (its document's package), for the ``by_group`` partition: clients then
+hold whole packages, a natural non-IID split. The held-out set keeps at most
+``eval_windows`` windows, evenly spaced over the held-out documents.
+
+Scoring (``correct``): per-byte next-byte accuracy for ordinary targets; when the targets
+mask positions with −100 (the ``ignore_index`` of the cross-entropy), a *sequence* counts
+as correct when every unmasked position is — the greedy continuation of the prompt
+starts with the unmasked bytes (teacher forcing along the target equals greedy decoding
+as long as every step matches). The trigger-phrase backdoor scores its ASR this way.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..types import param_error
+from . import corpus as _corpus
+from .base import Dataset, Workload
+
+__all__ = ["ByteTransformer", "TextLM", "IGNORE"]
+
+IGNORE = -100  # masked target (F.cross_entropy's default ignore_index)
+VOCAB = 256
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1 = torch.nn.LayerNorm(width)
+        self.qkv = torch.nn.Linear(width, 3 * width)
+        self.proj = torch.nn.Linear(width, width)
+        self.ln2 = torch.nn.LayerNorm(width)
+        self.fc = torch.nn.Linear(width, 4 * width)
+        self.out = torch.nn.Linear(4 * width, width)
+
+    def forward(self, h: torch.Tensor, causal: torch.Tensor) -> torch.Tensor:
+        b, t, w = h.shape
+        hd = w // self.heads
+        q, k, v = self.qkv(self.ln1(h)).reshape(b, t, 3, self.heads, hd).permute(2, 0, 3, 1, 4).unbind(0)
+        scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(hd))
+        scores = scores.masked_fill(~causal, float("-inf"))
+        att = torch.softmax(scores, dim=-1) @ v  # (b, heads, t, hd)
+        h = h + self.proj(att.transpose(1, 2).reshape(b, t, w))
+        return h + self.out(F.gelu(self.fc(self.ln2(h))))
+
+
+class ByteTransformer(torch.nn.Module):
+    """Decoder-only transformer over bytes: ``(B, T)`` int64 → ``(B, T, 256)`` logits."""
+
+    def __init__(self, context: int, width: int, layers: int, heads: int) -> None:
+        super().__init__()
+        self.context = context
+        self.tok = torch.nn.Embedding(VOCAB, width)
+        self.pos = torch.nn.Embedding(context, width)
+        self.blocks = torch.nn.ModuleList([_Block(width, heads) for _ in range(layers)])
+        self.ln_f = torch.nn.LayerNorm(width)
+        self.head = torch.nn.Linear(width, VOCAB)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[-1]
+        pos = torch.arange(t, device=x.device)
+        h = self.tok(x) + self.pos(pos)
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        for block in self.blocks:
+            h = block(h, causal)
+        return self.head(self.ln_f(h))
+
+    def init_(self, generator: torch.Generator) -> "ByteTransformer":
+        """GPT-2's initialisation (Radford et al. 2019): N(0, 0.02) weights, zero biases,
+        LayerNorm (1, 0), residual output projections scaled by 1/√(2·layers); drawn from
+        ``generator`` only (never the global RNG)."""
+        resid = 0.02 / math.sqrt(2 * max(len(self.blocks), 1))
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith(".bias"):
+                    p.zero_()
+                elif ".ln" in name or name.startswith("ln_f"):
+                    p.fill_(1.0)
+                else:
+                    std = resid if name.endswith(("proj.weight", "out.weight")) else 0.02
+                    p.normal_(0.0, std, generator=generator)
+        return self
+
+
+def _positive_int(obj: object, name: str, v: object, lo: int = 1) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise param_error(obj, name, v, f"must be an integer ≥ {lo}")
+
+
+@dataclass(frozen=True, slots=True)
+class TextLM(Workload):
+    """Byte-level transformer LM on the interpreter's own text (or ``text_dir``).
+
+    * ``context`` (T), ``width``, ``layers``, ``heads`` (width divisible by heads): the model;
+    * ``text_dir``: a directory of the user's documents ("" = the standard library);
+    * ``max_bytes``, ``max_doc_bytes``: corpus cap and per-document cap (CI stays fast);
+    * ``heldout_fraction``: share of documents held out (fixed by name hashes);
+    * ``eval_windows``: at most this many held-out windows are scored each round.
+    """
+
+    context: int = 64
+    width: int = 64
+    layers: int = 2
+    heads: int = 4
+    text_dir: str = ""
+    max_bytes: int = 1_000_000
+    max_doc_bytes: int = 16_384
+    heldout_fraction: float = 0.1
+    eval_windows: int = 256
+    summary: ClassVar[str] = "byte-level transformer LM on the standard library's text (offline)"
+    reference: ClassVar[str] = "Radford et al. 2019 (GPT-2 decoder); Douillard et al. 2023 (DiLoCo)"
+    input_kind: ClassVar[str] = "tokens"
+
+    def validate_context(self, v: int) -> None:
+        _positive_int(self, "context", v, 2)
+
+    def validate_width(self, v: int) -> None:
+        _positive_int(self, "width", v)
+
+    def validate_layers(self, v: int) -> None:
+        _positive_int(self, "layers", v, 0)
+
+    def validate_heads(self, v: int) -> None:
+        _positive_int(self, "heads", v)
+        if self.width % v:
+            raise param_error(self, "heads", v, f"must divide width = {self.width}")
+
+    def validate_text_dir(self, v: str) -> None:
+        if not isinstance(v, str):
+            raise param_error(self, "text_dir", v, "must be a directory path (string), or '' for the standard library")
+
+    def validate_max_bytes(self, v: int) -> None:
+        _positive_int(self, "max_bytes", v, 1024)
+
+    def validate_max_doc_bytes(self, v: int) -> None:
+        _positive_int(self, "max_doc_bytes", v, 2)
+
+    def validate_heldout_fraction(self, v: float) -> None:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
+            raise param_error(self, "heldout_fraction", v, "must be in (0, 1)")
+
+    def validate_eval_windows(self, v: int) -> None:
+        _positive_int(self, "eval_windows", v)
+
+    # -- data ---------------------------------------------------------------------------
+    def documents(self) -> tuple[list[_corpus.Document], list[_corpus.Document]]:
+        """(training documents, held-out documents) after the caps, each sorted by name."""
+        docs = _corpus.directory_documents(self.text_dir) if self.text_dir else _corpus.stdlib_documents()
+        kept = _corpus.select(docs, self.max_bytes, self.max_doc_bytes)
+        return _corpus.split_heldout(kept, self.heldout_fraction)
+
+    def load(self, seed: int) -> Dataset:
+        """The data does not depend on ``seed``: the corpus and the held-out split are fixed."""
+        train_docs, test_docs = self.documents()
+        tr, owner = _corpus.windows(train_docs, self.context)
+        te, _ = _corpus.windows(test_docs, self.context)
+        where = f"text_dir = {self.text_dir!r}" if self.text_dir else "the standard library corpus"
+        if len(tr) < 2 or len(te) < 1:
+            raise param_error(self, "context", self.context,
+                              f"{where} gives {len(tr)} training and {len(te)} held-out windows of "
+                              f"{self.context + 1} bytes; lower context or raise max_bytes / max_doc_bytes")
+        if len(te) > self.eval_windows:
+            te = te[np.linspace(0, len(te) - 1, self.eval_windows).round().astype(np.int64)]
+        groups = sorted({d.group for d in train_docs})
+        gid = {g: i for i, g in enumerate(groups)}
+        doc_group = np.array([gid[d.group] for d in train_docs], dtype=np.int64)
+        tr_t = torch.from_numpy(tr.astype(np.int64))
+        te_t = torch.from_numpy(te.astype(np.int64))
+        return Dataset(
+            tr_t[:, :-1].contiguous(), tr_t[:, 1:].contiguous(),
+            te_t[:, :-1].contiguous(), te_t[:, 1:].contiguous(),
+            num_classes=VOCAB,
+            groups=torch.from_numpy(doc_group[owner]),
+            source=f"{where}, sha256 {_corpus.digest(train_docs + test_docs)}",
+        )
+
+    def build_model(self, generator: torch.Generator) -> torch.nn.Module:
+        return ByteTransformer(self.context, self.width, self.layers, self.heads).init_(generator)
+
+    # -- scoring ------------------------------------------------------------------------
+    def correct(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Per-byte correctness; with masked targets (−100), one bool per sequence: every
+        unmasked position predicted (the greedy continuation starts with them)."""
+        hit = output.argmax(dim=-1) == target
+        masked = target == IGNORE
+        if bool(masked.any()):
+            return (hit | masked).all(dim=-1).reshape(-1)
+        return hit.reshape(-1)
+
+
+def bits_per_byte(loss_nats: float) -> float:
+    """Mean cross-entropy in nats per byte → bits per byte."""
+    return loss_nats / math.log(2)
