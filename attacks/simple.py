@@ -1,10 +1,12 @@
 """Simple misbehaviours: mimic, free riding, Sybil collusion.
 
 * Mimic: Karimireddy, He & Jaggi, "Byzantine-Robust Learning on Heterogeneous Datasets
-  via Bucketing", ICLR 2022. Every malicious client copies one honest client, chosen
-  to maximise ⟨x_i, z⟩ with z the top principal direction of the honest updates'
-  heterogeneity. Harmless under IID data; under non-IID data it over-weights one
-  client's distribution, and no distance- or norm-based rule can tell the copies apart.
+  via Bucketing", ICLR 2022. Every malicious client copies one honest client i*, chosen
+  during a warm-up (default: the first round the attack sees) as the client maximising
+  ⟨x_i, z⟩, z the top principal direction of the honest updates' heterogeneity, and then
+  kept for the rest of the run by client id, as the authors' code does. Harmless under
+  IID data; under non-IID data it over-weights one client's distribution, and no
+  distance- or norm-based rule can tell the copies apart.
 * Free rider: Fraboni, Vidal & Lorenzi, "Free-rider Attacks on Model Aggregation in
   Federated Learning", AISTATS 2021 (also Lin, Du & Liu, arXiv:1911.12560). A client
   that trains nothing sends a zero update (plain free rider) or the last global update
@@ -27,29 +29,49 @@ from ._common import broadcast, randn, work
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Mimic", "FreeRider", "Sybil", "mimic_target"]
+__all__ = ["Mimic", "FreeRider", "Sybil", "mimic_target", "top_direction"]
 
 
-def mimic_target(honest: "torch.Tensor") -> int:
-    """Index of the honest row farthest along the top principal direction.
+def top_direction(honest: "torch.Tensor") -> "torch.Tensor":
+    """Unit top principal direction z (``work`` precision, (d,)) of the centred honest rows.
 
-    The direction z is the leading right singular vector of the centred honest rows,
-    computed from the small (h, h) Gram matrix. Its sign is arbitrary, so the row
-    maximising |⟨x_i − μ, z⟩| is chosen (the paper's argmax ⟨x_i, z⟩ for the sign of z
-    that makes that client the extreme one). Ties go to the lowest index.
+    Computed from the small (h, h) Gram matrix: if v is its leading eigenvector (eigenvalue
+    λ), z = Cᵀv/√λ with C the centred rows. The sign of an eigenvector is arbitrary; it is
+    fixed so that the row farthest along ±z has a positive projection (the paper's
+    argmax ⟨x_i, z⟩ then picks the extreme client). Zero when the rows do not vary.
+    """
+    import torch
+
+    x = work(honest)
+    c = x - x.mean(dim=0, keepdim=True)
+    if x.shape[0] < 2:
+        return torch.zeros(x.shape[1], dtype=x.dtype, device=x.device)
+    gram = (c @ c.T).to(torch.float64)
+    evals, evecs = torch.linalg.eigh(gram)  # ascending
+    lam = float(evals[-1])
+    if lam <= 0:
+        return torch.zeros(x.shape[1], dtype=x.dtype, device=x.device)
+    v = evecs[:, -1]
+    far = int(torch.argmax(v.abs()))  # lowest index among ties
+    if float(v[far]) < 0:
+        v = -v
+    return (c.T @ v.to(c.dtype)) / math.sqrt(lam)
+
+
+def mimic_target(honest: "torch.Tensor", z: "torch.Tensor | None" = None) -> int:
+    """Index of the honest row maximising ⟨x_i − μ, z⟩ (the same argmax as ⟨x_i, z⟩).
+
+    ``z`` defaults to :func:`top_direction` of these rows (then the row farthest along the
+    top principal direction, either way). Ties go to the lowest index.
     """
     import torch
 
     x = work(honest)
     if x.shape[0] == 1:
         return 0
-    c = x - x.mean(dim=0, keepdim=True)
-    gram = (c @ c.T).to(torch.float64)
-    evals, evecs = torch.linalg.eigh(gram)  # ascending
-    if float(evals[-1]) <= 0:
-        return 0
-    # projections of the rows on z are the leading eigenvector scaled by √λ
-    proj = (evecs[:, -1] * evals[-1].sqrt()).abs()
+    if z is None:
+        z = top_direction(x)
+    proj = ((x - x.mean(dim=0, keepdim=True)) @ z.to(device=x.device, dtype=x.dtype)).to(torch.float64)
     return int(torch.argmax(proj))
 
 
@@ -57,21 +79,75 @@ def mimic_target(honest: "torch.Tensor") -> int:
 class Mimic(Attack):
     """Every malicious client sends a copy of one honest client's update.
 
-    * ``target``: index into the honest rows the attacker sees (``ctx.visible_updates``,
-      honest clients in ascending client id); ``None`` (default) picks it by the paper's
-      rule, recomputed each round from that round's honest updates (the paper fixes
-      i* after a warm-up; the attack keeps no state between rounds).
+    * ``target``: an explicit index into the honest rows the attacker sees
+      (``ctx.visible_updates``), used every round; ``None`` (default) picks the victim by
+      the paper's rule, below.
+    * ``warmup``: rounds of warm-up (default 1, the authors' default). In each warm-up
+      round the attacker updates its running estimate z̄ of the top principal direction
+      (z̄ ← (t·z̄ + z_t)/(t + 1), z_t the round's top direction with its sign aligned to
+      z̄) and re-picks i* = argmax_i ⟨x_i − μ_t, z̄⟩ over that round's honest rows. After
+      the warm-up i* is fixed **by client id** (kept in ``ctx.attack_state``) and copied
+      every round, whatever the others send.
+
+    The authors estimate z by power iteration from a random start; here z_t is the exact
+    top eigenvector (the power iteration's limit). If the victim does not take part in a
+    later round (churn), that round copies the rule's pick among the visible rows and the
+    stored victim is kept. Without ``ctx.attack_state`` (an engine that keeps no attack
+    memory) the pick is recomputed each round.
     """
 
     target: int | None = None
+    warmup: int = 1
     surfaces: ClassVar[tuple[str, ...]] = (Surface.UPDATES,)
     omniscient: ClassVar[bool] = True
-    summary: ClassVar[str] = "Mimic: all malicious clients copy one honest client"
+    summary: ClassVar[str] = "Mimic: all malicious clients copy one honest client, chosen in a warm-up"
     reference: ClassVar[str] = "Karimireddy, He & Jaggi, ICLR 2022"
 
     def validate_target(self, v: int | None) -> None:
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
             raise param_error(self, "target", v, "must be an integer ≥ 0 (an honest row index) or unset")
+
+    def validate_warmup(self, v: int) -> None:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise param_error(self, "warmup", v, "must be an integer ≥ 1 (rounds before the victim is fixed)")
+
+    @staticmethod
+    def _visible_ids(ctx: AttackContext, h: int) -> tuple[int, ...]:
+        ids = tuple(getattr(ctx, "visible_clients", ()) or ())
+        if len(ids) == h:
+            return ids
+        # engines without visible_clients: honest clients in ascending id under full participation
+        honest = tuple(c for c in range(ctx.n_clients) if c not in set(ctx.malicious))
+        return honest if len(honest) == h else tuple(range(h))
+
+    def victim_row(self, ctx: AttackContext) -> int:
+        """The row of ``ctx.visible_updates`` copied this round (updates the warm-up state)."""
+        honest = ctx.visible_updates
+        h = honest.shape[0]
+        state = getattr(ctx, "attack_state", None)
+        if state is None:
+            return mimic_target(honest)
+        ids = self._visible_ids(ctx, h)
+        seen = int(state.get("mimic_rounds", 0))
+        if seen >= self.warmup and "mimic_victim" in state:
+            victim = int(state["mimic_victim"])
+            if victim in ids:
+                return ids.index(victim)
+            return mimic_target(honest, state.get("mimic_z"))
+        z_t = top_direction(honest)
+        z_bar = state.get("mimic_z")
+        if z_bar is None or z_bar.shape != z_t.shape:
+            z_bar = z_t
+        else:
+            z_bar = z_bar.to(device=z_t.device, dtype=z_t.dtype)
+            if float(z_t @ z_bar) < 0:
+                z_t = -z_t
+            z_bar = (seen * z_bar + z_t) / (seen + 1)
+        row = mimic_target(honest, z_bar)
+        state["mimic_z"] = z_bar.detach().clone()
+        state["mimic_rounds"] = seen + 1
+        state["mimic_victim"] = int(ids[row])
+        return row
 
     def craft_updates(self, ctx: AttackContext) -> "torch.Tensor":
         honest = ctx.visible_updates
@@ -79,7 +155,7 @@ class Mimic(Attack):
         if h == 0:
             raise param_error(self, "target", self.target, "no honest updates are visible to copy")
         if self.target is None:
-            i = mimic_target(honest)
+            i = self.victim_row(ctx)
         elif self.target >= h:
             raise param_error(self, "target", self.target, f"must be < {h} (number of honest updates)")
         else:

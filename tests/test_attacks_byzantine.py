@@ -172,6 +172,58 @@ def test_mimic_explicit_and_auto_target():
         redteam.attack("mimic", target=-1)
 
 
+def _stateful_ctx(honest, own, ids, state, **kw):
+    """An AttackContext with the engine's attack memory (``attack_state``) and visible ids."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(AttackContext)}
+    cls = AttackContext
+    if "attack_state" not in names:  # engines before the attack-memory fields: a test shim
+
+        @dataclasses.dataclass(frozen=True)
+        class WithState(AttackContext):
+            attack_state: dict = dataclasses.field(default_factory=dict)
+            visible_clients: tuple = ()
+
+        cls = WithState
+    honest = torch.as_tensor(honest, dtype=torch.float32)
+    own = torch.as_tensor(own, dtype=torch.float32)
+    return cls(round=kw.pop("round", 0), n_clients=5, malicious=(3, 4), own_updates=own,
+               visible_updates=honest, global_params=torch.zeros(own.shape[1]),
+               generator=torch.Generator().manual_seed(0), attack_state=state,
+               visible_clients=tuple(ids), **kw)
+
+
+def test_mimic_keeps_its_warmup_victim_by_client_id():
+    own = [[9.0, 9.0], [9.0, 9.0]]
+    # round 0 (warm-up): rows of clients 0, 1, 2 = (0,0), (1,0), (−5,0); centred x-coords
+    # 4/3, 7/3, −11/3 → client 2 is the farthest along the top direction z = (−1, 0)
+    state: dict = {}
+    atk = redteam.attack("mimic")
+    out0 = atk.craft_updates(_stateful_ctx([[0, 0], [1, 0], [-5, 0]], own, (0, 1, 2), state))
+    assert torch.equal(out0, torch.tensor([[-5.0, 0.0]] * 2)) and state["mimic_victim"] == 2
+    # round 1: clients 0, 1, 2 now send (10,0), (0,0), (3,0); re-picking would take client 0
+    # (centred 17/3, −13/3, −4/3), but the victim is fixed after the 1-round warm-up: client 2
+    later = [[10, 0], [0, 0], [3, 0]]
+    out1 = atk.craft_updates(_stateful_ctx(later, own, (0, 1, 2), state, round=1))
+    assert torch.equal(out1, torch.tensor([[3.0, 0.0]] * 2))
+    # rows are matched by client id, not position: client 2 is the first visible row here
+    out2 = atk.craft_updates(_stateful_ctx([[7, 7], [0, 0]], own, (2, 0), state, round=2))
+    assert torch.equal(out2, torch.tensor([[7.0, 7.0]] * 2)) and state["mimic_victim"] == 2
+    # warmup = 2: round 1 is still warm-up. z_1 (sign fixed by the farthest row, client 0)
+    # is (1, 0); aligned with z̄ = (−1, 0) it flips to (−1, 0), so z̄ stays (−1, 0) and
+    # i* = argmax −(17/3, −13/3, −4/3) = client 1, whose (0, 0) is copied from then on
+    state2: dict = {}
+    atk2 = redteam.attack("mimic", warmup=2)
+    atk2.craft_updates(_stateful_ctx([[0, 0], [1, 0], [-5, 0]], own, (0, 1, 2), state2))
+    out = atk2.craft_updates(_stateful_ctx(later, own, (0, 1, 2), state2, round=1))
+    assert torch.equal(out, torch.zeros(2, 2)) and state2["mimic_victim"] == 1
+    out = atk2.craft_updates(_stateful_ctx([[4, 4], [5, 5], [6, 6]], own, (0, 1, 2), state2, round=2))
+    assert torch.equal(out, torch.tensor([[5.0, 5.0]] * 2))
+    with pytest.raises(InvalidParameter, match=r"Mimic\.warmup = 0"):
+        redteam.attack("mimic", warmup=0)
+
+
 def test_free_rider_modes():
     prev = torch.tensor([0.5, -0.5])
     ctx = make_ctx([[1.0, 1.0]], [[3.0, 3.0], [4.0, 4.0]], previous_update=prev, round=3)
