@@ -74,7 +74,8 @@ class AttackContext:
     for an omniscient attack, otherwise the same as ``own_updates``. ``malicious`` holds
     client ids; ``malicious_rows`` their positions among the round's participating rows
     (``n_clients`` rows, in the order ``weights`` uses) — they differ under churn. ``server_lr`` is
-    the server step η (model replacement boosts by n/η). ``defense`` is the server's
+    the server step η (model replacement boosts by n/η) and ``server_optimizer`` the name of
+    the server's step rule ("fedavg", "fedadam", "nesterov"). ``defense`` is the server's
     defense, given only to attacks that declare ``adaptive = True`` (they line-search
     against it, as a white-box adversary would).
     """
@@ -93,6 +94,7 @@ class AttackContext:
     defense: Any = None
     state: Mapping[str, Any] = field(default_factory=dict)
     malicious_rows: tuple[int, ...] = ()
+    server_optimizer: str = "fedavg"
 
     @property
     def n_malicious(self) -> int:

@@ -298,6 +298,7 @@ class Federation:
                         weights=self.weights[part_t],
                         previous_update=prev_update,
                         server_lr=server_lr,
+                        server_optimizer=str(getattr(self.server_opt, "name", "fedavg")),
                         defense=self.defense if getattr(self.attack, "adaptive", False) else None,
                     )
                     if Surface.UPDATES in self.attack.surfaces:
