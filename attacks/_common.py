@@ -107,11 +107,14 @@ def fit_norm(direction: "torch.Tensor", norm: float, like: "torch.Tensor") -> "t
     """Rows ``norm · direction / ‖direction‖`` cast to ``like.dtype``, never above ``norm``.
 
     ``direction`` is ``(k, d)``; rows whose direction is zero stay zero. After the cast
-    the float64 norm of each row is checked, and a row that landed above ``norm`` is
+    each row is measured as the norm rule measures it (:func:`defenses.norm.l2_norms`,
+    float64-accumulated), and a row that landed above ``norm`` is
     shrunk by a few ulps (at most a handful of vectorized passes), so the result is
     the largest representable row at or below the bound, up to rounding.
     """
     import torch
+
+    from defenses.norm import l2_norms  # one boundary: the norm rule's own measure
 
     dw = work(direction)
     lengths = torch.linalg.vector_norm(dw, dim=1, keepdim=True, dtype=torch.float64)
@@ -119,7 +122,7 @@ def fit_norm(direction: "torch.Tensor", norm: float, like: "torch.Tensor") -> "t
     out = (dw * scale.to(dw.dtype)).to(device=like.device, dtype=like.dtype)
     eps = torch.finfo(like.dtype).eps if like.dtype.is_floating_point else 0.0
     for _ in range(8):
-        got = torch.linalg.vector_norm(out, dim=1, dtype=torch.float64)
+        got = l2_norms(out, near=norm)
         over = got > norm
         if not bool(over.any()):
             break
