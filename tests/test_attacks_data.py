@@ -159,6 +159,45 @@ def test_model_replacement_boost():
     assert out.item() == 3.0
 
 
+def test_model_replacement_lands_where_intended_under_the_defense_weighting():
+    import dataclasses
+
+    from redteam.federation.server_opt import FedAvg
+    from redteam.types import ServerContext
+
+    # 4 clients with sample counts (10, 20, 30, 40); client 1 is the attacker, its own
+    # (backdoored) delta X − G = (1, −2); the honest deltas are 0 (near convergence); η = 0.5.
+    # FedAvg's weighted mean gives the attacker share 20/100, so γ = W/(w_a·η) = 100/(20·0.5)
+    # = 10 and the aggregate is 0.2·10·(1, −2) = (2, −4); the server step adds η·agg = (1, −2):
+    # G^{t+1} = G + (X − G) = X. The paper's uniform γ = n/η = 8 would land at
+    # G + 0.5·0.2·8·(1, −2) = G + 0.8·(X − G), short of X.
+    w = torch.tensor([10.0, 20.0, 30.0, 40.0])
+    own = torch.tensor([[1.0, -2.0]])
+    mean = redteam.defense("mean")
+    ctx = AttackContext(round=0, n_clients=4, malicious=(1,), own_updates=own, visible_updates=torch.zeros(3, 2),
+                        global_params=torch.zeros(2), generator=gen(), server_lr=0.5, weights=w, defense=mean)
+    atk = redteam.attack("model_replacement")
+    assert atk.resolved_weighting(ctx) == "samples"
+    row = atk.craft_updates(ctx)
+    assert torch.allclose(row, torch.tensor([[10.0, -20.0]]))
+    updates = torch.zeros(4, 2)
+    updates[1] = row[0]
+    agg = mean(updates, ServerContext.default(updates, weights=w)).aggregate
+    landed, _ = FedAvg(lr=0.5).step(torch.zeros(2), agg, {})
+    assert torch.allclose(landed, own[0])
+    # an unweighted mean (and a robust rule, which ignores sample counts) → the paper's n/η = 8
+    for d in (redteam.defense("mean", weighted=False), redteam.defense("median")):
+        c = dataclasses.replace(ctx, defense=d)
+        assert atk.resolved_weighting(c) == "uniform"
+        assert torch.allclose(atk.craft_updates(c), torch.tensor([[8.0, -16.0]]))
+    # n/η assumes the FedAvg step: refused under FedAdam / Nesterov unless the boost is explicit
+    adam = dataclasses.replace(ctx, server_optimizer="fedadam")
+    with pytest.raises(InvalidParameter, match=r"ModelReplacement\.boost = None: .*'fedadam'"):
+        atk.craft_updates(adam)
+    assert torch.allclose(redteam.attack("model_replacement", boost=3.0).craft_updates(adam),
+                          torch.tensor([[3.0, -6.0]]))
+
+
 def test_model_replacement_errors():
     with pytest.raises(InvalidParameter, match=r"ModelReplacement\.boost = -1\.0: must be a finite number > 0"):
         redteam.attack("model_replacement", boost=-1.0)
