@@ -9,6 +9,7 @@ honest update), and, with the mean of the honest updates (variant ``mean``), the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
@@ -47,8 +48,8 @@ class SignFlip(Attack):
             raise param_error(self, "variant", v, "must be 'own' or 'mean'")
 
     def validate_scale(self, v: float) -> None:
-        if not v > 0:
-            raise param_error(self, "scale", v, "must be > 0")
+        if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0):
+            raise param_error(self, "scale", v, "must be a finite number > 0")
 
     def craft_updates(self, ctx: AttackContext) -> "torch.Tensor":
         if self.variant == "own":
