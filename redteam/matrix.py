@@ -89,6 +89,8 @@ class Expectation:
         """None if the expectation holds for ``value``; else why not."""
         if value is None:
             return f"{self.metric} is undefined (null) for this cell"
+        if value != value:  # NaN compares false with every bound: fail closed
+            return f"{self.metric} is NaN for this cell"
         if self.min is not None and value < self.min:
             return f"{self.metric} = {value:.4g} < min {self.min:g}"
         if self.max is not None and value > self.max:
