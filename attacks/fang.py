@@ -1,9 +1,22 @@
 """Fang et al.'s local model poisoning attacks on trimmed mean / median and on Krum.
 
 Fang, Cao, Jia & Gong, "Local Model Poisoning Attacks to Byzantine-Robust Federated
-Learning", USENIX Security 2020. The paper crafts local *models* w'; here the rows are
-deltas Δ' = w' − w_Re (w_Re the current global model), and both attacks translate
-exactly because every quantity they use is a difference of models.
+Learning", USENIX Security 2020. The paper crafts local *models* w'; our rows are
+deltas Δ' = w' − w_Re (w_Re the current global model).
+
+What carries over exactly and what does not. The Krum attack uses only differences of
+models (w_Re − λs, distances between models, D(w_i, w_Re) = ‖Δ_i‖), so it is the same
+attack on deltas. The trim attack is **not** translation-invariant: its full-knowledge
+intervals multiply or divide the benign extreme by b and branch on the extreme's sign,
+and b·max_j(w) − w_Re,j ≠ b·max_j(Δ) unless w_Re,j = 0. ``space`` chooses:
+
+* ``"model"`` (default, the paper's): the intervals are computed on the benign models
+  w_i = w_Re + Δ_i (``ctx.global_params``), then w_Re is subtracted;
+* ``"delta"``: the same rule applied to the deltas directly (what a delta-space port
+  computes; a different, usually much milder, attack whenever |w_Re,j| ≫ |Δ_ij|).
+
+The partial-knowledge intervals (μ ± 3σ … 4σ) and the direction s are translation-
+equivariant and identical in both spaces.
 
 Let s_j be the sign of the benign change of coordinate j (the direction parameter j
 would move under no attack).
@@ -82,7 +95,9 @@ class FangTrim(Attack):
     * ``b``: the scaling factor of the sampling intervals (> 1; paper: 2);
     * ``knowledge``: ``"omniscient"`` (full knowledge, default) or ``"own"`` (partial
       knowledge: μ ± 3σ … 4σ from the attackers' own honest updates);
-    * ``ddof``: σ's delta degrees of freedom under partial knowledge (default 1).
+    * ``ddof``: σ's delta degrees of freedom under partial knowledge (default 1);
+    * ``space``: ``"model"`` (default, the paper's intervals on w_Re + Δ) or ``"delta"``
+      (module docstring).
 
     Every malicious client draws its own values from ``ctx.generator``.
     """
@@ -90,6 +105,7 @@ class FangTrim(Attack):
     b: float = 2.0
     knowledge: Literal["omniscient", "own"] = "omniscient"
     ddof: int = 1
+    space: Literal["model", "delta"] = "model"
     surfaces: ClassVar[tuple[str, ...]] = (Surface.UPDATES,)
     summary: ClassVar[str] = "Fang trim attack: push each coordinate past the benign extreme against its direction"
     reference: ClassVar[str] = "Fang, Cao, Jia & Gong, USENIX Security 2020"
@@ -109,12 +125,22 @@ class FangTrim(Attack):
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise param_error(self, "ddof", v, "must be an integer ≥ 0")
 
-    def intervals(self, benign: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
-        """(low, high) per coordinate (``work`` precision) for these benign rows."""
+    def validate_space(self, v: str) -> None:
+        if v not in ("model", "delta"):
+            raise param_error(self, "space", v, "must be 'model' (the paper's) or 'delta'")
+
+    def intervals(self, benign: "torch.Tensor", global_params: "torch.Tensor | None" = None,
+                  ) -> tuple["torch.Tensor", "torch.Tensor"]:
+        """(low, high) delta intervals per coordinate (``work`` precision) for these benign
+        rows; in model space the models are ``global_params`` + rows (zero when omitted)."""
         import torch
 
         x = work(benign)
         s = _sign(x)
+        base = None
+        if self.space == "model" and self.knowledge != "own" and global_params is not None:
+            base = global_params.to(device=x.device, dtype=x.dtype)
+            x = x + base[None, :]
         if self.knowledge == "own":
             if x.shape[0] <= self.ddof:
                 raise param_error(self, "ddof", self.ddof,
@@ -129,13 +155,16 @@ class FangTrim(Attack):
             dn_lo = torch.where(mn > 0, mn / self.b, mn * self.b)
             dn_hi = mn
         push_up = s < 0
-        return torch.where(push_up, up_lo, dn_lo), torch.where(push_up, up_hi, dn_hi)
+        low, high = torch.where(push_up, up_lo, dn_lo), torch.where(push_up, up_hi, dn_hi)
+        if base is not None:
+            low, high = low - base, high - base
+        return low, high
 
     def craft_updates(self, ctx: AttackContext) -> "torch.Tensor":
         benign = honest_rows(self.knowledge, ctx)
         if benign.shape[0] == 0:
             raise param_error(self, "knowledge", self.knowledge, "no honest updates are visible")
-        low, high = self.intervals(benign)
+        low, high = self.intervals(benign, ctx.global_params)
         own = ctx.own_updates
         u = rand(tuple(own.shape), ctx, own, dtype=low.dtype)
         return (low + u * (high - low)).to(dtype=own.dtype, device=own.device)

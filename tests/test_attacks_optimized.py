@@ -5,6 +5,7 @@ Expected values are derived by hand in the comments.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -158,6 +159,26 @@ def test_fang_trim_intervals_full_knowledge():
     # b = 4 widens: c0 → [1/4, 1], c3 → [1, 4]
     low4, high4 = redteam.attack("fang_trim", b=4.0).intervals(torch.tensor(TRIM))
     assert low4[0].item() == 0.25 and high4[3].item() == 4.0
+
+
+def test_fang_trim_model_space_differs_from_delta_space():
+    # global model w_Re = (1, −1). c0 deltas (0.5, 1, 1.5): mean > 0 → push down.
+    #   model space (paper): models (1.5, 2, 2.5), min 1.5 > 0 → [1.5/2, 1.5] = [0.75, 1.5],
+    #   minus w_Re → deltas [−0.25, 0.5]; delta space: min 0.5 > 0 → [0.25, 0.5].
+    # c1 deltas (−1, −2, −3): mean < 0 → push up. model (−2, −3, −4), max −2 ≤ 0 → [−2, −1],
+    #   minus w_Re → [−1, 0]; delta space: max −1 ≤ 0 → [−1, −0.5].
+    rows = torch.tensor([[0.5, -1.0], [1.0, -2.0], [1.5, -3.0]])
+    g = torch.tensor([1.0, -1.0])
+    low, high = redteam.attack("fang_trim").intervals(rows, g)
+    assert low.tolist() == [-0.25, -1.0] and high.tolist() == [0.5, 0.0]
+    dlow, dhigh = redteam.attack("fang_trim", space="delta").intervals(rows, g)
+    assert dlow.tolist() == [0.25, -1.0] and dhigh.tolist() == [0.5, -0.5]
+    ctx = dataclasses.replace(make_ctx(rows, torch.zeros(50, 2)), global_params=g)
+    out = redteam.attack("fang_trim").craft_updates(ctx)
+    assert bool(((out >= torch.tensor([-0.25, -1.0])) & (out <= torch.tensor([0.5, 0.0]))).all())
+    assert float(out[:, 0].min()) < 0.25  # outside the delta-space interval: a different attack
+    with pytest.raises(InvalidParameter, match=r"'space' = 'weights'"):
+        redteam.attack("fang_trim", space="weights")
 
 
 def test_fang_trim_partial_knowledge():
