@@ -17,6 +17,14 @@ Definitions (also in the README's "Metrics" section):
 * ``bytes_on_wire``: every byte transmitted in all rounds (payloads, retries, manifests).
 * ``dropped_updates``: updates that never reached aggregation (any reason).
 * ``wall_time_per_round_s``, ``defense_time_per_round_s``, ``sim_time_s``.
+* language models (:func:`language_model`): ``final_bits_per_byte`` = final loss / ln 2
+  (the loss is the mean cross-entropy in nats per token; per byte for the byte-level
+  ``text`` workload), ``final_perplexity`` = e^loss, their increases over the baseline
+  (attacked − baseline, like ``accuracy_drop`` but positive = worse), and
+  ``rounds_to_target_loss``: the first round (1-based) whose loss is ≤ the target loss —
+  by default the baseline's final loss, so it counts the rounds the attacked run needs to
+  get as far as the clean run did (``None``: never). ``false_trigger_rate``: a
+  trigger-phrase backdoor's share of clean held-out prompts continued with its target.
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ __all__ = [
     "detection",
     "Detection",
     "summarize",
+    "language_model",
+    "rounds_to_target_loss",
 ]
 
 
@@ -60,6 +70,53 @@ def rounds_to_target(records: Sequence[RoundRecord], target: float) -> int | Non
         if r.accuracy >= target:
             return r.round + 1
     return None
+
+
+def rounds_to_target_loss(records: Sequence[RoundRecord], target: float | None) -> int | None:
+    """First round (1-based) whose loss is ≤ ``target``; ``None`` if never (or no target)."""
+    if target is None or not math.isfinite(target):
+        return None
+    for r in records:
+        if r.loss <= target:
+            return r.round + 1
+    return None
+
+
+def _bits(loss: float | None) -> float | None:
+    return None if loss is None or not math.isfinite(loss) else loss / math.log(2)
+
+
+def _perplexity(loss: float | None) -> float | None:
+    if loss is None or not math.isfinite(loss):
+        return None
+    return math.exp(loss) if loss < 700 else None  # e^700 overflows float64 soon after
+
+
+def language_model(
+    records: Sequence[RoundRecord],
+    baseline: Sequence[RoundRecord] | None = None,
+    *,
+    target_loss: float | None = None,
+) -> dict[str, Any]:
+    """Bits per byte, perplexity, their increase over the baseline, rounds to the target
+    loss (default: the baseline's final loss) and the false-trigger rate (module docstring)."""
+    loss = final_loss(records) if records else None
+    out: dict[str, Any] = {
+        "final_bits_per_byte": _bits(loss),
+        "final_perplexity": _perplexity(loss),
+        "false_trigger_rate": (float(records[-1].extra["false_trigger"])
+                               if records and "false_trigger" in records[-1].extra else None),
+    }
+    b_loss = final_loss(baseline) if baseline else None
+    if target_loss is None:
+        target_loss = b_loss
+    out["rounds_to_target_loss"] = rounds_to_target_loss(records, target_loss)
+    if baseline is not None:
+        a_bits, b_bits = out["final_bits_per_byte"], _bits(b_loss)
+        a_ppl, b_ppl = out["final_perplexity"], _perplexity(b_loss)
+        out["bits_per_byte_increase"] = a_bits - b_bits if a_bits is not None and b_bits is not None else None
+        out["perplexity_increase"] = a_ppl - b_ppl if a_ppl is not None and b_ppl is not None else None
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +244,12 @@ METRICS: dict[str, str] = {
     "wall_time_per_round_s": "wall-clock seconds per round",
     "defense_time_per_round_s": "seconds per round spent in the defense (merge)",
     "sim_time_s": "simulated network time of all rounds",
+    "final_bits_per_byte": "final loss in bits per token (per byte for the byte-level text workload)",
+    "final_perplexity": "e^(final loss): perplexity per token",
+    "bits_per_byte_increase": "attacked − baseline final bits per byte (same seed)",
+    "perplexity_increase": "attacked − baseline final perplexity (same seed)",
+    "rounds_to_target_loss": "first round (1-based) whose loss ≤ the baseline's final loss (null: never)",
+    "false_trigger_rate": "trigger-phrase backdoor: share of clean held-out prompts continued with the target",
 }
 
 
@@ -222,6 +285,7 @@ def summarize(
         "wall_time_per_round_s": sum(r.wall_time_s for r in records) / n,
         "defense_time_per_round_s": sum(r.defense_time_s for r in records) / n,
         "sim_time_s": sum(r.sim_time_s for r in records),
+        **language_model(records, baseline),
     }
     if baseline is not None:
         out["accuracy_drop"] = accuracy_drop(records, baseline)
