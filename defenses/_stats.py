@@ -1,0 +1,82 @@
+"""Small numerics shared by DnC, FLAME, FLDetector, RLR, SignGuard and SparseFed (private).
+
+* :func:`convex_mean` — Σ pᵢxᵢ with pᵢ = wᵢ/Σw over the kept rows: a convex
+  combination, so finite rows never overflow however large (a plain Σwᵢxᵢ/Σw with
+  sample counts as weights overflows float32 for entries near its maximum).
+* :func:`clip_scales` — the factor min(1, S/‖xᵢ‖) of clipping a row to norm S.
+* :func:`order_low_first` — rows ordered by a score, ties (up to rounding) broken by
+  the rows' content, never by their position, so a rule that keeps the k lowest is
+  symmetric in the clients.
+* :func:`midpoint_median` — the statistical median of a 1-D tensor (mean of the two
+  middle values for an even count).
+* :func:`saturate` — clamp a float64 result into the finite range of the output dtype.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._common import combine
+
+if TYPE_CHECKING:
+    import torch
+
+
+def convex_mean(updates: "torch.Tensor", weights: "torch.Tensor", finite: "torch.Tensor | None" = None) -> "torch.Tensor":
+    """Σᵢ (wᵢ/Σw)·xᵢ over the rows with wᵢ ≠ 0; zeros when every weight is 0.
+
+    ``weights`` are non-negative ``(n,)``; rows with weight 0 (e.g. non-finite ones)
+    never enter the product.
+    """
+    import torch
+
+    w = weights.to(device=updates.device, dtype=torch.float64)
+    total = float(w.sum())
+    if not total > 0:
+        return torch.zeros(updates.shape[1], dtype=updates.dtype, device=updates.device)
+    return combine((w / total).to(updates.dtype), updates, finite)
+
+
+def clip_scales(norms: "torch.Tensor", bound: float) -> "torch.Tensor":
+    """min(1, bound/‖xᵢ‖) per row (float64); 1 for zero rows, 0 for infinite norms."""
+    import torch
+
+    safe = norms.clamp_min(1e-300)
+    return torch.where(norms > bound, bound / safe, torch.ones_like(norms))
+
+
+def order_low_first(scores: "torch.Tensor", updates: "torch.Tensor") -> "torch.Tensor":
+    """Row indices by ascending score (+inf last); scores equal up to rounding are tied
+    and ranked by the rows' content (Σⱼxⱼ, Σⱼ j·xⱼ), then position (identical rows)."""
+    import torch
+
+    from .krum import _tie_classes, content_keys
+
+    classes = _tie_classes(scores.to(torch.float64))
+    order = torch.argsort(classes, stable=True)
+    ranked = classes[order]
+    if scores.shape[0] > 1 and bool((ranked[1:] == ranked[:-1]).any()):
+        keys = content_keys(updates).to(scores.device)
+        order = torch.arange(scores.shape[0], device=scores.device)
+        for col in (keys[:, 1], keys[:, 0], classes):  # least significant key first
+            order = order[torch.argsort(col[order], stable=True)]
+    return order
+
+
+def saturate(x: "torch.Tensor", dtype: "torch.dtype") -> "torch.Tensor":
+    """``x`` converted to ``dtype``, values beyond its finite range clamped to ± its maximum."""
+    import torch
+
+    big = torch.finfo(dtype).max
+    return x.clamp(-big, big).to(dtype)
+
+
+def midpoint_median(values: "torch.Tensor") -> float:
+    """Median of a 1-D tensor; the mean of the two middle values for an even count; 0 if empty."""
+    import torch
+
+    s = torch.sort(values.to(torch.float64)).values
+    k = int(s.shape[0])
+    if k == 0:
+        return 0.0
+    return float(s[k // 2]) if k % 2 else float(0.5 * s[k // 2 - 1] + 0.5 * s[k // 2])

@@ -1,0 +1,145 @@
+"""Divide-and-Conquer (DnC).
+
+Shejwalkar & Houmansadr, "Manipulating the Byzantine: Optimizing Model Poisoning
+Attacks and Defenses for Federated Learning", NDSS 2021, Algorithm 2. Each of
+``niters`` iterations:
+
+1. draws a random sorted subset r of b coordinates (paper: b = 10 000; all d
+   coordinates when d ≤ b);
+2. centres the sub-vectors: x̃ᵢ = xᵢ[r] − μ with μ the mean of the n sub-vectors;
+3. takes v, the top right singular vector of the centred n × b matrix X̃;
+4. scores every update by its squared projection sᵢ = ⟨x̃ᵢ, v⟩²;
+5. keeps the n − c·f updates with the lowest scores.
+
+The good set is the intersection of the kept sets over the iterations; the aggregate
+is the plain mean of the good updates (the paper's AGR_avg).
+
+Computation: with X̃X̃ᵀ = U Λ Uᵀ (an n × n float64 eigenproblem) and u the top
+eigenvector, v = X̃ᵀu/√λ, so sᵢ = (X̃v)ᵢ² = λ·uᵢ²: the n × b matrix is never
+decomposed. A non-finite update scores +∞ (it is one of the c·f removed, with its
+own reason) and takes no part in the centring. Ties in the score (up to rounding)
+are broken by the rows' content, not their position.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from redteam.pipeline import Aggregator
+from redteam.types import Decision, ServerContext, param_error, sample_weights
+
+from ._common import check_count, check_number, finite_rows, generator_of
+from ._stats import convex_mean, order_low_first
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["DnC", "dnc_scores"]
+
+
+def dnc_scores(sub: "torch.Tensor") -> "torch.Tensor":
+    """Outlier scores ``(n,)`` float64 of the rows of ``sub`` ``(n, b)`` (finite rows):
+    the squared projection of each centred row on the top right singular vector."""
+    import torch
+
+    x = sub.to(torch.float64)
+    centred = x - x.mean(dim=0, keepdim=True)
+    gram = centred @ centred.T
+    scale = float(gram.diagonal().max()) if gram.numel() else 0.0
+    if not scale > 0 or not math.isfinite(scale):
+        return torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
+    evals, evecs = torch.linalg.eigh(gram / scale)  # normalised: huge rows do not overflow eigh
+    lam = float(evals[-1].clamp_min(0.0)) * scale
+    return lam * evecs[:, -1] ** 2
+
+
+@dataclass(frozen=True, slots=True)
+class DnC(Aggregator):
+    """DnC (Shejwalkar & Houmansadr, NDSS 2021): SVD outlier scores on random coordinates.
+
+    * ``f``: the number of malicious updates expected (the paper's m). Unset means the
+      largest an honest majority allows, ⌊(n − 1)/2⌋ (the Krum / trimmed-mean
+      convention of "the largest f the round allows").
+    * ``c``: the filtering fraction; ⌊c·f⌋ updates are removed per iteration (paper
+      c = 1); n − ⌊c·f⌋ must be ≥ 1.
+    * ``b``: coordinates sampled per iteration (paper 10 000; all of them when d ≤ b).
+    * ``niters``: iterations (paper 1); the good set is the intersection.
+    * ``weighted``: ``False`` (the paper) averages the good updates plainly;
+      ``True`` weights them by the clients' sample counts.
+
+    ``Decision.state``: the f and removal count used, each iteration's scores, the
+    good set.
+    """
+
+    f: int | None = None
+    c: float = 1.0
+    b: int = 10_000
+    niters: int = 1
+    weighted: bool = False
+    summary: ClassVar[str] = "DnC: drop the c·f largest squared projections on the top singular vector, mean"
+    reference: ClassVar[str] = "Shejwalkar & Houmansadr, NDSS 2021"
+
+    def validate_f(self, v: int | None) -> None:
+        check_count(self, "f", v)
+
+    def validate_c(self, v: float) -> None:
+        check_number(self, "c", v, low=0.0)
+
+    def validate_b(self, v: int) -> None:
+        check_count(self, "b", v, allow_none=False, minimum=1)
+
+    def validate_niters(self, v: int) -> None:
+        check_count(self, "niters", v, allow_none=False, minimum=1)
+
+    def removals(self, n: int) -> tuple[int, int]:
+        """(f, ⌊c·f⌋) for a round of n updates; errors name the bound."""
+        f = (n - 1) // 2 if self.f is None else self.f
+        drop = int(math.floor(self.c * f + 1e-9))
+        if drop >= n:
+            raise param_error(self, "f", self.f, f"removes ⌊c·f⌋ = {drop} of n = {n} updates; "
+                              f"must leave at least one (c = {self.c:g})")
+        return f, drop
+
+    def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
+        import torch
+
+        n, d = updates.shape
+        f, drop = self.removals(n)
+        ok = finite_rows(updates)
+        fin = ok.nonzero().flatten()
+        good = torch.ones(n, dtype=torch.bool, device=updates.device)
+        all_scores: list[list[float]] = []
+        last = torch.full((n,), math.inf, dtype=torch.float64, device=updates.device)
+        gen = generator_of(ctx)
+        for _ in range(self.niters):
+            if d > self.b:
+                r = torch.randperm(d, generator=gen)[: self.b].sort().values.to(updates.device)
+                sub = updates.index_select(0, fin).index_select(1, r)
+            else:
+                sub = updates.index_select(0, fin)
+            scores = torch.full((n,), math.inf, dtype=torch.float64, device=updates.device)
+            if fin.numel():
+                scores[fin] = dnc_scores(sub)
+            keep = torch.zeros(n, dtype=torch.bool, device=updates.device)
+            keep[order_low_first(scores, updates)[: n - drop]] = True
+            good &= keep
+            all_scores.append(scores.tolist())
+            last = scores
+        w = sample_weights(ctx, n, updates) if self.weighted else torch.ones(n, dtype=updates.dtype,
+                                                                           device=updates.device)
+        w = torch.where(good, w, torch.zeros_like(w))
+        agg = convex_mean(updates, w, ok)
+        reasons: dict[int, str] = {}
+        for i in (~good).nonzero().flatten().tolist():
+            if not bool(ok[i]):
+                reasons[i] = "non-finite update (DnC scores it +inf)"
+            else:
+                reasons[i] = (f"DnC outlier: among the {drop} highest squared projections on the top singular "
+                              f"vector (score {float(last[i]):.6g})" if self.niters == 1 else
+                              f"DnC outlier: among the {drop} highest squared projections in some iteration")
+        weights = w / w.sum() if float(w.sum()) > 0 else w
+        return Decision(aggregate=agg, accepted=good, weights=weights, reasons=reasons,
+                        state={"f": f, "removed": drop, "scores": all_scores,
+                               "good": good.nonzero().flatten().tolist()})

@@ -1,0 +1,297 @@
+"""FLDetector: flag clients whose updates are inconsistent with their own history.
+
+Zhang, Cao, Jia & Gong, "FLDetector: Defending Federated Learning Against Model
+Poisoning Attacks via Detecting Malicious Clients", KDD 2022. In round t, with w_t
+the global model, gᵢᵗ client i's update and gᵗ the round's aggregated update:
+
+1. the server approximates the Hessian-vector product Ĥᵗ(w_t − w_{t−1}) with
+   L-BFGS over the last N pairs (Δw_k, Δg_k) = (w_k − w_{k−1}, g^k − g^{k−1});
+2. it predicts every client's update from its previous one,
+   ĝᵢᵗ = gᵢ^{t−1} + Ĥᵗ(w_t − w_{t−1}), and measures dᵢ = ‖ĝᵢᵗ − gᵢᵗ‖₂;
+3. the distances are normalised over the round's clients, dᵢ ← dᵢ/Σⱼdⱼ, and the
+   suspicious score sᵢ is the mean of client i's last N normalised distances;
+4. the gap statistic (Tibshirani, Walther & Hastie 2001) decides whether the scores
+   form more than one cluster; if so, k-means with k = 2 splits them and the cluster
+   with the larger mean score is flagged as malicious.
+
+The L-BFGS product uses the compact representation of Byrd, Nocedal & Schnabel
+(1994, eq. 2.17): with S = [Δw…], Y = [Δg…] (one column per pair, oldest first),
+A = SᵀY, D = diag(A), L the strictly lower triangle of A and σ = yₘᵀsₘ / sₘᵀsₘ,
+
+    Ĥv = σv − [σS  Y]·M⁻¹·[σSᵀv; Yᵀv],   M = [[σSᵀS, L], [Lᵀ, −D]].
+
+In delta space gᵢ is −η times a gradient, so Ĥ approximates −η times the Hessian;
+the product is linear in Y, so the prediction is the same.
+
+Conventions (named parameters): ``window`` is N (paper 10); detection starts once
+N pairs are stored (the paper's warm-up). The gap statistic compares k = 1 with
+k = 2 only (its choice of k̂ > 1 depends on nothing else), with
+``gap_references`` uniform reference sets over [min s, max s] drawn from
+``ctx.generator``; k-means in one dimension is solved exactly (the best split of the
+sorted scores). ``persistent``: the paper removes detected clients from training, so
+a flagged client id stays rejected in later rounds (``False``: flagged per round
+only). After detection the accepted updates are averaged FedAvg-style (sample-
+weighted), the paper's base rule; FLDetector is a filter, so
+``Pipeline((FLDetector(), Median()))`` uses another aggregation rule.
+
+Everything FLDetector remembers is explicit state keyed by client id (not row):
+``Decision.state`` holds the ids, their last updates, their recent normalised
+distances, the flagged ids, and the global-model and aggregate history. The global
+model comes from ``ctx.global_params`` and gᵗ⁻¹ from ``ctx.previous_update``;
+without them no pair can be formed and nobody is scored. Non-finite updates are
+rejected and not remembered.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+
+from redteam.errors import InvalidParameter
+from redteam.pipeline import Filter, FilterResult
+from redteam.types import Decision, ServerContext, sample_weights
+
+from ._common import check_count, finite_rows, generator_of, gram64
+from ._stats import convex_mean
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["FLDetector", "lbfgs_hvp", "gap_says_clusters", "two_means_split"]
+
+_BLOCK = 1 << 16
+
+
+def lbfgs_hvp(s: "torch.Tensor", y: "torch.Tensor", v: "torch.Tensor") -> "torch.Tensor":
+    """Ĥv from the compact L-BFGS form (module docstring). ``s``, ``y``: ``(m, d)``
+    pairs, oldest first (rows, not columns); ``v``: ``(d,)``. Float64 small algebra;
+    returns ``v``'s dtype. A degenerate history (σ undefined) gives zeros."""
+    import torch
+
+    m = s.shape[0]
+    if m == 0:
+        return torch.zeros_like(v)
+    g = gram64(torch.cat([s, y, v[None, :].to(s.dtype)]))
+    ss, sy = g[:m, :m], g[:m, m:2 * m]
+    sv, yv = g[:m, 2 * m], g[m:2 * m, 2 * m]
+    last_ss = float(ss[m - 1, m - 1])
+    if not last_ss > 0 or not math.isfinite(last_ss) or not bool(torch.isfinite(g).all()):
+        return torch.zeros_like(v)
+    sigma = float(sy[m - 1, m - 1]) / last_ss  # yₘᵀsₘ / sₘᵀsₘ (sy[i, j] = sᵢᵀyⱼ)
+    low = torch.tril(sy, diagonal=-1)  # Lᵢⱼ = sᵢᵀyⱼ for i > j
+    mid = torch.cat([torch.cat([sigma * ss, low], dim=1),
+                     torch.cat([low.T, -torch.diag(torch.diagonal(sy))], dim=1)])
+    rhs = torch.cat([sigma * sv, yv])
+    p = torch.linalg.pinv(mid) @ rhs
+    if not bool(torch.isfinite(p).all()):
+        return torch.zeros_like(v)
+    coef_s = (sigma * p[:m]).to(s.dtype)
+    coef_y = p[m:].to(s.dtype)
+    out = sigma * v.to(torch.float64) - (coef_s @ s + coef_y @ y).to(torch.float64)
+    return out.to(v.dtype) if bool(torch.isfinite(out).all()) else torch.zeros_like(v)
+
+
+def _split_costs(x: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
+    """For sorted rows ``x`` ``(B, m)``: W₁ ``(B,)`` and the within-cluster sums of squares
+    of every split into x[:j] and x[j:], j = 1 … m − 1 ``(B, m − 1)``."""
+    import torch
+
+    m = x.shape[1]
+    c1 = torch.cumsum(x, dim=1)
+    c2 = torch.cumsum(x * x, dim=1)
+    tot1, tot2 = c1[:, -1:], c2[:, -1:]
+    w1 = (tot2 - tot1 * tot1 / m).squeeze(1).clamp_min(0.0)
+    j = torch.arange(1, m, dtype=x.dtype, device=x.device)
+    left = c2[:, :-1] - c1[:, :-1] ** 2 / j
+    right = (tot2 - c2[:, :-1]) - (tot1 - c1[:, :-1]) ** 2 / (m - j)
+    return w1, (left + right).clamp_min(0.0)
+
+
+def two_means_split(scores: "torch.Tensor") -> "torch.Tensor":
+    """Exact 1-D k-means with k = 2: bool mask of the upper cluster (the larger mean)."""
+    import torch
+
+    x = scores.to(torch.float64)
+    order = torch.argsort(x, stable=True)
+    _, costs = _split_costs(x[order][None, :])
+    j = int(torch.argmin(costs[0])) + 1  # the first j of minimal cost
+    upper = torch.zeros_like(x, dtype=torch.bool)
+    upper[order[j:]] = True
+    return upper
+
+
+def gap_says_clusters(scores: "torch.Tensor", references: int, generator: "torch.Generator") -> tuple[bool, dict]:
+    """Gap statistic, k = 1 against k = 2: True when k̂ > 1, i.e. Gap(1) < Gap(2) − s₂.
+
+    Gap(k) = mean_b log W*_kb − log W_k with W_k the within-cluster sum of squares of
+    the optimal k-means, W*_kb that of the b-th uniform reference set over the data's
+    range, s_k = sd_b(log W*_kb)·√(1 + 1/B)."""
+    import torch
+
+    x = scores.to(torch.float64).cpu()
+    m = x.shape[0]
+    lo, hi = float(x.min()), float(x.max())
+    if m < 3 or not hi > lo:
+        return False, {}
+    xs = torch.sort(x).values[None, :]
+    w1, costs = _split_costs(xs)
+    ref = lo + (hi - lo) * torch.rand(references, m, generator=generator, dtype=torch.float64)
+    r1, rcosts = _split_costs(torch.sort(ref, dim=1).values)
+    log_w1, log_w2 = math.log(float(w1[0])), math.log(max(float(costs.min()), 1e-300))
+    lr1, lr2 = r1.clamp_min(1e-300).log(), rcosts.min(dim=1).values.clamp_min(1e-300).log()
+    gap1 = float(lr1.mean()) - log_w1
+    gap2 = float(lr2.mean()) - log_w2
+    s2 = float(lr2.std(unbiased=False)) * math.sqrt(1.0 + 1.0 / references)
+    return gap1 < gap2 - s2, {"gap1": gap1, "gap2": gap2, "s2": s2}
+
+
+def _residual_norms(prev: "torch.Tensor", hv: "torch.Tensor", cur: "torch.Tensor") -> "torch.Tensor":
+    """‖prevᵢ + hv − curᵢ‖₂ per row, float64, over column blocks (no (n, d) temporary)."""
+    import torch
+
+    acc = torch.zeros(cur.shape[0], dtype=torch.float64, device=cur.device)
+    for start in range(0, cur.shape[1], _BLOCK):
+        blk = (prev[:, start:start + _BLOCK] - cur[:, start:start + _BLOCK]).to(torch.float64)
+        blk += hv[start:start + _BLOCK].to(torch.float64)
+        acc += (blk * blk).sum(dim=1)
+    return acc.sqrt()
+
+
+def _tensor(state: Mapping[str, Any], key: str, shape: tuple[int, ...] | None, like: "torch.Tensor"):
+    import torch
+
+    v = state.get(key)
+    if v is None:
+        return None
+    t = torch.as_tensor(v).to(device=like.device, dtype=like.dtype)
+    if shape is not None and tuple(t.shape) != shape:
+        raise InvalidParameter(f"FLDetector: ctx.state[{key!r}] has shape {tuple(t.shape)}, expected {shape}")
+    return t
+
+
+@dataclass(frozen=True, slots=True)
+class FLDetector(Filter):
+    """FLDetector (Zhang et al., KDD 2022): L-BFGS prediction of each client's update,
+    suspicious scores over a window, gap statistic + 2-means.
+
+    * ``window``: N, the L-BFGS history and the score window (paper 10);
+    * ``gap_references``: uniform reference sets of the gap statistic (B = 10);
+    * ``persistent``: a flagged client stays rejected in later rounds (default True).
+    """
+
+    window: int = 10
+    gap_references: int = 10
+    persistent: bool = True
+    summary: ClassVar[str] = "FLDetector: L-BFGS-predicted updates, suspicious scores, gap statistic + 2-means"
+    reference: ClassVar[str] = "Zhang, Cao, Jia & Gong, KDD 2022"
+
+    def validate_window(self, v: int) -> None:
+        check_count(self, "window", v, allow_none=False, minimum=1)
+
+    def validate_gap_references(self, v: int) -> None:
+        check_count(self, "gap_references", v, allow_none=False, minimum=2)
+
+    def filter(self, updates: "torch.Tensor", ctx: ServerContext) -> FilterResult:
+        import torch
+
+        n, d = updates.shape
+        ids = [int(c) for c in ctx.client_ids] if ctx.client_ids else list(range(n))
+        if len(ids) != n or len(set(ids)) != n:
+            raise InvalidParameter(f"FLDetector: ctx.client_ids must name each of the {n} updates once, got {ids!r}")
+        st = dict(ctx.state or {})
+        ok = finite_rows(updates)
+        # -- the (Δw, Δg) history ------------------------------------------------------
+        s_hist = _tensor(st, "s", None, updates)
+        y_hist = _tensor(st, "y", None, updates)
+        if s_hist is None or y_hist is None:
+            s_hist = y_hist = updates.new_zeros((0, d))
+        elif s_hist.ndim != 2 or s_hist.shape[1] != d or y_hist.shape != s_hist.shape:
+            raise InvalidParameter(f"FLDetector: ctx.state['s'] and ['y'] have shapes {tuple(s_hist.shape)} and "
+                                   f"{tuple(y_hist.shape)}, expected two equal (m, {d})")
+        w_now = ctx.global_params
+        g_prev = ctx.previous_update
+        w_last = _tensor(st, "w_last", (d,), updates)
+        pending = _tensor(st, "pending_dw", (d,), updates)
+        g_last = _tensor(st, "g_last", (d,), updates)
+        if w_now is not None:
+            w_now = w_now.to(device=updates.device, dtype=updates.dtype)
+        if pending is not None and g_last is not None and g_prev is not None:
+            dy = g_prev.to(device=updates.device, dtype=updates.dtype) - g_last
+            if bool(torch.isfinite(dy).all()) and bool(torch.isfinite(pending).all()) and float(pending.abs().max()) > 0:
+                s_hist = torch.cat([s_hist, pending[None, :]])[-self.window:]
+                y_hist = torch.cat([y_hist, dy[None, :]])[-self.window:]
+        v = (w_now - w_last) if (w_now is not None and w_last is not None) else None
+        # -- per-client memory ---------------------------------------------------------
+        old_ids = [int(c) for c in st.get("ids", [])]
+        old_rows = _tensor(st, "rows", (len(old_ids), d), updates) if old_ids else None
+        where = {c: j for j, c in enumerate(old_ids)}
+        dists: dict[int, list[float]] = {int(k): list(v_) for k, v_ in dict(st.get("distances", {})).items()}
+        flagged: dict[int, int] = {int(k): int(v_) for k, v_ in dict(st.get("flagged", {})).items()}
+        banned = torch.tensor([self.persistent and c in flagged for c in ids], dtype=torch.bool,
+                              device=updates.device)
+        scored = [i for i in range(n) if bool(ok[i]) and not bool(banned[i]) and ids[i] in where]
+        ready = v is not None and s_hist.shape[0] >= self.window and len(scored) > 0
+        info: dict[str, Any] = {"pairs": int(s_hist.shape[0]), "scored": [ids[i] for i in scored] if ready else []}
+        newly = torch.zeros(n, dtype=torch.bool, device=updates.device)
+        if ready:
+            hv = lbfgs_hvp(s_hist, y_hist, v)
+            sel = torch.tensor(scored, dtype=torch.long, device=updates.device)
+            src = torch.tensor([where[ids[i]] for i in scored], dtype=torch.long, device=updates.device)
+            raw = _residual_norms(old_rows.index_select(0, src), hv, updates.index_select(0, sel))
+            total = float(raw.sum())
+            norm = raw / total if total > 0 and math.isfinite(total) else torch.zeros_like(raw)
+            for j, i in enumerate(scored):
+                dists[ids[i]] = (dists.get(ids[i], []) + [float(norm[j])])[-self.window:]
+            score = torch.tensor([sum(dists[ids[i]]) / len(dists[ids[i]]) for i in scored], dtype=torch.float64)
+            many, gap = gap_says_clusters(score, self.gap_references, generator_of(ctx))
+            info.update(gap, scores=score.tolist(), clusters=2 if many else 1)
+            if many:
+                upper = two_means_split(score)
+                for j in upper.nonzero().flatten().tolist():
+                    newly[scored[j]] = True
+                    flagged.setdefault(ids[scored[j]], int(ctx.round))
+        accepted = ok & ~banned & ~newly
+        reasons: dict[int, str] = {}
+        for i in (~accepted).nonzero().flatten().tolist():
+            if not bool(ok[i]):
+                reasons[i] = "non-finite update"
+            elif bool(newly[i]):
+                reasons[i] = ("FLDetector: in the high-score cluster of suspicious scores "
+                              f"(score {sum(dists[ids[i]]) / len(dists[ids[i]]):.6g})")
+            else:
+                reasons[i] = f"FLDetector: flagged in round {flagged[ids[i]]} and removed"
+        # -- the new state -------------------------------------------------------------
+        keep_old = [j for j, c in enumerate(old_ids) if c not in set(ids)] if old_ids else []
+        fin = ok.nonzero().flatten()
+        new_ids = [old_ids[j] for j in keep_old] + [ids[i] for i in fin.tolist()]
+        parts = []
+        if keep_old:
+            parts.append(old_rows.index_select(0, torch.tensor(keep_old, dtype=torch.long, device=updates.device)))
+        parts.append(updates.index_select(0, fin))  # a copy: the state never aliases the input
+        # a non-finite update this round: that client's last finite update stays remembered
+        for i in (~ok).nonzero().flatten().tolist():
+            if ids[i] in where:
+                new_ids.append(ids[i])
+                parts.append(old_rows[where[ids[i]]][None, :])
+        state = {
+            "ids": new_ids,
+            "rows": torch.cat(parts),
+            "distances": dists,
+            "flagged": flagged,
+            "s": s_hist,
+            "y": y_hist,
+            "w_last": None if w_now is None else w_now.clone(),
+            "pending_dw": None if v is None else v,
+            "g_last": None if g_prev is None else g_prev.to(device=updates.device, dtype=updates.dtype).clone(),
+            **info,
+        }
+        return FilterResult(updates=updates, accepted=accepted, reasons=reasons, state=state)
+
+    def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
+        res = self.filter(updates, ctx)
+        w = sample_weights(ctx, updates.shape[0], updates) * res.accepted.to(updates.dtype)
+        total = w.sum()
+        return Decision(aggregate=convex_mean(updates, w, finite_rows(updates)), accepted=res.accepted,
+                        weights=w / total if float(total) > 0 else w, reasons=dict(res.reasons),
+                        state=dict(res.state))

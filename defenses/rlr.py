@@ -1,0 +1,97 @@
+"""Robust learning rate (RLR): flip the server step where the clients' signs disagree.
+
+Ozdayi, Kantarcioglu & Gel, "Defending against Backdoors in Federated Learning with
+Robust Learning Rate", AAAI 2021. For every coordinate k the server counts the signs
+of the n updates; where the agreement is weak the learning rate is negated:
+
+    η_θ,k = +η   if |Σᵢ sgn(Δᵢ,ₖ)| ≥ θ,
+    η_θ,k = −η   otherwise,
+
+and the server steps w ← w + η_θ ⊙ (Σᵢ nᵢΔᵢ / Σᵢ nᵢ). A backdoor pushes coordinates
+that the honest agents do not care about (their signs cancel), so only the corrupt
+agents agree there, and with θ above their number those coordinates move backwards.
+
+Here the server step η is the server optimizer's (after the defense), so the
+aggregate is s ⊙ mean with sₖ = ±1. Signs are unweighted (one vote per client);
+sgn(0) = 0. Everyone is accepted except non-finite updates, which neither vote nor
+enter the mean.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from redteam.pipeline import Aggregator
+from redteam.types import Decision, ServerContext, param_error, sample_weights
+
+from ._common import check_count, finite_rows
+from ._stats import convex_mean
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["RLR", "sign_votes"]
+
+_BLOCK = 1 << 16
+
+
+def sign_votes(updates: "torch.Tensor") -> "torch.Tensor":
+    """Σᵢ sgn(xᵢₖ) for every column k, as int32 ``(d,)`` (column blocks bound the memory)."""
+    import torch
+
+    n, d = updates.shape
+    out = torch.empty(d, dtype=torch.int32, device=updates.device)
+    for start in range(0, d, _BLOCK):
+        block = updates[:, start:start + _BLOCK]
+        out[start:start + block.shape[1]] = (block > 0).sum(dim=0, dtype=torch.int32) - \
+            (block < 0).sum(dim=0, dtype=torch.int32)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class RLR(Aggregator):
+    """Robust learning rate (Ozdayi et al., AAAI 2021): sign-agreement threshold θ.
+
+    * ``theta``: the threshold θ on |Σ sgn|, 1 ≤ θ ≤ n. The paper tunes it per task
+      and asks for θ larger than the number of corrupt agents; unset means f + 1 for
+      the largest minority f = ⌊(n − 1)/2⌋, i.e. θ = ⌈n/2⌉.
+    * ``weighted``: ``True`` (the paper: FedAvg's sample-weighted mean) or ``False``
+      (plain mean).
+
+    ``Decision.state``: θ and how many coordinates had their step flipped.
+    """
+
+    theta: int | None = None
+    weighted: bool = True
+    summary: ClassVar[str] = "RLR: per-coordinate learning rate −η where |Σ sign| < θ"
+    reference: ClassVar[str] = "Ozdayi, Kantarcioglu & Gel, AAAI 2021"
+
+    def validate_theta(self, v: int | None) -> None:
+        check_count(self, "theta", v, minimum=1)
+
+    def resolve_theta(self, n: int) -> int:
+        if self.theta is None:
+            return (n + 1) // 2
+        if self.theta > n:
+            raise param_error(self, "theta", self.theta,
+                              f"must be ≤ n = {n} (a larger θ flips every coordinate)")
+        return self.theta
+
+    def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
+        import torch
+
+        n, d = updates.shape
+        theta = self.resolve_theta(n)
+        ok = finite_rows(updates)
+        w = sample_weights(ctx, n, updates) if self.weighted else torch.ones(n, dtype=updates.dtype,
+                                                                           device=updates.device)
+        w = torch.where(ok, w, torch.zeros_like(w))
+        rows = updates if bool(ok.all()) else updates.index_select(0, ok.nonzero().flatten())
+        agree = sign_votes(rows).abs() >= theta
+        mean = convex_mean(updates, w, ok)
+        agg = torch.where(agree, mean, -mean)
+        reasons = {i: "non-finite update" for i in (~ok).nonzero().flatten().tolist()}
+        total = float(w.sum())
+        return Decision(aggregate=agg, accepted=ok, weights=w / total if total > 0 else w, reasons=reasons,
+                        state={"theta": theta, "flipped": int(d - int(agree.sum()))})
