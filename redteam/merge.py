@@ -25,13 +25,32 @@ its partial aggregate — is the member with the lowest client id. A compromised
 can replace that partial aggregate (REFERENCES §3.4); ``hierarchical_merge`` models this
 with its ``tamper_group`` hook, applied to each bottom group's aggregate before it
 passes up (only when there is more than one group: a flat merge is the server's own).
+
+Non-finite sub-aggregates. A node whose aggregate (as passed up, after any tampering)
+has a NaN or ±Inf entry is refused: it passes nothing up, and ``MergeResult.refused``
+records it (node key → reason and the client ids below it). The clients' ``accepted``
+flags are left as their defense decided: the refusal is the merge's, not the defense's.
+
+Defense memory across rounds (:class:`DefenseMemory`). A stateful defense's state belongs
+to the clients it describes, not to the merge node that happened to hold them:
+
+* per-client parts — a state with an ``"ids"`` list (client ids), whose tensors (and
+  lists) of that length are one row per client, like FoolsGold's history — are rebuilt
+  for every bottom node from its members: each member's row comes from the state of the
+  node that member was last merged in (churned-out clients keep theirs);
+* node-level parts (centered clipping's previous aggregate) stay with the node key when
+  the grouping is fixed across rounds (flat, ``region``, ``hash``: today's behaviour);
+  with ``random`` grouping they are rebuilt from the members: a tensor is the mean, over
+  the node's members, of the tensor of the node each member was last in; anything else
+  is taken from the lowest-id member's last node. Pipelines (stage states under
+  ``"0"``, ``"1"`` …) are handled stage by stage. Upper levels keep their node keys.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 import numpy as np
 import torch
@@ -39,7 +58,8 @@ import torch
 from .errors import InvalidParameter
 from .types import Decision, Defense, ServerContext
 
-__all__ = ["Hierarchy", "MergeResult", "assign_groups", "group_of_identity", "hierarchical_merge"]
+__all__ = ["Hierarchy", "MergeResult", "DefenseMemory", "assign_groups", "group_of_identity",
+           "hierarchical_merge"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +90,11 @@ class MergeResult:
     reasons: dict[int, str] = field(default_factory=dict)  # row → why rejected
     groups: list[list[int]] = field(default_factory=list)  # bottom groups, as row positions
     state: dict[str, dict] = field(default_factory=dict)
+    refused: dict[str, dict[str, Any]] = field(default_factory=dict)  # node key → reason, rows
+
+
+def _finite(x: torch.Tensor) -> bool:
+    return bool(torch.isfinite(x).all())
 
 
 def group_of_identity(identity: str, n_groups: int) -> int:
@@ -125,6 +150,7 @@ def hierarchical_merge(
     accepted = torch.zeros(m, dtype=torch.bool, device=updates.device)
     reasons: dict[int, str] = {}
     state: dict[str, dict] = {}
+    refused: dict[str, dict[str, Any]] = {}
     if m == 0:
         return MergeResult(torch.zeros(updates.shape[1], dtype=updates.dtype, device=updates.device),
                            accepted, reasons, groups, state)
@@ -156,7 +182,10 @@ def hierarchical_merge(
                 )
             agg = agg.to(dtype=dec.aggregate.dtype, device=dec.aggregate.device)
         if bool(acc.any()):
-            nodes.append((agg, total, rows))
+            if _finite(agg):
+                nodes.append((agg, total, rows))
+            else:
+                refused[key] = {"reason": "non-finite sub-aggregate", "rows": list(rows)}
 
     # upper levels
     level = 1
@@ -182,11 +211,114 @@ def hierarchical_merge(
                                 ci, type(upper).__name__
                             )
             total = (cw * dec.accepted.to(cw.dtype)).sum()
-            if kept_rows:
+            if kept_rows and not _finite(dec.aggregate) and len(nodes) > fan_out:
+                refused[key] = {"reason": "non-finite sub-aggregate", "rows": kept_rows}
+            elif kept_rows:
                 parents.append((dec.aggregate, total, kept_rows))
         nodes = parents
         level += 1
     if not nodes:
         return MergeResult(torch.zeros(updates.shape[1], dtype=updates.dtype, device=updates.device),
-                           accepted, reasons, groups, state)
-    return MergeResult(nodes[0][0], accepted, reasons, groups, state)
+                           accepted, reasons, groups, state, refused)
+    return MergeResult(nodes[0][0], accepted, reasons, groups, state, refused)
+
+
+class DefenseMemory:
+    """The defenses' state across rounds, kept by client id (rules in the module docstring)."""
+
+    def __init__(self, regrouped: bool) -> None:
+        self.regrouped = regrouped
+        self.by_node: dict[str, dict] = {}
+        self.by_client: dict[int, dict] = {}
+
+    def start(self, key: str, members: list[int]) -> dict:
+        """The state node ``key`` starts from, given its members' client ids (bottom) or none (upper)."""
+        if not key.startswith("0.") or not members:
+            return self.by_node.get(key, {})
+        own = self.by_node.get(key, {})
+        known = [c for c in sorted(set(members)) if c in self.by_client]
+        if not known:
+            return {} if self.regrouped else own
+        return _rebuild(own, [self.by_client[c] for c in known], known, self.regrouped)
+
+    def record(self, state: Mapping[str, dict], groups: list[list[int]]) -> None:
+        """After a round: node states, and for every client the bottom node it was merged in."""
+        self.by_node = dict(state)
+        seen: set[int] = set()
+        for gi, members in enumerate(groups):
+            st = state.get(f"0.{gi}")
+            if st is None:
+                continue
+            for c in members:
+                if c not in seen:
+                    seen.add(c)
+                    self.by_client[c] = st
+
+
+def _per_client(state: Mapping[str, Any]) -> int | None:
+    ids = state.get("ids")
+    return len(ids) if isinstance(ids, list) else None
+
+
+def _rebuild(own: Mapping[str, Any], member_states: list[Mapping[str, Any]], members: list[int],
+             regrouped: bool) -> dict:
+    """One node's starting state from its own last state and its members' last node states."""
+    base: Mapping[str, Any] = member_states[0] if regrouped else own
+    if not regrouped and not any(_per_client(s) for s in member_states) \
+            and not any(isinstance(v, Mapping) for v in own.values()):
+        return dict(own)
+    out: dict[str, Any] = {}
+    k_ids = [_per_client(s) for s in member_states]
+    keys = set(base)
+    for s in member_states:
+        keys |= set(s)
+    for key in sorted(keys):
+        subs = [s.get(key) for s in member_states]
+        if key.isdigit() and any(isinstance(v, Mapping) for v in subs + [own.get(key)]):
+            mine = own.get(key) if isinstance(own.get(key), Mapping) else {}
+            out[key] = _rebuild(mine, [v if isinstance(v, Mapping) else {} for v in subs], members, regrouped)
+            continue
+        per_client = [k is not None and _rows_of(v, k) for v, k in zip(subs, k_ids)]
+        if key == "ids" or any(per_client):
+            continue  # gathered below
+        if not regrouped:
+            if key in own:
+                out[key] = own[key]
+            continue
+        tensors = [v for v in subs if isinstance(v, torch.Tensor)]
+        if tensors and len(tensors) == len(subs) and all(t.shape == tensors[0].shape for t in tensors):
+            if all(t is tensors[0] for t in tensors):
+                out[key] = tensors[0]
+            else:
+                out[key] = torch.stack([t.to(torch.float64) for t in tensors]).mean(0).to(tensors[0].dtype)
+        else:
+            out[key] = next(v for v in subs if v is not None) if any(v is not None for v in subs) else None
+    if any(k is not None for k in k_ids):
+        _gather_rows(out, member_states, members)
+    return out
+
+
+def _rows_of(value: Any, k: int) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.ndim >= 1 and int(value.shape[0]) == k
+    return isinstance(value, list) and len(value) == k
+
+
+def _gather_rows(out: dict[str, Any], member_states: list[Mapping[str, Any]], members: list[int]) -> None:
+    """Per-client rows of each member, taken from the state of the node it was last in."""
+    ids: list[int] = []
+    picks: list[tuple[Mapping[str, Any], int]] = []
+    for c, s in zip(members, member_states):
+        held = s.get("ids")
+        if isinstance(held, list) and c in held:
+            ids.append(c)
+            picks.append((s, held.index(c)))
+    out["ids"] = ids
+    if not picks:
+        return
+    names = {key for s, _ in picks for key, v in s.items() if key != "ids" and _rows_of(v, len(s["ids"]))}
+    for key in sorted(names):
+        rows = [s[key][j] for s, j in picks if _rows_of(s.get(key), len(s["ids"]))]
+        if len(rows) != len(picks):
+            continue
+        out[key] = torch.stack(rows) if all(isinstance(r, torch.Tensor) for r in rows) else list(rows)

@@ -47,6 +47,7 @@ from typing import Any, Callable, Literal, Mapping
 
 from .errors import InvalidParameter, InvalidScenario, RedteamError
 from .registry import ATTACKS, DEFENSES, WORKLOADS, _coerce
+from .scenario_limits import Limits, check_federation, check_integers, read_scenario_bytes, scan_text, shown
 
 __all__ = [
     "Scenario",
@@ -93,6 +94,9 @@ class ScenarioInfo:
     name: str = "scenario"
     seed: int = _rule(0, lambda v: isinstance(v, int) and 0 <= v < 2**63, "must be an integer in [0, 2**63)")
     description: str = ""
+    # model init and minibatches from their own seed (None: derived from ``seed`` as always)
+    training_seed: int | None = _rule(None, lambda v: v is None or (isinstance(v, int) and 0 <= v < 2**63),
+                                      "must be an integer in [0, 2**63)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +121,7 @@ class FederationSpec:
     clients: int = _rule(20, _pos_int, "must be an integer ≥ 1")
     malicious_fraction: float = _rule(0.0, lambda v: _prob(v) and v < 1, "must be in [0, 1)")
     rounds: int = _rule(30, _pos_int, "must be an integer ≥ 1")
-    partition: Literal["iid", "dirichlet", "shards", "quantity"] = "dirichlet"
+    partition: Literal["iid", "dirichlet", "shards", "quantity", "label_sorted"] = "dirichlet"
     alpha: float = _rule(0.5, _pos, "must be > 0")
     shards_per_client: int = _rule(2, _pos_int, "must be an integer ≥ 1")
     quantity_beta: float = _rule(1.0, _pos, "must be > 0")
@@ -132,6 +136,25 @@ class FederationSpec:
     server_momentum: float = _rule(0.9, lambda v: _prob(v) and v < 1, "must be in [0, 1)")
     target_accuracy: float = _rule(0.9, _prob, "must be in [0, 1]")
     omniscient: bool | None = None
+    # issue 8 §1: what a reproduction of the worker-momentum / bucketing papers needs
+    malicious_data: Literal["partition", "iid_overlap"] | None = None  # None: iid_overlap for label_sorted
+    client_momentum: float = _rule(0.0, lambda v: _prob(v) and v < 1, "must be in [0, 1)")
+    momentum_form: Literal["sgd", "ema"] = "sgd"
+    sampling: Literal["with_replacement", "without_replacement"] = "with_replacement"
+    local_optimizer: Literal["sgd", "adamw"] = "sgd"
+    local_weight_decay: float = _rule(0.0, _nonneg, "must be ≥ 0")
+    local_betas: tuple[float, float] = _rule(
+        (0.9, 0.999), lambda v: len(v) == 2 and all(_prob(b) and b < 1 for b in v), "must be two numbers in [0, 1)")
+    root_samples: int | Literal["auto"] | None = _rule(
+        None, lambda v: v is None or v == "auto" or (isinstance(v, int) and v >= 0), "must be an integer ≥ 0 or \"auto\"")
+
+    @property
+    def malicious_data_rule(self) -> str:
+        """``malicious_data``, its default resolved: the papers' ``iid_overlap`` for
+        ``label_sorted``, ``partition`` (today's) for every other partition."""
+        if self.malicious_data is not None:
+            return self.malicious_data
+        return "iid_overlap" if self.partition == "label_sorted" else "partition"
 
     @property
     def n_malicious(self) -> int:
@@ -221,8 +244,7 @@ class _Where:
         self.file = file
 
     def err(self, path: str, value: Any, expect: str) -> InvalidScenario:
-        shown = json.dumps(value) if isinstance(value, (str, int, float, bool, list, dict)) else repr(value)
-        return InvalidScenario(f"{self.file}: {path} = {shown}: {expect}")
+        return InvalidScenario(f"{self.file}: {path} = {shown(value)}: {expect}")
 
 
 def _section_path(section: str, key: str) -> str:
@@ -296,9 +318,16 @@ def _plugin(table: Any, section: str, where: _Where, registry: Any, check: bool 
     return PluginSpec(name, params)
 
 
-def parse_scenario(data: Mapping[str, Any], *, file: str = "<scenario>", check_plugins: bool = True) -> Scenario:
-    """Validate a parsed TOML document (a dict) into a :class:`Scenario`."""
+def parse_scenario(
+    data: Mapping[str, Any], *, file: str = "<scenario>", check_plugins: bool = True, limits: Limits | None = None
+) -> Scenario:
+    """Validate a parsed TOML document (a dict) into a :class:`Scenario`.
+
+    ``limits`` caps the federation's sizes (default: :meth:`Limits.from_env`).
+    """
     where = _Where(file)
+    if not isinstance(data, Mapping):
+        raise where.err("document", data, "must be a table of sections")
     allowed = ("scenario", "workload", "federation", "transport", "hierarchy", "attack", "defense",
                "matrix", "expect")
     for key in data:
@@ -319,8 +348,12 @@ def parse_scenario(data: Mapping[str, Any], *, file: str = "<scenario>", check_p
                 "[federation].malicious_fraction", data["federation"]["malicious_fraction"],
                 f"gives no malicious client among {fed.clients} (need ≥ {0.5 / fed.clients:.3g}, or 0 for none)",
             )
+        check_federation(fed, limits if limits is not None else Limits.from_env(), file)
         kw["federation"] = fed
     if "transport" in data:
+        cp = data["transport"].get("codec_params") if isinstance(data["transport"], Mapping) else None
+        if cp is not None and not isinstance(cp, Mapping):
+            raise where.err("[transport].codec_params", cp, "must be a table of the codec's parameters")
         kw["transport"] = _build(
             TransportSpec,
             data["transport"],
@@ -376,20 +409,25 @@ def _check_codec(spec: TransportSpec, where: _Where) -> None:
         raise InvalidScenario(f"{where.file}: [transport]: {exc}") from None
 
 
-def _read_toml(p: Path, via: str = "") -> dict[str, Any]:
+def _read_toml(p: Path, via: str = "", limits: Limits | None = None) -> dict[str, Any]:
     origin = f" (included from {via})" if via else ""
+    limits = limits if limits is not None else Limits.from_env()
+    raw = read_scenario_bytes(p, limits, origin)  # regular files under the size cap only
     try:
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        raise InvalidScenario(f"{p}: no such scenario file{origin}") from None
-    except OSError as exc:
-        raise InvalidScenario(f"{p}: cannot read: {exc.strerror}{origin}") from None
-    try:
-        return tomllib.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise InvalidScenario(f"{p}: not UTF-8 text{origin}") from None
+    scan_text(text, limits, f"{p}")  # nesting and dotted-key depth, before tomllib recurses
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InvalidScenario(f"{p}: invalid TOML: {exc}{origin}") from None
+    except ValueError as exc:  # e.g. an integer literal over Python's digit limit
+        raise InvalidScenario(f"{p}: invalid TOML: {shown(str(exc), 100)}{origin}") from None
+    except RecursionError:
+        raise InvalidScenario(f"{p}: nested too deeply to parse{origin}") from None
+    check_integers(data, p.name)
+    return data
 
 
 def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -403,45 +441,56 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_document(path: str | Path, _stack: tuple[Path, ...] = ()) -> dict[str, Any]:
+def load_document(
+    path: str | Path, _stack: tuple[Path, ...] = (), *, limits: Limits | None = None
+) -> dict[str, Any]:
     """Read a scenario file with its includes resolved (a raw, unvalidated dict).
 
     ``include = "base.toml"`` (or a list) names files relative to the including file;
-    they are merged in order, and the including file's own keys win.
+    they are merged in order, and the including file's own keys win. An include must
+    stay inside the top scenario's directory unless ``limits.allow_include_outside``
+    (``REDTEAM_ALLOW_INCLUDE_OUTSIDE=1``); see :mod:`redteam.scenario_limits` for the caps.
     """
+    limits = limits if limits is not None else Limits.from_env()
     p = Path(path)
     resolved = p.resolve()
     if resolved in _stack:
         chain = " -> ".join(x.name for x in (*_stack, resolved))
         raise InvalidScenario(f"{p.name}: include cycle: {chain}")
-    data = _read_toml(p, _stack[-1].name if _stack else "")
+    if _stack and not limits.allow_include_outside and not resolved.is_relative_to(_stack[0].parent):
+        raise InvalidScenario(
+            f"{_stack[-1].name}: include = {shown(str(path))}: must stay inside {_stack[0].parent} "
+            "(REDTEAM_ALLOW_INCLUDE_OUTSIDE=1 allows it)"
+        )
+    data = _read_toml(p, _stack[-1].name if _stack else "", limits)
     inc = data.pop("include", None)
     if inc is None:
         return data
     if isinstance(inc, str):
         inc = [inc]
     if not isinstance(inc, list) or not all(isinstance(i, str) for i in inc):
-        raise InvalidScenario(f"{p.name}: include = {inc!r}: must be a file name or a list of them")
+        raise InvalidScenario(f"{p.name}: include = {shown(inc)}: must be a file name or a list of them")
     merged: dict[str, Any] = {}
     for name in inc:
-        merged = _merge(merged, load_document(p.parent / name, (*_stack, resolved)))
+        merged = _merge(merged, load_document(p.parent / name, (*_stack, resolved), limits=limits))
     return _merge(merged, data)
 
 
-def load_scenario(path: str | Path) -> Scenario:
+def load_scenario(path: str | Path, *, limits: Limits | None = None) -> Scenario:
     """Read and validate a scenario file (its base scenario, if it has a ``[matrix]``)."""
     p = Path(path)
-    return parse_scenario(load_document(p), file=p.name)
+    return parse_scenario(load_document(p, limits=limits), file=p.name, limits=limits)
 
 
-def load_matrix(path: str | Path) -> tuple[Scenario, "Any", dict[str, Any]]:
+def load_matrix(path: str | Path, *, limits: Limits | None = None) -> tuple[Scenario, "Any", dict[str, Any]]:
     """Read a scenario file and expand its ``[matrix]`` (a file without one is one cell).
 
     Returns the base scenario, the :class:`~redteam.matrix.Matrix` and the raw document.
     """
     from .matrix import expand
 
+    limits = limits if limits is not None else Limits.from_env()
     p = Path(path)
-    doc = load_document(p)
-    base = parse_scenario(doc, file=p.name)
-    return base, expand(doc, p.name), doc
+    doc = load_document(p, limits=limits)
+    base = parse_scenario(doc, file=p.name, limits=limits)
+    return base, expand(doc, p.name, limits=limits), doc

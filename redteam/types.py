@@ -38,6 +38,7 @@ __all__ = [
     "Attack",
     "Defense",
     "Surface",
+    "TrainingHook",
 ]
 
 
@@ -49,8 +50,9 @@ class Surface:
     TRANSPORT = "transport"  # tamper_chunks: chunks in flight
     PROVENANCE = "provenance"  # forge_provenance: manifests and keys
     HIERARCHY = "hierarchy"  # choose_identity, tamper_subaggregate: merge groups and sub-aggregators
+    TRAINING = "training"  # training_hook: the malicious clients' own local training, step by step
 
-    ALL = (DATA, UPDATES, TRANSPORT, PROVENANCE, HIERARCHY)
+    ALL = (DATA, UPDATES, TRANSPORT, PROVENANCE, HIERARCHY, TRAINING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,57 @@ class ClientData:
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingHook:
+    """How the malicious clients shape their own local training, step by step.
+
+    Returned by :meth:`Attack.training_hook` (``Surface.TRAINING``); the trainer applies
+    it to the malicious rows inside the same batched (``vmap``) program as the honest
+    clients. At every local step t of a malicious client, with w its parameters and
+    w_g the global model of the round:
+
+    1. g = ∇_w [loss(w; batch) + ``extra_loss``(w, w_g, x_batch, y_batch)]
+       (``extra_loss`` is called per client inside ``torch.func.vmap``: it sees one
+       flat ``(d,)`` parameter row and that client's batch, returns a scalar, and must
+       be vmap-able: torch operations only, no ``.item()`` or data-dependent Python
+       control flow);
+    2. g ← g ⊙ ``grad_mask`` (``(d,)`` for every malicious row, or ``(f, d)`` one per row in
+       the order of ``ctx.malicious``), then the federation's FedProx term if any;
+    3. w ← w − η·g with η = ``lr`` (the federation's local lr when ``None``), or the
+       federation's local optimizer (AdamW) with that learning rate;
+    4. W ← ``project``(W, w_g) for the ``(f, d)`` rows W of all malicious clients (e.g. onto
+       an L2 ball of radius r around w_g: w_g + (W − w_g)·min(1, r/‖W − w_g‖) per row).
+
+    ``steps`` replaces the federation's number of local steps for the malicious clients
+    (a per-client step mask keeps the batch one program; steps beyond the federation's
+    draw their batches from the attack's generator, so the honest batch stream is the
+    same with or without the hook). The delta the malicious clients then hold is their
+    ``ctx.own_updates`` of the round's ``craft_updates``.
+    """
+
+    grad_mask: "torch.Tensor | None" = None
+    project: "Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None" = None
+    extra_loss: "Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None" = None
+    lr: float | None = None
+    steps: int | None = None
+
+    def __post_init__(self) -> None:
+        import math
+
+        if self.lr is not None and not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise param_error(self, "lr", self.lr, "must be a finite number > 0 or None")
+        if self.steps is not None and not (isinstance(self.steps, int) and not isinstance(self.steps, bool)
+                                           and self.steps >= 1):
+            raise param_error(self, "steps", self.steps, "must be an integer ≥ 1 or None")
+        for name in ("project", "extra_loss"):
+            fn = getattr(self, name)
+            if fn is not None and not callable(fn):
+                raise param_error(self, name, fn, "must be callable or None")
+        mask = self.grad_mask
+        if mask is not None and getattr(mask, "ndim", None) not in (1, 2):
+            raise param_error(self, "grad_mask", type(mask).__name__, "must be a (d,) or (f, d) tensor or None")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +131,13 @@ class AttackContext:
     the server's step rule ("fedavg", "fedadam", "nesterov"). ``defense`` is the server's
     defense, given only to attacks that declare ``adaptive = True`` (they line-search
     against it, as a white-box adversary would).
+
+    ``visible_clients`` are the client ids of the rows of ``visible_updates``. With worker
+    momentum (``[federation] client_momentum``) the updates are what the clients *send*
+    (their momenta), so an omniscient attacker crafts against the honest sent vectors, as
+    in the papers. ``attack_state`` is the attack's memory: a mutable dict owned by the
+    engine, fresh for every run and the same object in every round of that run (e.g. the
+    mimic victim's client id); the attack may read and write it, nothing else does.
     """
 
     round: int
@@ -95,6 +155,8 @@ class AttackContext:
     state: Mapping[str, Any] = field(default_factory=dict)
     malicious_rows: tuple[int, ...] = ()
     server_optimizer: str = "fedavg"
+    attack_state: dict[str, Any] = field(default_factory=dict)
+    visible_clients: tuple[int, ...] = ()
 
     @property
     def n_malicious(self) -> int:
@@ -296,6 +358,15 @@ class Attack:
                             ctx: AttackContext) -> "torch.Tensor":
         """Return the ``(d,)`` partial aggregate bottom ``group`` (client ids ``members``) passes up."""
         return aggregate
+
+    def training_hook(self, ctx: AttackContext) -> "TrainingHook | None":
+        """Return how the malicious clients train this round (``None``: like honest clients).
+
+        Called each round before local training when ``Surface.TRAINING`` is declared;
+        ``ctx.own_updates`` / ``ctx.visible_updates`` are the PREVIOUS round's (zero rows in
+        round 0, or for clients that did not take part then); ``ctx.global_params`` is the
+        model the round trains from. See :class:`TrainingHook`."""
+        return None
 
 
 @dataclass(frozen=True, slots=True)

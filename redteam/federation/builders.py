@@ -12,7 +12,10 @@ from ..types import Attack, Defense
 if TYPE_CHECKING:
     from ..scenario import PluginSpec, TransportSpec
 
-__all__ = ["build_defense", "build_attack", "build_workload", "build_compressor"]
+__all__ = ["build_defense", "build_attack", "build_workload", "build_compressor", "needs_server_data"]
+
+# built-ins that read the server's root data (ServerContext.evaluate_loss / root_update)
+_SERVER_DATA_RULES = {"FLTrust": None, "LossCheck": None, "CosineFilter": ("against", "root")}
 
 
 def build_defense(specs: "Sequence[PluginSpec] | PluginSpec") -> Defense:
@@ -45,3 +48,23 @@ def build_compressor(spec: "TransportSpec") -> object:
     codec = make_codec(spec.codec, **dict(spec.codec_params))
     return Compressor(codec=codec, error_feedback=spec.error_feedback)
 
+
+
+def needs_server_data(*defenses: Defense) -> bool:
+    """Whether any stage of these defenses reads the server's root data.
+
+    A defense says so with a class attribute ``uses_server_data = True``; for built-ins
+    without it: FLTrust, the loss check, and the cosine filter with ``against = "root"``."""
+    for d in defenses:
+        for stage in tuple(getattr(d, "stages", ()) or (d,)):
+            flag = getattr(stage, "uses_server_data", None)
+            if flag is not None:
+                if flag:
+                    return True
+                continue
+            name = type(stage).__name__
+            if name in _SERVER_DATA_RULES:
+                rule = _SERVER_DATA_RULES[name]
+                if rule is None or getattr(stage, rule[0], None) == rule[1]:
+                    return True
+    return False

@@ -1,13 +1,18 @@
 """The round loop: one federation, attacked and defended, deterministic under its seed.
 
-One round (DESIGN.md, "The flow of one round")::
+One round (DESIGN.md, "The flow of one round"), each stage a function of
+:mod:`.stages`::
 
-    churn → local training (all clients batched; poisoned data for attackers)
-          → delta = local − global → update-poisoning attack on the malicious rows
-          → compress (error feedback) → chunk + manifest (signed with ``signed_chunks``)
-          → simulated transport (transport attacks act here) → verify headers and
-            chunks → decode (untrusted) → hierarchical merge with the defense
-            (compromised sub-aggregators act here) → server optimizer → evaluate
+    churn → train (all clients batched; poisoned data, or a training hook, for attackers;
+            worker momentum) → craft (update-poisoning attack on the malicious rows)
+          → encode (compress, error feedback) → chunk + manifest (signed with
+            ``signed_chunks``) → transport (transport attacks act here) → verify/decode
+          → defend/merge (compromised sub-aggregators act here) → server step → evaluate
+
+What a client carries from round to round (momentum, error-feedback residual, local
+optimizer state, sampler position, the attack's memory) is in ``self.states``
+(:class:`.state.ClientStates`), keyed by client id; the defenses' memory is a
+:class:`~redteam.merge.DefenseMemory`, keyed by client id as well.
 
 Before the first round, with ``provenance_gate`` in the defense, every client presents
 its signed, logged dataset manifest and the gate excludes those that fail
@@ -27,31 +32,42 @@ sent) of each of the last k rounds, the traffic an eavesdropper has recorded.
 Randomness comes from independent streams spawned from the scenario seed (data split,
 roles, model init, training batches, network, attack, defense, codec), so a run with
 attack ``none`` and the same seed is the exact baseline of an attacked run: the honest
-clients see the same batches and the same network either way.
+clients see the same batches and the same network either way. With ``[scenario]
+training_seed`` the model-init and batch streams come from that seed instead, so the
+model and batches can vary while the data split and the malicious clients stay.
+
+Data (``[federation]``): the training pool minus the server's root sample is partitioned
+(:mod:`.partition`). ``malicious_data = "partition"`` deals the malicious clients their
+parts of that partition like everyone else; ``"iid_overlap"`` (the default for
+``label_sorted``, as in Karimireddy, He & Jaggi's code) partitions the pool among the
+honest clients only and gives each malicious client an IID sample of the pool (as many
+samples as pool/clients), which overlaps the honest data. The root sample (FLTrust,
+loss checks) is ``root_samples`` items held out of the pool: unset keeps the historic 64
+(capped at a tenth of the pool) for every defense, an integer sets it (0: none), and
+``"auto"`` takes 64 only when a defense uses server data.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from ..errors import DecodeError, InvalidParameter, RedteamError
-from ..merge import Hierarchy, assign_groups, hierarchical_merge
+from ..errors import InvalidParameter, RedteamError
+from ..merge import DefenseMemory, Hierarchy
 from ..scenario import PluginSpec, Scenario
-from ..transport.chunking import UpdateManifest, build_manifest, new_nonce, params_digest
-from ..transport.network import HEADER_INDEX, Network, NetworkConfig
-from ..transport.signing import sign_update
-from ..types import AttackContext, ChunkDelivery, ClientData, RoundRecord, ServerContext, Surface
+from ..transport.network import Network, NetworkConfig
+from ..types import AttackContext, ChunkDelivery, ClientData, RoundRecord, Surface
+from . import stages
 from .builders import build_attack, build_compressor, build_defense, build_workload
 from .params import ParamSpec
-from .partition import partition
+from .builders import needs_server_data
+from .partition import deal
 from .server_opt import make_server_optimizer
+from .state import ClientStates
 from .training import BatchedTrainer, LocalTraining, StackedData
 
 __all__ = ["Federation", "RunResult", "resolve_device"]
@@ -84,10 +100,24 @@ class RunResult:
     wall_time_s: float = 0.0
 
 
+@dataclass
+class RunResult:
+    """The outcome of one run: its records and what it was."""
+
+    attack: str
+    defense: str
+    records: list[RoundRecord]
+    malicious: list[int]
+    params: dict[str, Any] = field(default_factory=dict)
+    wall_time_s: float = 0.0
+
+
 class Federation:
     """A federation built from a scenario. ``run()`` executes all rounds.
 
     ``attack`` overrides the scenario's attack (used for the no-attack baseline).
+    ``server_root_samples`` is the size of the server's root sample when the scenario's
+    ``[federation] root_samples`` is unset.
     """
 
     def __init__(
@@ -105,6 +135,10 @@ class Federation:
         fed = scenario.federation
         ss = np.random.SeedSequence(scenario.seed)
         seeds = dict(zip(_STREAMS, ss.spawn(len(_STREAMS))))
+        training_seed = getattr(scenario.scenario, "training_seed", None)
+        if training_seed is not None:  # model init and batches from their own seed
+            own = dict(zip(_STREAMS, np.random.SeedSequence(training_seed).spawn(len(_STREAMS))))
+            seeds["init"], seeds["train"] = own["init"], own["train"]
         self._np = {k: np.random.default_rng(s) for k, s in seeds.items()}
         self._torch = {
             k: torch.Generator(device="cpu").manual_seed(int(s.generate_state(1, np.uint64)[0] >> np.uint64(1)))
@@ -115,21 +149,6 @@ class Federation:
         ds = self.workload.load(scenario.seed)
         self.num_classes = ds.num_classes
         n = fed.clients
-        pool = np.arange(len(ds.train_y))
-        # the server's small trusted root set (FLTrust, loss checks), held out of the pool
-        root_k = min(server_root_samples, len(pool) // 10)
-        perm = self._np["split"].permutation(len(pool))
-        root_idx, pool = np.sort(perm[:root_k]), np.sort(perm[root_k:])
-        parts = partition(
-            ds.train_y.numpy()[pool],
-            n,
-            fed.partition,
-            self._np["split"],
-            alpha=fed.alpha,
-            shards_per_client=fed.shards_per_client,
-            beta=fed.quantity_beta,
-            min_samples=fed.min_samples,
-        )
         f = fed.n_malicious
         self.malicious = sorted(self._np["roles"].choice(n, size=f, replace=False).tolist()) if f else []
         self.is_malicious = np.zeros(n, dtype=bool)
@@ -139,9 +158,25 @@ class Federation:
         self.defense = build_defense(scenario.defense)
         self.upper_defense = build_defense(scenario.hierarchy.upper_defense)
         self.hierarchy = Hierarchy(scenario.hierarchy.fan_out, scenario.hierarchy.depth, scenario.hierarchy.grouping)
-        stages = tuple(getattr(self.defense, "stages", ()) or (self.defense,))
-        self.signed_chunks = next((s for s in stages if getattr(s, "acts_at", None) == "transport"), None)
-        self.gate = next((s for s in stages if getattr(s, "acts_at", None) == "admission"), None)
+
+        pool = np.arange(len(ds.train_y))
+        # the server's small trusted root set (FLTrust, loss checks), held out of the pool
+        wanted = fed.root_samples
+        if wanted is None:
+            wanted = server_root_samples
+        elif wanted == "auto":
+            wanted = server_root_samples if needs_server_data(self.defense, self.upper_defense) else 0
+        root_k = min(int(wanted), len(pool) // 10)
+        perm = self._np["split"].permutation(len(pool))
+        root_idx, pool = np.sort(perm[:root_k]), np.sort(perm[root_k:])
+        parts = deal(
+            ds.train_y.numpy()[pool], n, self.malicious, fed.partition, fed.malicious_data_rule, self._np["split"],
+            alpha=fed.alpha, shards_per_client=fed.shards_per_client, beta=fed.quantity_beta,
+            min_samples=fed.min_samples,
+        )
+        stages_ = tuple(getattr(self.defense, "stages", ()) or (self.defense,))
+        self.signed_chunks = next((s for s in stages_ if getattr(s, "acts_at", None) == "transport"), None)
+        self.gate = next((s for s in stages_ if getattr(s, "acts_at", None) == "admission"), None)
         self.enrollment = None
         if self.signed_chunks is not None or self.gate is not None:
             from .provenance import Enrollment
@@ -163,7 +198,8 @@ class Federation:
         self.data = StackedData.stack(clients).to(self.device)
         self.weights = self.data.sizes.to(torch.float32).to(self.device)
         self.test_x, self.test_y = ds.test_x.to(self.device), ds.test_y.to(self.device)
-        self.root = StackedData.stack([ClientData(ds.train_x[root_idx], ds.train_y[root_idx])]).to(self.device)
+        self.root = (StackedData.stack([ClientData(ds.train_x[root_idx], ds.train_y[root_idx])]).to(self.device)
+                     if root_k else None)
         # targeted / backdoor attacks say which test inputs measure their success (ASR);
         # the baseline is scored on the same inputs, so its ASR is the natural rate
         self._targeted = None
@@ -183,7 +219,9 @@ class Federation:
         self.params0 = self.spec.flatten(model).to(self.device)
         self.trainer = BatchedTrainer(self.workload, model.to(self.device), self.spec)
         self.local = LocalTraining(
-            steps=fed.local_steps, epochs=fed.local_epochs, batch_size=fed.batch_size, lr=fed.lr, prox_mu=fed.prox_mu
+            steps=fed.local_steps, epochs=fed.local_epochs, batch_size=fed.batch_size, lr=fed.lr, prox_mu=fed.prox_mu,
+            optimizer=fed.local_optimizer, weight_decay=fed.local_weight_decay, betas=tuple(fed.local_betas),
+            sampling=fed.sampling,
         )
         opt_params: dict[str, Any] = {}
         if fed.server_lr is not None:
@@ -191,6 +229,9 @@ class Federation:
         if fed.server_optimizer == "nesterov":
             opt_params["momentum"] = fed.server_momentum
         self.server_opt = make_server_optimizer(fed.server_optimizer, **opt_params)
+        self.server_lr = float(getattr(self.server_opt, "lr", 1.0))
+        self.omniscient = fed.omniscient if fed.omniscient is not None else \
+            bool(getattr(self.attack, "omniscient", False))
 
         self.compressor = build_compressor(scenario.transport)
         self.codec_label = self.compressor.codec.spec
@@ -198,6 +239,8 @@ class Federation:
         self.network = Network(
             NetworkConfig(**{k: getattr(net, k) for k in net.__dataclass_fields__}), n, self._np["network"]
         )
+        # what each client carries across rounds (fresh for the run)
+        self.states = ClientStates(n, self.device)
         # the provenance gate: admission before the first round (data is fixed for the run)
         self.excluded: dict[int, str] = {}
         self.admission: Any = None
@@ -237,18 +280,13 @@ class Federation:
             raise RedteamError("this Federation has already run; build a new one for another run")
         self._ran = True
         sc = self.scenario
-        fed = sc.federation
-        n = fed.clients
-        d = self.spec.dim
-        dev = self.device
+        n = sc.federation.clients
         params = self.params0.clone()
         opt_state = self.server_opt.init(params)
-        residual = torch.zeros((n, d), dtype=torch.float32, device=dev) if self.compressor.error_feedback else None
         online = np.ones(n, dtype=bool)
         prev_update: torch.Tensor | None = None
-        defense_state: dict[str, dict] = {}
+        memory = DefenseMemory(regrouped=self.hierarchy.grouping == "random" and self.hierarchy.n_groups > 1)
         records: list[RoundRecord] = []
-        server_lr = float(getattr(self.server_opt, "lr", 1.0))
         # ground truth for scoring: with an attack that acts on nothing (the baseline's
         # "none"), the would-be attackers are honest clients
         truth = self.is_malicious.tolist() if self.attack.surfaces else [False] * n
@@ -259,152 +297,52 @@ class Federation:
         keep = int(getattr(self.attack, "history_rounds", 0) or 0)
         t_run = time.perf_counter()
 
-        for rnd in range(fed.rounds):
+        for rnd in range(sc.federation.rounds):
             t0 = time.perf_counter()
             if rnd > 0:
                 online = self.network.churn(online, self._np["network"])
             part = np.array([c for c in np.flatnonzero(online) if int(c) not in banned], dtype=np.int64)
-            part_t = torch.as_tensor(part, dtype=torch.long, device=dev)
+            part_t = torch.as_tensor(part, dtype=torch.long, device=self.device)
             dropped: dict[int, str] = {c: why for c, why in banned.items() if online[c]}
             rejected: dict[int, str] = dict(dropped)
             extra: dict[str, Any] = {}
             if rnd == 0 and self.admission is not None:
                 extra["provenance_gate"] = self.admission.summary()
             accepted = [False] * n
-            rows: list[torch.Tensor] = []
-            row_clients: list[int] = []
             tx = None
-            actx: AttackContext | None = None
+            received = stages.Received()
             if part.size:
-                local = self.trainer.train(params, self.data, part_t, self.local, self._torch["train"])
-                deltas = local - params
-                mal_pos = [k for k, c in enumerate(part) if self.is_malicious[c]]
-                honest_pos = [k for k, c in enumerate(part) if not self.is_malicious[c]]
-                if mal_pos and self.attack.surfaces:
-                    own = deltas[mal_pos]
-                    omni = fed.omniscient if fed.omniscient is not None else \
-                        bool(getattr(self.attack, "omniscient", False))
-                    visible = deltas[honest_pos] if (omni and honest_pos) else own
-                    actx = AttackContext(
-                        round=rnd,
-                        n_clients=len(part),
-                        malicious=tuple(int(part[k]) for k in mal_pos),
-                        malicious_rows=tuple(mal_pos),
-                        own_updates=own,
-                        visible_updates=visible,
-                        global_params=params,
-                        generator=self._torch["attack"],
-                        num_classes=self.num_classes,
-                        weights=self.weights[part_t],
-                        previous_update=prev_update,
-                        server_lr=server_lr,
-                        server_optimizer=str(getattr(self.server_opt, "name", "fedavg")),
-                        defense=self.defense if getattr(self.attack, "adaptive", False) else None,
-                    )
-                    if Surface.UPDATES in self.attack.surfaces:
-                        crafted = self.attack.craft_updates(actx)
-                        if tuple(crafted.shape) != tuple(own.shape):
-                            raise RedteamError(
-                                f"attack {self.attack_spec.name!r}: craft_updates returned shape "
-                                f"{tuple(crafted.shape)}, expected {tuple(own.shape)}"
-                            )
-                        deltas = deltas.clone()
-                        deltas[mal_pos] = crafted.to(deltas.dtype)
-
-                tx, timing = self._transport(rnd, part, part_t, deltas, residual, params, actx, verifier,
-                                             history, keep)
+                hook, hook_rows = stages.training_hook(self, rnd, part, params, prev_update)
+                sent = stages.train(self, part_t, params, hook, hook_rows)
+                sent, actx = stages.craft(self, rnd, part, sent, params, prev_update)
+                comp = stages.encode(self, part_t, sent)
+                chunked = stages.chunk(self, rnd, part, comp, params, signed)
+                tx, timing = stages.transport(self, rnd, chunked, actx, verifier, history, keep)
                 extra.update(timing)
-                dropped.update(tx.dropped)
-                # a check that failed but was repaired by a re-fetch (a tampered relayed chunk
-                # fetched again from another peer) is a detection, not a rejected update
-                repaired: dict[int, str] = {}
-                for c, why in tx.detections.items():
-                    if c in tx.payloads:
-                        repaired[c] = why
-                    else:
-                        rejected[c] = why
-                if repaired:
-                    extra["repaired"] = repaired
-                if tx.mismatches:
-                    flagged: dict[int, int] = {}
-                    for _, _, r in tx.mismatches:
-                        flagged[r] = flagged.get(r, 0) + 1
-                    extra["flagged_relays"] = flagged
-                # gossip of signed headers: two valid signatures for one (sender, round)
-                if signed:
-                    for c, why in self.signed_chunks.equivocations(tx.headers, rnd).items():
-                        tx.payloads.pop(c, None)
-                        tx.alternates.pop(c, None)
-                        dropped[c] = rejected[c] = why
-                        if self.signed_chunks.ban:
-                            banned[c] = f"banned in round {rnd}: {why}"
-                for c in part:
-                    c = int(c)
-                    if c not in tx.payloads:
-                        continue
-                    try:
-                        rows.append(self.compressor.codec.decode(tx.payloads[c], d).to(dev))
-                        row_clients.append(c)
-                    except DecodeError as exc:
-                        dropped[c] = f"undecodable update: {exc}"
-                        rejected[c] = dropped[c]
+                received = stages.receive(self, rnd, part, tx)
+                dropped.update(received.dropped)
+                rejected.update(received.rejected)
+                banned.update(received.banned)
+                extra.update(received.extra)
+            else:
+                actx = None
 
             t_def = time.perf_counter()
-            if rows:
-                primary = len(rows)
-                groups = assign_groups(row_clients, n, self.hierarchy, self._np["merge"], self.identities)
-                self._place_alternates(tx, rows, row_clients, groups, d, extra)
-                upd = torch.stack(rows)
-                w = self.weights[torch.as_tensor(row_clients, device=dev)]
-
-                # one server-data oracle per round: every merge node sees the same root update
-                evaluate_loss = self._evaluate_loss(params)
-                root_update = self._root_update(params)
-
-                def make_ctx(wts: torch.Tensor, rows_: list[int], key: str) -> ServerContext:
-                    # a bottom node's inputs are its clients; an upper node's are its children
-                    # (sub-aggregates), which carry no client ids
-                    bottom = len(rows_) == int(wts.shape[0])
-                    return ServerContext(
-                        round=rnd,
-                        n_clients=int(wts.shape[0]),
-                        weights=wts,
-                        global_params=params,
-                        previous_update=prev_update,
-                        generator=self._torch["defense"],
-                        state=defense_state.get(key, {}),
-                        evaluate_loss=evaluate_loss,
-                        root_update=root_update,
-                        client_ids=tuple(row_clients[r] for r in rows_) if bottom else (),
-                    )
-
-                ctx_h = actx if Surface.HIERARCHY in self.attack.surfaces else None
-
-                def tamper_group(gi: int, rows_: list[int], agg: torch.Tensor) -> torch.Tensor:
-                    members = tuple(row_clients[r] for r in rows_)
-                    return self.attack.tamper_subaggregate(agg, gi, members, ctx_h)
-
-                merged = hierarchical_merge(
-                    upd, w, groups, self.defense, self.upper_defense, self.hierarchy.fan_out, make_ctx,
-                    tamper_group if ctx_h is not None else None,
-                )
-                defense_state = merged.state
-                for pos, c in enumerate(row_clients):
-                    ok = bool(merged.accepted[pos])
-                    accepted[c] = accepted[c] or ok
-                    if not ok and pos < primary:
-                        rejected[c] = merged.reasons.get(pos, "rejected")
-                aggregate = merged.aggregate
-                extra.update(_envelope_telemetry(upd, row_clients, groups, merged.state))
-            else:
-                aggregate = torch.zeros(d, dtype=torch.float32, device=dev)
+            merged = stages.defend(self, rnd, received, tx, params, prev_update, memory, actx)
+            for c, ok in merged.accepted.items():
+                accepted[c] = accepted[c] or ok
+            rejected.update(merged.rejected)
+            extra.update(merged.extra)
             defense_time = time.perf_counter() - t_def
 
-            params, opt_state = self.server_opt.step(params, aggregate.to(params.dtype), opt_state)
-            prev_update = aggregate
-            acc, loss = self.trainer.evaluate(params, self.test_x, self.test_y)
-            if self._targeted is not None:
-                extra["asr"] = self.trainer.evaluate(params, *self._targeted)[0]
+            contributors = [c for c in range(n) if accepted[c]]
+            params, opt_state, prev_update, refusal = stages.server_step(
+                self, params, merged.aggregate, opt_state, contributors, received.rows, received.clients)
+            refused = merged.refused + ([refusal] if refusal is not None else [])
+            if refused:
+                extra["refused"] = refused
+            acc, loss, scored = stages.evaluate(self, params)
+            extra.update(scored)
             participating = [bool(x) for x in online]
             for c in np.flatnonzero(~online):
                 dropped.setdefault(int(c), "offline (churn)")
@@ -435,173 +373,3 @@ class Federation:
             params={"attack": dict(self.attack_spec.params)},
             wall_time_s=time.perf_counter() - t_run,
         )
-
-    # ------------------------------------------------------------ transport
-    def _transport(
-        self,
-        rnd: int,
-        part: np.ndarray,
-        part_t: torch.Tensor,
-        deltas: torch.Tensor,
-        residual: torch.Tensor | None,
-        params: torch.Tensor,
-        actx: AttackContext | None,
-        verifier: Any,
-        history: dict[int, tuple[ChunkDelivery, ...]],
-        keep: int,
-    ) -> tuple[Any, dict[str, Any]]:
-        """compress (client-side error feedback) → chunk → header (signed) → transmit."""
-        sc = self.scenario
-        comp = self.compressor.compress(deltas, residual[part_t] if residual is not None else None,
-                                        self._torch["codec"])
-        if residual is not None and comp.residual is not None:
-            residual[part_t] = comp.residual
-        digest = params_digest(params)
-        keys = self.enrollment.keys if verifier is not None else None
-        uploads: dict[int, tuple[UpdateManifest, list[bytes]]] = {}
-        headers: dict[int, bytes] = {}
-        t_sign = time.perf_counter()
-        for k, c in enumerate(part):
-            c = int(c)
-            nonce = new_nonce(self._np["network"])
-            m, chunks = build_manifest(
-                comp.payloads[k], round=rnd, client=c, parent_digest=digest, codec=self.codec_label,
-                chunk_size=sc.transport.chunk_size, nonce=nonce,
-            )
-            uploads[c] = (m, chunks)
-            headers[c] = sign_update(m, keys[c]) if keys is not None else m.to_json()
-        sign_s = time.perf_counter() - t_sign if keys is not None else 0.0
-
-        tamper = None
-        if actx is not None and Surface.TRANSPORT in self.attack.surfaces:
-            mal = set(actx.malicious)
-
-            def signer(m: UpdateManifest) -> bytes:
-                if m.client not in mal:
-                    raise RedteamError(f"signer: client {m.client} is not malicious; the attacker holds only "
-                                       "its own clients' keys")
-                return sign_update(m, keys[m.client]) if keys is not None else m.to_json()
-
-            state = {
-                "own_uploads": {c: (headers[c], tuple(uploads[c][1])) for c in actx.malicious if c in uploads},
-                "signer": signer,
-                "signed": keys is not None,
-                "codec": self.compressor.codec,
-                "dim": self.spec.dim,
-                "chunk_size": sc.transport.chunk_size,
-                "parent_digest": digest,
-            }
-            if keep:
-                state["history"] = MappingProxyType(dict(history))
-            ctx_t = dataclasses.replace(actx, state=MappingProxyType(state))
-            tamper = lambda deliveries: self.attack.tamper_chunks(deliveries, ctx_t)  # noqa: E731
-
-        verify_s = [0.0]
-
-        def open_header(author: int, header: bytes) -> UpdateManifest:
-            t = time.perf_counter()
-            try:
-                return verifier.open(author, header, round=rnd, parent_digest=digest)
-            finally:
-                verify_s[0] += time.perf_counter() - t
-
-        tx = self.network.transmit(
-            rnd, uploads, sc.federation.local_steps, self._np["network"], tamper,
-            parent_digest=digest, headers=headers, open_header=open_header if verifier is not None else None,
-        )
-        if keep:
-            history[rnd] = tuple(
-                [ChunkDelivery(c, HEADER_INDEX, c, headers[c], rnd) for c in uploads]
-                + [ChunkDelivery(c, i, c, ch, rnd) for c, (_, chs) in uploads.items() for i, ch in enumerate(chs)]
-            )
-            for old in [r for r in history if r <= rnd - keep]:
-                del history[old]
-        header_bytes = sum(len(h) for h in headers.values())
-        timing: dict[str, Any] = {"header_bytes": header_bytes}
-        if keys is not None:
-            plain = sum(len(m.to_json()) for m, _ in uploads.values())
-            timing.update(signature_overhead_bytes=header_bytes - plain, sign_s=sign_s, verify_s=verify_s[0])
-        return tx, timing
-
-    def _place_alternates(self, tx: Any, rows: list[torch.Tensor], row_clients: list[int],
-                          groups: list[list[int]], d: int, extra: dict[str, Any]) -> None:
-        """An equivocator's further updates: each goes to the bottom group after its own
-        (the other sub-aggregator it was sent to). With one group there is no other
-        sub-aggregator, and the receiver keeps only the first header."""
-        if tx is None or not tx.alternates:
-            return
-        ignored = 0
-        for c, payloads in sorted(tx.alternates.items()):
-            if c not in row_clients:
-                continue
-            home = next(gi for gi, g in enumerate(groups) if row_clients.index(c) in g)
-            for j, payload in enumerate(payloads):
-                if len(groups) < 2:
-                    ignored += 1
-                    continue
-                try:
-                    row = self.compressor.codec.decode(payload, d).to(self.device)
-                except DecodeError:
-                    ignored += 1
-                    continue
-                groups[(home + 1 + j) % len(groups)].append(len(rows))
-                rows.append(row)
-                row_clients.append(c)
-        extra["equivocal_rows"] = len(row_clients) - len(set(row_clients))
-        if ignored:
-            extra["ignored_alternates"] = ignored
-
-    # ------------------------------------------------------------ server data
-    def _evaluate_loss(self, params: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-        root = self.root
-
-        def evaluate(deltas: torch.Tensor) -> torch.Tensor:
-            return self.trainer.losses(params + deltas, root.x, root.y)
-
-        return evaluate
-
-    def _root_update(self, params: torch.Tensor) -> Callable[[], torch.Tensor]:
-        cache: dict[str, torch.Tensor] = {}
-        gen = self._torch["root"]
-
-        def update() -> torch.Tensor:
-            if "g0" not in cache:
-                zero = torch.zeros(1, dtype=torch.long, device=self.device)
-                cache["g0"] = (self.trainer.train(params, self.root, zero, self.local, gen) - params)[0]
-            return cache["g0"]
-
-        return update
-
-
-def _envelope_telemetry(
-    updates: torch.Tensor, clients: list[int], groups: list[list[int]], state: dict[str, dict]
-) -> dict[str, Any]:
-    """Per-client norms, and the norm bound / cosines the validation filters applied.
-
-    Feeds the envelope-utilisation metrics: how close accepted updates came to each
-    validation bound. Bounds and cosines are read from the filters' explicit state
-    (``bound``; ``cosine`` with the ``_rows`` a pipeline stage saw).
-    """
-    norms = torch.linalg.vector_norm(updates.to(torch.float64), dim=1).tolist()
-    out: dict[str, Any] = {"norms": {c: norms[k] for k, c in enumerate(clients)}}
-    bounds: dict[int, float] = {}
-    cosines: dict[int, float] = {}
-    for gi, rows in enumerate(groups):
-        st = state.get(f"0.{gi}", {})
-        stages = [v for k, v in sorted(st.items()) if k.isdigit() and isinstance(v, dict)] or [st]
-        for stage in stages:
-            seen = stage.get("_rows", list(range(len(rows))))
-            if "bound" in stage and isinstance(stage["bound"], (int, float)):
-                for r in rows:
-                    bounds[clients[r]] = float(stage["bound"])
-            cos = stage.get("cosine")
-            if isinstance(cos, list) and len(cos) == len(seen):
-                for local, value in zip(seen, cos):
-                    cosines[clients[rows[local]]] = float(value)
-                if isinstance(stage.get("threshold"), (int, float)):
-                    out["cos_threshold"] = float(stage["threshold"])
-    if bounds:
-        out["norm_bounds"] = bounds
-    if cosines:
-        out["cosines"] = cosines
-    return out

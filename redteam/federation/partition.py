@@ -1,4 +1,5 @@
-"""Partition a training pool among clients: IID, Dirichlet label skew, shards, quantity skew.
+"""Partition a training pool among clients: IID, Dirichlet label skew, shards, quantity skew,
+label-sorted contiguous shards.
 
 All partitioners are deterministic functions of ``(labels, n_clients, parameters,
 rng)`` where ``rng`` is a ``numpy.random.Generator``; they return one sorted index
@@ -14,6 +15,17 @@ array per client, disjoint, and every client gets at least ``min_samples`` sampl
   ``shards_per_client`` random shards to each client (McMahan et al., AISTATS 2017).
 * ``quantity``: IID labels, client sizes proportional to a Dirichlet(β) draw
   (quantity skew; Li et al., "Federated Learning on Non-IID Data Silos", ICDE 2022).
+* ``label_sorted``: sort by label (stable) and cut into ``n`` contiguous, equal shards,
+  client i getting shard i — each client holds one or two classes (Karimireddy, He &
+  Jaggi, "Byzantine-Robust Learning on Heterogeneous Datasets via Bucketing", ICLR 2022,
+  their non-IID setting). Deterministic: no randomness is drawn.
+
+:func:`deal` says how the malicious clients get their data (``malicious_data``):
+``"partition"`` deals them their parts of the same partition as everyone (which takes
+those parts away from the honest clients); ``"iid_overlap"`` partitions the pool among the
+honest clients only and gives each malicious client an IID sample, without replacement,
+of ⌊pool/n⌋ items of the whole pool (overlapping the honest data), as the bucketing
+paper's code does.
 """
 
 from __future__ import annotations
@@ -24,10 +36,11 @@ import numpy as np
 
 from ..errors import InvalidParameter
 
-__all__ = ["partition", "PARTITIONS"]
+__all__ = ["partition", "deal", "PARTITIONS", "MALICIOUS_DATA"]
 
-PARTITIONS = ("iid", "dirichlet", "shards", "quantity")
-Kind = Literal["iid", "dirichlet", "shards", "quantity"]
+PARTITIONS = ("iid", "dirichlet", "shards", "quantity", "label_sorted")
+MALICIOUS_DATA = ("partition", "iid_overlap")
+Kind = Literal["iid", "dirichlet", "shards", "quantity", "label_sorted"]
 
 
 def partition(
@@ -49,6 +62,9 @@ def partition(
         raise InvalidParameter(
             f"partition: {n} samples cannot give {n_clients} clients {min_samples} samples each"
         )
+    if kind == "label_sorted":
+        order = np.argsort(labels, kind="stable")
+        return [np.sort(p) for p in np.array_split(order, n_clients)]
     if kind == "iid":
         return [np.sort(p) for p in np.array_split(rng.permutation(n), n_clients)]
     if kind == "dirichlet":
@@ -76,6 +92,35 @@ def partition(
         cuts = np.cumsum(sizes)[:-1]
         return [np.sort(p) for p in np.split(rng.permutation(n), cuts)]
     raise InvalidParameter(f"partition: kind = {kind!r}: must be one of {', '.join(PARTITIONS)}")
+
+
+def deal(
+    labels: np.ndarray,
+    n_clients: int,
+    malicious: list[int],
+    kind: str,
+    malicious_data: str,
+    rng: np.random.Generator,
+    **params: float | int,
+) -> list[np.ndarray]:
+    """Every client's indices into ``labels``: the partition ``kind``, with the malicious
+    clients' data drawn as ``malicious_data`` says (see the module docstring)."""
+    if malicious_data not in MALICIOUS_DATA:
+        raise InvalidParameter(
+            f"partition: malicious_data = {malicious_data!r}: must be one of {', '.join(MALICIOUS_DATA)}")
+    mal = sorted(set(int(c) for c in malicious))
+    if malicious_data == "partition" or not mal:
+        return partition(labels, n_clients, kind, rng, **params)  # type: ignore[arg-type]
+    honest = [c for c in range(n_clients) if c not in set(mal)]
+    if not honest:
+        raise InvalidParameter("partition: malicious_data = 'iid_overlap' needs at least one honest client")
+    out: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * n_clients
+    for c, p in zip(honest, partition(labels, len(honest), kind, rng, **params)):  # type: ignore[arg-type]
+        out[c] = p
+    size = max(int(params.get("min_samples", 2)), len(labels) // n_clients)
+    for c in mal:
+        out[c] = np.sort(rng.choice(len(labels), size=size, replace=False))
+    return out
 
 
 def _dirichlet(

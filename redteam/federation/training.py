@@ -6,32 +6,55 @@ dimension of ``grad`` of the functional model — so that one step of every clie
 handful of batched kernels instead of ``n`` separate models in a Python loop.
 
 Each client draws its own minibatches from its own data (all client datasets live in
-one pooled tensor; client c owns rows ``offsets[c] : offsets[c] + sizes[c]``). Batches
-are drawn *with replacement* from the client's data, seeded by the explicit generator.
-Local SGD with an optional FedProx proximal term (Li et al., "Federated Optimization in
-Heterogeneous Networks", MLSys 2020): the gradient gains μ·(w − w_global).
+one pooled tensor; client c owns rows ``offsets[c] : offsets[c] + sizes[c]``), seeded by
+the explicit generator. ``sampling`` names how:
+
+* ``"with_replacement"`` (default): every index of every batch uniform over the client's data;
+* ``"without_replacement"`` (epoch-style): each client walks through a stream made of
+  independent random permutations of its data, one per epoch; a step takes the next B
+  items of the stream (a batch may straddle two epochs), and the position in the stream is
+  client state that carries over to the next round (as a data loader's iterator does).
+
+The local optimizer (``optimizer``) is SGD, with an optional FedProx proximal term (Li et
+al., "Federated Optimization in Heterogeneous Networks", MLSys 2020: the gradient gains
+μ·(w − w_global)), or AdamW (Loshchilov & Hutter, "Decoupled Weight Decay
+Regularization", ICLR 2019; as ``torch.optim.AdamW``): with step count t,
+m ← β₁m + (1−β₁)g, v ← β₂v + (1−β₂)g², w ← w − ηλw − η·(m/(1−β₁ᵗ)) / (√(v/(1−β₂ᵗ)) + ε).
+AdamW's m, v and t are per-client state kept across rounds (DiLoCo's inner optimizer,
+Douillard et al. 2023), batched as ``(n, d)`` tensors.
 
 ``local_epochs`` (instead of ``local_steps``) gives client c ⌈epochs·|D_c| / B⌉ steps;
 clients that finish early stop moving (a per-client mask), so the batch stays one
 tensor program.
+
+A :class:`~redteam.types.TrainingHook` shapes the training of some rows (the malicious
+clients) inside the same batched program: their gradient is recomputed with the hook's
+extra loss (a second ``vmap`` over those rows only), multiplied by its mask, stepped with
+its learning rate and step count, and projected after every step. Steps beyond the
+federation's own count draw their batches from the hook's generator, so the honest
+clients' batch stream is the same with or without a hook.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch.func import functional_call, grad, vmap
 
-from ..types import ClientData
+from ..types import ClientData, TrainingHook
 from .params import ParamSpec
 
 if TYPE_CHECKING:
     from ..workloads.base import Workload
+    from .state import ClientStates
 
-__all__ = ["StackedData", "BatchedTrainer", "LocalTraining"]
+__all__ = ["StackedData", "BatchedTrainer", "LocalTraining", "LOCAL_OPTIMIZERS", "SAMPLINGS"]
+
+LOCAL_OPTIMIZERS = ("sgd", "adamw")
+SAMPLINGS = ("with_replacement", "without_replacement")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +66,11 @@ class LocalTraining:
     batch_size: int = 16
     lr: float = 0.1
     prox_mu: float = 0.0
+    optimizer: str = "sgd"
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    sampling: str = "with_replacement"
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,16 +130,28 @@ class BatchedTrainer:
         clients: torch.Tensor,
         cfg: LocalTraining,
         generator: torch.Generator,
+        *,
+        states: "ClientStates | None" = None,
+        hook: TrainingHook | None = None,
+        hook_rows: list[int] | None = None,
+        hook_generator: torch.Generator | None = None,
     ) -> torch.Tensor:
         """Return the local parameters ``(len(clients), d)`` after local training.
 
         ``clients`` indexes rows of ``data`` (the participating clients, in order).
+        ``states`` holds per-client state (AdamW moments, the sampler's position) read and
+        written for ``clients``; it is required for ``optimizer="adamw"`` and
+        ``sampling="without_replacement"``. ``hook`` applies to the rows ``hook_rows``
+        (positions among ``clients``).
         """
         n = int(clients.shape[0])
         device = global_params.device
         params = global_params.unsqueeze(0).expand(n, -1).clone()
         if n == 0:
             return params
+        stateful = cfg.optimizer != "sgd" or cfg.sampling != "with_replacement"
+        if stateful and states is None:
+            raise ValueError("BatchedTrainer.train: this LocalTraining needs per-client states")
         clients = clients.to(device)
         offsets = data.offsets.to(device)[clients]
         sizes = data.sizes.to(device)[clients]
@@ -121,18 +161,42 @@ class BatchedTrainer:
         else:
             steps_each = None
             total = cfg.steps
+        hooked = _Hooked.build(hook, hook_rows, n, cfg, steps_each, total, device) if hook is not None else None
+        if hooked is not None:
+            steps_each = hooked.steps_each
+        last = max(total, hooked.total) if hooked is not None else total
         b = cfg.batch_size
-        for step in range(total):
-            # per-client batch indices into the pooled data, drawn on CPU for determinism
-            u = torch.rand((n, b), generator=generator, dtype=torch.float64).to(device)
-            idx = offsets[:, None] + torch.floor(u * sizes[:, None]).to(torch.int64)
+        sampler = _Sampler(states, clients, sizes, b, int(data.sizes.max())) if cfg.sampling == "without_replacement" else None
+        adam = _AdamW(cfg, states, clients, params) if cfg.optimizer == "adamw" else None
+        for step in range(last):
+            gen = generator if step < total or hook_generator is None else hook_generator
+            if sampler is not None:
+                pos = sampler.next(gen)
+            else:
+                # per-client batch indices into the pooled data, drawn on CPU for determinism
+                u = torch.rand((n, b), generator=gen, dtype=torch.float64).to(device)
+                pos = torch.floor(u * sizes[:, None]).to(torch.int64)
+            idx = offsets[:, None] + pos
             xb, yb = data.x[idx], data.y[idx]
             g = self._grads(params, xb, yb)
+            if hooked is not None:
+                g = hooked.gradient(self, g, params, global_params, xb, yb)
             if cfg.prox_mu:
                 g = g + cfg.prox_mu * (params - global_params)
-            if steps_each is not None:
-                g = g * (step < steps_each).to(g.dtype)[:, None]
-            params = params - cfg.lr * g
+            active = (step < steps_each) if steps_each is not None else None
+            if active is not None:
+                g = g * active.to(g.dtype)[:, None]
+            lr: Any = cfg.lr if hooked is None or hooked.lr is None else hooked.lr
+            if adam is not None:
+                params = adam.step(params, g, lr, active)
+            else:
+                params = params - (lr * g if not isinstance(lr, torch.Tensor) else lr[:, None] * g)
+            if hooked is not None:
+                params = hooked.project(params, global_params)
+        if adam is not None:
+            adam.save()
+        if sampler is not None:
+            sampler.save()
         return params
 
     @torch.no_grad()
@@ -149,3 +213,135 @@ class BatchedTrainer:
     def losses(self, flats: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Loss of each parameter row ``(k, d)`` on the same data, batched: ``(k,)``."""
         return vmap(self._loss, in_dims=(0, None, None))(flats, x, y)
+
+
+class _Hooked:
+    """A :class:`TrainingHook` bound to rows of one training call."""
+
+    def __init__(self, hook: TrainingHook, rows: torch.Tensor, steps_each: torch.Tensor | None, total: int,
+                 lr: torch.Tensor | None) -> None:
+        self.hook, self.rows, self.steps_each, self.total, self.lr = hook, rows, steps_each, total, lr
+        self._extra_grads: Callable[..., torch.Tensor] | None = None
+
+    @classmethod
+    def build(cls, hook: TrainingHook, rows: list[int] | None, n: int, cfg: LocalTraining,
+              steps_each: torch.Tensor | None, total: int, device: torch.device) -> "_Hooked | None":
+        if not rows:
+            return None
+        rows_t = torch.as_tensor(rows, dtype=torch.long, device=device)
+        lr = None
+        if hook.lr is not None:
+            lr = torch.full((n,), float(cfg.lr), dtype=torch.float32, device=device)
+            lr[rows_t] = float(hook.lr)
+        if hook.steps is not None:
+            base = steps_each if steps_each is not None else torch.full((n,), total, dtype=torch.int64, device=device)
+            steps_each = base.clone()
+            steps_each[rows_t] = int(hook.steps)
+            total = max(total, int(hook.steps))
+        return cls(hook, rows_t, steps_each, total, lr)
+
+    def gradient(self, trainer: "BatchedTrainer", g: torch.Tensor, params: torch.Tensor,
+                 global_params: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        hook, r = self.hook, self.rows
+        if hook.extra_loss is None and hook.grad_mask is None:
+            return g
+        g = g.clone()
+        if hook.extra_loss is not None:
+            if self._extra_grads is None:
+                base, extra = trainer._loss, hook.extra_loss
+
+                def total_loss(flat: torch.Tensor, gp: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+                    return base(flat, x, y) + extra(flat, gp, x, y)
+
+                self._extra_grads = vmap(grad(total_loss), in_dims=(0, None, 0, 0))
+            g[r] = self._extra_grads(params[r], global_params, xb[r], yb[r])
+        if hook.grad_mask is not None:
+            g[r] = g[r] * hook.grad_mask.to(device=g.device, dtype=g.dtype)
+        return g
+
+    def project(self, params: torch.Tensor, global_params: torch.Tensor) -> torch.Tensor:
+        if self.hook.project is None:
+            return params
+        out = self.hook.project(params[self.rows], global_params)
+        if tuple(out.shape) != (int(self.rows.shape[0]), params.shape[1]):
+            raise ValueError(f"TrainingHook.project returned shape {tuple(out.shape)}, "
+                             f"expected {(int(self.rows.shape[0]), params.shape[1])}")
+        params = params.clone()
+        params[self.rows] = out.to(params.dtype)
+        return params
+
+
+class _AdamW:
+    """AdamW over client rows, its moments and step counts read from / written to client state."""
+
+    def __init__(self, cfg: LocalTraining, states: "ClientStates", clients: torch.Tensor, params: torch.Tensor) -> None:
+        d = params.shape[1]
+        self.cfg, self.states, self.clients = cfg, states, clients
+        self.m = states.rows("adamw_m", clients, (d,))
+        self.v = states.rows("adamw_v", clients, (d,))
+        self.t = states.rows("adamw_t", clients, (), torch.int64)
+
+    def step(self, params: torch.Tensor, g: torch.Tensor, lr: Any, active: torch.Tensor | None) -> torch.Tensor:
+        b1, b2 = self.cfg.betas
+        on = torch.ones_like(self.t, dtype=torch.bool) if active is None else active
+        t = self.t + on.to(torch.int64)
+        m = torch.where(on[:, None], b1 * self.m + (1 - b1) * g, self.m)
+        v = torch.where(on[:, None], b2 * self.v + (1 - b2) * g * g, self.v)
+        tf = t.clamp_min(1).to(torch.float64)
+        c1 = (1 - b1 ** tf).to(params.dtype)[:, None]
+        c2 = (1 - b2 ** tf).to(params.dtype)[:, None]
+        lr_rows = lr[:, None] if isinstance(lr, torch.Tensor) else lr
+        new = params * (1 - lr_rows * self.cfg.weight_decay) - lr_rows * (m / c1) / ((v / c2).sqrt() + self.cfg.eps)
+        self.m, self.v, self.t = m, v, t
+        return torch.where(on[:, None], new, params)
+
+    def save(self) -> None:
+        self.states.put("adamw_m", self.clients, self.m)
+        self.states.put("adamw_v", self.clients, self.v)
+        self.states.put("adamw_t", self.clients, self.t)
+
+
+class _Sampler:
+    """Epoch-style batches: each client's stream of independent permutations of its data.
+
+    Client state: ``sampler_perm`` (its current permutation, padded to the largest
+    client), ``sampler_pos`` (its position in it) and ``sampler_init`` (whether it has one)."""
+
+    def __init__(self, states: "ClientStates", clients: torch.Tensor, sizes: torch.Tensor, batch: int,
+                 width: int) -> None:
+        self.states, self.clients, self.sizes, self.b = states, clients, sizes, batch
+        self.width = width
+        self.perm = states.rows("sampler_perm", clients, (width,), torch.int64)
+        self.pos = states.rows("sampler_pos", clients, (), torch.int64)
+        self.init = states.rows("sampler_init", clients, (), torch.bool)
+
+    def _permutations(self, gen: torch.Generator) -> torch.Tensor:
+        n = int(self.clients.shape[0])
+        keys = torch.rand((n, self.width), generator=gen, dtype=torch.float64).to(self.sizes.device)
+        cols = torch.arange(self.width, device=self.sizes.device)
+        keys = torch.where(cols[None, :] < self.sizes[:, None], keys, torch.full_like(keys, 2.0))
+        return torch.argsort(keys, dim=1)  # the first sizes[c] entries: a permutation of 0..sizes[c]-1
+
+    def next(self, gen: torch.Generator) -> torch.Tensor:
+        fresh = self._permutations(gen)
+        if not bool(self.init.all()):
+            self.perm = torch.where(self.init[:, None], self.perm, fresh)
+            self.pos = torch.where(self.init, self.pos, torch.zeros_like(self.pos))
+            self.init = torch.ones_like(self.init)
+            fresh = self._permutations(gen)
+        at = self.pos[:, None] + torch.arange(self.b, device=self.pos.device)[None, :]
+        size = self.sizes[:, None]
+        # items past the end of this epoch come from the next permutation (wrapping for tiny clients)
+        mine = torch.gather(self.perm, 1, at.clamp_max(self.width - 1))
+        nxt = torch.gather(fresh, 1, ((at - size) % size).clamp_max(self.width - 1))
+        out = torch.where(at < size, mine, nxt)
+        end = self.pos + self.b
+        rolled = end >= self.sizes
+        self.perm = torch.where(rolled[:, None], fresh, self.perm)
+        self.pos = torch.where(rolled, (end - self.sizes) % self.sizes, end)
+        return out
+
+    def save(self) -> None:
+        self.states.put("sampler_perm", self.clients, self.perm)
+        self.states.put("sampler_pos", self.clients, self.pos)
+        self.states.put("sampler_init", self.clients, self.init)

@@ -1,0 +1,422 @@
+"""The stages of one round, each a function with explicit inputs and outputs.
+
+::
+
+    train → craft → encode → chunk (+ sign) → transport → verify/decode
+          → defend/merge → server step → evaluate
+
+:class:`~redteam.federation.loop.Federation` holds what is fixed for a run (data, model,
+attack, defense, network, random streams) and passes itself as ``fed``; a stage reads
+those and its arguments and returns its results. What a client carries across rounds is
+in ``fed.states`` (:class:`~.state.ClientStates`), what the defenses carry in the
+:class:`~redteam.merge.DefenseMemory` given to :func:`defend`. A new workload or surface
+plugs into one stage (an LLM workload with DiLoCo's inner AdamW only changes ``train``'s
+local optimizer, which is a client-state matter).
+
+Non-finite models are refused, not trained on: a merge node whose aggregate has a NaN or
+±Inf entry passes nothing up (:func:`~redteam.merge.hierarchical_merge`), a non-finite
+final aggregate is not applied, and a server step that would make the model non-finite
+is undone; each is recorded in ``RoundRecord.extra["refused"]`` (stage, reason, client
+ids). ``accepted`` stays as the defense decided, so detection metrics never count a
+client as flagged for a refusal the defense did not make.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+import torch
+
+from ..errors import DecodeError, RedteamError
+from ..merge import DefenseMemory, assign_groups, hierarchical_merge
+from ..transport.chunking import UpdateManifest, build_manifest, new_nonce, params_digest
+from ..transport.network import HEADER_INDEX
+from ..transport.signing import sign_update
+from ..types import AttackContext, ChunkDelivery, ServerContext, Surface, TrainingHook
+from .state import apply_momentum
+
+if TYPE_CHECKING:
+    from .loop import Federation
+
+__all__ = ["train", "craft", "encode", "chunk", "transport", "receive", "defend", "server_step", "evaluate",
+           "Received", "Merged"]
+
+
+# ------------------------------------------------------------------ train
+def attack_context(fed: "Federation", rnd: int, part: np.ndarray, own: torch.Tensor, visible: torch.Tensor,
+                   visible_clients: tuple[int, ...], params: torch.Tensor,
+                   prev_update: torch.Tensor | None) -> AttackContext:
+    """The attack's view of a round (its memory ``attack_state`` is the run's one dict)."""
+    mal_pos = [k for k, c in enumerate(part) if fed.is_malicious[c]]
+    return AttackContext(
+        round=rnd,
+        n_clients=len(part),
+        malicious=tuple(int(part[k]) for k in mal_pos),
+        malicious_rows=tuple(mal_pos),
+        own_updates=own,
+        visible_updates=visible,
+        global_params=params,
+        generator=fed._torch["attack"],
+        num_classes=fed.num_classes,
+        weights=fed.weights[torch.as_tensor(part, dtype=torch.long, device=fed.device)],
+        previous_update=prev_update,
+        server_lr=fed.server_lr,
+        server_optimizer=fed.scenario.federation.server_optimizer,
+        defense=fed.defense if getattr(fed.attack, "adaptive", False) else None,
+        attack_state=fed.states.attack,
+        visible_clients=visible_clients,
+    )
+
+
+def training_hook(fed: "Federation", rnd: int, part: np.ndarray, params: torch.Tensor,
+                  prev_update: torch.Tensor | None) -> tuple[TrainingHook | None, list[int]]:
+    """Ask a ``Surface.TRAINING`` attack how its clients train this round (previous round's view)."""
+    mal_pos = [k for k, c in enumerate(part) if fed.is_malicious[c]]
+    if not mal_pos or Surface.TRAINING not in fed.attack.surfaces:
+        return None, []
+    d = fed.spec.dim
+    sent = fed.states.ensure("last_sent", (d,))
+    honest = [int(c) for c in part if not fed.is_malicious[c]]
+    mal = torch.as_tensor([int(part[k]) for k in mal_pos], dtype=torch.long, device=fed.device)
+    own = sent[mal]
+    visible = sent[torch.as_tensor(honest, dtype=torch.long, device=fed.device)] if (fed.omniscient and honest) else own
+    ctx = attack_context(fed, rnd, part, own, visible, tuple(honest) if fed.omniscient and honest else
+                         tuple(int(c) for c in mal.tolist()), params, prev_update)
+    hook = fed.attack.training_hook(ctx)
+    if hook is not None and not isinstance(hook, TrainingHook):
+        raise RedteamError(f"attack {fed.attack_spec.name!r}: training_hook returned {type(hook).__name__}, "
+                           "expected a redteam.types.TrainingHook or None")
+    mask = getattr(hook, "grad_mask", None)
+    if mask is not None and (mask.shape[-1] != d or (mask.ndim == 2 and mask.shape[0] != len(mal_pos))):
+        raise RedteamError(f"attack {fed.attack_spec.name!r}: TrainingHook.grad_mask has shape {tuple(mask.shape)}, "
+                           f"expected ({d},) or ({len(mal_pos)}, {d})")
+    return hook, mal_pos
+
+
+def train(fed: "Federation", part_t: torch.Tensor, params: torch.Tensor, hook: TrainingHook | None,
+          hook_rows: list[int]) -> torch.Tensor:
+    """Local training of the participating clients; returns what each would send ``(m, d)``:
+    its delta (local − global), or its worker momentum of deltas (:func:`~.state.apply_momentum`)."""
+    local = fed.trainer.train(params, fed.data, part_t, fed.local, fed._torch["train"], states=fed.states,
+                              hook=hook, hook_rows=hook_rows, hook_generator=fed._torch["attack"])
+    deltas = local - params
+    fedspec = fed.scenario.federation
+    return apply_momentum(fed.states, part_t, deltas, fedspec.client_momentum, fedspec.momentum_form)
+
+
+# ------------------------------------------------------------------ craft
+def craft(fed: "Federation", rnd: int, part: np.ndarray, sent: torch.Tensor, params: torch.Tensor,
+          prev_update: torch.Tensor | None) -> tuple[torch.Tensor, AttackContext | None]:
+    """The malicious rows replaced by the attack's (``Surface.UPDATES``); also the round's context."""
+    if Surface.TRAINING in fed.attack.surfaces:
+        fed.states.put("last_sent", torch.as_tensor(part, dtype=torch.long, device=fed.device), sent)
+    mal_pos = [k for k, c in enumerate(part) if fed.is_malicious[c]]
+    honest_pos = [k for k, c in enumerate(part) if not fed.is_malicious[c]]
+    if not (mal_pos and fed.attack.surfaces):
+        return sent, None
+    own = sent[mal_pos]
+    omni = fed.omniscient and bool(honest_pos)
+    visible = sent[honest_pos] if omni else own
+    shown = tuple(int(part[k]) for k in (honest_pos if omni else mal_pos))
+    actx = attack_context(fed, rnd, part, own, visible, shown, params, prev_update)
+    if Surface.UPDATES in fed.attack.surfaces:
+        crafted = fed.attack.craft_updates(actx)
+        if tuple(crafted.shape) != tuple(own.shape):
+            raise RedteamError(
+                f"attack {fed.attack_spec.name!r}: craft_updates returned shape "
+                f"{tuple(crafted.shape)}, expected {tuple(own.shape)}"
+            )
+        sent = sent.clone()
+        sent[mal_pos] = crafted.to(sent.dtype)
+    return sent, actx
+
+
+# ------------------------------------------------------------------ encode, chunk, transport
+def encode(fed: "Federation", part_t: torch.Tensor, sent: torch.Tensor) -> Any:
+    """Compress each row, with the client's error-feedback residual (client state)."""
+    ef = fed.compressor.error_feedback
+    residual = fed.states.rows("residual", part_t, (sent.shape[1],)) if ef else None
+    comp = fed.compressor.compress(sent, residual, fed._torch["codec"])
+    if ef and comp.residual is not None:
+        fed.states.put("residual", part_t, comp.residual)
+    return comp
+
+
+@dataclass
+class Chunked:
+    uploads: dict[int, tuple[UpdateManifest, list[bytes]]]
+    headers: dict[int, bytes]
+    digest: str
+    keys: Any
+    sign_s: float
+
+
+def chunk(fed: "Federation", rnd: int, part: np.ndarray, comp: Any, params: torch.Tensor, signed: bool) -> Chunked:
+    """Each payload cut into content-addressed chunks under a manifest (signed with ``signed_chunks``)."""
+    sc = fed.scenario
+    digest = params_digest(params)
+    keys = fed.enrollment.keys if signed else None
+    uploads: dict[int, tuple[UpdateManifest, list[bytes]]] = {}
+    headers: dict[int, bytes] = {}
+    t_sign = time.perf_counter()
+    for k, c in enumerate(part):
+        c = int(c)
+        nonce = new_nonce(fed._np["network"])
+        m, chunks = build_manifest(
+            comp.payloads[k], round=rnd, client=c, parent_digest=digest, codec=fed.codec_label,
+            chunk_size=sc.transport.chunk_size, nonce=nonce,
+        )
+        uploads[c] = (m, chunks)
+        headers[c] = sign_update(m, keys[c]) if keys is not None else m.to_json()
+    sign_s = time.perf_counter() - t_sign if keys is not None else 0.0
+    return Chunked(uploads, headers, digest, keys, sign_s)
+
+
+def transport(fed: "Federation", rnd: int, ch: Chunked, actx: AttackContext | None, verifier: Any,
+              history: dict[int, tuple[ChunkDelivery, ...]], keep: int) -> tuple[Any, dict[str, Any]]:
+    """The simulated network, with the transport attack acting on the deliveries."""
+    sc = fed.scenario
+    uploads, headers, digest, keys = ch.uploads, ch.headers, ch.digest, ch.keys
+    tamper = None
+    if actx is not None and Surface.TRANSPORT in fed.attack.surfaces:
+        mal = set(actx.malicious)
+
+        def signer(m: UpdateManifest) -> bytes:
+            if m.client not in mal:
+                raise RedteamError(f"signer: client {m.client} is not malicious; the attacker holds only "
+                                   "its own clients' keys")
+            return sign_update(m, keys[m.client]) if keys is not None else m.to_json()
+
+        state = {
+            "own_uploads": {c: (headers[c], tuple(uploads[c][1])) for c in actx.malicious if c in uploads},
+            "signer": signer,
+            "signed": keys is not None,
+            "codec": fed.compressor.codec,
+            "dim": fed.spec.dim,
+            "chunk_size": sc.transport.chunk_size,
+            "parent_digest": digest,
+        }
+        if keep:
+            state["history"] = MappingProxyType(dict(history))
+        ctx_t = dataclasses.replace(actx, state=MappingProxyType(state))
+        tamper = lambda deliveries: fed.attack.tamper_chunks(deliveries, ctx_t)  # noqa: E731
+
+    verify_s = [0.0]
+
+    def open_header(author: int, header: bytes) -> UpdateManifest:
+        t = time.perf_counter()
+        try:
+            return verifier.open(author, header, round=rnd, parent_digest=digest)
+        finally:
+            verify_s[0] += time.perf_counter() - t
+
+    tx = fed.network.transmit(
+        rnd, uploads, sc.federation.local_steps, fed._np["network"], tamper,
+        parent_digest=digest, headers=headers, open_header=open_header if verifier is not None else None,
+    )
+    if keep:
+        history[rnd] = tuple(
+            [ChunkDelivery(c, HEADER_INDEX, c, headers[c], rnd) for c in uploads]
+            + [ChunkDelivery(c, i, c, chk, rnd) for c, (_, chs) in uploads.items() for i, chk in enumerate(chs)]
+        )
+        for old in [r for r in history if r <= rnd - keep]:
+            del history[old]
+    header_bytes = sum(len(h) for h in headers.values())
+    timing: dict[str, Any] = {"header_bytes": header_bytes}
+    if keys is not None:
+        plain = sum(len(m.to_json()) for m, _ in uploads.values())
+        timing.update(signature_overhead_bytes=header_bytes - plain, sign_s=ch.sign_s, verify_s=verify_s[0])
+    return tx, timing
+
+
+# ------------------------------------------------------------------ verify / decode
+@dataclass
+class Received:
+    rows: list[torch.Tensor] = field(default_factory=list)
+    clients: list[int] = field(default_factory=list)
+    dropped: dict[int, str] = field(default_factory=dict)
+    rejected: dict[int, str] = field(default_factory=dict)
+    banned: dict[int, str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def receive(fed: "Federation", rnd: int, part: np.ndarray, tx: Any) -> Received:
+    """What arrived: detections of the transport checks, equivocations, decoded rows."""
+    out = Received()
+    out.dropped.update(tx.dropped)
+    # a check that failed but was repaired by a re-fetch (a tampered relayed chunk
+    # fetched again from another peer) is a detection, not a rejected update
+    repaired: dict[int, str] = {}
+    for c, why in tx.detections.items():
+        if c in tx.payloads:
+            repaired[c] = why
+        else:
+            out.rejected[c] = why
+    if repaired:
+        out.extra["repaired"] = repaired
+    if tx.mismatches:
+        flagged: dict[int, int] = {}
+        for _, _, r in tx.mismatches:
+            flagged[r] = flagged.get(r, 0) + 1
+        out.extra["flagged_relays"] = flagged
+    # gossip of signed headers: two valid signatures for one (sender, round)
+    if fed.signed_chunks is not None:
+        for c, why in fed.signed_chunks.equivocations(tx.headers, rnd).items():
+            tx.payloads.pop(c, None)
+            tx.alternates.pop(c, None)
+            out.dropped[c] = out.rejected[c] = why
+            if fed.signed_chunks.ban:
+                out.banned[c] = f"banned in round {rnd}: {why}"
+    d = fed.spec.dim
+    for c in part:
+        c = int(c)
+        if c not in tx.payloads:
+            continue
+        try:
+            out.rows.append(fed.compressor.codec.decode(tx.payloads[c], d).to(fed.device))
+            out.clients.append(c)
+        except DecodeError as exc:
+            out.dropped[c] = f"undecodable update: {exc}"
+            out.rejected[c] = out.dropped[c]
+    return out
+
+
+# ------------------------------------------------------------------ defend / merge
+@dataclass
+class Merged:
+    aggregate: torch.Tensor
+    accepted: dict[int, bool]
+    rejected: dict[int, str]
+    extra: dict[str, Any]
+    refused: list[dict[str, Any]]
+
+
+def defend(fed: "Federation", rnd: int, rec: Received, tx: Any, params: torch.Tensor,
+           prev_update: torch.Tensor | None, memory: DefenseMemory, actx: AttackContext | None) -> Merged:
+    """Group the rows, run the defense at every merge node, pass sub-aggregates up."""
+    from .telemetry import envelope_telemetry, place_alternates
+
+    d, dev, n = fed.spec.dim, fed.device, fed.scenario.federation.clients
+    rows, row_clients = list(rec.rows), list(rec.clients)
+    extra: dict[str, Any] = {}
+    if not rows:
+        return Merged(torch.zeros(d, dtype=torch.float32, device=dev), {}, {}, extra, [])
+    primary = len(rows)
+    groups = assign_groups(row_clients, n, fed.hierarchy, fed._np["merge"], fed.identities)
+    place_alternates(fed, tx, rows, row_clients, groups, d, extra)
+    upd = torch.stack(rows)
+    w = fed.weights[torch.as_tensor(row_clients, device=dev)]
+
+    # one server-data oracle per round: every merge node sees the same root update
+    evaluate_loss = _evaluate_loss(fed, params)
+    root_update = _root_update(fed, params)
+
+    def make_ctx(wts: torch.Tensor, rows_: list[int], key: str) -> ServerContext:
+        # a bottom node's inputs are its clients; an upper node's are its children
+        # (sub-aggregates), which carry no client ids
+        bottom = len(rows_) == int(wts.shape[0])
+        members = [row_clients[r] for r in rows_] if bottom else []
+        return ServerContext(
+            round=rnd,
+            n_clients=int(wts.shape[0]),
+            weights=wts,
+            global_params=params,
+            previous_update=prev_update,
+            generator=fed._torch["defense"],
+            state=memory.start(key, members),
+            evaluate_loss=evaluate_loss,
+            root_update=root_update,
+            client_ids=tuple(members),
+        )
+
+    ctx_h = actx if Surface.HIERARCHY in fed.attack.surfaces else None
+
+    def tamper_group(gi: int, rows_: list[int], agg: torch.Tensor) -> torch.Tensor:
+        members = tuple(row_clients[r] for r in rows_)
+        return fed.attack.tamper_subaggregate(agg, gi, members, ctx_h)
+
+    merged = hierarchical_merge(
+        upd, w, groups, fed.defense, fed.upper_defense, fed.hierarchy.fan_out, make_ctx,
+        tamper_group if ctx_h is not None else None,
+    )
+    memory.record(merged.state, [[row_clients[r] for r in g] for g in groups])
+    accepted: dict[int, bool] = {}
+    rejected: dict[int, str] = {}
+    for pos, c in enumerate(row_clients):
+        ok = bool(merged.accepted[pos])
+        accepted[c] = accepted.get(c, False) or ok
+        if not ok and pos < primary:
+            rejected[c] = merged.reasons.get(pos, "rejected")
+    refused = [{"stage": "merge", "node": key, "reason": ev["reason"],
+                "clients": sorted({row_clients[r] for r in ev["rows"]})} for key, ev in merged.refused.items()]
+    extra.update(envelope_telemetry(upd, row_clients, groups, merged.state))
+    return Merged(merged.aggregate, accepted, rejected, extra, refused)
+
+
+def _evaluate_loss(fed: "Federation", params: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    root = fed.root
+    if root is None:
+        return None
+
+    def evaluate(deltas: torch.Tensor) -> torch.Tensor:
+        return fed.trainer.losses(params + deltas, root.x, root.y)
+
+    return evaluate
+
+
+def _root_update(fed: "Federation", params: torch.Tensor) -> Callable[[], torch.Tensor] | None:
+    if fed.root is None:
+        return None
+    cache: dict[str, torch.Tensor] = {}
+    gen = fed._torch["root"]
+    root_cfg = dataclasses.replace(fed.local, optimizer="sgd", sampling="with_replacement")
+
+    def update() -> torch.Tensor:
+        if "g0" not in cache:
+            zero = torch.zeros(1, dtype=torch.long, device=fed.device)
+            cache["g0"] = (fed.trainer.train(params, fed.root, zero, root_cfg, gen) - params)[0]
+        return cache["g0"]
+
+    return update
+
+
+# ------------------------------------------------------------------ server step, evaluate
+def server_step(fed: "Federation", params: torch.Tensor, aggregate: torch.Tensor, opt_state: Any,
+                contributors: list[int], rows: list[torch.Tensor], row_clients: list[int],
+                ) -> tuple[torch.Tensor, Any, torch.Tensor, dict[str, Any] | None]:
+    """The server optimizer's step, refused when the aggregate or the new model is not finite.
+
+    Returns ``(params, opt_state, applied update, refusal or None)``; a refused step keeps
+    the model and the optimizer state, and its applied update is zero."""
+    if not bool(torch.isfinite(aggregate).all()):
+        return params, opt_state, torch.zeros_like(aggregate), {
+            "stage": "aggregate", "reason": "non-finite aggregate: step refused, model kept",
+            "clients": _suspects(contributors, rows, row_clients)}
+    new, state = fed.server_opt.step(params, aggregate.to(params.dtype), opt_state)
+    if not bool(torch.isfinite(new).all()):
+        return params, opt_state, torch.zeros_like(aggregate), {
+            "stage": "server_step", "reason": "server step gave a non-finite model: step refused, model kept",
+            "clients": _suspects(contributors, rows, row_clients)}
+    return new, state, aggregate, None
+
+
+def _suspects(contributors: list[int], rows: list[torch.Tensor], row_clients: list[int]) -> list[int]:
+    """Accepted clients whose row is non-finite or whose float32 norm overflows; all accepted if none."""
+    used = set(contributors)
+    bad = sorted({c for r, c in zip(rows, row_clients)
+                  if c in used and not bool(torch.isfinite(torch.linalg.vector_norm(r)))})
+    return bad or sorted(used)
+
+
+def evaluate(fed: "Federation", params: torch.Tensor) -> tuple[float, float, dict[str, Any]]:
+    """Clean accuracy and loss on the test split; the attack success rate when targeted."""
+    acc, loss = fed.trainer.evaluate(params, fed.test_x, fed.test_y)
+    extra: dict[str, Any] = {}
+    if fed._targeted is not None:
+        extra["asr"] = fed.trainer.evaluate(params, *fed._targeted)[0]
+    return acc, loss, extra
