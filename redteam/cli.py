@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .report.cli import register as register_report  # `redteam report DIR`
 
     register_report(sub)
+    from .limits.cli import register as register_limits  # `redteam limits FILE`
+
+    register_limits(sub)
     return p
 
 
@@ -131,7 +134,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     except RedteamError as exc:
-        print(f"redteam: error: {exc}", file=sys.stderr)
+        from .runner.outputs import terminal_safe
+
+        print(f"redteam: error: {terminal_safe(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("redteam: interrupted", file=sys.stderr)
@@ -160,8 +165,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise RedteamError(f"--seed = {args.seed}: must be ≥ 0")
         sc = sc.replace(scenario=dataclasses.replace(sc.scenario, seed=args.seed))
 
+    from .runner.outputs import check_output_file
     from .runner.single import run_scenario, write_json
 
+    if args.json is not None:
+        check_output_file(args.json, option="--json")  # before the run, not after it
     n_runs = 1 if sc.attack.name == "none" else 2
     total = sc.federation.rounds * n_runs
     if args.quiet:
@@ -178,23 +186,43 @@ def _cmd_run(args: argparse.Namespace) -> int:
             console=Console(stderr=True),
             transient=True,
         ) as progress:
-            task = progress.add_task(f"{sc.name}: baseline", total=total, status="")
+            task = progress.add_task(_markup(f"{sc.name}: baseline"), total=total, status="")
 
             def on_round(kind: str, rec: Any) -> None:
                 label = "baseline" if kind == "baseline" else f"{sc.attack.name} vs {sc.defense_label()}"
                 progress.update(
                     task,
                     advance=1,
-                    description=f"{sc.name}: {label}",
+                    description=_markup(f"{sc.name}: {label}"),
                     status=f"round {rec.round + 1}: acc {rec.accuracy:.3f}",
                 )
 
             doc = run_scenario(sc, device=args.device, on_round=on_round)
+    if args.json:  # the results first: nothing printed afterwards can lose them
+        path = write_json(doc, args.json)
     _print_table(console, doc)
     if args.json:
-        path = write_json(doc, args.json)
-        console.print(f"results written to [bold]{path}[/bold]")
+        console.print(f"results written to [bold]{_markup(path)}[/bold]")
     return 0
+
+
+def _markup(text: object) -> str:
+    """Text from a scenario file, a plugin or a path, safe inside rich markup: brackets
+    escaped, control characters shown as escapes."""
+    from rich.markup import escape
+
+    from .runner.outputs import terminal_safe
+
+    return escape(terminal_safe(text))
+
+
+def _plain(text: object) -> Any:
+    """A table cell holding ``text`` literally (never parsed as markup)."""
+    from rich.text import Text
+
+    from .runner.outputs import terminal_safe
+
+    return Text(terminal_safe(text))
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
@@ -217,14 +245,14 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
             task = progress.add_task("matrix", total=None, current="")
 
             def on_progress(done: int, total: int, label: str) -> None:
-                progress.update(task, completed=done, total=total, current=label)
+                progress.update(task, completed=done, total=total, current=_markup(label))
 
             summary = run_matrix(args.scenario, args.out, executor=args.executor, workers=args.workers,
                                  ray_address=args.ray_address, resume=args.resume, device=args.device,
                                  on_progress=on_progress)
     console.print(
         f"{summary.total} runs ({summary.computed} computed, {summary.skipped} already in the store) "
-        f"in {summary.wall_time_s:.1f} s → [bold]{summary.store}[/bold]"
+        f"in {summary.wall_time_s:.1f} s → [bold]{_markup(summary.store)}[/bold]"
     )
     try:
         from .report.cli import print_summary
@@ -261,15 +289,15 @@ def _print_table(console: Any, doc: dict[str, Any]) -> None:
         f"{sc['name']} — {spec['workload']['name']}, {fed['clients']} clients "
         f"({len(doc['runs'][-1]['malicious'])} malicious), {fed['rounds']} rounds, seed {sc['seed']}"
     )
-    t = Table(title=title, title_justify="left")
+    t = Table(title=_plain(title), title_justify="left")
     for col in ("attack", "defense", "final acc", "acc drop", f"rounds→{fed['target_accuracy']:.0%}",
                 "bytes on wire", "dropped", "rejected", "detect P / R", "FPR"):
         t.add_column(col, justify="left" if col in ("attack", "defense") else "right", no_wrap=True)
     for run in doc["runs"]:
         m = run["metrics"]
         t.add_row(
-            run["attack"] + (" (baseline)" if run["baseline"] else ""),
-            run["defense"],
+            _plain(run["attack"] + (" (baseline)" if run["baseline"] else "")),
+            _plain(run["defense"]),
             _fmt(m["final_accuracy"], pct=True),
             _fmt(m.get("accuracy_drop"), pct=True) if not run["baseline"] else "—",
             _fmt(m["rounds_to_target"]),
@@ -288,13 +316,15 @@ def _print_table(console: Any, doc: dict[str, Any]) -> None:
 def _cmd_list(group: str, names_only: bool) -> int:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     from .registry import ATTACKS, DEFENSES, WORKLOADS
+    from .runner.outputs import terminal_safe
 
     reg = {"attacks": ATTACKS, "defenses": DEFENSES, "workloads": WORKLOADS}[group]
     names = reg.names()
     if names_only:
-        print("\n".join(names))
+        print("\n".join(terminal_safe(n) for n in names))
         return 0
     t = Table(title=f"registered {group}", show_lines=True)
     for col in ("name", "summary", "parameters (default)", "reference", "package"):
@@ -303,10 +333,11 @@ def _cmd_list(group: str, names_only: bool) -> int:
         try:
             info = reg.info(name)
         except RedteamError as exc:
-            t.add_row(name, f"[red]{exc}[/red]", "", "", "")
+            t.add_row(_plain(name), Text(terminal_safe(exc), style="red"), "", "", "")
             continue
-        params = "\n".join(f"{p} = {d!r}" for p, _, d in info.parameters) or "—"
-        t.add_row(name, info.summary, params, info.reference or "—", info.distribution)
+        params = Text("\n").join(_plain(f"{p} = {d!r}") for p, _, d in info.parameters) or Text("—")
+        t.add_row(_plain(name), _plain(info.summary), params, _plain(info.reference or "—"),
+                  _plain(info.distribution))
     Console().print(t)
     return 0
 

@@ -90,16 +90,17 @@ def fail_if_cells(report: Any, condition: Any) -> list[tuple[Any, dict[str, floa
 
 
 def _write(text: str, out: str | None) -> None:
+    from ..runner.outputs import OutputError, atomic_write_text, terminal_safe
     from .aggregate import ReportError
 
     if out is None:
         sys.stdout.write(text)
         return
     try:
-        Path(out).write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise ReportError(f"--out {out}: cannot write ({exc.strerror or exc})") from None
-    print(f"wrote {out}", file=sys.stderr)
+        atomic_write_text(out, text, option="--out", make_parents=False)
+    except OutputError as exc:
+        raise ReportError(str(exc)) from None
+    print(f"wrote {terminal_safe(out)}", file=sys.stderr)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -121,11 +122,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         from rich.console import Console
 
         if args.out:
-            try:
-                with open(args.out, "w", encoding="utf-8") as fh:
-                    _print_table(Console(file=fh, width=200, color_system=None), report, metrics)
-            except OSError as exc:
-                raise ReportError(f"--out {args.out}: cannot write ({exc.strerror or exc})") from None
+            import io
+
+            buf = io.StringIO()
+            _print_table(Console(file=buf, width=200, color_system=None), report, metrics)
+            _write(buf.getvalue(), args.out)
         else:
             _print_table(Console(width=None if sys.stdout.isatty() else 200), report, metrics)
     elif args.format == "html":
@@ -166,11 +167,9 @@ def print_summary(console: Any, out_dir: str | Path) -> Path | None:
     """After ``redteam matrix``: the accuracy-drop table, the expectations' tally, and the
     HTML report written to ``OUT/report.html`` (its path printed). Returns that path (or
     ``None`` when the report could not be made; the reason is printed, nothing raised)."""
-    from rich.markup import escape
-
     from ..errors import RedteamError
     from .load import load_report
-    from .tables import DEFAULT_TABLE_METRIC, print_tables
+    from .tables import DEFAULT_TABLE_METRIC, _markup as escape, print_tables
 
     try:
         report = load_report(out_dir)

@@ -409,22 +409,14 @@ def render_html(report: Report, metrics: Sequence[str] | None = None) -> str:
 
 
 def write_html(report: Report, out: str | Path | None = None, metrics: Sequence[str] | None = None) -> Path:
-    """Render the page and write it atomically to ``out`` (default ``DIR/report.html``)."""
-    import os
-
+    """Render the page and write it atomically to ``out`` (default ``DIR/report.html``),
+    through an unpredictable temporary file (see :mod:`redteam.runner.outputs`)."""
+    from ..runner.outputs import OutputError, atomic_write_text
     from .aggregate import ReportError
 
     path = Path(out) if out is not None else report.out_dir / "report.html"
     text = render_html(report, metrics)
-    tmp = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # created with the umask's mode
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except OSError as exc:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
-        raise ReportError(f"--out {path}: cannot write the report ({exc.strerror or exc})") from None
-    return path
+        return atomic_write_text(path, text, option="--out")
+    except OutputError as exc:
+        raise ReportError(str(exc)) from None

@@ -37,23 +37,12 @@ def _json_meta(store: Any, key: str) -> Any:
 
 
 def _check_readonly(db: Path) -> None:
-    """Refuse, without writing to it, a file that is not a redteam store (opening one with
-    :class:`ResultsStore` would add the store's tables to any SQLite file)."""
-    from ..runner.store import StoreError
+    """Refuse, without writing to it, a file that is not a redteam store."""
+    from ..runner.store import StoreError, check_store_file
 
     if not db.is_file():
         raise StoreError(f"{db}: no such results store")
-    try:
-        con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
-        try:
-            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        finally:
-            con.close()
-    except sqlite3.Error as exc:
-        raise StoreError(f"{db}: not a redteam results store ({exc})") from None
-    missing = {"meta", "plan", "runs"} - tables
-    if missing:
-        raise StoreError(f"{db}: not a redteam results store (missing tables: {', '.join(sorted(missing))})")
+    check_store_file(db)
 
 
 def load_report(

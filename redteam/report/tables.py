@@ -90,9 +90,9 @@ def metric_grids(cells: Sequence[CellSummary]) -> list[tuple[tuple, list[str], l
 def metric_table(report: Report, metric: str) -> list[tuple[str, Any]]:
     """(title, rich table) per settings group of ``metric``; every label in a table is
     escaped (cell labels contain brackets, which rich would read as markup)."""
-    from rich.markup import escape
     from rich.table import Table
 
+    escape = _markup
     tables = []
     for group, attacks, defenses, by in metric_grids(report.cells):
         title = metric + (f" · {group_title(group)}" if group else "")
@@ -106,9 +106,18 @@ def metric_table(report: Report, metric: str) -> list[tuple[str, Any]]:
     return tables
 
 
+def _markup(text: object) -> str:
+    """Label text for rich markup: brackets escaped, control characters made visible."""
+    from rich.markup import escape
+
+    from ..runner.outputs import terminal_safe
+
+    return escape(terminal_safe(text))
+
+
 def print_tables(console: Any, report: Report, metrics: Sequence[str]) -> None:
     """Print a header, the legend, and one table per metric (and settings group)."""
-    from rich.markup import escape
+    escape = _markup
 
     seeds = max((c.planned for c in report.cells), default=0)
     done = sum(c.finished for c in report.cells)

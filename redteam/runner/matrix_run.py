@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import os
+import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,10 +119,32 @@ def _local(phases: Phases, device: str, workers: int, ray_address: str | None) -
             yield u, execute_unit(u.doc, device)
 
 
-def _init_worker(threads: int) -> None:
+#: How often a process-pool worker checks that its driver is still alive (seconds).
+PARENT_CHECK_S = 1.0
+
+
+def _init_worker(threads: int, parent: int | None = None) -> None:
     import torch
 
     torch.set_num_threads(threads)
+    if parent is not None:
+        _exit_with_parent(parent)
+
+
+def _exit_with_parent(parent: int, interval: float = PARENT_CHECK_S) -> None:
+    """Exit this worker as soon as the driver ``parent`` is gone (``kill -9`` included:
+    no message can be sent then, so the worker watches its own parent id, which changes
+    to a reaper's when the parent dies). Without this a worker whose driver was killed
+    lives on, holding its memory, forever."""
+    import threading
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                os._exit(3)
+            time.sleep(interval)
+
+    threading.Thread(target=watch, name="redteam-parent-watch", daemon=True).start()
 
 
 def _process(phases: Phases, device: str, workers: int, ray_address: str | None) -> Iterator[tuple[Unit, dict]]:
@@ -133,7 +156,7 @@ def _process(phases: Phases, device: str, workers: int, ray_address: str | None)
     threads = max(1, (os.cpu_count() or 1) // workers)
     ctx = mp.get_context("spawn")  # no fork after torch has started its thread pools
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                             initargs=(threads,)) as pool:
+                             initargs=(threads, os.getpid())) as pool:
         try:
             yield from _drain(pool, phases, device, threads)
         except BaseException:
@@ -213,14 +236,18 @@ def run_matrix(
     from ..scenario import load_matrix
     from .single import _versions
 
+    from .outputs import check_output_dir
+
     if executor not in EXECUTORS:
         raise InvalidParameter(f"--executor = {executor!r}: must be one of {', '.join(EXECUTORS)}")
-    workers = workers or (os.cpu_count() or 1)
-    if workers < 1:
-        raise InvalidParameter(f"--workers = {workers}: must be ≥ 1")
+    if workers is None:
+        workers = os.cpu_count() or 1
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise InvalidParameter(f"--workers = {workers!r}: must be an integer ≥ 1")
     p = Path(path)
     base, matrix, doc = load_matrix(p)
     rows, b_units, a_units = plan_units(matrix, base.seed, p.name)
+    check_output_dir(out, option="--out")
 
     store = ResultsStore(out)
     try:
@@ -230,6 +257,8 @@ def run_matrix(
             raise StoreError(
                 f"{store.path} already holds results; pass --resume to continue it, or choose another --out"
             )
+        if resume:
+            store.check_integrity()  # a damaged run must not count as finished
         store.set_meta(
             scenario_file=str(p),
             scenario_name=base.name,
@@ -237,7 +266,7 @@ def run_matrix(
             scenario_digest=base.digest(),
             versions=_versions(),
             expectations=[_exp_dict(e) for e in matrix.expectations],
-            reproduce=f"redteam matrix {p} --out {out}",
+            reproduce=f"redteam matrix {shlex.quote(str(p))} --out {shlex.quote(str(out))}",
         )
         store.set_plan(rows)
         todo_b = [u for u in b_units if u.run_key not in finished]

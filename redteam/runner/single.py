@@ -110,13 +110,12 @@ def run_scenario(
 
 
 def write_json(doc: dict[str, Any], path: str | Path) -> Path:
-    """Write atomically (temp file + rename), so an interrupted write loses nothing old."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(sanitize(doc), indent=2, allow_nan=False) + "\n")
-    tmp.replace(p)
-    return p
+    """Write atomically and safely (unpredictable temp file in the target's directory,
+    then rename), so an interrupted write loses nothing old and no planted symlink is
+    followed; an unwritable path is an :class:`~redteam.runner.outputs.OutputError`."""
+    from .outputs import atomic_write_text
+
+    return atomic_write_text(path, json.dumps(sanitize(doc), indent=2, allow_nan=False) + "\n", option="--json")
 
 
 def sanitize(o: Any) -> Any:

@@ -15,12 +15,22 @@ Keys are the SHA-256 of the concrete scenario a run executed (seed, attack, defe
 settings), so a changed scenario can never be mistaken for a finished one. WAL mode and
 a busy timeout let two processes use one store without corrupting it (``INSERT OR
 IGNORE``: the first writer of a key wins).
+
+Opening: an existing file is first looked at read-only and must already be a redteam
+store (a zero-length file, another SQLite database or anything else is refused, never
+silently initialised). A new store is built under a temporary name beside the target
+and linked into place only when complete, so a concurrent opener sees either no file
+or a whole store. :meth:`ResultsStore.check_integrity` (run by ``--resume``) asks
+SQLite to verify every page and then parses every stored run, so a damaged store is
+reported instead of being counted as finished.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -72,6 +82,68 @@ class StoreError(RedteamError):
     """The results store is missing, unreadable or not a redteam store."""
 
 
+_TABLES = {"meta", "plan", "runs"}
+
+
+def check_store_file(db: Path) -> None:
+    """Refuse, without writing to it, an existing file that is not a redteam store:
+    empty, not SQLite, or without the store's tables (opening it read-write would add
+    them to any SQLite file)."""
+    if not db.is_file():
+        raise StoreError(f"{db}: not a regular file, not a redteam results store")
+    if db.stat().st_size == 0:
+        raise StoreError(f"{db}: is an empty file, not a redteam results store (remove it or choose another --out)")
+    try:
+        con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            con.close()
+    except sqlite3.Error as exc:
+        raise StoreError(f"{db}: not a redteam results store ({exc})") from None
+    missing = _TABLES - tables
+    if missing:
+        raise StoreError(f"{db}: not a redteam results store (missing tables: {', '.join(sorted(missing))}); "
+                         "remove it or choose another --out")
+
+
+def _create_store(p: Path) -> None:
+    """Build an empty store beside ``p`` and link it into place (atomic: a concurrent
+    opener sees no file or a whole store; if another process won the race, its store
+    is used)."""
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".new")
+    except OSError as exc:
+        raise StoreError(f"{p}: cannot create the results store ({exc.strerror or exc})") from None
+    os.close(fd)
+    try:
+        con = sqlite3.connect(tmp, isolation_level=None)
+        try:
+            con.execute("PRAGMA journal_mode=WAL")
+            con.execute("BEGIN")
+            for stmt in _SCHEMA.strip().split(";"):
+                if stmt.strip():
+                    con.execute(stmt)
+            con.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            con.execute("COMMIT")
+        finally:
+            con.close()
+        try:
+            os.link(tmp, p)
+        except FileExistsError:
+            pass  # created meanwhile by another process: checked like any existing file
+        except OSError:  # no hard links on this file system: a plain rename, unless taken
+            if not p.exists():
+                os.replace(tmp, p)
+    except (OSError, sqlite3.Error) as exc:
+        raise StoreError(f"{p}: cannot create the results store ({exc})") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    check_store_file(p)
+
+
 @dataclass(frozen=True, slots=True)
 class PlanRow:
     cell_id: str
@@ -96,6 +168,10 @@ class ResultsStore:
             p = p / STORE_NAME
         if not create and not p.exists():
             raise StoreError(f"{p}: no results store here (run `redteam matrix SCENARIO --out DIR` first)")
+        if p.exists():
+            check_store_file(p)
+        else:
+            _create_store(p)
         self.path = p
         try:
             self._db = sqlite3.connect(p, timeout=60.0, isolation_level=None)
@@ -132,6 +208,26 @@ class ResultsStore:
             self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
+
+    def check_integrity(self) -> None:
+        """Raise :class:`StoreError` unless SQLite finds every page intact and every
+        stored run parses (what ``--resume`` relies on to skip finished runs)."""
+        try:
+            problems = [r[0] for r in self._db.execute("PRAGMA integrity_check(20)")]
+            if problems != ["ok"]:
+                more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
+                raise StoreError(f"{self.path}: the store is damaged: {problems[0]}{more}; its results "
+                                 "cannot be trusted: start a new --out (redteam report may still read part of it)")
+            for key, metrics, rounds in self._db.execute("SELECT run_key, metrics, rounds FROM runs"):
+                try:
+                    ok = isinstance(json.loads(metrics), dict) and isinstance(json.loads(rounds), list)
+                except (TypeError, ValueError):
+                    ok = False
+                if not ok:
+                    raise StoreError(f"{self.path}: the store is damaged: run {str(key)[:16]}… does not parse; "
+                                     "start a new --out")
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path}: the store is damaged ({exc}); start a new --out") from None
 
     # -- meta -----------------------------------------------------------------------
     def meta(self, key: str) -> str | None:

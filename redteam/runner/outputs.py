@@ -1,0 +1,132 @@
+"""Output files: checked before any work is done, written atomically and safely.
+
+* :func:`check_output_file` / :func:`check_output_dir` look at a path the user gave
+  (``--json OUT``, ``--out DIR``) *before* a run starts, so a directory where a file is
+  wanted, a file where a directory is wanted, or an unwritable parent is a one-line
+  :class:`OutputError` instead of a traceback after the results were computed.
+* :func:`atomic_write_text` writes a file the safe way: the temporary file is created
+  with ``O_CREAT | O_EXCL | O_NOFOLLOW`` under an unpredictable name in the target's own
+  directory (:func:`tempfile.mkstemp`), so a symlink planted at a guessable name is never
+  written through; it is then renamed over the target (``rename`` replaces a symlink at
+  the target itself, it does not follow it). The final file gets the mode the umask
+  gives a new file (``mkstemp`` would leave it ``0600``). A failed write leaves nothing
+  behind and the old file untouched.
+* :func:`terminal_safe` makes text that came from a scenario file, a plugin or a path
+  safe to print on one terminal line: control characters (newlines, ``ESC``, C1 codes,
+  ``DEL``) become visible escapes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import tempfile
+from pathlib import Path
+
+from ..errors import RedteamError
+
+__all__ = ["OutputError", "atomic_write_text", "check_output_file", "check_output_dir", "terminal_safe"]
+
+
+class OutputError(RedteamError):
+    """An output path cannot be used (the message names the option and the path)."""
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def terminal_safe(text: object) -> str:
+    """``text`` with every control character shown as an escape (``\\n``, ``\\x1b``)."""
+
+    def sub(m: re.Match[str]) -> str:
+        c = m.group(0)
+        return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(c) or (
+            f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+    return _CONTROL.sub(sub, str(text))
+
+
+def _umask_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def atomic_write_text(path: str | Path, text: str, *, option: str = "--out", make_parents: bool = True) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically, creating missing parent
+    directories when ``make_parents``; errors are :class:`OutputError`."""
+    p = Path(path)
+    where = f"{option} {terminal_safe(p)}"
+    if p.is_dir():
+        raise OutputError(f"{where}: is a directory; give a file name")
+    tmp: str | None = None
+    try:
+        if make_parents:
+            p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, _umask_mode())
+        os.replace(tmp, p)
+        tmp = None
+    except OSError as exc:
+        raise OutputError(f"{where}: cannot write ({exc.strerror or exc})") from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+    return p
+
+
+def _nearest_existing(p: Path) -> Path:
+    q = p
+    while not q.exists() and not q.is_symlink() and q != q.parent:
+        q = q.parent
+    return q
+
+
+def check_output_file(path: str | Path, *, option: str) -> Path:
+    """Refuse, before any work, a file output that cannot be written: an existing
+    directory, a parent that is a file, a parent that is not writable."""
+    p = Path(path)
+    where = f"{option} {terminal_safe(p)}"
+    if str(path) == "" or p.name in ("", ".", ".."):
+        raise OutputError(f"{where}: expected a file name")
+    if p.is_dir():
+        raise OutputError(f"{where}: is a directory; give a file name (e.g. {terminal_safe(p / 'results.json')})")
+    base = _nearest_existing(p.parent)
+    if base.exists() and not base.is_dir():
+        raise OutputError(f"{where}: {terminal_safe(base)} is a file, not a directory")
+    if base.exists() and not os.access(base, os.W_OK | os.X_OK):
+        raise OutputError(f"{where}: directory {terminal_safe(base)} is not writable")
+    if p.exists() and not stat.S_ISREG(p.stat().st_mode):
+        raise OutputError(f"{where}: exists and is not a regular file")
+    return p
+
+
+def check_output_dir(path: str | Path, *, option: str, sqlite_file_ok: bool = True) -> Path:
+    """Refuse, before any work, a results directory that cannot be one: an existing
+    regular file (other than a ``.sqlite`` store when ``sqlite_file_ok``), a path under
+    a file, an unwritable parent."""
+    p = Path(path)
+    where = f"{option} {terminal_safe(p)}"
+    if str(path) == "":
+        raise OutputError(f"{where}: expected a directory")
+    if sqlite_file_ok and p.suffix == ".sqlite":
+        return check_output_file(p, option=option)
+    if p.exists() and not p.is_dir():
+        raise OutputError(f"{where}: exists and is not a directory (a results directory, or a FILE.sqlite store)")
+    base = _nearest_existing(p)
+    if base != p:
+        if base.exists() and not base.is_dir():
+            raise OutputError(f"{where}: {terminal_safe(base)} is a file, not a directory")
+        if base.exists() and not os.access(base, os.W_OK | os.X_OK):
+            raise OutputError(f"{where}: cannot create it: {terminal_safe(base)} is not writable")
+    elif not os.access(p, os.W_OK | os.X_OK):
+        raise OutputError(f"{where}: directory is not writable")
+    return p

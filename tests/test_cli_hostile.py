@@ -1,0 +1,174 @@
+"""Hostile text and paths: names from scenario files and plugins are printed as text,
+results are written before anything is printed, errors stay on one line, and output
+files never follow a planted symlink (issue 9 §4)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import textwrap
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from redteam.cli import main
+
+TINY = textwrap.dedent(
+    """\
+    [scenario]
+    name = {name}
+    seed = 3
+    [workload]
+    name = "synthetic"
+    samples = 300
+    [federation]
+    clients = 4
+    rounds = 1
+    malicious_fraction = 0.25
+    [attack]
+    name = "sign_flip"
+    [defense]
+    name = "mean"
+    """
+)
+
+MATRIX = TINY.replace("[attack]\nname = \"sign_flip\"\n[defense]\nname = \"mean\"\n",
+                      '[matrix]\nattacks = ["sign_flip"]\ndefenses = ["mean"]\nseeds = 1\n')
+
+# markup that rich cannot render ("[/bold]" closes nothing), an ANSI escape (ESC [2J
+# clears the screen) and a newline (would split a one-line message)
+HOSTILE = '"[/bold] x \\u001b[2J\\nsecond line [/]"'
+
+
+def _scenario(tmp_path: Path, text: str, name: str = "s.toml") -> Path:
+    f = tmp_path / name
+    f.write_text(text)
+    return f
+
+
+def test_run_prints_a_hostile_name_as_text_and_writes_the_json(tmp_path, capsys):
+    f = _scenario(tmp_path, TINY.format(name=HOSTILE))
+    out = tmp_path / "r.json"
+    assert main(["run", str(f), "--quiet", "--device", "cpu", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    # the name is shown literally, its control characters as visible escapes
+    assert "[/bold] x \\x1b[2J\\nsecond line [/]" in printed
+    assert "\x1b" not in printed
+    doc = json.loads(out.read_text())
+    assert doc["scenario"]["name"] == "[/bold] x \x1b[2J\nsecond line [/]"  # the data itself is unchanged
+
+
+def test_run_writes_the_json_before_printing(tmp_path, monkeypatch):
+    # whatever happens while printing, the computed results are already on disk
+    import redteam.cli as cli
+
+    def boom(console, doc):
+        raise RuntimeError("terminal trouble")
+
+    monkeypatch.setattr(cli, "_print_table", boom)
+    f = _scenario(tmp_path, TINY.format(name='"t"'))
+    out = tmp_path / "r.json"
+    with pytest.raises(RuntimeError, match="terminal trouble"):
+        main(["run", str(f), "--quiet", "--device", "cpu", "--json", str(out)])
+    assert json.loads(out.read_text())["format"] == "redteam.run/v1"
+
+
+def test_matrix_out_with_markup_and_hostile_labels(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    f = _scenario(tmp_path, MATRIX.format(name=HOSTILE))
+    assert main(["matrix", str(f), "--out", "r[/x]", "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "r[/x]" in printed and "\x1b" not in printed
+    assert (tmp_path / "r[/x]" / "results.sqlite").is_file()
+    assert (tmp_path / "r[/x]" / "report.html").is_file()
+    assert main(["report", "r[/x]"]) == 0
+    table = capsys.readouterr().out
+    assert "[/bold] x \\x1b[2J\\nsecond line [/]" in table and "\x1b" not in table
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Odd:
+    """[/] a summary that is not markup"""
+
+    summary: ClassVar[str] = "[/] closes nothing \x1b[31m red?"
+    reference: ClassVar[str] = "[bold]not bold[/bold]"
+    level: float = 1.0
+
+
+def test_plugin_summary_is_text(capsys, monkeypatch):
+    from redteam.registry import ATTACKS
+
+    monkeypatch.setenv("COLUMNS", "400")  # one table row per line
+
+    ATTACKS.register("odd_[/]", _Odd)
+    try:
+        assert main(["attacks", "list"]) == 0
+        out = capsys.readouterr().out
+    finally:
+        ATTACKS.unregister("odd_[/]")
+    assert "odd_[/]" in out and "[/] closes nothing \\x1b[31m red?" in out
+    assert "[bold]not bold[/bold]" in out
+
+
+def test_error_with_a_newline_in_the_path_stays_one_line(tmp_path, capsys):
+    assert main(["run", str(tmp_path / "no\nsuch\x1b[2J.toml")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("redteam: error: ") and "\x1b" not in err
+    assert "no\\nsuch\\x1b[2J.toml" in err
+
+
+def test_json_output_does_not_follow_a_planted_symlink(tmp_path):
+    # the old code wrote OUT.tmp, a predictable name: a symlink planted there sent the
+    # results into (and over) any file the user could write
+    from redteam.runner.single import write_json
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    out = tmp_path / "r.json"
+    os.symlink(victim, tmp_path / "r.json.tmp")
+    write_json({"a": 1}, out)
+    assert victim.read_text() == "precious"
+    assert json.loads(out.read_text()) == {"a": 1}
+    assert not out.is_symlink()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".r.json")] == []
+
+
+def test_html_report_does_not_follow_a_planted_symlink(tmp_path):
+    from redteam.report.html import write_html
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    out = tmp_path / "report.html"
+    os.symlink(victim, tmp_path / f".report.html.{os.getpid()}.tmp")  # the old, guessable name
+
+    class _Stub:
+        out_dir = tmp_path
+
+    import redteam.report.html as html
+
+    orig = html.render_html
+    html.render_html = lambda report, metrics=None: "<html></html>\n"
+    try:
+        write_html(_Stub(), out)
+    finally:
+        html.render_html = orig
+    assert victim.read_text() == "precious"
+    assert out.read_text() == "<html></html>\n"
+
+
+def test_atomic_write_replaces_a_symlink_target_instead_of_writing_through_it(tmp_path):
+    from redteam.runner.outputs import atomic_write_text
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    link = tmp_path / "out.txt"
+    os.symlink(victim, link)
+    atomic_write_text(link, "new")
+    assert victim.read_text() == "precious"
+    assert not link.is_symlink() and link.read_text() == "new"
+    # the file gets the umask's mode, not mkstemp's private 0600
+    mask = os.umask(0)
+    os.umask(mask)
+    assert (link.stat().st_mode & 0o777) == (0o666 & ~mask)
