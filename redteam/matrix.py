@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from .errors import InvalidScenario
+from .scenario_limits import Limits, shown
 
 __all__ = ["Cell", "Expectation", "Matrix", "expand", "derive_seed", "parse_expectations"]
 
@@ -138,18 +139,28 @@ def _entry_label(entry: Any, kind: str, where: str, i: int) -> tuple[str, dict[s
     if isinstance(entry, str):
         return entry, {"name": entry}
     if not isinstance(entry, Mapping):
-        raise InvalidScenario(f"{where}: [matrix].{kind}[{i}] = {entry!r}: must be a name or a table")
+        raise InvalidScenario(f"{where}: [matrix].{kind}[{i}] = {shown(entry)}: must be a name or a table")
     table = dict(entry)
     label = table.pop("label", None)
     if label is not None and not isinstance(label, str):
-        raise InvalidScenario(f"{where}: [matrix].{kind}[{i}].label = {label!r}: must be a string")
+        raise InvalidScenario(f"{where}: [matrix].{kind}[{i}].label = {shown(label)}: must be a string")
     if "pipeline" in table:
+        stages = table["pipeline"]
+        if not isinstance(stages, list) or not stages or not all(
+            isinstance(st, Mapping) and isinstance(st.get("name"), str) for st in stages
+        ):
+            raise InvalidScenario(
+                f"{where}: [matrix].{kind}[{i}].pipeline = {shown(stages)}: must be a non-empty list of tables "
+                "with a string 'name'"
+            )
         if label is None:
             names = [s.get("name", "?") if isinstance(s, Mapping) else str(s) for s in table["pipeline"] or []]
             label = "+".join(names)
         return label, table
     if "name" not in table:
         raise InvalidScenario(f"{where}: [matrix].{kind}[{i}] needs a 'name' (or, for defenses, a 'pipeline')")
+    if not isinstance(table["name"], str):
+        raise InvalidScenario(f"{where}: [matrix].{kind}[{i}].name = {shown(table['name'])}: must be a string")
     if label is None:
         params = {k: v for k, v in table.items() if k != "name"}
         label = table["name"] if not params else table["name"] + "(" + ",".join(
@@ -157,24 +168,29 @@ def _entry_label(entry: Any, kind: str, where: str, i: int) -> tuple[str, dict[s
     return label, table
 
 
-def _set_path(doc: dict[str, Any], path: str, value: Any) -> None:
+def _set_path(doc: dict[str, Any], path: str, value: Any, where: str = "<scenario>") -> None:
     parts = path.split(".")
     node = doc
     for p in parts[:-1]:
         node = node.setdefault(p, {})
         if not isinstance(node, dict):
-            raise InvalidScenario(f"setting {path!r}: {p!r} is not a table")
+            raise InvalidScenario(f"{where}: [matrix].settings key {shown(path)}: {p!r} is not a table in the scenario")
     node[parts[-1]] = value
 
 
-def expand(doc: Mapping[str, Any], where: str, *, check_plugins: bool = True) -> Matrix:
+def expand(
+    doc: Mapping[str, Any], where: str, *, check_plugins: bool = True, limits: Limits | None = None
+) -> Matrix:
     """Expand a raw scenario document with ``[matrix]`` into cells (validated later).
 
     ``check_plugins=False`` checks the structure only (no plugin is instantiated, so
-    nothing imports torch): what the pytest plugin does at collection time.
+    nothing imports torch): what the pytest plugin does at collection time. The number
+    of cells and of seeds is checked against ``limits`` (default: ``Limits.from_env()``)
+    from the axis lengths, before any cell is built.
     """
     from .scenario import parse_scenario
 
+    limits = limits if limits is not None else Limits.from_env()
     base = {k: copy.deepcopy(v) for k, v in doc.items() if k not in ("matrix", "expect", "include")}
     mx = doc.get("matrix", {})
     if not isinstance(mx, Mapping):
@@ -213,7 +229,13 @@ def expand(doc: Mapping[str, Any], where: str, *, check_plugins: bool = True) ->
         or (isinstance(seeds_spec, list) and seeds_spec and all(isinstance(s, int) and s >= 0 for s in seeds_spec))
     ):
         raise InvalidScenario(
-            f"{where}: [matrix].seeds = {seeds_spec!r}: must be a count ≥ 1 or a list of replicate indices ≥ 0"
+            f"{where}: [matrix].seeds = {shown(seeds_spec)}: must be a count ≥ 1 or a list of replicate indices ≥ 0"
+        )
+    n_seeds = seeds_spec if isinstance(seeds_spec, int) else len(seeds_spec)
+    if n_seeds > limits.max_seeds:
+        raise InvalidScenario(
+            f"{where}: [matrix].seeds = {shown(seeds_spec)}: {n_seeds} replicates, more than the cap of "
+            f"{limits.max_seeds} (REDTEAM_MAX_SEEDS raises it)"
         )
     seeds = tuple(range(seeds_spec)) if isinstance(seeds_spec, int) else tuple(seeds_spec)
 
@@ -223,7 +245,7 @@ def expand(doc: Mapping[str, Any], where: str, *, check_plugins: bool = True) ->
     axes: list[tuple[str, list[Any]]] = []
     for path, values in settings_tab.items():
         if not isinstance(values, list) or not values:
-            raise InvalidScenario(f"{where}: [matrix].settings.{path!r} = {values!r}: must be a non-empty list")
+            raise InvalidScenario(f"{where}: [matrix].settings.{path!r} = {shown(values)}: must be a non-empty list")
         if any(isinstance(v, (dict, list)) for v in values):
             raise InvalidScenario(f"{where}: [matrix].settings.{path!r}: values must be scalars")
         if "." not in path:
@@ -232,6 +254,15 @@ def expand(doc: Mapping[str, Any], where: str, *, check_plugins: bool = True) ->
             )
         axes.append((path, values))
 
+    n_cells = len(attacks) * len(defenses)
+    for _, vals in axes:
+        n_cells *= len(vals)
+    if n_cells > limits.max_cells:
+        sizes = " × ".join(str(x) for x in (len(attacks), len(defenses), *(len(v) for _, v in axes)))
+        raise InvalidScenario(
+            f"{where}: [matrix] expands to {sizes} = {n_cells} cells, more than the cap of {limits.max_cells} "
+            "(REDTEAM_MAX_CELLS raises it)"
+        )
     cells: list[Cell] = []
     combos = list(itertools.product(*[[(p, v) for v in vals] for p, vals in axes])) or [()]
     for combo in combos:
@@ -241,10 +272,10 @@ def expand(doc: Mapping[str, Any], where: str, *, check_plugins: bool = True) ->
                 cdoc["attack"] = copy.deepcopy(a_table)
                 cdoc["defense"] = copy.deepcopy(d_table)
                 for path, value in combo:  # after the axes, so "attack.x" / "defense.x" sweep too
-                    _set_path(cdoc, path, value)
+                    _set_path(cdoc, path, value, where)
                 cell = Cell(a_label, d_label, tuple(combo), cdoc)
                 try:
-                    parse_scenario(cdoc, file=where, check_plugins=check_plugins)
+                    parse_scenario(cdoc, file=where, check_plugins=check_plugins, limits=limits)
                 except InvalidScenario as exc:
                     raise InvalidScenario(f"{exc} (in matrix cell {cell.id})") from None
                 cells.append(cell)
@@ -266,6 +297,9 @@ def parse_expectations(rows: Any, where: str, cells: Sequence[Cell]) -> tuple[Ex
         if not isinstance(row, Mapping):
             raise InvalidScenario(f"{loc}: must be a table")
         row = dict(row)
+        for k, v in row.items():
+            if not isinstance(v, (str, int, float, bool)):
+                raise InvalidScenario(f"{loc}: {k} = {shown(v)}: must be a string, number or boolean")
         metric = row.pop("metric", None)
         if metric not in METRICS:
             import difflib
@@ -276,7 +310,9 @@ def parse_expectations(rows: Any, where: str, cells: Sequence[Cell]) -> tuple[Ex
         lo, hi = row.pop("min", None), row.pop("max", None)
         for name, v in (("min", lo), ("max", hi)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-                raise InvalidScenario(f"{loc}: {name} = {v!r}: must be a number")
+                raise InvalidScenario(f"{loc}: {name} = {repr(v)[:60]}: must be a number")
+            if v is not None and v != v:  # a nan bound holds for every value: a check that cannot fail
+                raise InvalidScenario(f"{loc}: {name} = nan: must be a number, not nan")
         if lo is None and hi is None:
             raise InvalidScenario(f"{loc}: needs 'min' and/or 'max'")
         attack, defense = row.pop("attack", None), row.pop("defense", None)

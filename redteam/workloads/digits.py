@@ -60,8 +60,8 @@ class Digits(Workload):
             raise param_error(self, "model", v, "must be 'mlp' or 'cnn'")
 
     def validate_hidden(self, v: int) -> None:
-        if not (isinstance(v, int) and v >= 1):
-            raise param_error(self, "hidden", v, "must be an integer ≥ 1")
+        if not (isinstance(v, int) and 1 <= v <= 4096):  # a stated cap: a scenario cannot ask for a huge model
+            raise param_error(self, "hidden", v, "must be an integer in [1, 4096]")
 
     def validate_test_fraction(self, v: float) -> None:
         if not 0.05 <= v <= 0.9:

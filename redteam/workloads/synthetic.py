@@ -37,20 +37,22 @@ class Synthetic(Workload):
     input_kind: ClassVar[str] = "tabular"
 
     def validate_samples(self, v: int) -> None:
-        if v < 20:
-            raise param_error(self, "samples", v, "must be ≥ 20")
+        if not 20 <= v <= 10**6:
+            raise param_error(self, "samples", v, "must be in [20, 10**6]")
 
     def validate_features(self, v: int) -> None:
-        if v < 2:
-            raise param_error(self, "features", v, "must be ≥ 2")
+        if not 2 <= v <= 10**4:
+            raise param_error(self, "features", v, "must be in [2, 10**4]")
+        if self.samples * v > 2**26:  # the generated matrix, float64 while it is drawn: ≤ 512 MiB
+            raise param_error(self, "features", v, f"samples × features must be ≤ 2**26 (samples = {self.samples})")
 
     def validate_informative(self, v: int) -> None:
         if not 1 <= v <= self.features:
             raise param_error(self, "informative", v, f"must be in [1, features = {self.features}]")
 
     def validate_classes(self, v: int) -> None:
-        if v < 2 or v > 2**self.informative:
-            raise param_error(self, "classes", v, "must be ≥ 2 and ≤ 2**informative")
+        if v < 2 or v > min(2**self.informative, 1000):
+            raise param_error(self, "classes", v, "must be ≥ 2 and ≤ min(2**informative, 1000)")
 
     def validate_test_fraction(self, v: float) -> None:
         if not 0.05 <= v <= 0.9:
