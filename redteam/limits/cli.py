@@ -1,0 +1,80 @@
+"""``redteam limits FILE.toml [--out DIR] [--json]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "limits",
+        help="the seven failure modes of peer-to-peer LLM training, computed for a proposal's numbers",
+        description=textwrap.dedent(
+            """\
+            Read a limits file (see scenarios/limits.toml) and answer, from stated formulas and the
+            harness's own codecs, manifests and network simulator: (1) bytes and upload time per peer
+            per round for each model and codec; (2) round time, dropped work and idle time as peers
+            grow, under churn and a deadline; (3) the FedAvg accuracy gap under non-IID data, trained
+            here on digits; (4) training memory against consumer cards, with and without activation
+            checkpointing; (5) GPU-hours, energy and money to reach the target tokens, federated vs a
+            centralized cluster; (6) and (7) the security envelope and the provenance gate, summarised
+            from their results stores when [limits.results] names them.
+
+            Prints a summary; with --out writes DIR/limits.json (redteam.limits/v1) and DIR/limits.html
+            (plots). Every formula and its source is in README.md, "redteam limits"."""
+        ),
+        epilog="example:\n  redteam limits scenarios/limits.toml --out results/limits",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("file", help="limits TOML file (e.g. scenarios/limits.toml)")
+    p.add_argument("--out", metavar="DIR", help="write limits.json and limits.html into DIR")
+    p.add_argument("--json", action="store_true", help="print the JSON result to stdout instead of tables")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.set_defaults(handler=_cmd_limits)
+
+
+def _cmd_limits(args: argparse.Namespace) -> int:
+    from ..runner.outputs import check_output_dir, terminal_safe
+    from .config import load_limits
+
+    cfg = load_limits(args.file)
+    out = check_output_dir(args.out, option="--out", sqlite_file_ok=False) if args.out else None
+    t0 = time.perf_counter()
+
+    def progress(msg: str) -> None:
+        if not args.quiet:
+            print(f"[{time.perf_counter() - t0:5.1f} s] {msg}", file=sys.stderr, flush=True)
+
+    from .compute import compute_all
+    from .render import summary_lines, to_json, write_outputs
+
+    res = compute_all(cfg, progress)
+    if args.json:
+        sys.stdout.write(to_json(res))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+        from rich.text import Text
+
+        console = Console(width=None if sys.stdout.isatty() else 160, markup=False, highlight=False)
+        for title, header, rows in summary_lines(res):
+            if not header:
+                console.print(Text(terminal_safe(title)))
+                continue
+            t = Table(title=Text(terminal_safe(title)), title_justify="left")
+            for i, h in enumerate(header):
+                t.add_column(Text(h), justify="left" if i == 0 else "right", overflow="fold")
+            for row in rows:
+                t.add_row(*[Text(terminal_safe(c)) for c in row])
+            console.print(t)
+    if out is not None:
+        paths = write_outputs(res, Path(out))
+        print(f"JSON: {paths['json']}\nHTML report: {paths['html']}", file=sys.stderr if args.json else sys.stdout)
+    return 0

@@ -1,0 +1,162 @@
+"""Closed-form models of the seven failure modes: every formula once, with its source.
+
+Pure functions of numbers (no torch); :mod:`.compute` feeds them the project's own codec
+sizes, manifest sizes and simulator draws. Units are SI unless the name says otherwise:
+bytes, seconds, bits per second, FLOP/s, watts.
+
+Sources (REFERENCES.md §1.4 and §4 collect them):
+
+* bandwidth — a payload of P values at b bits is P·b/8 bytes before compression; an upload
+  takes bytes·8/uplink + RTT; the fluid minimum time to spread a file of S bytes from one
+  seed to N peers (Kumar & Ross, "Peer-to-peer file distribution", 2006) is
+  T_min = max{S/u_s, S/d_min, N·S/(u_s + Σu_i)};
+* stragglers — a synchronous round waits for max_i T_i, T_i = H·c_i + bytes_i/bw_i + RTT_i
+  with log-normal device speeds; for n i.i.d. draws the q-quantile of the maximum is
+  F⁻¹(q^{1/n}); for a log-normal with median m and log-σ s that is m·exp(s·Φ⁻¹(q^{1/n}));
+  for i.i.d. Exp(λ) the expected maximum is H_n/λ (harmonic number);
+* memory — mixed-precision Adam holds 16 bytes per parameter (2 weights + 2 gradients + 12
+  fp32 master, m, v: Rajbhandari et al., "ZeRO", SC 2020); activations per transformer
+  layer are s·b·h·(34 + 5·a·s/h) bytes with 16-bit activations and no recomputation, and
+  2·s·b·h bytes with full recomputation (Korthikanti et al., "Reducing Activation
+  Recomputation in Large Transformer Models", MLSys 2023, eqs. 1–2); the output logits
+  add 4·s·b·V bytes (fp32 for the loss);
+* compute and cost — training takes ≈ 6·P·D FLOPs for P parameters and D tokens (Kaplan
+  et al., "Scaling Laws for Neural Language Models", 2020); wall time = FLOPs / (N·peak·MFU);
+  GPU-hours × price and × power × PUE give money and energy.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+
+__all__ = [
+    "BITS",
+    "raw_payload_bytes",
+    "upload_seconds",
+    "p2p_distribution_seconds",
+    "lognormal_quantile",
+    "max_quantile_lognormal",
+    "expected_max_exponential",
+    "harmonic",
+    "bytes_per_param",
+    "activation_bytes",
+    "transformer_params",
+    "training_flops",
+    "cluster_seconds",
+    "gpu_cost",
+]
+
+#: bits per value of each numeric format
+BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8}
+
+
+def raw_payload_bytes(params: float, bits: int) -> float:
+    """P·b/8: the bytes of P values at b bits each, before any compression."""
+    return params * bits / 8.0
+
+
+def upload_seconds(nbytes: float, uplink_bps: float, rtt_s: float = 0.0) -> float:
+    """bytes·8 / uplink + RTT (uplink in bit/s)."""
+    if uplink_bps <= 0:
+        raise ValueError(f"uplink_bps = {uplink_bps!r}: must be > 0")
+    return nbytes * 8.0 / uplink_bps + rtt_s
+
+
+def p2p_distribution_seconds(size_bytes: float, seed_up_bps: float, peer_up_bps: list[float] | tuple[float, ...],
+                             min_down_bps: float) -> float:
+    """Kumar & Ross's fluid lower bound for one seed spreading S bytes to N peers:
+    max{S/u_s, S/d_min, N·S/(u_s + Σu_i)} (rates in bit/s, result in seconds)."""
+    n = len(peer_up_bps)
+    bits = size_bytes * 8.0
+    return max(bits / seed_up_bps, bits / min_down_bps, n * bits / (seed_up_bps + float(sum(peer_up_bps))))
+
+
+def lognormal_quantile(median: float, sigma: float, q: float) -> float:
+    """q-quantile of a log-normal with the given median and σ of its log: m·exp(σ·Φ⁻¹(q))."""
+    return median * math.exp(sigma * NormalDist().inv_cdf(q))
+
+
+def max_quantile_lognormal(median: float, sigma: float, n: int, q: float) -> float:
+    """q-quantile of the maximum of n i.i.d. log-normals: m·exp(σ·Φ⁻¹(q^{1/n}))."""
+    return lognormal_quantile(median, sigma, q ** (1.0 / n))
+
+
+def harmonic(n: int) -> float:
+    """H_n = 1 + 1/2 + … + 1/n."""
+    return float(sum(1.0 / k for k in range(1, n + 1)))
+
+
+def expected_max_exponential(n: int, rate: float) -> float:
+    """E[max of n i.i.d. Exp(λ)] = H_n/λ."""
+    return harmonic(n) / rate
+
+
+#: bytes per parameter of the optimizer state, by optimizer (fp32 state)
+_OPT_STATE = {"sgd": 0, "sgd_momentum": 4, "adamw": 8, "adamw_8bit": 2}
+
+
+def bytes_per_param(precision: str, optimizer: str) -> dict[str, int]:
+    """Memory per parameter of weights, gradients and optimizer state.
+
+    ``precision`` is the training precision: ``fp32``, or ``bf16``/``fp16`` mixed precision
+    (16-bit weights and gradients plus an fp32 master copy, ZeRO's accounting). Adam/AdamW
+    keep two fp32 moments (8 bytes), 8-bit Adam two 1-byte moments (2 bytes), SGD with
+    momentum one fp32 buffer. Mixed-precision AdamW: 2 + 2 + 4 + 8 = 16 bytes; fp32 AdamW:
+    4 + 4 + 8 = 16 bytes.
+    """
+    if precision not in ("fp32", "bf16", "fp16"):
+        raise ValueError(f"precision = {precision!r}: expected fp32, bf16 or fp16")
+    if optimizer not in _OPT_STATE:
+        raise ValueError(f"optimizer = {optimizer!r}: expected one of {sorted(_OPT_STATE)}")
+    w = 4 if precision == "fp32" else 2
+    master = 0 if precision == "fp32" else 4
+    return {"weights": w, "gradients": w, "master": master, "optimizer": _OPT_STATE[optimizer],
+            "total": w + w + master + _OPT_STATE[optimizer]}
+
+
+def activation_bytes(*, layers: int, hidden: int, heads: int, seq: int, batch: int, vocab: int,
+                     checkpointing: bool, precision: str = "bf16") -> float:
+    """Activation memory of one micro-batch (Korthikanti et al. 2023).
+
+    Without recomputation: L·s·b·h·(34 + 5·a·s/h) bytes (16-bit activations). With full
+    activation checkpointing: each layer keeps its 16-bit input, 2·s·b·h bytes, and one layer
+    at a time is recomputed in full during the backward pass. Plus 4·s·b·V for fp32 logits.
+    fp32 training doubles the per-layer figures (every stored tensor is twice as wide).
+    """
+    per_layer = seq * batch * hidden * (34 + 5 * heads * seq / hidden)
+    if checkpointing:
+        body = layers * 2 * seq * batch * hidden + per_layer
+    else:
+        body = layers * per_layer
+    if precision == "fp32":
+        body *= 2
+    return body + 4.0 * seq * batch * vocab
+
+
+def transformer_params(layers: int, hidden: int, vocab: int) -> float:
+    """≈ 12·L·h² + V·h: attention (4h²) and MLP (8h²) per layer, plus the embedding."""
+    return 12.0 * layers * hidden * hidden + vocab * hidden
+
+
+def training_flops(params: float, tokens: float) -> float:
+    """≈ 6·P·D (forward 2PD + backward 4PD)."""
+    return 6.0 * params * tokens
+
+
+def cluster_seconds(flops: float, gpus: int, peak_flops: float, mfu: float) -> float:
+    """FLOPs / (N · peak · MFU)."""
+    return flops / (gpus * peak_flops * mfu)
+
+
+def gpu_cost(gpu_hours: float, price_per_hour: float, power_w: float, pue: float = 1.0,
+             idle_hours: float = 0.0, idle_power_w: float = 0.0) -> dict[str, float]:
+    """Money and energy of ``gpu_hours`` busy and ``idle_hours`` idle GPU-hours.
+
+    Money bills every hour (busy or idle): (busy + idle)·price. Energy (kWh) =
+    (busy·P_busy + idle·P_idle)·PUE / 1000.
+    """
+    return {
+        "usd": (gpu_hours + idle_hours) * price_per_hour,
+        "kwh": (gpu_hours * power_w + idle_hours * idle_power_w) * pue / 1000.0,
+    }

@@ -1,0 +1,232 @@
+"""`redteam limits`: every formula against a hand-computed case, the analytic transport model
+against the simulator it summarises, the file's validation, and the command end to end."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from redteam.errors import InvalidScenario
+from redteam.limits import formulas as F
+from redteam.limits.compute import header_bytes, payload_bytes, simulate_rounds
+from redteam.limits.config import parse_limits
+
+MIN_DOC = {
+    "limits": {
+        "name": "t",
+        "target_tokens": 1e9,
+        "model": [{"name": "tiny", "layers": 2, "hidden": 64, "heads": 2, "vocab": 256}],
+        "gpu": [{"name": "card", "memory_gb": 8, "tflops": 10, "price_per_hour": 0.1, "power_w": 200}],
+        "peers": {"counts": [4, 16], "rounds": 5},
+        "noniid": {"run": False},
+    }
+}
+
+
+def _doc(**over):
+    import copy
+
+    d = copy.deepcopy(MIN_DOC)
+    for path, v in over.items():
+        t = d["limits"]
+        keys = path.split("__")
+        for k in keys[:-1]:
+            t = t.setdefault(k, {})
+        t[keys[-1]] = v
+    return d
+
+
+# ------------------------------------------------------------------ formulas, by hand
+def test_codec_bytes_by_hand():
+    from redteam.transport.compression import make_codec
+
+    # none: 16-byte header + 4·1000; bf16: 16 + 2·1000
+    assert payload_bytes(make_codec("none"), 1000, 1 << 30) == (4016, 1)
+    assert payload_bytes(make_codec("bf16"), 1000, 1 << 30) == (2016, 1)
+    # int8, blocks of 256: ceil(1000/256) = 4 fp32 scales (16 B) + 1000 int8 + 16 header = 1032
+    assert payload_bytes(make_codec("int8"), 1000, 1 << 30) == (1032, 1)
+    # top-1 %: k = 10; a bitmap (125 B) is not smaller than 4k = 40 B of uint32 indices, so
+    # 16 + 10·4 values + 10·4 indices = 96
+    assert payload_bytes(make_codec("topk", fraction=0.01), 1000, 1 << 30) == (96, 1)
+    # segments of 1024 values: 1024 + 1024 + 452 → 3 headers + 4·2500 = 10048
+    assert payload_bytes(make_codec("none"), 2500, 1024) == (10048, 3)
+
+
+def test_raw_bytes_and_upload_time():
+    assert F.raw_payload_bytes(7e9, 16) == 14e9  # 7B values at 16 bits
+    # 1 MB over 8 Mbit/s = 1 s, + 50 ms RTT
+    assert F.upload_seconds(1e6, 8e6, 0.05) == pytest.approx(1.05)
+
+
+def test_p2p_bound_by_hand():
+    # S = 1 MB = 8 Mbit; seed 8 Mbit/s → 1 s; slowest download 4 Mbit/s → 2 s;
+    # 4 peers at 2 Mbit/s: 4·8/(8 + 8) = 2 s → max = 2 s
+    assert F.p2p_distribution_seconds(1e6, 8e6, [2e6] * 4, 4e6) == pytest.approx(2.0)
+    # 16 peers: 16·8/(8 + 32) = 3.2 s dominates
+    assert F.p2p_distribution_seconds(1e6, 8e6, [2e6] * 16, 4e6) == pytest.approx(3.2)
+
+
+def test_adam_memory_per_parameter():
+    # ZeRO: mixed-precision Adam = 2 (bf16 weights) + 2 (grads) + 4 (fp32 master) + 8 (m, v) = 16
+    assert F.bytes_per_param("bf16", "adamw") == {"weights": 2, "gradients": 2, "master": 4, "optimizer": 8,
+                                                   "total": 16}
+    # fp32 Adam: 4 + 4 + 8 = 16 (no master copy)
+    assert F.bytes_per_param("fp32", "adamw")["total"] == 16
+    assert F.bytes_per_param("bf16", "adamw_8bit")["total"] == 2 + 2 + 4 + 2
+    assert F.bytes_per_param("fp32", "sgd")["total"] == 8
+    with pytest.raises(ValueError, match="optimizer"):
+        F.bytes_per_param("bf16", "lion")
+
+
+def test_activation_bytes_by_hand():
+    # L=2, h=4, a=2, s=8, b=1, V=10. Per layer: s·b·h·(34 + 5·a·s/h) = 32·(34 + 20) = 1728.
+    # plain: 2·1728 + logits 4·8·1·10 = 320 → 3776
+    kw = dict(layers=2, hidden=4, heads=2, seq=8, batch=1, vocab=10)
+    assert F.activation_bytes(checkpointing=False, **kw) == 3776
+    # checkpointed: inputs 2·(2·8·1·4) = 128, one layer recomputed 1728, logits 320 → 2176
+    assert F.activation_bytes(checkpointing=True, **kw) == 2176
+    # fp32 doubles the per-layer part: 2·3456 + 320
+    assert F.activation_bytes(checkpointing=False, precision="fp32", **kw) == 7232
+
+
+def test_straggler_quantile_of_a_lognormal():
+    # median of the max of 10 log-normals (median 2 s, σ 0.5): q = 0.5^(1/10) = 0.93303;
+    # Φ⁻¹(0.93303) = 1.4985 (Φ(1.5) = 0.93319); 2·exp(0.5·1.4985) = 2·2.1155 = 4.231
+    assert F.max_quantile_lognormal(2.0, 0.5, 10, 0.5) == pytest.approx(4.231, abs=2e-3)
+    assert F.max_quantile_lognormal(2.0, 0.5, 1, 0.5) == pytest.approx(2.0)
+    # H_10 = 2.9290 → E[max of 10 Exp(2)] = 1.4645
+    assert F.expected_max_exponential(10, 2.0) == pytest.approx(2.928968 / 2, rel=1e-6)
+
+
+def test_the_simulated_maximum_matches_the_quantile_formula():
+    """The straggler simulation's compute draws are log-normal: the median of their maximum
+    over 201 trials lands within 5 % of m·exp(σ·Φ⁻¹(0.5^{1/n}))."""
+    cfg = parse_limits(_doc())
+    row = simulate_rounds(cfg, 50, 0.01, 1e4, np.random.default_rng(1))
+    assert row["max_compute_median_simulated"] == pytest.approx(row["max_compute_median_analytic"], rel=0.05)
+
+
+def test_flops_and_cost_by_hand():
+    assert F.training_flops(1e9, 1e10) == 6e19
+    # 6e19 / (10 · 1e15 · 0.5) = 12000 s
+    assert F.cluster_seconds(6e19, 10, 1e15, 0.5) == pytest.approx(12000.0)
+    # 10 busy + 5 idle hours at $2/h; energy (10·700 + 5·70)·1.2/1000 = 8.82 kWh
+    c = F.gpu_cost(10, 2.0, 700, 1.2, idle_hours=5, idle_power_w=70)
+    assert c == {"usd": 30.0, "kwh": pytest.approx(8.82)}
+
+
+def test_header_bytes_match_real_manifests():
+    """The header model reproduces the transport's manifests exactly, and its signed DSSE
+    envelopes within a few bytes (DER signature lengths vary), across digit-count changes."""
+    from redteam.transport.chunking import build_manifest
+    from redteam.transport.signing import derive_key, sign_update
+
+    key = derive_key(np.random.default_rng(5))
+    for payload_len in (64, 64 * 7 + 3, 64 * 12, 64 * 123):
+        m, _ = build_manifest(b"\1" * payload_len, round=0, client=0, parent_digest="0" * 64, codec="none",
+                              chunk_size=64, nonce=b"\0" * 16)
+        assert header_bytes("none", payload_len, 64, False) == len(m.to_json())
+        assert header_bytes("none", payload_len, 64, True) == pytest.approx(len(sign_update(m, key)), abs=4)
+
+
+def test_digit_sum():
+    from redteam.limits.compute import _digit_sum
+
+    # 1..9 → 9, 10..99 → 180, 100..123 → 72
+    assert _digit_sum(123) == 9 + 180 + 72
+    assert _digit_sum(0) == 0
+
+
+# ------------------------------------------------------------------ the model vs the simulator
+@pytest.mark.parametrize("codec", ["none", "int8"])
+def test_analytic_bytes_and_round_time_agree_with_the_simulator(codec):
+    """A real federation (digits, 5 clients, no loss, no relays, no deadline): the bytes it
+    puts on the wire and its simulated round time agree with the limits model's prediction —
+    payload_size + header model per client, and max_i(H·c_i + bytes/bw_i + RTT_i) over the
+    simulator's own device draws — to 1e-9: the model is exact where the simulator is deterministic."""
+    from redteam.federation.loop import Federation
+    from redteam.scenario import parse_scenario
+    from redteam.transport.compression import make_codec
+
+    doc = {"scenario": {"name": "agree", "seed": 3}, "workload": {"name": "digits"},
+           "federation": {"clients": 5, "rounds": 2, "local_steps": 2, "batch_size": 8, "lr": 0.1,
+                          "partition": "iid"},
+           "transport": {"codec": codec, "chunk_size": 1024,
+                         "network": {"bandwidth_mbps": 2.0, "latency_ms": 30.0, "compute_s_per_step": 0.05}}}
+    fed = Federation(parse_scenario(doc, file="t.toml"), device="cpu")
+    res = fed.run()
+    c = make_codec(codec)
+    payload, _ = payload_bytes(c, fed.spec.dim, 1 << 30)
+    per_client = payload + header_bytes(c.spec, payload, 1024, False)
+    net = fed.network
+    t = 2 * net.compute_s + per_client / net.bytes_per_s + net.latency_s
+    for rec in res.records:
+        assert rec.bytes_on_wire == 5 * per_client
+        assert rec.sim_time_s == pytest.approx(float(t.max()), rel=1e-9)
+
+
+# ------------------------------------------------------------------ the file
+@pytest.mark.parametrize("over, match", [
+    ({"peers__counts": [0]}, r"\[limits.peers\].counts = \[0\]"),
+    ({"training__precision": "fp8"}, r"precision = 'fp8': must be one of fp32, bf16, fp16"),
+    ({"training__mfu": 1.5}, r"mfu = 1.5: must be a finite number > 0 and ≤ 1"),
+    ({"peers__gpu": "nope"}, r"\[limits.peers\].gpu = 'nope': must be one of card"),
+    ({"transport__codecs": [{"name": "zip"}]}, r"codecs\[0\]"),
+    ({"bogus": 1}, r"unknown key 'bogus'"),
+    ({"model": [{"name": "m", "layers": 2, "hidden": 10, "heads": 3}]}, r"heads = 3: must divide hidden = 10"),
+    ({"target_tokens": float("nan")}, r"target_tokens = nan"),
+])
+def test_bad_limits_files_are_one_line_errors(over, match):
+    with pytest.raises(InvalidScenario, match=match) as exc:
+        parse_limits(_doc(**over), file="l.toml")
+    assert "\n" not in str(exc.value) and str(exc.value).startswith("l.toml: ")
+
+
+def test_a_scenario_file_is_not_a_limits_file():
+    with pytest.raises(InvalidScenario, match=r"no \[limits\] table"):
+        parse_limits({"scenario": {"name": "x"}}, file="s.toml")
+
+
+# ------------------------------------------------------------------ end to end
+def test_limits_command_end_to_end(tmp_path, capsys):
+    from redteam.cli import main
+
+    f = tmp_path / "l.toml"
+    f.write_text(
+        '[limits]\nname = "e2e"\ntarget_tokens = 1e9\n'
+        '[[limits.model]]\nname = "tiny"\nlayers = 2\nhidden = 64\nheads = 2\nvocab = 256\n'
+        '[[limits.model]]\nname = "big"\nparams = 7e9\nlayers = 32\nhidden = 4096\nheads = 32\n'
+        '[[limits.gpu]]\nname = "card"\nmemory_gb = 8\ntflops = 10\nprice_per_hour = 0.1\npower_w = 200\n'
+        '[limits.peers]\ncounts = [4, 16]\nrounds = 5\n[limits.noniid]\nrun = false\n'
+        '[limits.transport]\ncodecs = [{ name = "int8" }]\nsample_params = 4096\n'
+    )
+    out = tmp_path / "out"
+    assert main(["limits", str(f), "--out", str(out), "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "(1) bandwidth" in text and "(5) cost" in text and "does not fit on card" in text
+    data = json.loads((out / "limits.json").read_text())
+    assert data["format"] == "redteam.limits/v1"
+    big = next(r for r in data["bandwidth"]["rows"] if r["model"] == "big")
+    # int8 of 7e9 values in segments of 2^30: 7 segments (6 full + 1 partial)
+    assert big["payload_bytes"] == payload_bytes(__import__("redteam.transport.compression", fromlist=["x"])
+                                                 .make_codec("int8"), 7e9, 1 << 30)[0]
+    html = (out / "limits.html").read_text()
+    assert html.count("<img") == 4 and "Kumar" in html  # 4 plots (no non-IID run), formulas listed
+    # a bad file: exit 2, one line, nothing written
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[limits]\nname = 3\n")
+    assert main(["limits", str(bad), "--out", str(tmp_path / "o2")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert not (tmp_path / "o2").exists()
+
+
+def test_shipped_limits_file_parses():
+    from pathlib import Path
+
+    from redteam.limits import load_limits
+
+    cfg = load_limits(Path(__file__).parent.parent / "scenarios" / "limits.toml")
+    assert [m.name for m in cfg.models] == ["125M", "1B", "7B", "70B"]
+    assert {g.memory_gb for g in cfg.gpus} >= {8, 12, 16, 24}
