@@ -100,12 +100,17 @@ class TrimmedMean(Aggregator):
 
     * ``b``: how many values are dropped **per side** of every coordinate (a count,
       not a fraction); the mean is over the n − 2b values left. It must satisfy
-      2b < n. Yin et al. require b ≥ f (the reference code uses b = f). Unset means
-      the largest b the round allows, ⌊(n − 1)/2⌋ (for odd n this is the median);
-      the value used is reported in ``Decision.state["b"]``.
+      2b < n. Yin et al. require b ≥ f (the reference code uses b = f). In a scenario
+      run an unset b is **derived from the scenario's malicious count**: b = f (the
+      builder fills it in before the run, so the run's parameters show the value; see
+      ``from_malicious_count``). A bare call with b unset is refused: the rule never
+      falls back to the median on its own. The value used is reported in
+      ``Decision.state["b"]``.
     """
 
     b: int | None = None
+    #: fields that a scenario fills with its malicious count f when left unset
+    from_malicious_count: ClassVar[tuple[str, ...]] = ("b",)
     summary: ClassVar[str] = "Coordinate-wise trimmed mean, b values dropped per side"
     reference: ClassVar[str] = "Yin et al., ICML 2018"
 
@@ -114,7 +119,10 @@ class TrimmedMean(Aggregator):
 
     def resolve_b(self, n: int) -> int:
         """The count per side used for a round of ``n`` updates; errors name the bound."""
-        b = (n - 1) // 2 if self.b is None else self.b
+        if self.b is None:
+            raise param_error(self, "b", None, "is unset: give the count dropped per side (Yin et al. need "
+                                               "b ≥ f); in a scenario it defaults to the malicious count")
+        b = self.b
         if 2 * b >= n:
             raise param_error(self, "b", self.b, f"must satisfy 2b < n (n = {n}, so b ≤ {(n - 1) // 2})")
         return b

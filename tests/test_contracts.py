@@ -102,7 +102,7 @@ def test_defense_variants_meet_the_contract(name, params):
 def test_pipelines_meet_the_contract():
     d = redteam.defense
     for pipe in (
-        Pipeline((d("sanity"), d("norm_bound", mode="reject", multiplier=2.0), d("clip"), d("trimmed_mean"),
+        Pipeline((d("sanity"), d("norm_bound", mode="reject", multiplier=2.0), d("clip"), d("trimmed_mean", b=1),
                   d("dp_noise", sigma=0.01))),
         Pipeline((d("bucketing"), d("median"))),
         Pipeline((d("loss_check"), d("centered_clipping"))),

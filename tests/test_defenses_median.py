@@ -49,10 +49,13 @@ def test_trimmed_mean_worked_example():
     assert torch.allclose(TrimmedMean(b=0)(x).aggregate, t([22.0, -8.8]))
 
 
-def test_trimmed_mean_default_b_is_largest_allowed():
+def test_trimmed_mean_unset_b_is_refused_not_the_median():
+    # issue 8 §3: no silent fallback to the median; b comes from the user or the scenario
     x = t([[1], [2], [30], [40]])
-    # n = 4 -> b = (4 - 1)//2 = 1 -> mean of 2 and 30 = 16
-    dec = TrimmedMean()(x)
+    with pytest.raises(InvalidParameter, match=r"TrimmedMean\.b = None: is unset"):
+        TrimmedMean()(x)
+    # n = 4, b = 1 -> mean of 2 and 30 = 16
+    dec = TrimmedMean(b=1)(x)
     assert dec.state["b"] == 1 and dec.aggregate.tolist() == [16.0]
 
 

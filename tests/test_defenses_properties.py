@@ -28,6 +28,8 @@ SYMMETRIC = ["median", "trimmed_mean", "krum", "multi_krum", "bulyan", "geometri
 def build(name: str):
     if name == "clip_big":
         return redteam.defense("clip", bound=1e6)
+    if name == "trimmed_mean":  # b comes from the scenario's malicious count; stand in f = 1
+        return redteam.defense(name, b=1)
     return redteam.defense(name)
 
 

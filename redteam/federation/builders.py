@@ -18,17 +18,31 @@ __all__ = ["build_defense", "build_attack", "build_workload", "build_compressor"
 _SERVER_DATA_RULES = {"FLTrust": None, "LossCheck": None, "CosineFilter": ("against", "root")}
 
 
-def build_defense(specs: "Sequence[PluginSpec] | PluginSpec") -> Defense:
-    """One spec → that defense; several → a :class:`~redteam.pipeline.Pipeline`."""
+def build_defense(specs: "Sequence[PluginSpec] | PluginSpec", n_malicious: int | None = None) -> Defense:
+    """One spec → that defense; several → a :class:`~redteam.pipeline.Pipeline`.
+
+    A defense class may list in ``from_malicious_count`` the fields that default to the
+    scenario's malicious count (trimmed mean's ``b``); when ``n_malicious`` is given,
+    each such field the spec leaves unset is filled with it before the defense is built."""
     if not isinstance(specs, (list, tuple)):
         specs = (specs,)
-    stages = [DEFENSES.create(s.name, s.params) for s in specs]
+    stages = [DEFENSES.create(s.name, _with_malicious_count(s, n_malicious)) for s in specs]
     for s, st in zip(specs, stages):
         if not isinstance(st, Defense):
             raise InvalidParameter(f"defense {s.name!r} is not a redteam.Defense (got {type(st).__name__})")
     if len(stages) == 1:
         return stages[0]
     return Pipeline(tuple(stages))
+
+
+def _with_malicious_count(spec: "PluginSpec", n_malicious: int | None) -> dict:
+    params = dict(spec.params)
+    if n_malicious is None:
+        return params
+    for name in getattr(DEFENSES.get(spec.name), "from_malicious_count", ()):
+        if params.get(name) is None:
+            params[name] = int(n_malicious)
+    return params
 
 
 def build_attack(spec: "PluginSpec") -> Attack:

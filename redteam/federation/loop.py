@@ -155,7 +155,7 @@ class Federation:
         self.is_malicious[self.malicious] = True
 
         self.attack = build_attack(self.attack_spec)
-        self.defense = build_defense(scenario.defense)
+        self.defense = build_defense(scenario.defense, n_malicious=fed.n_malicious)
         self.upper_defense = build_defense(scenario.hierarchy.upper_defense)
         self.hierarchy = Hierarchy(scenario.hierarchy.fan_out, scenario.hierarchy.depth, scenario.hierarchy.grouping)
 
@@ -370,6 +370,6 @@ class Federation:
             defense=sc.defense_label(),
             records=records,
             malicious=list(self.malicious),
-            params={"attack": dict(self.attack_spec.params)},
+            params={"attack": dict(self.attack_spec.params), "defense": repr(self.defense)},
             wall_time_s=time.perf_counter() - t_run,
         )

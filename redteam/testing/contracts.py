@@ -100,7 +100,10 @@ def _resolve(obj: Any, params: Mapping[str, Any] | None, kind: str, base: type) 
 
     registry = ATTACKS if kind == "attack" else DEFENSES
     if isinstance(obj, str):
-        plugin = registry.create(obj, params or {})
+        params = dict(params or {})
+        for name in getattr(registry.get(obj), "from_malicious_count", ()):
+            params.setdefault(name, 1)  # a scenario fills these with its malicious count; stand in f = 1
+        plugin = registry.create(obj, params)
         label = f"{kind} {obj!r} ({registry.info(obj).target})"
     elif isinstance(obj, type):
         plugin = obj(**dict(params or {}))
