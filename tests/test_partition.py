@@ -55,3 +55,35 @@ def test_bad_parameters(kind, kw, msg):
 def test_too_few_samples():
     with pytest.raises(InvalidParameter, match="cannot give"):
         partition(LABELS[:10], 8, "iid", np.random.default_rng(0))
+
+
+def test_label_sorted_by_hand():
+    # labels [2, 0, 1, 0, 2, 1]: stable argsort = [1, 3, 2, 5, 0, 4]; three contiguous
+    # shards [1, 3], [2, 5], [0, 4] → client 0 holds the 0s, client 1 the 1s, client 2 the 2s
+    from redteam.federation.partition import partition
+
+    labels = np.array([2, 0, 1, 0, 2, 1])
+    parts = partition(labels, 3, "label_sorted", np.random.default_rng(0), min_samples=1)
+    assert [p.tolist() for p in parts] == [[1, 3], [2, 5], [0, 4]]
+
+
+def test_deal_iid_overlap_by_hand():
+    # 4 clients, client 3 malicious: the honest 0, 1, 2 split the label-sorted pool of 8
+    # (shards of 3, 3, 2: [0,1,2] [3,4,5] [6,7] of the sorted order); client 3 draws
+    # ⌊8/4⌋ = 2 items from all 8 (overlapping the honest shards)
+    from redteam.federation.partition import deal
+
+    labels = np.array([0, 0, 1, 1, 2, 2, 3, 3])
+    parts = deal(labels, 4, [3], "label_sorted", "iid_overlap", np.random.default_rng(0), min_samples=1)
+    assert [p.tolist() for p in parts[:3]] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert len(parts[3]) == 2 and len(set(parts[3].tolist())) == 2 and set(parts[3].tolist()) <= set(range(8))
+    same = deal(labels, 4, [3], "label_sorted", "partition", np.random.default_rng(0), min_samples=1)
+    assert [p.tolist() for p in same] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+def test_deal_rejects_unknown_rule():
+    from redteam.errors import InvalidParameter
+    from redteam.federation.partition import deal
+
+    with pytest.raises(InvalidParameter, match="malicious_data = 'all'"):
+        deal(np.zeros(8), 2, [1], "iid", "all", np.random.default_rng(0))
