@@ -160,6 +160,9 @@ def _straggler_fig(res: dict[str, Any]) -> Any:
         pts = [r for r in rows if r["model"] == model]
         ax.plot([r["peers"] for r in pts], [r["round_s_no_deadline"] / r["compute_s_median"] for r in pts],
                 marker="o", label=f"{model}: no deadline")
+    first = [r for r in rows if r["model"] == rows[0]["model"]]
+    ax.plot([r["peers"] for r in first], [r["max_compute_median_analytic"] / r["compute_s_median"] for r in first],
+            linestyle="--", color="black", label="compute only: m·exp(σ·Φ⁻¹(0.5^{1/n}))/m")
     ax.set_xscale("log")
     ax.set_xlabel("peers")
     ax.set_ylabel("round time ÷ median compute time")
