@@ -17,7 +17,9 @@ round, at least one coordinate; 10 % here). MeanShift's bandwidth follows scikit
 ``estimate_bandwidth`` rule at ``bandwidth_quantile`` (scikit-learn's default 0.3; the
 mean distance to the ⌊0.3·n⌋-th nearest vector, at least the nearest other one) unless
 ``bandwidth`` is given; when
-every sign vector is the same (bandwidth 0) they form one cluster. Among equally large
+every sign vector is the same they form one cluster, and when the estimate is 0 while
+they differ (every vector has enough exact copies) each distinct vector is a cluster,
+MeanShift's limit as the bandwidth goes to 0. Among equally large
 clusters the one whose centre is nearest the coordinate median of all sign vectors
 wins. The paper's variants that add a similarity feature to the sign statistics are
 not implemented. M is the midpoint median for an even count. Non-finite updates are
@@ -82,8 +84,10 @@ def largest_meanshift_cluster(features: "torch.Tensor", bandwidth: float | None 
     x = np.ascontiguousarray(features.detach().cpu().numpy(), dtype=np.float64)
     if bandwidth is None:
         bandwidth = estimate_bandwidth(features, quantile)
-    if n <= 1 or not bandwidth > 1e-12 or float(np.ptp(x, axis=0).max()) == 0.0:
+    if n <= 1 or float(np.ptp(x, axis=0).max()) == 0.0:
         labels = [0] * n
+    elif not bandwidth > 1e-12:  # MeanShift's limit as the bandwidth → 0: one mode per distinct vector
+        labels = [int(v) for v in torch.unique(features.detach().cpu(), dim=0, return_inverse=True)[1]]
     else:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

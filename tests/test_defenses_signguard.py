@@ -1,0 +1,84 @@
+"""SignGuard (Xu et al., ICDCS 2022): norm window, sign-statistics clusters, clipping."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from defenses.signguard import SignGuard, estimate_bandwidth, sign_statistics
+from redteam.errors import InvalidParameter
+from redteam.types import ServerContext
+
+# Five 4-D updates, sign statistics on all coordinates (coordinate_fraction = 1):
+#   rows 0, 1, 2, 4 are all positive -> (1, 0, 0); row 3 is all negative -> (0, 0, 1).
+# Norms: √30, √7, √7, √7, 80 -> median M = √7. Window [0.1·√7, 3·√7] = [0.26, 7.94]: row 4 is out.
+# Bandwidth: k = max(2, ⌊0.3·5⌋) = 2 -> distance to the nearest other vector: 0 for the four
+#   positive rows, √2 for row 3 -> mean √2/5 ≈ 0.283 < √2, so MeanShift finds two clusters and
+#   the largest is {0, 1, 2, 4}.
+# S = window ∩ cluster = {0, 1, 2}. Row 0 is clipped to √7 (factor √(7/30)), rows 1, 2 are kept:
+#   aggregate = (√(7/30)·(1, 2, 3, 4) + (2, 1, 1, 1) + (1, 1, 2, 1)) / 3.
+X = torch.tensor([[1.0, 2.0, 3.0, 4.0], [2.0, 1.0, 1.0, 1.0], [1.0, 1.0, 2.0, 1.0], [-1.0, -1.0, -1.0, -2.0],
+                  [40.0, 40.0, 40.0, 40.0]], dtype=torch.float64)
+
+
+def test_worked_example():
+    dec = SignGuard(coordinate_fraction=1.0)(X)
+    f = math.sqrt(7 / 30)
+    expected = [(f * a + b + c) / 3 for a, b, c in zip([1, 2, 3, 4], [2, 1, 1, 1], [1, 1, 2, 1])]
+    assert dec.accepted.tolist() == [True, True, True, False, False]
+    assert dec.aggregate.tolist() == pytest.approx(expected, rel=1e-12)
+    assert dec.state["median_norm"] == pytest.approx(math.sqrt(7))
+    assert dec.state["bandwidth"] == pytest.approx(math.sqrt(2) / 5)
+    assert "outside the largest MeanShift cluster" in dec.reasons[3]
+    assert "norm 80 outside [0.1, 3] × median norm 2.64575" in dec.reasons[4]
+    assert dec.weights.tolist() == pytest.approx([f / 3, 1 / 3, 1 / 3, 0.0, 0.0])
+
+
+def test_sign_statistics_and_bandwidth_by_hand():
+    x = torch.tensor([[1.0, 0.0, -2.0, 3.0], [0.0, 0.0, 0.0, -1.0]])
+    # row 0: 2 positive, 1 zero, 1 negative of 4; row 1: 0, 3, 1
+    assert sign_statistics(x).tolist() == [[0.5, 0.25, 0.25], [0.0, 0.75, 0.25]]
+    # on columns 1 and 3 only: row 0 (0, 3) -> (1/2, 1/2, 0); row 1 (0, −1) -> (0, 1/2, 1/2)
+    assert sign_statistics(x, torch.tensor([1, 3])).tolist() == [[0.5, 0.5, 0.0], [0.0, 0.5, 0.5]]
+    # two vectors at distance √(0.5² + 0.5²): k = 2 -> both nearest-other distances are √0.5
+    f = sign_statistics(x)
+    assert estimate_bandwidth(f, 0.3) == pytest.approx(math.sqrt(0.5))
+
+
+def test_coordinate_subset_comes_from_the_generator():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(8, 200, generator=g)
+    dec = SignGuard()(x)
+    assert dec.state["coordinates"] == 20  # ⌈0.1 · 200⌉
+    a = SignGuard()(x, ServerContext.default(x, generator=torch.Generator().manual_seed(5)))
+    b = SignGuard()(x, ServerContext.default(x, generator=torch.Generator().manual_seed(5)))
+    assert torch.equal(a.aggregate, b.aggregate)
+
+
+def test_sign_flipped_minority_is_rejected():
+    # 7 honest rows around a common positive direction, 3 sign-flipped copies
+    g = torch.Generator().manual_seed(0)
+    honest = 1.0 + 0.3 * torch.randn(7, 500, generator=g)
+    x = torch.cat([honest, -honest[:3]])
+    dec = SignGuard()(x)
+    assert dec.accepted.tolist() == [True] * 7 + [False] * 3
+
+
+def test_identical_rows_form_one_cluster_and_nonfinite_is_rejected():
+    x = torch.tensor([[1.0, -2.0, 0.5]] * 4 + [[math.nan, 0.0, 0.0]])
+    dec = SignGuard(coordinate_fraction=1.0)(x)
+    assert dec.accepted.tolist() == [True] * 4 + [False] and dec.reasons == {4: "non-finite update"}
+    assert dec.aggregate.tolist() == pytest.approx([1.0, -2.0, 0.5])
+    big = torch.full((5, 6), 3.0e38)
+    assert bool(torch.isfinite(SignGuard()(big).aggregate).all())
+
+
+def test_parameters_are_checked():
+    with pytest.raises(InvalidParameter, match=r"SignGuard.upper = 0.05: must be ≥ lower = 0.1"):
+        SignGuard(upper=0.05)
+    with pytest.raises(InvalidParameter, match=r"SignGuard.coordinate_fraction = 0"):
+        SignGuard(coordinate_fraction=0)
+    with pytest.raises(InvalidParameter, match=r"SignGuard.bandwidth = -1"):
+        SignGuard(bandwidth=-1)
