@@ -189,8 +189,9 @@ NORM = {"name": "norm_bound", "mode": "reject", "bound": 5.0}
     ("int8", "scale", "norm "),
     ("fp16", "scale", "norm "),
     ("none", "dim", "undecodable update: none payload: dimension 4294967295, expected 84"),
-    ("topk", "density", "undecodable update: topk payload: header count 84, topk(fraction=0.1, indices='auto') "
-                        "at d=84 expects 8"),
+    # refused at the header, before any chunk is fetched: topk(fraction=0.1) at d = 84 keeps k = round(8.4) = 8,
+    # a bitmap of ⌈84/8⌉ = 11 bytes beats 8·4: 16 + 8·4 + 11 = 59 bytes; the dense abuse sends 16 + 84·4 + 11 = 363
+    ("topk", "density", "bad header: announced payload of 363 bytes exceeds the codec's 59 bytes for this model"),
 ])
 def test_codec_abuse_is_caught_after_decoding(codec, mode, reason):
     fed, res, _ = _run(("signed_chunks", NORM, "mean"), {"name": "codec_abuse", "mode": mode}, rounds=1,

@@ -218,6 +218,7 @@ def transport(fed: "Federation", rnd: int, ch: Chunked, actx: AttackContext | No
     tx = fed.network.transmit(
         rnd, uploads, sc.federation.local_steps, fed._np["network"], tamper,
         parent_digest=digest, headers=headers, open_header=open_header if verifier is not None else None,
+        max_payload_len=fed.compressor.codec.payload_size(fed.spec.dim),
     )
     if keep:
         history[rnd] = tuple(
@@ -419,4 +420,8 @@ def evaluate(fed: "Federation", params: torch.Tensor) -> tuple[float, float, dic
     extra: dict[str, Any] = {}
     if fed._targeted is not None:
         extra["asr"] = fed.trainer.evaluate(params, *fed._targeted)[0]
+    if getattr(fed, "_false_trigger", None) is not None:
+        extra["false_trigger"] = fed.trainer.evaluate(params, *fed._false_trigger)[0]
+    if getattr(fed, "_targeted_parts", None):
+        extra["asr_parts"] = {k: fed.trainer.evaluate(params, *xy)[0] for k, xy in fed._targeted_parts.items()}
     return acc, loss, extra

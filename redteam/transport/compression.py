@@ -49,6 +49,13 @@ Wire format (all little-endian). A 16-byte header, then the body::
 ``len(payload)`` is exactly what travels. Decoding treats the bytes as untrusted: any
 inconsistency, and any non-finite decoded value, raises :class:`~redteam.errors.DecodeError`
 with a one-line reason; parsing uses ``struct`` and ``numpy.frombuffer`` only.
+
+Decode bound (every codec, a receiver-side convention, not part of any paper): with
+``max_abs = M`` set, a payload that decodes to any value with ``|x| > M`` is a
+``DecodeError`` naming the value and the coordinate. Nothing is clamped when encoding:
+the bound is what the receiver accepts. The default, ``None``, is no bound (the codecs
+as published). :meth:`Codec.payload_size` is the exact length of a valid payload, so a
+receiver can also refuse an announced length beyond it before fetching anything.
 """
 
 from __future__ import annotations
@@ -132,8 +139,17 @@ class Codec:
     summary: ClassVar[str] = ""
     reference: ClassVar[str] = ""
 
+    #: Largest |value| a decoded payload may hold (None = no bound); see the module docstring.
+    max_abs: float | None = None
+
     def __post_init__(self) -> None:
         _check_fields(self)
+
+    def validate_max_abs(self, v: float | None) -> None:
+        if v is None:
+            return
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise param_error(self, "max_abs", v, "must be a finite number > 0 (or unset: no bound)")
 
     @property
     def spec(self) -> str:
@@ -221,6 +237,12 @@ class Codec:
         if not bool(finite.all()):
             j = int((~finite).nonzero()[0, 0])
             raise DecodeError(f"{self.name} payload: non-finite value {float(out[j])} at coordinate {j}")
+        if self.max_abs is not None:
+            over = out.abs() > self.max_abs
+            if bool(over.any()):
+                j = int(over.nonzero()[0, 0])
+                raise DecodeError(f"{self.name} payload: value {float(out[j])!r} at coordinate {j} exceeds "
+                                  f"max_abs = {self.max_abs!r}")
         return out
 
     def decode_many(self, payloads: Sequence[bytes | None], d: int) -> tuple["torch.Tensor", list[str | None]]:
@@ -489,7 +511,8 @@ class _Sparse(Codec):
     @property
     def spec(self) -> str:
         size = f"k={self.k!r}" if self.k is not None else f"fraction={self.fraction or self.default_fraction!r}"
-        extra = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.name not in ("fraction", "k")]
+        extra = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
+                 if f.name not in ("fraction", "k") and not (f.name == "max_abs" and self.max_abs is None)]
         return f"{self.name}({', '.join([size, *extra])})"
 
     def expected_count(self, d: int) -> int:

@@ -247,6 +247,7 @@ class Network:
         parent_digest: str | None = None,
         headers: Mapping[int, bytes] | None = None,
         open_header: HeaderOpener | None = None,
+        max_payload_len: int | None = None,
     ) -> TransmitResult:
         """Send every client's manifest and chunks to the aggregator; see the module docstring.
 
@@ -256,7 +257,16 @@ class Network:
         bytes) the headers are announced through the tamper hook and opened with
         ``open_header(client, header) -> UpdateManifest``, which raises a
         :class:`~redteam.errors.RedteamError` naming the problem to refuse one.
+
+        ``max_payload_len`` (bytes; e.g. ``codec.payload_size(d)``, the exact length of a
+        valid payload for the model) refuses a manifest or header that announces a longer
+        payload before any of its chunks is fetched or reassembled: the client is dropped
+        with the reason (and, for a header, the refusal is a detection).
         """
+        if max_payload_len is not None and (isinstance(max_payload_len, bool)
+                                            or not isinstance(max_payload_len, int) or max_payload_len < 0):
+            raise InvalidParameter(f"Network.transmit: max_payload_len = {max_payload_len!r}: "
+                                   "must be an integer ≥ 0 (or None)")
         if isinstance(local_steps, bool) or not isinstance(local_steps, int) or local_steps < 0:
             raise InvalidParameter(f"Network.transmit: local_steps = {local_steps!r}: must be an integer ≥ 0")
         for c in uploads:
@@ -288,7 +298,8 @@ class Network:
             res.bytes_on_wire += mlen
             manifest_done[c] = ready[c] + mlen / self.bytes_per_s[c]
             finish[c] = manifest_done[c] + self.latency_s[c]
-            problem = self._manifest_problem(c, manifest, round, parent_digest if headers is None else None)
+            problem = self._manifest_problem(c, manifest, round, parent_digest if headers is None else None,
+                                             max_payload_len)
             if problem is not None:
                 res.dropped[c] = f"bad manifest: {problem}"
             else:
@@ -320,7 +331,7 @@ class Network:
             alternates: dict[int, list[UpdateManifest]] = {}
         else:
             manifests, alternates = self._announce(round, valid, headers, relay, slot, tamper, open_header,
-                                                   parent_digest, res)
+                                                   parent_digest, res, max_payload_len)
             valid = [c for c in valid if c in manifests]
         alt_got: dict[tuple[int, int], dict[int, bytes]] = {}
         # a header may announce more chunks than its author scheduled (a forged one): such
@@ -457,6 +468,7 @@ class Network:
         open_header: HeaderOpener | None,
         parent_digest: str | None,
         res: TransmitResult,
+        max_payload_len: int | None = None,
     ) -> tuple[dict[int, UpdateManifest], dict[int, list[UpdateManifest]]]:
         """The announcement: headers through the hook, then opened. Returns the accepted
         manifest per client and the further (equivocating) manifests."""
@@ -483,7 +495,7 @@ class Network:
 
         def default_open(c: int, h: bytes) -> UpdateManifest:
             m = UpdateManifest.from_json(h)
-            problem = self._manifest_problem(c, m, round, parent_digest)
+            problem = self._manifest_problem(c, m, round, parent_digest, max_payload_len)
             if problem is not None:
                 raise ManifestError(problem)
             return m
@@ -503,6 +515,10 @@ class Network:
                 if not isinstance(m, UpdateManifest):
                     raise InvalidParameter(f"Network.transmit: open_header returned {type(m).__name__}, "
                                            "expected an UpdateManifest")
+                too_big = _size_problem(m, max_payload_len)
+                if too_big is not None:
+                    problems.append(f"{too_big} ({_via(r, c)})")
+                    continue
                 if all(m != o for _, o in opened):
                     opened.append((h, m))
             more = f"; {len(problems) - 1} more" if len(problems) > 1 else ""
@@ -531,9 +547,13 @@ class Network:
         return False
 
     # -- helpers ------------------------------------------------------------------------
-    def _manifest_problem(self, c: int, manifest: object, round: int, parent: str | None) -> str | None:
+    def _manifest_problem(self, c: int, manifest: object, round: int, parent: str | None,
+                          max_payload_len: int | None = None) -> str | None:
         if not isinstance(manifest, UpdateManifest):
             return f"expected an UpdateManifest, got {type(manifest).__name__}"
+        too_big = _size_problem(manifest, max_payload_len)  # before hashing thousands of digests
+        if too_big is not None:
+            return too_big
         try:
             manifest.validate()
         except ManifestError as exc:
@@ -574,6 +594,13 @@ class Network:
             if cand.size:
                 out[j] = cand[min(int(u[j] * cand.size), cand.size - 1)]
         return out
+
+
+def _size_problem(m: UpdateManifest, limit: int | None) -> str | None:
+    n = m.payload_len
+    if limit is None or not isinstance(n, int) or isinstance(n, bool) or n <= limit:
+        return None
+    return f"announced payload of {n} bytes exceeds the codec's {limit} bytes for this model"
 
 
 def _key(d: object) -> tuple[int, int] | None:
