@@ -169,8 +169,11 @@ class Federation:
         root_k = min(int(wanted), len(pool) // 10)
         perm = self._np["split"].permutation(len(pool))
         root_idx, pool = np.sort(perm[:root_k]), np.sort(perm[root_k:])
+        # partitions read labels; a workload with sample groups (text: each window's package)
+        # is partitioned by those instead, so that by_group (and the label skews) act on groups
+        labels = (ds.groups if ds.groups is not None else ds.train_y).numpy()[pool]
         parts = deal(
-            ds.train_y.numpy()[pool], n, self.malicious, fed.partition, fed.malicious_data_rule, self._np["split"],
+            labels, n, self.malicious, fed.partition, fed.malicious_data_rule, self._np["split"],
             alpha=fed.alpha, shards_per_client=fed.shards_per_client, beta=fed.quantity_beta,
             min_samples=fed.min_samples,
         )
@@ -203,6 +206,8 @@ class Federation:
         # targeted / backdoor attacks say which test inputs measure their success (ASR);
         # the baseline is scored on the same inputs, so its ASR is the natural rate
         self._targeted = None
+        self._false_trigger: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._targeted_parts: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         for candidate in (self.attack, build_attack(scenario.attack)):
             targeted_test = getattr(candidate, "targeted_test", None)
             if targeted_test is None:
@@ -212,6 +217,20 @@ class Federation:
             except AttributeError:  # a composition without a targeted part
                 continue
             self._targeted = (tx.to(self.device), ty.to(self.device))
+            # a text backdoor's clean prompts (no trigger): its false-trigger rate
+            for part in (candidate, *getattr(candidate, "parts", ())):
+                clean_test = getattr(part, "clean_test", None)
+                if clean_test is not None:
+                    cx, cy = clean_test(ds.test_x, ds.test_y)
+                    self._false_trigger = (cx.to(self.device), cy.to(self.device))
+                    break
+            # a distributed trigger (DBA): the success rate of each local trigger alone as well
+            for part in (candidate, *getattr(candidate, "parts", ())):
+                targeted_parts = getattr(part, "targeted_parts", None)
+                if targeted_parts is not None:
+                    self._targeted_parts = {k: (px.to(self.device), py.to(self.device))
+                                            for k, (px, py) in targeted_parts(ds.test_x, ds.test_y).items()}
+                    break
             break
 
         model = self.workload.build_model(self._torch["init"])

@@ -19,6 +19,11 @@ array per client, disjoint, and every client gets at least ``min_samples`` sampl
   client i getting shard i — each client holds one or two classes (Karimireddy, He &
   Jaggi, "Byzantine-Robust Learning on Heterogeneous Datasets via Bucketing", ICLR 2022,
   their non-IID setting). Deterministic: no randomness is drawn.
+* ``by_group``: the labels are *group* ids (the text workload passes each window's
+  package, ``Dataset.groups``) and every group goes whole to one client: groups in
+  decreasing size (ties in a random order) each to the client holding the fewest samples
+  so far (longest-processing-time greedy), so clients get whole packages and similar
+  amounts of data. Needs at least as many groups as clients.
 
 :func:`deal` says how the malicious clients get their data (``malicious_data``):
 ``"partition"`` deals them their parts of the same partition as everyone (which takes
@@ -38,9 +43,9 @@ from ..errors import InvalidParameter
 
 __all__ = ["partition", "deal", "PARTITIONS", "MALICIOUS_DATA"]
 
-PARTITIONS = ("iid", "dirichlet", "shards", "quantity", "label_sorted")
+PARTITIONS = ("iid", "dirichlet", "shards", "quantity", "label_sorted", "by_group")
 MALICIOUS_DATA = ("partition", "iid_overlap")
-Kind = Literal["iid", "dirichlet", "shards", "quantity", "label_sorted"]
+Kind = Literal["iid", "dirichlet", "shards", "quantity", "label_sorted", "by_group"]
 
 
 def partition(
@@ -67,6 +72,8 @@ def partition(
         return [np.sort(p) for p in np.array_split(order, n_clients)]
     if kind == "iid":
         return [np.sort(p) for p in np.array_split(rng.permutation(n), n_clients)]
+    if kind == "by_group":
+        return _by_group(labels, n_clients, rng, min_samples)
     if kind == "dirichlet":
         if not alpha > 0:
             raise InvalidParameter(f"partition: alpha = {alpha}: must be > 0")
@@ -121,6 +128,25 @@ def deal(
     for c in mal:
         out[c] = np.sort(rng.choice(len(labels), size=size, replace=False))
     return out
+
+
+def _by_group(labels: np.ndarray, n_clients: int, rng: np.random.Generator, min_samples: int) -> list[np.ndarray]:
+    groups, sizes = np.unique(labels, return_counts=True)
+    if len(groups) < n_clients:
+        raise InvalidParameter(f"partition: by_group: {len(groups)} groups cannot give {n_clients} clients "
+                               "a group each; use fewer clients or another partition")
+    shuffled = rng.permutation(len(groups))
+    order = shuffled[np.argsort(-sizes[shuffled], kind="stable")]
+    load = np.zeros(n_clients, dtype=np.int64)
+    owner = np.empty(len(groups), dtype=np.int64)
+    for g in order:
+        c = int(np.argmin(load))  # lowest load, lowest index on ties
+        owner[g] = c
+        load[c] += sizes[g]
+    if int(load.min()) < min_samples:
+        raise InvalidParameter(f"partition: by_group left a client with {int(load.min())} < {min_samples} samples")
+    client_of = owner[np.searchsorted(groups, labels)]
+    return [np.flatnonzero(client_of == c) for c in range(n_clients)]
 
 
 def _dirichlet(

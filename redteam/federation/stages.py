@@ -422,6 +422,8 @@ def evaluate(fed: "Federation", params: torch.Tensor) -> tuple[float, float, dic
         extra["asr"] = fed.trainer.evaluate(params, *fed._targeted)[0]
     if getattr(fed, "_false_trigger", None) is not None:
         extra["false_trigger"] = fed.trainer.evaluate(params, *fed._false_trigger)[0]
+    if getattr(fed, "_false_trigger", None) is not None:
+        extra["false_trigger"] = fed.trainer.evaluate(params, *fed._false_trigger)[0]
     if getattr(fed, "_targeted_parts", None):
         extra["asr_parts"] = {k: fed.trainer.evaluate(params, *xy)[0] for k, xy in fed._targeted_parts.items()}
     return acc, loss, extra
