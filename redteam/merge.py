@@ -34,8 +34,9 @@ flags are left as their defense decided: the refusal is the merge's, not the def
 Defense memory across rounds (:class:`DefenseMemory`). A stateful defense's state belongs
 to the clients it describes, not to the merge node that happened to hold them:
 
-* per-client parts — a state with an ``"ids"`` list (client ids), whose tensors (and
-  lists) of that length are one row per client, like FoolsGold's history — are rebuilt
+* per-client parts — a state with an ``"ids"`` list (client ids), whose matrices (tensors
+  of ≥ 2 dimensions) and lists of that length are one row per client, like FoolsGold's
+  history — are rebuilt
   for every bottom node from its members: each member's row comes from the state of the
   node that member was last merged in (churned-out clients keep theirs);
 * node-level parts (centered clipping's previous aggregate) stay with the node key when
@@ -299,8 +300,8 @@ def _rebuild(own: Mapping[str, Any], member_states: list[Mapping[str, Any]], mem
 
 
 def _rows_of(value: Any, k: int) -> bool:
-    if isinstance(value, torch.Tensor):
-        return value.ndim >= 1 and int(value.shape[0]) == k
+    if isinstance(value, torch.Tensor):  # a (k, …) matrix; a 1-D tensor is a node-level vector
+        return value.ndim >= 2 and int(value.shape[0]) == k
     return isinstance(value, list) and len(value) == k
 
 

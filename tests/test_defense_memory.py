@@ -1,0 +1,110 @@
+"""Stateful defenses keep their per-client memory by client id, so a hierarchy that
+regroups clients every round (grouping = "random") does not hand one client's memory to
+another (issue 8 §1). Both federation tests fail on the loop before this change, where a
+node's state belonged to last round's members of the node with the same key."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from defenses.clipping import CenteredClipping
+from defenses.foolsgold import FoolsGold
+from redteam.federation.loop import Federation
+from redteam.merge import DefenseMemory
+from redteam.scenario import parse_scenario
+
+
+def _doc(defense):
+    return {"scenario": {"seed": 2}, "workload": {"name": "digits", "hidden": 8},
+            "federation": {"clients": 8, "rounds": 4, "local_steps": 1, "batch_size": 8, "lr": 0.1,
+                           "partition": "iid"},
+            "hierarchy": {"fan_out": 2, "depth": 2, "grouping": "random"},
+            "attack": "none", "defense": defense}
+
+
+def _spy(monkeypatch, cls):
+    calls = []
+    original = cls.decide
+
+    def decide(self, updates, ctx):
+        dec = original(self, updates, ctx)
+        calls.append((ctx.round, tuple(ctx.client_ids), updates.clone(), dict(ctx.state), dec.aggregate.clone()))
+        return dec
+
+    monkeypatch.setattr(cls, "decide", decide)
+    return calls
+
+
+def test_foolsgold_history_follows_the_client(monkeypatch):
+    calls = _spy(monkeypatch, FoolsGold)
+    Federation(parse_scenario(_doc("foolsgold"))).run()
+    assert len({c[0] for c in calls}) == 4
+    sums: dict[int, torch.Tensor] = {}
+    moved = 0
+    for rnd, ids, upd, state, _ in calls:
+        held = list(state.get("ids", []))
+        for row, c in enumerate(ids):
+            if c in sums:
+                assert c in held, f"round {rnd}: client {c}'s history missing from its node's state"
+                assert torch.allclose(state["history"][held.index(c)], sums[c], atol=1e-6)
+                moved += 1
+        for row, c in enumerate(ids):
+            sums[c] = sums.get(c, torch.zeros_like(upd[row])) + upd[row]
+    assert moved == 8 * 3
+
+
+def test_centered_clipping_starts_from_its_members_last_centres(monkeypatch):
+    # rule: with random regrouping a node starts from the mean, over its members, of the
+    # aggregate of the node each member was in last round
+    calls = _spy(monkeypatch, CenteredClipping)
+    Federation(parse_scenario(_doc({"name": "centered_clipping", "tau": 0.5}))).run()
+    last: dict[int, torch.Tensor] = {}
+    checked = 0
+    for rnd, ids, _, state, out in calls:
+        if rnd > 0:
+            want = torch.stack([last[c].to(torch.float64) for c in sorted(ids)]).mean(0).to(torch.float32)
+            assert torch.allclose(state["previous"], want, atol=1e-7), f"round {rnd}, node {ids}"
+            checked += 1
+        for c in ids:
+            last[c] = out
+    assert checked == 2 * 3
+
+
+def test_memory_by_hand():
+    # round 1: node 0.0 = {0, 1} (FoolsGold-like history rows h0, h1; centre a),
+    #          node 0.1 = {2, 3} (rows h2, h3; centre b)
+    # round 2: node 0.0 = {0, 2}: ids [0, 2], rows [h0, h2], centre (a + b)/2
+    #          node 0.1 = {1, 3, 4}: ids [1, 3] (4 is new), centre (a + b)/2 (4 brings nothing)
+    a, b = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 3.0])
+    h = {c: torch.full((2,), float(c)) for c in range(4)}
+    mem = DefenseMemory(regrouped=True)
+    mem.record({"0.0": {"ids": [0, 1], "history": torch.stack([h[0], h[1]]), "previous": a},
+                "0.1": {"ids": [2, 3], "history": torch.stack([h[2], h[3]]), "previous": b},
+                "1.0": {"upper": 1}}, [[0, 1], [2, 3]])
+    s0 = mem.start("0.0", [0, 2])
+    assert s0["ids"] == [0, 2] and torch.equal(s0["history"], torch.stack([h[0], h[2]]))
+    assert torch.allclose(s0["previous"], torch.tensor([0.5, 1.5]))
+    s1 = mem.start("0.1", [1, 3, 4])
+    assert s1["ids"] == [1, 3] and torch.equal(s1["history"], torch.stack([h[1], h[3]]))
+    assert torch.allclose(s1["previous"], torch.tensor([0.5, 1.5]))
+    assert mem.start("1.0", []) == {"upper": 1}
+    assert mem.start("0.0", [7]) == {}
+
+
+def test_fixed_grouping_keeps_node_state():
+    # flat / region / hash: a node's own state is what it gets back (node-level parts by key)
+    mem = DefenseMemory(regrouped=False)
+    st = {"previous": torch.tensor([1.0])}
+    mem.record({"0.0": st}, [[0, 1, 2]])
+    assert mem.start("0.0", [0, 2]) == st
+    assert mem.start("0.0", []) == st
+
+
+@pytest.mark.parametrize("grouping", ["region"])
+def test_pipeline_state_is_rebuilt_stage_by_stage(grouping):
+    mem = DefenseMemory(regrouped=True)
+    mem.record({"0.0": {"0": {}, "1": {"ids": [5], "history": torch.ones(1, 2)}},
+                "0.1": {"0": {}, "1": {"ids": [6], "history": torch.zeros(1, 2)}}}, [[5], [6]])
+    s = mem.start("0.0", [6, 5])
+    assert s["1"]["ids"] == [5, 6] and torch.equal(s["1"]["history"], torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
