@@ -11,7 +11,8 @@ scales a poisoned update to just inside a norm bound (Sun et al. 2019; Wang et a
 
 Hooks run in the order given: ``poison_data`` chains the data attacks, ``craft_updates``
 feeds each update attack the rows the previous one produced (as ``own_updates``), and the
-transport, provenance and hierarchy hooks chain likewise. The composite is omniscient,
+transport, provenance and hierarchy hooks chain likewise; at most one part may shape the
+local training (``training_hook``, e.g. ``neurotoxin`` after a ``backdoor`` data part). The composite is omniscient,
 adaptive or targeted if any part is; ASR comes from the first part that defines
 ``targeted_test``.
 """
@@ -129,6 +130,14 @@ class Compose(Attack):
             if "hierarchy" in p.surfaces:
                 return p.choose_identity(client, n_groups)
         return str(client)
+
+    def training_hook(self, ctx: AttackContext) -> Any:
+        """The hook of the part acting on the training surface (at most one may)."""
+        shaping = [p for p in self.parts if "training" in p.surfaces]
+        if len(shaping) > 1:
+            raise param_error(self, "attacks", tuple(type(p).__name__ for p in shaping),
+                              "at most one part may shape the local training (Surface.TRAINING)")
+        return shaping[0].training_hook(ctx) if shaping else None
 
     def tamper_subaggregate(self, aggregate: "torch.Tensor", group: int, members: tuple[int, ...],
                             ctx: AttackContext) -> "torch.Tensor":

@@ -2,15 +2,17 @@
 
 * ``neurotoxin``: Zhang, Panda, Song, Yang, Mahoney, Mittal, Ramchandran & Gonzalez,
   "Neurotoxin: Durable Backdoors in Federated Learning", ICML 2022. The attacker
-  estimates the benign update from the previous global update, and confines its
-  (backdoored) update to the coordinates *outside* that estimate's top-k by magnitude,
-  which honest clients rarely touch and so rarely overwrite: the backdoor lasts longer.
-  The released scripts keep ``gradmask_ratio = 0.99`` of the coordinates over all layers
-  at once, i.e. mask the top 1 %: ``topk_fraction = 0.01`` here.
-  Stated simplification: the paper projects every local gradient step onto the mask;
-  here the trained update is masked once (identical for plain SGD with a fixed mask up
-  to how the masked steps change later gradients). Without a previous global update
-  (round 0) nothing is masked. Combine with ``backdoor`` on the data surface.
+  estimates the benign update and confines its (backdoored) training to the
+  coordinates *outside* that estimate's top-k by magnitude, which honest clients rarely
+  touch and so rarely overwrite: the backdoor lasts longer. The released scripts keep
+  ``gradmask_ratio = 0.99`` of the coordinates over all layers at once, i.e. mask the
+  top 1 %: ``topk_fraction = 0.01`` here. ``masking = "per_step"`` (default, the paper's
+  Algorithm 1 and the released code) multiplies the mask into the gradient of **every
+  local step** (``Surface.TRAINING``), so later steps compensate on the free coordinates;
+  ``"after_training"`` zeroes the trained update once (the earlier simplification, kept
+  for scenarios that use it — it loses whatever the masked coordinates carried). See
+  :class:`Neurotoxin` for the mask's source and the optional norm projection.
+  Combine with ``backdoor`` on the data surface (``compose``).
 * ``sparse_capture`` [ours, REFERENCES.md §3.3 hypothesis 1]: with client-side top-k,
   coordinate j only receives values from the honest clients whose top-k support holds
   j (h_j of them). The attacker sends its k values on the coordinates with the fewest
@@ -28,16 +30,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, Callable, ClassVar, Literal
 
 from redteam.types import Attack, AttackContext, Surface, param_error
 
-from ._common import check_knowledge, honest_rows, rand, work
+from ._common import check_knowledge, fit_norm, honest_rows, rand, work
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Neurotoxin", "SparseCapture", "ScaleInflation", "EFFlush", "topk_mask"]
+    from redteam.types import TrainingHook
+
+__all__ = ["Neurotoxin", "SparseCapture", "ScaleInflation", "EFFlush", "topk_mask", "ball_projection"]
 
 
 def topk_mask(values: "torch.Tensor", k: int) -> "torch.Tensor":
@@ -57,32 +61,118 @@ def _fraction(obj: object, name: str, v: float) -> None:
         raise param_error(obj, name, v, "must be in (0, 1]")
 
 
+def ball_projection(radius: float) -> "Callable[[torch.Tensor, torch.Tensor], torch.Tensor]":
+    """Rows W (f, d) ↦ G + (W − G)·min(1, r/‖W − G‖): the L2 ball of radius r around G."""
+    import torch
+
+    r = float(radius)
+
+    def project(rows: "torch.Tensor", global_params: "torch.Tensor") -> "torch.Tensor":
+        diff = rows - global_params[None, :]
+        norm = torch.linalg.vector_norm(diff, dim=1, keepdim=True, dtype=torch.float64)
+        scale = torch.where(norm > r, r / norm.clamp_min(1e-300), torch.ones_like(norm))
+        return global_params[None, :] + diff * scale.to(diff.dtype)
+
+    return project
+
+
 @dataclass(frozen=True, slots=True)
 class Neurotoxin(Attack):
-    """Zero the own update on the top-k coordinates of the previous global update.
+    """Train (or send) only outside the top-k coordinates of the benign estimate.
 
     * ``topk_fraction``: share of coordinates masked, by magnitude of the benign
-      estimate (default 0.01 = the released ``gradmask_ratio`` 0.99).
+      estimate (default 0.01 = the released ``gradmask_ratio`` 0.99);
+    * ``masking``: ``"per_step"`` (default: a gradient mask on every local step) or
+      ``"after_training"`` (zero the trained update once);
+    * ``mask_from``: the benign estimate. ``"previous_update"`` (default, the paper's
+      text): the previous round's global update. ``"clean_gradient"`` (the released
+      code computes the gradient of clean data on the current model): the hook has no
+      data or model of its own, so the stand-in is the mean of the honest clients'
+      updates of the previous round (omniscient) — the clean data's descent direction
+      as the benign population saw it;
+    * ``norm_bound``: optional L2 radius r; with per-step masking the local model is
+      projected onto ‖w − w_g‖ ≤ r after every step (the released code's norm bound),
+      after training the masked update is scaled down to ‖Δ‖ ≤ r.
+
+    Without an estimate (round 0, no previous update) nothing is masked.
     """
 
     topk_fraction: float = 0.01
-    surfaces: ClassVar[tuple[str, ...]] = (Surface.UPDATES,)
-    summary: ClassVar[str] = "Neurotoxin: confine the (backdoored) update to coordinates outside the benign top-k"
+    masking: Literal["per_step", "after_training"] = "per_step"
+    mask_from: Literal["previous_update", "clean_gradient"] = "previous_update"
+    norm_bound: float | None = None
+    summary: ClassVar[str] = "Neurotoxin: confine the (backdoored) training to coordinates outside the benign top-k"
     reference: ClassVar[str] = "Zhang et al., ICML 2022"
+
+    @property
+    def surfaces(self) -> tuple[str, ...]:  # type: ignore[override]
+        return (Surface.TRAINING,) if self.masking == "per_step" else (Surface.UPDATES,)
+
+    @property
+    def omniscient(self) -> bool:  # type: ignore[override]
+        return self.mask_from == "clean_gradient"
 
     def validate_topk_fraction(self, v: float) -> None:
         if not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1):
             raise param_error(self, "topk_fraction", v, "must be in [0, 1)")
 
+    def validate_masking(self, v: str) -> None:
+        if v not in ("per_step", "after_training"):
+            raise param_error(self, "masking", v, "must be 'per_step' or 'after_training'")
+
+    def validate_mask_from(self, v: str) -> None:
+        if v not in ("previous_update", "clean_gradient"):
+            raise param_error(self, "mask_from", v, "must be 'previous_update' or 'clean_gradient'")
+
+    def validate_norm_bound(self, v: float | None) -> None:
+        if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                  and math.isfinite(v) and v > 0):
+            raise param_error(self, "norm_bound", v, "must be a finite number > 0, or unset")
+
+    def estimate(self, ctx: AttackContext) -> "torch.Tensor | None":
+        """The benign estimate (d,) whose top-k coordinates are masked, or ``None``."""
+        if self.mask_from == "previous_update":
+            return ctx.previous_update
+        honest = ctx.visible_updates
+        if honest.shape[0] == 0:
+            return None
+        est = work(honest).mean(dim=0)
+        return est if bool((est != 0).any()) else None
+
+    def free_mask(self, ctx: AttackContext) -> "torch.Tensor | None":
+        """Bool (d,): ``True`` on the coordinates the attacker may change (``None``: all)."""
+        est = self.estimate(ctx)
+        if est is None:
+            return None
+        d = ctx.own_updates.shape[1]
+        k = math.ceil(self.topk_fraction * d - 1e-12)
+        return ~topk_mask(est.to(device=ctx.own_updates.device), k)
+
+    def training_hook(self, ctx: AttackContext) -> "TrainingHook | None":
+        from redteam.types import TrainingHook
+
+        if self.masking != "per_step":
+            return None
+        free = self.free_mask(ctx)
+        proj = ball_projection(self.norm_bound) if self.norm_bound is not None else None
+        if free is None and proj is None:
+            return None
+        mask = None if free is None else free.to(ctx.global_params.dtype)
+        return TrainingHook(grad_mask=mask, project=proj)
+
     def craft_updates(self, ctx: AttackContext) -> "torch.Tensor":
         own = ctx.own_updates
-        prev = ctx.previous_update
-        if prev is None:
-            return own.clone()
-        d = own.shape[1]
-        k = math.ceil(self.topk_fraction * d - 1e-12)
-        masked = topk_mask(prev.to(device=own.device), k)
-        return own.masked_fill(masked[None, :], 0)
+        if self.masking == "per_step":
+            return own.clone()  # shaped during training already
+        free = self.free_mask(ctx)
+        out = own.clone() if free is None else own.masked_fill(~free[None, :], 0)
+        if self.norm_bound is not None and out.shape[0]:
+            import torch
+
+            over = torch.linalg.vector_norm(out, dim=1, dtype=torch.float64) > self.norm_bound
+            if bool(over.any()):
+                out = torch.where(over[:, None].to(out.device), fit_norm(out, self.norm_bound, out), out)
+        return out
 
 
 @dataclass(frozen=True, slots=True)

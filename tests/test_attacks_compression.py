@@ -24,14 +24,15 @@ def make_ctx(honest, own, *, previous=None, seed=0) -> AttackContext:
 
 
 def test_neurotoxin_masks_the_benign_top_k():
+    # the after-training variant (the per-step default is in test_attacks_training.py)
     # previous global update (5, −1, 0.5, −4, 2); top ⌈0.4·5⌉ = 2 by magnitude: indices 0 and 3
     ctx = make_ctx([[0.0] * 5], [[1.0] * 5, [2.0] * 5], previous=[5.0, -1.0, 0.5, -4.0, 2.0])
-    out = redteam.attack("neurotoxin", topk_fraction=0.4).craft_updates(ctx)
+    out = redteam.attack("neurotoxin", topk_fraction=0.4, masking="after_training").craft_updates(ctx)
     assert out.tolist() == [[0.0, 1.0, 1.0, 0.0, 1.0], [0.0, 2.0, 2.0, 0.0, 2.0]]
     # default 1 %: ⌈0.05⌉ = 1 coordinate (index 0) masked
-    assert redteam.attack("neurotoxin").craft_updates(ctx)[0].tolist() == [0.0, 1.0, 1.0, 1.0, 1.0]
+    assert redteam.attack("neurotoxin", masking="after_training").craft_updates(ctx)[0].tolist() == [0.0, 1.0, 1.0, 1.0, 1.0]
     # round 0 (no previous update): nothing to estimate from, the update passes unchanged
-    assert torch.equal(redteam.attack("neurotoxin").craft_updates(make_ctx([[0.0]], [[3.0]])), torch.tensor([[3.0]]))
+    assert torch.equal(redteam.attack("neurotoxin", masking="after_training").craft_updates(make_ctx([[0.0]], [[3.0]])), torch.tensor([[3.0]]))
     with pytest.raises(InvalidParameter, match=r"Neurotoxin\.topk_fraction = 1\.0: must be in \[0, 1\)"):
         redteam.attack("neurotoxin", topk_fraction=1.0)
 

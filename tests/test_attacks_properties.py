@@ -35,7 +35,11 @@ UPDATE_ATTACKS = {
     "norm_evasion": {"bound": 2.0},
     "cosine_evasion": {"threshold": 0.2, "bound": 2.0},
     "adaptive": {"attack": "alie"},
-    "neurotoxin": {"topk_fraction": 0.3},
+    "neurotoxin": {"topk_fraction": 0.3, "masking": "after_training"},
+    "agr_tailored": {"search": "grid", "evals": 4},
+    "alie_opt": {"evals": 6},
+    "ipm_opt": {"evals": 6},
+    "constrain_and_scale": {"norm_bound": 50.0},
     "sparse_capture": {"k_fraction": 0.5},
     "scale_inflation": {},
     "ef_flush": {},
@@ -135,7 +139,8 @@ def test_every_catalog_attack_is_registered_with_summary_and_reference():
     for name in ["gaussian", "nonfinite", "alie", "ipm", "min_max", "min_sum", "fang_trim", "fang_krum",
                  "mimic", "free_rider", "sybil", "label_flip", "backdoor", "model_replacement",
                  "norm_hug", "norm_evasion", "cosine_evasion", "adaptive",
-                 "neurotoxin", "sparse_capture", "scale_inflation", "ef_flush"]:
+                 "neurotoxin", "sparse_capture", "scale_inflation", "ef_flush",
+                 "agr_tailored", "alie_opt", "ipm_opt", "constrain_and_scale", "edge_case", "dba"]:
         info = redteam.ATTACKS.info(name)
         assert info.summary and info.reference, name
         cls = redteam.ATTACKS.get(name)

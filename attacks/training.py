@@ -1,0 +1,330 @@
+"""Attacks that shape the malicious clients' own local training (``Surface.TRAINING``).
+
+The engine applies a :class:`~redteam.types.TrainingHook` inside the batched local
+training of the malicious rows: an extra loss term, a gradient mask and a projection
+after every step. (Neurotoxin's per-step mask lives in ``attacks.compression``.)
+
+* ``constrain_and_scale`` — Bagdasaryan, Veit, Hua, Estrin & Shmatikov, "How To Backdoor
+  Federated Learning", AISTATS 2020, §4 "constrain-and-scale". *Constrain*: train on
+  L = α·L_class + (1 − α)·L_ano with L_ano = ‖w − G‖₂, the distance the anomaly
+  detector (a norm bound) looks at (the released code's ``model_dist_norm_var``). The
+  hook adds the extra loss to the class loss, so the objective is that L divided by α:
+  L_class + ((1 − α)/α)·‖w − G‖ — the same minimiser and direction; the step size is the
+  attacker's ``lr`` on this form. *Scale*: the trained update X − G is boosted by γ,
+  by default the model-replacement γ = n/η (with the weighting of the server's rule,
+  ``attacks.replacement``), and capped so that ‖γ(X − G)‖ ≤ S when ``norm_bound`` S is
+  given (the paper: scale up to the detector's bound). Combine with ``backdoor`` (data).
+* ``edge_case`` — Wang, Sreenivasan, Rajput, Vishwakarma, Agarwal, Sohn, Lee &
+  Papailiopoulos, "Attack of the Tails: Yes, You Really Can Backdoor Federated
+  Learning", NeurIPS 2020: edge-case (rare, tail-of-the-distribution) inputs labelled as
+  the target, trained with projected gradient descent: after every local step the model
+  is projected onto ‖w − G‖ ≤ ε (the released script projects every
+  ``project_frequency = 10`` iterations and at the end, with ``--eps 2`` for CIFAR-10).
+  Optional model replacement scales the PGD update by n/η afterwards (their "PGD with
+  replacement"). **Stand-in for the edge-case set**: the digits workload has no ARDIS or
+  Southwest-airline set, so the edge cases are the attacker's own samples of class
+  ``source`` rotated by ``rotation``·90° (rare-looking: digits never appear rotated),
+  labelled ``target`` — the ARDIS "7 → 1" task with rotation standing in for the
+  foreign handwriting. ASR is measured on the rotated test samples of ``source``.
+* ``dba`` — Xie, Huang, Chen & Li, "DBA: Distributed Backdoor Attacks against Federated
+  Learning", ICLR 2020: a global pixel trigger split into local triggers; each colluding
+  client stamps only its own local trigger, the full trigger is used at test time. ASR
+  is measured on the full trigger (``targeted_test``) and reported per local trigger
+  (``targeted_parts``). Local trigger of client c: ``local_triggers[c mod K]`` (the paper gives
+  attacker i the i-th part; ``poison_data`` sees only the client id, and client ids of
+  attackers are drawn at random, so two attackers can share a part when f ≥ 2 — the
+  run's per-part ASR shows it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from redteam.types import Attack, AttackContext, ClientData, Surface, TrainingHook, param_error
+
+from ._common import fit_norm
+from .backdoor import Backdoor
+from .compression import ball_projection
+from .label_flip import poison_indices
+from .replacement import ModelReplacement
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["ConstrainAndScale", "EdgeCase", "DBA", "DBA_PARTS", "anomaly_loss"]
+
+
+def _positive(obj: Any, name: str, v: float | None, allow_none: bool = True) -> None:
+    if v is None and allow_none:
+        return
+    if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0):
+        raise param_error(obj, name, v, "must be a finite number > 0" + (", or unset" if allow_none else ""))
+
+
+def _steps(obj: Any, v: int | None) -> None:
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+        raise param_error(obj, "steps", v, "must be an integer ≥ 1, or unset (the federation's)")
+
+
+def anomaly_loss(weight: float):
+    """``(w, G, x, y) ↦ weight·‖w − G‖₂`` — vmap-able (torch ops only)."""
+    import torch
+
+    c = float(weight)
+
+    def extra(flat: "torch.Tensor", global_params: "torch.Tensor", xb: "torch.Tensor",
+              yb: "torch.Tensor") -> "torch.Tensor":
+        diff = flat - global_params
+        # sqrt of a sum of squares with a tiny floor: differentiable at w = G (first step)
+        return c * torch.sqrt((diff * diff).sum() + 1e-12)
+
+    return extra
+
+
+def _boost(ctx: AttackContext, boost: float | None, weighting: str, norm_bound: float | None,
+           rows: "torch.Tensor") -> "torch.Tensor":
+    """rows × γ (model replacement's γ, or ``boost``), each capped at norm ``norm_bound``."""
+    import torch
+
+    gamma = ModelReplacement(boost=boost, weighting=weighting).factors(ctx)  # type: ignore[arg-type]
+    out = rows * gamma[:, None].to(rows.dtype)
+    if norm_bound is not None and out.shape[0]:
+        over = torch.linalg.vector_norm(out, dim=1, dtype=torch.float64) > norm_bound
+        if bool(over.any()):
+            out = torch.where(over[:, None].to(out.device), fit_norm(out, norm_bound, out), out)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ConstrainAndScale(Attack):
+    """Bagdasaryan et al.'s constrain-and-scale (see the module docstring).
+
+    * ``alpha`` ∈ (0, 1]: weight of the class loss (1 disables the anomaly term, as the
+      released ``params.yaml``'s ``alpha_loss: 1.0``; default 0.5 is our choice);
+    * ``lr``, ``steps``: the attacker's local learning rate and steps (unset: the
+      federation's; the released code retrains 15 epochs at ``poison_lr`` 0.05);
+    * ``boost`` (unset: n/η), ``weighting`` (as ``model_replacement``), ``norm_bound`` S
+      (unset: no cap).
+    """
+
+    alpha: float = 0.5
+    lr: float | None = None
+    steps: int | None = None
+    boost: float | None = None
+    weighting: Literal["defense", "uniform", "samples"] = "defense"
+    norm_bound: float | None = None
+    surfaces: ClassVar[tuple[str, ...]] = (Surface.TRAINING, Surface.UPDATES)
+    adaptive: ClassVar[bool] = True
+    summary: ClassVar[str] = "Constrain-and-scale: train with an anomaly (distance) loss, then boost up to the bound"
+    reference: ClassVar[str] = "Bagdasaryan et al., AISTATS 2020"
+
+    def validate_alpha(self, v: float) -> None:
+        if not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1):
+            raise param_error(self, "alpha", v, "must be in (0, 1]")
+
+    def validate_lr(self, v: float | None) -> None:
+        _positive(self, "lr", v)
+
+    def validate_steps(self, v: int | None) -> None:
+        _steps(self, v)
+
+    def validate_boost(self, v: float | None) -> None:
+        _positive(self, "boost", v)
+
+    def validate_weighting(self, v: str) -> None:
+        if v not in ("defense", "uniform", "samples"):
+            raise param_error(self, "weighting", v, "must be 'defense', 'uniform' or 'samples'")
+
+    def validate_norm_bound(self, v: float | None) -> None:
+        _positive(self, "norm_bound", v)
+
+    def training_hook(self, ctx: AttackContext) -> TrainingHook:
+        extra = anomaly_loss((1 - self.alpha) / self.alpha) if self.alpha < 1 else None
+        return TrainingHook(extra_loss=extra, lr=self.lr, steps=self.steps)
+
+    def craft_updates(self, ctx: AttackContext) -> "torch.Tensor":
+        return _boost(ctx, self.boost, self.weighting, self.norm_bound, ctx.own_updates)
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeCase(Attack):
+    """Edge-case backdoor with PGD (Wang et al., NeurIPS 2020; see the module docstring).
+
+    * ``source`` (7) → ``target`` (1): the ARDIS task; ``rotation``: quarter turns (1);
+    * ``fraction`` of the attacker's ``source`` samples turned into edge cases (1.0),
+      ``mode`` ``"append"`` (default: clean samples kept, as the paper mixes edge cases
+      with clean data) or ``"replace"``;
+    * ``eps``: the PGD radius ‖w − G‖ ≤ ε (2.0, the released CIFAR-10 script's); unset
+      disables the projection (the paper's black-box attack);
+    * ``lr``, ``steps``: the attacker's local training (unset: the federation's);
+    * ``replacement``: scale the PGD update by n/η afterwards (default false).
+    """
+
+    source: int = 7
+    target: int = 1
+    rotation: int = 1
+    fraction: float = 1.0
+    mode: Literal["append", "replace"] = "append"
+    eps: float | None = 2.0
+    lr: float | None = None
+    steps: int | None = None
+    replacement: bool = False
+    image_shape: tuple[int, ...] = (8, 8)
+    summary: ClassVar[str] = "Edge-case backdoor: rare inputs (rotated digits) to a target class, PGD-projected"
+    reference: ClassVar[str] = "Wang et al., NeurIPS 2020 (Attack of the Tails)"
+
+    @property
+    def surfaces(self) -> tuple[str, ...]:  # type: ignore[override]
+        return (Surface.DATA, Surface.TRAINING) + ((Surface.UPDATES,) if self.replacement else ())
+
+    @property
+    def adaptive(self) -> bool:
+        return self.replacement
+
+    def validate_source(self, v: int) -> None:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise param_error(self, "source", v, "must be a class id ≥ 0")
+
+    def validate_target(self, v: int) -> None:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v == self.source:
+            raise param_error(self, "target", v, f"must be a class id ≥ 0 other than source = {self.source}")
+
+    def validate_rotation(self, v: int) -> None:
+        if isinstance(v, bool) or not isinstance(v, int) or v % 4 == 0:
+            raise param_error(self, "rotation", v, "must be a number of quarter turns not divisible by 4")
+
+    def validate_fraction(self, v: float) -> None:
+        if not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1):
+            raise param_error(self, "fraction", v, "must be in (0, 1]")
+
+    def validate_mode(self, v: str) -> None:
+        if v not in ("append", "replace"):
+            raise param_error(self, "mode", v, "must be 'append' or 'replace'")
+
+    def validate_eps(self, v: float | None) -> None:
+        _positive(self, "eps", v)
+
+    def validate_lr(self, v: float | None) -> None:
+        _positive(self, "lr", v)
+
+    def validate_steps(self, v: int | None) -> None:
+        _steps(self, v)
+
+    def validate_image_shape(self, v: tuple[int, ...]) -> None:
+        if (not isinstance(v, (tuple, list)) or len(v) not in (2, 3)
+                or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in v)):
+            raise param_error(self, "image_shape", v, "must be (H, W) or (C, H, W) with positive sizes")
+        if v[-1] != v[-2] and self.rotation % 2:
+            raise param_error(self, "image_shape", v, "an odd number of quarter turns needs square images")
+
+    def edge(self, x: "torch.Tensor") -> "torch.Tensor":
+        """The edge-case version of images ``x`` (N, …): rotated by ``rotation`` quarter turns."""
+        import torch
+
+        n = x.shape[0]
+        per = math.prod(self.image_shape)
+        if not x.dtype.is_floating_point or math.prod(x.shape[1:]) != per:
+            raise param_error(self, "image_shape", self.image_shape,
+                              f"inputs are {x.dtype} with {math.prod(x.shape[1:])} values per sample, "
+                              f"expected float images of {per}")
+        img = x.reshape(n, *self.image_shape)
+        return torch.rot90(img, self.rotation, dims=(-2, -1)).reshape(x.shape)
+
+    def poison_data(self, data: ClientData, client: int, generator: "torch.Generator") -> ClientData:
+        import torch
+
+        x, y = data.x, data.y
+        eligible = y == self.source
+        idx = poison_indices(int(y.shape[0]), self.fraction, generator, eligible).to(x.device)
+        if idx.numel() == 0:  # this client holds no sample of the source class
+            return data
+        ex = self.edge(x[idx])
+        ey = torch.full_like(y[idx], self.target)
+        if self.mode == "append":
+            return ClientData(x=torch.cat([x, ex]), y=torch.cat([y, ey]))
+        nx, ny = x.clone(), y.clone()
+        nx[idx], ny[idx] = ex, ey
+        return ClientData(x=nx, y=ny)
+
+    def targeted_test(self, x: "torch.Tensor", y: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
+        """The rotated held-out samples of ``source``, labelled ``target``."""
+        import torch
+
+        keep = y == self.source
+        return self.edge(x[keep]), torch.full_like(y[keep], self.target)
+
+    def training_hook(self, ctx: AttackContext) -> TrainingHook | None:
+        proj = ball_projection(self.eps) if self.eps is not None else None
+        if proj is None and self.lr is None and self.steps is None:
+            return None
+        return TrainingHook(project=proj, lr=self.lr, steps=self.steps)
+
+    def craft_updates(self, ctx: AttackContext) -> "torch.Tensor":
+        if not self.replacement:
+            return ctx.own_updates.clone()
+        return _boost(ctx, None, "defense", None, ctx.own_updates)
+
+
+#: the default global trigger of ``dba`` on 8×8 digits: four 1×2 bars with gaps (DBA's
+#: MNIST layout of four 1×4 bars, scaled to the small image)
+DBA_PARTS: tuple[tuple[tuple[int, int], ...], ...] = (
+    ((0, 0), (0, 1)), ((0, 4), (0, 5)), ((2, 0), (2, 1)), ((2, 4), (2, 5)),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DBA(Attack):
+    """Distributed backdoor (Xie et al., ICLR 2020; see the module docstring).
+
+    * ``local_triggers``: each a list of ``[row, col]`` pixels (default
+      :data:`DBA_PARTS`); their union is the global trigger;
+    * ``target``, ``fraction``, ``mode``, ``value``, ``image_shape``: as ``backdoor``.
+    """
+
+    local_triggers: tuple[tuple[tuple[int, int], ...], ...] = DBA_PARTS
+    target: int = 0
+    fraction: float = 0.5
+    mode: Literal["replace", "append"] = "replace"
+    value: float = 1.0
+    image_shape: tuple[int, ...] = (8, 8)
+    surfaces: ClassVar[tuple[str, ...]] = (Surface.DATA,)
+    summary: ClassVar[str] = "DBA: a pixel trigger split across colluding clients, the full trigger at test time"
+    reference: ClassVar[str] = "Xie et al., ICLR 2020"
+
+    def validate_local_triggers(self, v: Any) -> None:
+        if not isinstance(v, (tuple, list)) or len(v) < 2:
+            raise param_error(self, "local_triggers", v, "must be a list of at least 2 local triggers")
+        for i, part in enumerate(v):
+            try:
+                self._backdoor(part)
+            except Exception as exc:  # noqa: BLE001 - re-raised naming the part
+                raise param_error(self, f"local_triggers[{i}]", part, str(exc).split(": ", 1)[-1]) from None
+
+    def validate_fraction(self, v: float) -> None:
+        if not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1):
+            raise param_error(self, "fraction", v, "must be in (0, 1]")
+
+    def _backdoor(self, pixels: Any) -> Backdoor:
+        return Backdoor(trigger=tuple(tuple(p) for p in pixels), value=self.value, image_shape=tuple(self.image_shape),
+                        target=self.target, fraction=self.fraction, mode=self.mode)
+
+    def part_of(self, client: int) -> int:
+        """The local trigger client ``client`` stamps."""
+        return client % len(self.local_triggers)
+
+    def global_trigger(self) -> Backdoor:
+        pixels = tuple(dict.fromkeys(tuple(p) for part in self.local_triggers for p in part))
+        return self._backdoor(pixels)
+
+    def poison_data(self, data: ClientData, client: int, generator: "torch.Generator") -> ClientData:
+        return self._backdoor(self.local_triggers[self.part_of(client)]).poison_data(data, client, generator)
+
+    def targeted_test(self, x: "torch.Tensor", y: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
+        """Held-out non-target samples with the **full** trigger, labelled ``target``."""
+        return self.global_trigger().targeted_test(x, y)
+
+    def targeted_parts(self, x: "torch.Tensor", y: "torch.Tensor") -> dict[str, tuple["torch.Tensor", "torch.Tensor"]]:
+        """The same samples with each local trigger alone: ``{"part0": (x, y), …}``."""
+        return {f"part{i}": self._backdoor(p).targeted_test(x, y) for i, p in enumerate(self.local_triggers)}
