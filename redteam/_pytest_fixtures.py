@@ -159,7 +159,8 @@ def _run_cell(state: _State, doc: dict[str, Any], seeds: int | Sequence[int], de
         sc, bsc = parse_scenario(d, file="<run_cell>"), parse_scenario(b, file="<run_cell>")
         base = state.records(bsc, device)
         rec = base if sc.digest() == bsc.digest() else state.records(sc, device)
-        per_seed.append(summarize(rec, base, target_accuracy=sc.federation.target_accuracy))
+        per_seed.append(summarize(rec, base, target_accuracy=sc.federation.target_accuracy,
+                                  last_k=sc.federation.last_k))
     label = f"{_label(doc.get('defense', 'mean'))}[{_label(doc.get('attack', 'none'))}]"
     return CellMetrics(_means(per_seed), per_seed, label)
 

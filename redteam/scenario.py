@@ -135,6 +135,7 @@ class FederationSpec:
     server_lr: float | None = _rule(None, lambda v: v is None or _pos(v), "must be > 0")
     server_momentum: float = _rule(0.9, lambda v: _prob(v) and v < 1, "must be in [0, 1)")
     target_accuracy: float = _rule(0.9, _prob, "must be in [0, 1]")
+    last_k: int = _rule(1, _pos_int, "must be an integer ≥ 1")  # final_accuracy_last_k averages k rounds
     omniscient: bool | None = None
     # issue 8 §1: what a reproduction of the worker-momentum / bucketing papers needs
     malicious_data: Literal["partition", "iid_overlap"] | None = None  # None: iid_overlap for label_sorted

@@ -3,6 +3,9 @@
 Definitions (also in the README's "Metrics" section):
 
 * ``final_accuracy`` / ``final_loss``: clean test accuracy and loss after the last round.
+* ``final_accuracy_last_k``: the mean clean accuracy of the last k evaluations (rounds),
+  k = ``[federation] last_k`` (default 1: the final accuracy), as the robustness papers'
+  tables report it (e.g. Karimireddy, He & Jaggi, ICLR 2022).
 * ``accuracy_drop``: baseline final accuracy − attacked final accuracy (same seed and
   settings, attack ``none``); positive = the attack hurt.
 * ``rounds_to_target``: the first round (1-based) whose accuracy reaches the target;
@@ -42,6 +45,7 @@ __all__ = [
     "mean_ci",
     "breakdown_fraction",
     "final_accuracy",
+    "final_accuracy_last_k",
     "final_loss",
     "accuracy_drop",
     "rounds_to_target",
@@ -55,6 +59,14 @@ __all__ = [
 
 def final_accuracy(records: Sequence[RoundRecord]) -> float:
     return records[-1].accuracy if records else float("nan")
+
+
+def final_accuracy_last_k(records: Sequence[RoundRecord], k: int = 1) -> float:
+    """Mean accuracy of the last ``k`` rounds (all rounds when there are fewer)."""
+    if k < 1:
+        raise ValueError(f"final_accuracy_last_k: k = {k}: must be ≥ 1")
+    tail = list(records)[-k:]
+    return sum(r.accuracy for r in tail) / len(tail) if tail else float("nan")
 
 
 def final_loss(records: Sequence[RoundRecord]) -> float:
@@ -226,6 +238,7 @@ def envelope(records: Sequence[RoundRecord]) -> dict[str, float | None]:
 #: Every scalar metric a cell has, with a one-line definition (for reports and --help).
 METRICS: dict[str, str] = {
     "final_accuracy": "clean test accuracy after the last round",
+    "final_accuracy_last_k": "mean clean test accuracy of the last k rounds ([federation] last_k)",
     "final_loss": "clean test loss after the last round",
     "accuracy_drop": "baseline final accuracy − attacked final accuracy (same seed)",
     "rounds_to_target": "first round (1-based) reaching target_accuracy (null: never)",
@@ -258,6 +271,7 @@ def summarize(
     baseline: Sequence[RoundRecord] | None = None,
     *,
     target_accuracy: float = 0.9,
+    last_k: int = 1,
 ) -> dict[str, Any]:
     """The metrics of one run (and its comparison with a baseline run, if given).
 
@@ -269,6 +283,7 @@ def summarize(
     rtt = rounds_to_target(records, target_accuracy)
     out: dict[str, Any] = {
         "final_accuracy": final_accuracy(records),
+        "final_accuracy_last_k": final_accuracy_last_k(records, last_k),
         "final_loss": _finite_or_none(final_loss(records)),
         "rounds_to_target": rtt,
         "target_accuracy": target_accuracy,

@@ -164,3 +164,15 @@ def test_interface_fits_a_sequence_model():
         flat = local.mean(0)
     after = tr.evaluate(flat, ds.test_x, ds.test_y)
     assert after[0] > 0.95 > before[0]
+
+
+def test_final_accuracy_last_k_by_hand():
+    # accuracies 0.2, 0.4, 0.6, 0.9: last 1 = 0.9, last 3 = (0.4 + 0.6 + 0.9)/3 = 0.6333…, last 10 = all = 0.525
+    from redteam.scoring import final_accuracy_last_k, summarize
+    from redteam.types import RoundRecord
+
+    recs = [RoundRecord(i, a, 1.0, [True], [False], [True]) for i, a in enumerate([0.2, 0.4, 0.6, 0.9])]
+    assert final_accuracy_last_k(recs, 1) == 0.9
+    assert abs(final_accuracy_last_k(recs, 3) - 1.9 / 3) < 1e-12
+    assert abs(final_accuracy_last_k(recs, 10) - 0.525) < 1e-12
+    assert abs(summarize(recs, last_k=2)["final_accuracy_last_k"] - 0.75) < 1e-12

@@ -310,7 +310,8 @@ def _record(store: ResultsStore, unit: Unit, result: dict[str, Any]) -> None:
     else:
         b = store.baseline_of(unit.run_key)
         baseline = [RoundRecord.from_dict(r) for r in b["rounds"]] if b else None
-    metrics = summarize(records, baseline, target_accuracy=unit.target_accuracy)
+    metrics = summarize(records, baseline, target_accuracy=unit.target_accuracy,
+                        last_k=int(unit.doc.get("federation", {}).get("last_k", 1)))
     store.put_run(
         run_key=unit.run_key,
         baseline=unit.baseline,

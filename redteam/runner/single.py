@@ -81,7 +81,8 @@ def run_scenario(
 
     out_runs = []
     for kind, res in runs:
-        metrics = summarize(res.records, b_res.records, target_accuracy=target)
+        metrics = summarize(res.records, b_res.records, target_accuracy=target,
+                            last_k=scenario.federation.last_k)
         out_runs.append(
             {
                 "attack": res.attack,
