@@ -176,3 +176,24 @@ def test_final_accuracy_last_k_by_hand():
     assert abs(final_accuracy_last_k(recs, 3) - 1.9 / 3) < 1e-12
     assert abs(final_accuracy_last_k(recs, 10) - 0.525) < 1e-12
     assert abs(summarize(recs, last_k=2)["final_accuracy_last_k"] - 0.75) < 1e-12
+
+
+def test_digits_standardize_uses_training_statistics():
+    # "global": training pixels get mean 0 and std 1; the test split is shifted by the
+    # *training* statistics: x_std = (x − μ_train)/σ_train, so x = x_std·σ + μ recovers [0, 1] pixels
+    raw = Digits().load(0)
+    g = Digits(standardize="global").load(0)
+    mu, sd = raw.train_x.double().mean(), raw.train_x.double().std(unbiased=False)
+    assert abs(float(g.train_x.double().mean())) < 1e-5 and abs(float(g.train_x.double().std(unbiased=False)) - 1) < 1e-5
+    assert torch.allclose(g.test_x.double() * sd + mu, raw.test_x.double(), atol=1e-5)
+    f = Digits(standardize="feature").load(0)
+    col = raw.train_x.double().std(0, unbiased=False) > 0
+    assert torch.allclose(f.train_x.double().mean(0), torch.zeros(64, dtype=torch.float64), atol=1e-5)
+    assert torch.allclose(f.train_x.double().std(0, unbiased=False)[col], torch.ones(int(col.sum()), dtype=torch.float64),
+                          atol=1e-4)
+    import pytest
+
+    from redteam.errors import InvalidParameter
+
+    with pytest.raises(InvalidParameter, match="Digits.standardize"):
+        Digits(standardize="zscore")
