@@ -223,12 +223,17 @@ def _verify_entry(e: object, env: dsse.Envelope, signer: VerifyingKey,
 def verify_bundle(bundle: Mapping[str, Any] | bytes | str, key: VerifyingKey, *,
                   log_key: VerifyingKey | None = None, origin: str | None = None,
                   trusted_root: Mapping[str, Any] | bytes | str | None = None,
-                  require_tlog: bool = False, check_envelope_hash: bool = True,
+                  require_tlog: bool | None = None, check_envelope_hash: bool = True,
                   payload_type: str = dsse.PAYLOAD_TYPE) -> BundleResult:
     """Verify a v0.3 bundle signed by ``key``; check its log entry if it has one.
 
     The log is trusted through ``trusted_root`` or through ``log_key`` + ``origin``.
-    ``require_tlog`` makes a bundle without a log entry fail.
+    ``require_tlog``: whether a bundle without a log entry fails. The default (``None``)
+    follows Sigstore's verifiers: when a log is trusted (a trusted root that describes one,
+    or ``log_key`` + ``origin``) the bundle must carry a verifiable entry for it, so that
+    removing the entry from a bundle cannot turn "logged" into "not checked". ``False``
+    relaxes that explicitly; ``True`` requires an entry even when no log is given (and
+    then the entry cannot be checked, which is an error).
     """
     w = "bundle"
     b = bundle if isinstance(bundle, Mapping) else _codec.loads(bundle, w)
@@ -247,15 +252,17 @@ def verify_bundle(bundle: Mapping[str, Any] | bytes | str, key: VerifyingKey, *,
     entries = vm.get("tlogEntries", [])
     if not isinstance(entries, list) or len(entries) > 1:
         raise ProvenanceError(f"{w}.verificationMaterial.tlogEntries: expected a list of at most one entry")
-    if not entries:
-        if require_tlog:
-            raise VerificationFailed(f"{w}: has no transparency-log entry")
-        return BundleResult(ok.payload, ok.payload_type, ok.keyids[0])
+    logs: Mapping[bytes, tuple[str, VerifyingKey]] | None = None
     if trusted_root is not None:
-        logs = logs_from_trusted_root(trusted_root)
+        logs = logs_from_trusted_root(trusted_root)  # raises unless it describes a log
     elif log_key is not None and origin:
         logs = {_cp.log_id(origin, log_key): (origin, log_key)}
-    else:
+    if not entries:
+        if require_tlog or (require_tlog is None and logs is not None):
+            why = " (the trusted root describes a log; require_tlog=False relaxes this)" if logs is not None else ""
+            raise VerificationFailed(f"{w}: has no transparency-log entry{why}")
+        return BundleResult(ok.payload, ok.payload_type, ok.keyids[0])
+    if logs is None:
         raise ProvenanceError("bundle has a log entry: pass trusted_root, or log_key and origin, to check it")
     index, size, t, org = _verify_entry(entries[0], env, key, logs, check_envelope_hash)
     return BundleResult(ok.payload, ok.payload_type, ok.keyids[0], index, size, t, org)

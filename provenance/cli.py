@@ -220,12 +220,13 @@ def _verify(args: argparse.Namespace) -> int:
             with Ledger.open(args.ledger) as led:
                 log_key, origin = led.log_public, led.origin
         r = _bundle.verify_bundle(doc, key, trusted_root=trusted_root, log_key=log_key, origin=origin,
-                                  require_tlog=args.require_tlog)
+                                  require_tlog=_require_tlog(args))
         payload, keyid = r.payload, r.keyid
         info.update(logIndex=r.log_index, treeSize=r.tree_size, origin=r.origin)
     else:
-        if args.require_tlog:
-            raise VerificationFailed(f"{args.file}: a bare DSSE envelope has no transparency-log entry")
+        if _require_tlog(args) or (_require_tlog(args) is None and (args.trusted_root or args.ledger)):
+            raise VerificationFailed(f"{args.file}: a bare DSSE envelope has no transparency-log entry"
+                                     + ("" if args.require_tlog else " (a log is trusted; --allow-missing-tlog relaxes this)"))
         v = dsse.verify(doc, key)
         payload, keyid = v.payload, v.keyids[0]
     st = Statement.from_json(payload, "signed statement")
@@ -247,6 +248,13 @@ def _verify(args: argparse.Namespace) -> int:
         lines.append(f"  data matches the manifest ({len(m.files)} file(s), dataset {m.dataset!r} {m.version!r})")
     _out(args, info, "\n".join(lines))
     return 0
+
+
+def _require_tlog(args: argparse.Namespace) -> bool | None:
+    """--require-tlog: True; --allow-missing-tlog: False; neither: required iff a log is trusted."""
+    if args.require_tlog and args.allow_missing_tlog:
+        raise _err("--require-tlog and --allow-missing-tlog contradict each other")
+    return True if args.require_tlog else (False if args.allow_missing_tlog else None)
 
 
 def _verify_sigstore(args: argparse.Namespace, doc: dict[str, Any]) -> int:
@@ -419,7 +427,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--pub", help="the signer's P-256 public key")
     p.add_argument("--trusted-root", default=None, help="Sigstore trusted root describing the log")
     p.add_argument("--ledger", default=None, help="trust this ledger's log key for the bundle's log entry")
-    p.add_argument("--require-tlog", action="store_true", help="fail without a transparency-log entry")
+    p.add_argument("--require-tlog", action="store_true",
+                   help="fail without a transparency-log entry (the default whenever --trusted-root or --ledger is given)")
+    p.add_argument("--allow-missing-tlog", action="store_true",
+                   help="accept a bundle without a log entry even though a log is trusted")
     p.add_argument("--data", default=None, help="dataset directory to check against the manifest")
     p.add_argument("--shard", action="append", default=[], metavar="NAME=PATH")
     p.add_argument("--identity", default=None, help="Sigstore keyless: expected signer identity")

@@ -21,9 +21,11 @@ so a process killed mid-append leaves the previous, consistent state, and concur
 appenders from several processes serialize on SQLite's write lock.
 
 :meth:`Ledger.verify` trusts nothing stored but the entries' bytes: it recomputes every
-leaf and node, checks every stored node, every entry's body against its envelope, and
-every signed checkpoint against the recomputed roots; modified, deleted, reordered or
-inserted entries and forked checkpoints (two roots for one size) all fail it.
+leaf and node, checks every stored node, every entry's body against its envelope, every
+entry's signed entry timestamp against its stored integrated time and index, and every
+signed checkpoint against the recomputed roots; modified, deleted, reordered or inserted
+entries, edited integration times and forked checkpoints (two roots for one size) all
+fail it.
 """
 
 from __future__ import annotations
@@ -372,9 +374,10 @@ class Ledger:
             problems.append("the log key stored in the file is not the trusted log key")
         leaves: list[bytes] = []
         keys: dict[str, VerifyingKey] = {}
+        log_id = _cp.log_id(self.origin, trusted)
         expected = 0
-        for idx, leaf, body, env_json in self._conn.execute(
-                "SELECT idx, leaf, body, envelope FROM entries ORDER BY idx"):
+        for idx, leaf, body, env_json, t, promise in self._conn.execute(
+                "SELECT idx, leaf, body, envelope, integrated_time, promise FROM entries ORDER BY idx"):
             if idx != expected:
                 problems.append(f"entries {expected}..{idx - 1} are missing (deleted?)" if idx > expected
                                 else f"entry index {idx} out of order")
@@ -384,6 +387,9 @@ class Ledger:
             if lh != leaf:
                 problems.append(f"entry {idx}: stored leaf hash is not the hash of its body (modified?)")
             problems.extend(f"entry {idx}: {p}" for p in _check_entry(body, env_json, check_signatures, keys))
+            if not _promise_ok(trusted, body, t, log_id, idx, promise):
+                problems.append(f"entry {idx}: its signed entry timestamp does not verify for integrated time "
+                                f"{one_line(repr(t), 40)} (integrated_time or the promise modified?)")
             leaves.append(lh)
             expected += 1
         n = len(leaves)
@@ -475,6 +481,13 @@ def _blob(value: object) -> bytes:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value)
     return str(value).encode("utf-8", "surrogateescape")
+
+
+def _promise_ok(key: VerifyingKey, body: bytes, t: object, log_id: bytes, idx: object, promise: object) -> bool:
+    """The entry's signed entry timestamp (inclusion promise) covers its body, index and stored time."""
+    if isinstance(t, bool) or not isinstance(t, int) or not isinstance(idx, int):
+        return False
+    return key.verify(_blob(promise), _bundle.promise_payload(body, t, log_id, idx))
 
 
 def _check_entry(body: bytes, env_json: bytes, check_signature: bool, keys: dict[str, VerifyingKey]) -> list[str]:

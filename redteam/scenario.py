@@ -309,8 +309,8 @@ def _plugin(table: Any, section: str, where: _Where, registry: Any, check: bool 
         raise InvalidScenario(f"{where.file}: [{section}] needs a 'name' key")
     name = table["name"]
     params = {k: v for k, v in table.items() if k != "name"}
-    if not isinstance(name, str):
-        raise where.err(f"[{section}].name", name, "must be a string")
+    if not isinstance(name, str) or not name or len(name) > 100:
+        raise where.err(f"[{section}].name", name, "must be a registered name (a short string)")
     if check:
         try:
             registry.create(name, params)
@@ -458,11 +458,6 @@ def load_document(
     if resolved in _stack:
         chain = " -> ".join(x.name for x in (*_stack, resolved))
         raise InvalidScenario(f"{p.name}: include cycle: {chain}")
-    if _stack and not limits.allow_include_outside and not resolved.is_relative_to(_stack[0].parent):
-        raise InvalidScenario(
-            f"{_stack[-1].name}: include = {shown(str(path))}: must stay inside {_stack[0].parent} "
-            "(REDTEAM_ALLOW_INCLUDE_OUTSIDE=1 allows it)"
-        )
     data = _read_toml(p, _stack[-1].name if _stack else "", limits)
     inc = data.pop("include", None)
     if inc is None:
@@ -471,9 +466,16 @@ def load_document(
         inc = [inc]
     if not isinstance(inc, list) or not all(isinstance(i, str) for i in inc):
         raise InvalidScenario(f"{p.name}: include = {shown(inc)}: must be a file name or a list of them")
+    home = (_stack[0] if _stack else resolved).parent  # the top scenario's directory
     merged: dict[str, Any] = {}
     for name in inc:
-        merged = _merge(merged, load_document(p.parent / name, (*_stack, resolved), limits=limits))
+        target = p.parent / name
+        if not limits.allow_include_outside and not target.resolve().is_relative_to(home):
+            raise InvalidScenario(
+                f"{p.name}: include = {shown(name)}: must stay inside {shown(str(home))} "
+                "(REDTEAM_ALLOW_INCLUDE_OUTSIDE=1 allows it)"
+            )
+        merged = _merge(merged, load_document(target, (*_stack, resolved), limits=limits))
     return _merge(merged, data)
 
 

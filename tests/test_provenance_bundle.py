@@ -157,3 +157,25 @@ def test_sigstore_python_refuses_public_key_bundles(logged):
 
     with pytest.raises(Error, match="expected certificate in bundle"):
         Bundle.from_json(json.dumps(logged[1][0]))
+
+
+def _stripped(bundle):
+    b = copy.deepcopy(bundle)
+    b["verificationMaterial"]["tlogEntries"] = []
+    return b
+
+
+def test_a_trusted_log_requires_the_bundle_to_carry_its_entry(logged):
+    # issue 9 §5: removing the log entry from a logged bundle must not turn "logged and
+    # checked" into "not checked" when the verifier was told which log to trust
+    led, bundles, root = logged
+    b = _stripped(bundles[2])
+    with pytest.raises(VerificationFailed, match="bundle: has no transparency-log entry \\(the trusted root"):
+        verify_bundle(b, CLIENT.public, trusted_root=root)
+    with pytest.raises(VerificationFailed, match="has no transparency-log entry"):
+        verify_bundle(b, CLIENT.public, log_key=LOG.public, origin=ORIGIN)
+    # the explicit relaxation, and no log trusted at all, still accept the signed envelope
+    assert verify_bundle(b, CLIENT.public, trusted_root=root, require_tlog=False).log_index is None
+    assert verify_bundle(b, CLIENT.public).log_index is None
+    # the intact bundle still verifies under the default
+    assert verify_bundle(bundles[2], CLIENT.public, trusted_root=root).log_index == 2

@@ -169,3 +169,35 @@ def test_sigstore_keyless_fails_cleanly_without_identity(work, capsys, monkeypat
     err = one_line_error(*run(capsys, "provenance", "verify", "b.json", "--identity", "me@example.org",
                               "--issuer", "https://issuer.example")[::2])
     assert "not a Sigstore keyless bundle" in err and "certificate" in err
+
+
+def test_verify_with_a_trusted_root_refuses_a_bundle_whose_log_entry_was_removed(work, capsys):
+    assert run(capsys, "provenance", "sign", "st.json", "--key", "client.pem", "--ledger", "log.db",
+               "--log-key", "log.pem", "--out", "b.json")[0] == 0
+    b = json.loads((work / "b.json").read_text())
+    env = b["dsseEnvelope"]
+    b["verificationMaterial"]["tlogEntries"] = []
+    (work / "stripped.json").write_text(json.dumps(b))
+    (work / "bare.json").write_text(json.dumps(env))
+    for f in ("stripped.json", "bare.json"):
+        for trust in (("--trusted-root", "trusted_root.json"), ("--ledger", "log.db")):
+            err = one_line_error(*run(capsys, "provenance", "verify", f, "--pub", "client.pub", *trust)[::2])
+            assert "no transparency-log entry" in err and "relaxes" in err, err
+            code, out, _ = run(capsys, "provenance", "verify", f, "--pub", "client.pub", *trust,
+                               "--allow-missing-tlog")
+            assert code == 0 and out.startswith("OK: "), out
+    # without any trusted log there is nothing to require
+    assert run(capsys, "provenance", "verify", "stripped.json", "--pub", "client.pub")[0] == 0
+    err = one_line_error(*run(capsys, "provenance", "verify", "b.json", "--pub", "client.pub", "--trusted-root",
+                              "trusted_root.json", "--require-tlog", "--allow-missing-tlog")[::2])
+    assert "contradict" in err
+
+
+def test_ledger_verify_fails_when_an_integrated_time_is_edited(work, capsys):
+    assert run(capsys, "provenance", "sign", "st.json", "--key", "client.pem", "--ledger", "log.db",
+               "--log-key", "log.pem", "--out", "b.json")[0] == 0
+    assert run(capsys, "ledger", "verify", "log.db", "--log-pub", "log.pub")[0] == 0
+    with sqlite3.connect(work / "log.db", isolation_level=None) as raw:
+        raw.execute("UPDATE entries SET integrated_time = integrated_time - 3600 WHERE idx = 0")
+    code, out, err = run(capsys, "ledger", "verify", "log.db", "--log-pub", "log.pub")
+    assert code == 1 and "entry 0: its signed entry timestamp does not verify" in err, (out, err)

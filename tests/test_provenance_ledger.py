@@ -139,12 +139,43 @@ def _raw(ledger):
     ("DELETE FROM entries WHERE idx = 7", "entries 7..7 are missing"),
     ("UPDATE nodes SET hash = zeroblob(32) WHERE level = 2 AND idx = 1", "stored subtree hash"),
     ("UPDATE checkpoints SET note = replace(note, '21', '22') WHERE size = 21", "checkpoint #"),
+    # issue 9 §5: the integration time is covered by the entry's signed entry timestamp
+    ("UPDATE entries SET integrated_time = integrated_time - 86400 WHERE idx = 9",
+     "entry 9: its signed entry timestamp does not verify for integrated time"),
+    ("UPDATE entries SET integrated_time = 'yesterday' WHERE idx = 9",
+     "entry 9: its signed entry timestamp does not verify for integrated time 'yesterday'"),
+    ("UPDATE entries SET promise = (SELECT promise FROM entries WHERE idx = 3) WHERE idx = 9",
+     "entry 9: its signed entry timestamp does not verify"),
+    ("UPDATE entries SET promise = zeroblob(64) WHERE idx = 0", "entry 0: its signed entry timestamp"),
 ])
 def test_tampering_is_reported(ledger, tamper, expect):
     with _raw(ledger) as raw:
         raw.execute(tamper)
     r = ledger.verify()
     assert not r.ok and any(expect in p for p in r.problems), str(r)
+
+
+def test_signed_entry_timestamp_is_the_rekor_promise_over_the_stored_time(ledger):
+    # Rekor v1's signed entry timestamp: the log key's signature over the RFC 8785 JSON of
+    # {body (base64), integratedTime, logID (hex), logIndex}; for ASCII keys and values that is
+    # compact JSON with sorted keys. Built here by hand, it must verify for every stored entry,
+    # and the same bytes with the time one second later must not.
+    log_id = hashlib.sha256(ORIGIN.encode() + b"\n\x01" + LOG.public.raw).digest()  # the Ed25519 log's id
+    with _raw(ledger) as raw:
+        rows = raw.execute("SELECT idx, body, integrated_time, promise FROM entries ORDER BY idx").fetchall()
+    assert len(rows) == 21
+    for idx, body, t, promise in rows:
+        def payload(time_):
+            return json.dumps({"body": base64.b64encode(body).decode(), "integratedTime": time_,
+                               "logID": log_id.hex(), "logIndex": idx}, sort_keys=True, separators=(",", ":")).encode()
+        assert LOG.public.verify(promise, payload(t))
+        assert not LOG.public.verify(promise, payload(t + 1))
+    with _raw(ledger) as raw:
+        raw.execute("UPDATE entries SET integrated_time = integrated_time + 1 WHERE idx = 20")
+    r = ledger.verify()
+    assert not r.ok and [p for p in r.problems if "signed entry timestamp" in p] == [
+        f"entry 20: its signed entry timestamp does not verify for integrated time {rows[20][2] + 1} "
+        "(integrated_time or the promise modified?)"], str(r)
 
 
 def test_swapped_entries_are_reported(ledger):
