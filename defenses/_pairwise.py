@@ -1,0 +1,448 @@
+"""One pairwise kernel for the distance and similarity rules (private, but a stable API).
+
+Krum, Multi-Krum, Bulyan, NNM, FoolsGold and the clustering rules all start from the
+``(n, n)`` matrix of squared distances ‖xᵢ − xⱼ‖² (or inner products) of the ``(n, d)``
+update rows. At n = 100, d = 10⁶ that is one Gram matrix, ~2·10¹⁰ multiply-adds: fast in
+float32, twice as slow (plus a float64 copy of every block) in float64. But float32
+loses the small distances that ALIE-style attacks live in. This kernel computes in
+float32 *and says how wrong it may be*, then recomputes exactly only what a decision
+needs:
+
+1. **Approximate stage** (:func:`pairwise`). Columns are taken in blocks of
+   ``BLOCK`` = 256; within each block the rows are centred on the block's mean (a
+   translation, so distances do not change, but the norms that bound the rounding
+   shrink from ‖xᵢ‖ to the spread), multiplied in float32 (batched, many blocks per
+   call) and the per-block products summed in float64. A block whose float32 product
+   overflows is redone in float64. Then Dᵢⱼ = Gᵢᵢ + Gⱼⱼ − 2Gᵢⱼ in float64.
+2. **Error bound**, per pair, rigorous for any summation order the BLAS picks: a
+   float32 dot product of c terms is off by at most γ_c·Σ|aₖbₖ| ≤ γ_c‖a‖‖b‖
+   (γ_c = c·u/(1 − c·u), u = 2⁻²⁴; Higham, *Accuracy and Stability of Numerical
+   Algorithms*, 2nd ed., §3.1), the centring rounds every entry by at most u, and
+   underflow adds at most 2⁻¹⁴⁹ per product. So
+
+       |Dᵢⱼ − D̂ᵢⱼ| ≤ Eᵢⱼ = κ·(‖aᵢ‖ + ‖aⱼ‖)² + A,   κ = 1.5·(γ_256 + 2.1u + 10⁻¹²),
+
+   with aᵢ the centred rows and A the (tiny) underflow term. Eᵢⱼ depends on rows i and
+   j only (and on the block means, which far rows can move: that costs refinement
+   time, never correctness).
+3. **Exact stage** (:meth:`PairwiseDistances.refine`): the pairs a decision cannot
+   settle from the intervals [D̂ − E, D̂ + E] are recomputed from the difference rows
+   in float64 (xᵢ − xⱼ is exact in float64 for float32 inputs, the squares and the
+   sum of non-negative terms have relative error ≤ (d + 2)·2⁻⁵³). Their new bound is
+   relative to their own value, so no other row can widen it.
+
+Rows that are bitwise identical are found (a pair whose interval contains 0 is compared
+entry by entry) and get distance exactly 0 to each other and one group id
+(``PairwiseDistances.group``), so rules can treat copies of one update as one.
+A row with a NaN/±Inf entry is infinitely far from every other row (exactly: error 0).
+
+Public functions: :func:`pairwise`, :func:`sq_distances` (a dense float64 matrix,
+refined to a relative tolerance), :func:`gram` (inner products with their bound),
+:func:`cosine_similarities`, :func:`exact_sq_distances` (given pairs), and the decision
+helpers :func:`k_smallest_sum_bounds`, :func:`resolve_k_smallest_sums`,
+:func:`tie_classes`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "BLOCK",
+    "PairwiseDistances",
+    "pairwise",
+    "sq_distances",
+    "gram",
+    "cosine_similarities",
+    "exact_sq_distances",
+    "k_smallest_sum_bounds",
+    "resolve_k_smallest_sums",
+    "tie_classes",
+]
+
+#: columns per float32 block: the rounding bound grows with the block length
+BLOCK = 256
+#: blocks multiplied per batched call (BLOCK × GROUP columns of every row at a time)
+GROUP = 256
+U32 = 2.0 ** -24
+U64 = 2.0 ** -53
+#: the smallest positive float32 (subnormal): the underflow error of one product
+ETA32 = 2.0 ** -149
+
+
+def _gamma(k: int, u: float) -> float:
+    return k * u / (1.0 - k * u)
+
+
+#: relative factor of the approximate stage's bound (see the module docstring)
+KAPPA = 1.5 * (_gamma(BLOCK, U32) + 2.1 * U32 + 1e-12)
+
+
+def _finite_rows(x: "torch.Tensor") -> "torch.Tensor":
+    import torch
+
+    ok = torch.isfinite(x.sum(dim=1)) if x.shape[1] else torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
+    if not bool(ok.all()):
+        flagged = (~ok).nonzero().flatten()
+        ok[flagged] = torch.isfinite(x.index_select(0, flagged)).all(dim=1)
+    return ok
+
+
+def _group(n: int) -> int:
+    """Blocks per batched product: ``GROUP``, fewer when n² products would not fit in ~40 MB."""
+    return max(1, min(GROUP, (10 << 20) // max(n * n, 1)))
+
+
+def _worth_centring(x: "torch.Tensor") -> bool:
+    """Whether centring on the column means would shrink the rows' norms (and so the
+    rounding bound) noticeably: estimated on up to 64 evenly spaced blocks of columns.
+    Only speed depends on this answer (a looser bound means more exact refinement)."""
+    import torch
+
+    n, d = x.shape
+    if n < 2:
+        return False
+    starts = torch.linspace(0, max(d - BLOCK, 0), steps=min(64, max(d // BLOCK, 1))).long().unique().tolist()
+    cols = torch.cat([x[:, s:s + BLOCK] for s in starts], dim=1).to(torch.float64)
+    total = float(cols.square().sum()) / n
+    mean_sq = float(cols.mean(dim=0).square().sum())
+    return mean_sq > 0.1 * total
+
+
+def _centred_gram(x: "torch.Tensor") -> tuple["torch.Tensor", float]:
+    """Σ over column blocks of (block − block mean)(block − block mean)ᵀ, float64.
+
+    Returns the Gram matrix of the centred rows and the absolute underflow term A.
+    ``x`` has finite entries only. float64 input is multiplied in float64.
+    """
+    import torch
+
+    n, d = x.shape
+    g = torch.zeros(n, n, dtype=torch.float64, device=x.device)
+    if n == 0 or d == 0:
+        return g, 0.0
+    if x.dtype != torch.float32:
+        # float64 (or lower-precision) input: float64 blocks, centred the same way
+        step = BLOCK * GROUP
+        for start in range(0, d, step):
+            b = x[:, start:start + step].to(torch.float64)
+            b = b - b.mean(dim=0)
+            g.addmm_(b, b.T)
+        return g, 0.0
+    step = BLOCK * _group(n)
+    full = (d // BLOCK) * BLOCK
+    centre = _worth_centring(x)
+    for start in range(0, full, step):
+        stop = min(start + step, full)
+        nb = (stop - start) // BLOCK
+        blk = x[:, start:stop].reshape(n, nb, BLOCK).transpose(0, 1)  # (nb, n, BLOCK) view
+        a = blk - blk.mean(dim=1, keepdim=True) if centre else blk
+        prod = torch.bmm(a, a.transpose(1, 2))
+        if not bool(torch.isfinite(prod).all()):  # float32 overflow: this group in float64
+            a64 = blk.to(torch.float64)
+            a64 = a64 - a64.mean(dim=1, keepdim=True)
+            prod = torch.bmm(a64, a64.transpose(1, 2))
+        g += prod.sum(dim=0, dtype=torch.float64)
+    if full < d:
+        b = x[:, full:]
+        a = b - b.mean(dim=0) if centre else b
+        prod = a @ a.T
+        if not bool(torch.isfinite(prod).all()):
+            a64 = b.to(torch.float64)
+            a64 = a64 - a64.mean(dim=0)
+            prod = a64 @ a64.T
+        g += prod.to(torch.float64)
+    return g, 4.0 * d * ETA32
+
+
+@dataclass(frozen=True, slots=True)
+class PairwiseDistances:
+    """Squared distances of the rows of ``rows`` with a per-pair error bound.
+
+    * ``approx`` ``(n, n)`` float64: D̂ᵢⱼ, symmetric, zero diagonal, +inf for pairs
+      with a non-finite row;
+    * ``error`` ``(n, n)`` float64: |D̂ᵢⱼ − ‖xᵢ − xⱼ‖²| ≤ errorᵢⱼ (0 where exact);
+    * ``finite`` ``(n,)`` bool: rows whose every entry is finite;
+    * ``group`` ``(n,)`` int64: the smallest index of a row bitwise equal to row i
+      (non-finite rows are their own group).
+    """
+
+    rows: "torch.Tensor"
+    approx: "torch.Tensor"
+    error: "torch.Tensor"
+    finite: "torch.Tensor"
+    group: "torch.Tensor"
+
+    @property
+    def lower(self) -> "torch.Tensor":
+        return (self.approx - self.error).clamp_min(0.0)
+
+    @property
+    def upper(self) -> "torch.Tensor":
+        return self.approx + self.error
+
+    def refine(self, mask: "torch.Tensor") -> "PairwiseDistances":
+        """A copy where the pairs in ``mask`` (``(n, n)`` bool; symmetrised here) are
+        recomputed from their difference rows in float64. Pairs already exact, on the
+        diagonal, between copies of one row or with a non-finite row are skipped."""
+        import torch
+
+        mask = (mask | mask.T) & (self.error > 0)
+        mask = torch.triu(mask, diagonal=1)
+        if not bool(mask.any()):
+            return self
+        # one representative per group: copies share their distances
+        i, j = mask.nonzero(as_tuple=True)
+        gi, gj = self.group[i], self.group[j]
+        lo, hi = torch.minimum(gi, gj), torch.maximum(gi, gj)
+        key = torch.unique(lo * self.rows.shape[0] + hi)
+        ri, rj = key // self.rows.shape[0], key % self.rows.shape[0]
+        vals = exact_sq_distances(self.rows, ri, rj)
+        n = self.rows.shape[0]
+        table = torch.full((n, n), -1.0, dtype=torch.float64, device=self.approx.device)
+        table[ri, rj] = vals
+        table[rj, ri] = vals
+        # every pair whose groups were computed takes the value (copies included)
+        full = table[self.group[:, None], self.group[None, :]]
+        got = (full >= 0) & (self.error > 0)
+        d = self.rows.shape[1]
+        approx = torch.where(got, full, self.approx)
+        error = torch.where(got, full * ((d + 3) * U64), self.error)
+        return replace(self, approx=approx, error=error)
+
+    def refine_rows(self, rows: "torch.Tensor") -> "PairwiseDistances":
+        """Every pair with a row in ``rows`` (indices or a bool mask) made exact."""
+        import torch
+
+        n = self.rows.shape[0]
+        sel = torch.zeros(n, dtype=torch.bool, device=self.approx.device)
+        sel[rows] = True
+        return self.refine(sel[:, None].expand(n, n).clone())
+
+
+def exact_sq_distances(x: "torch.Tensor", i: "torch.Tensor", j: "torch.Tensor",
+                       chunk: int = 1 << 22) -> "torch.Tensor":
+    """‖x_iₚ − x_jₚ‖² for the pairs (iₚ, jₚ), from the difference rows in float64.
+
+    Relative error ≤ (d + 2)·2⁻⁵³ for float32 (or float64) rows: the difference of two
+    float32 values is exact in float64 and every summand is non-negative. Work is
+    bounded to about ``chunk`` float64 values at a time.
+    """
+    import torch
+
+    p = int(i.shape[0])
+    d = int(x.shape[1])
+    out = torch.zeros(p, dtype=torch.float64, device=x.device)
+    if p == 0 or d == 0:
+        return out
+    cols = max(1024, min(d, chunk // max(p, 1)))
+    pairs = max(1, chunk // cols)
+    for ps in range(0, p, pairs):
+        ii, jj = i[ps:ps + pairs], j[ps:ps + pairs]
+        for start in range(0, d, cols):
+            a = x[ii, start:start + cols].to(torch.float64)
+            a -= x[jj, start:start + cols].to(torch.float64)
+            out[ps:ps + pairs] += (a * a).sum(dim=1)
+    return out
+
+
+def _duplicate_groups(x: "torch.Tensor", suspect: "torch.Tensor", finite: "torch.Tensor") -> "torch.Tensor":
+    """Group ids (smallest member index) of bitwise-equal rows among suspected pairs."""
+    import torch
+
+    n = x.shape[0]
+    group = torch.arange(n, device=x.device)
+    if not bool(suspect.any()):
+        return group
+    cand = torch.triu(suspect, diagonal=1) & finite[:, None] & finite[None, :]
+    assigned = [False] * n
+    pairs = cand.nonzero().tolist()
+    by_row: dict[int, list[int]] = {}
+    for a, b in pairs:
+        by_row.setdefault(a, []).append(b)
+    for a in sorted(by_row):
+        if assigned[a]:
+            continue
+        for b in by_row[a]:
+            if not assigned[b] and torch.equal(x[a], x[b]):
+                group[b] = a
+                assigned[b] = True
+    return group
+
+
+def pairwise(x: "torch.Tensor") -> PairwiseDistances:
+    """Approximate squared distances of the rows of ``x`` ``(n, d)`` with their bounds.
+
+    Nothing is refined yet: decide what you can from ``lower`` / ``upper`` and call
+    :meth:`PairwiseDistances.refine` for the pairs you cannot.
+    """
+    import torch
+
+    n, d = x.shape
+    dev = x.device
+    finite = _finite_rows(x)
+    all_ok = bool(finite.all())
+    rows = x if all_ok else x[finite]
+    g, absolute = _centred_gram(rows)
+    sq = torch.diagonal(g).clamp_min(0.0)
+    dist = (sq[:, None] + sq[None, :] - 2.0 * g).clamp_min_(0.0)
+    dist = 0.5 * (dist + dist.T)
+    norm = sq.sqrt()
+    kappa = KAPPA if rows.dtype == torch.float32 else 1.5 * (_gamma(BLOCK * GROUP, U64) + 4 * U64)
+    err = kappa * (norm[:, None] + norm[None, :]).square() + absolute
+    if not all_ok:
+        full_d = torch.full((n, n), math.inf, dtype=torch.float64, device=dev)
+        full_e = torch.zeros(n, n, dtype=torch.float64, device=dev)
+        idx = finite.nonzero().flatten()
+        full_d[idx[:, None], idx[None, :]] = dist
+        full_e[idx[:, None], idx[None, :]] = err
+        dist, err = full_d, full_e
+    dist.fill_diagonal_(0.0)
+    err.fill_diagonal_(0.0)
+    suspect = (dist <= err) & torch.isfinite(dist)
+    suspect.fill_diagonal_(False)
+    group = _duplicate_groups(x, suspect, finite)
+    same = group[:, None] == group[None, :]
+    dist = torch.where(same, torch.zeros_like(dist), dist)
+    err = torch.where(same, torch.zeros_like(err), err)
+    return PairwiseDistances(rows=x, approx=dist, error=err, finite=finite, group=group)
+
+
+def sq_distances(x: "torch.Tensor", rtol: float = 1e-9) -> "torch.Tensor":
+    """Dense ``(n, n)`` float64 squared distances, each within ``rtol`` of its own value
+    (pairs the float32 bound cannot promise that for are recomputed exactly)."""
+    pd = pairwise(x)
+    loose = pd.error > rtol * pd.approx
+    return pd.refine(loose).approx
+
+
+def gram(x: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
+    """Inner products ⟨xᵢ, xⱼ⟩ ``(n, n)`` float64 and a bound on their error.
+
+    Uncentred (cosines need the origin), float32 blocks of ``BLOCK`` columns summed in
+    float64; the bound is 1.5·(γ_BLOCK + 10⁻¹²)·‖xᵢ‖‖xⱼ‖ + A. Non-finite rows give
+    NaN entries in their row and column (callers screen rows first).
+    """
+    import torch
+
+    n, d = x.shape
+    g = torch.zeros(n, n, dtype=torch.float64, device=x.device)
+    step = BLOCK * _group(n)
+    for start in range(0, d, step):
+        b = x[:, start:start + step]
+        if b.dtype == torch.float32:
+            width = b.shape[1]
+            nb = width // BLOCK
+            if nb:
+                blk = b[:, :nb * BLOCK].reshape(n, nb, BLOCK).transpose(0, 1)
+                prod = torch.bmm(blk, blk.transpose(1, 2))
+                if not bool(torch.isfinite(prod).all()) and bool(torch.isfinite(blk).all()):
+                    b64 = blk.to(torch.float64)
+                    prod = torch.bmm(b64, b64.transpose(1, 2))
+                g += prod.sum(dim=0, dtype=torch.float64)
+            if nb * BLOCK < width:
+                rest = b[:, nb * BLOCK:]
+                prod = rest @ rest.T
+                if not bool(torch.isfinite(prod).all()) and bool(torch.isfinite(rest).all()):
+                    r64 = rest.to(torch.float64)
+                    prod = r64 @ r64.T
+                g += prod.to(torch.float64)
+        else:
+            b64 = b.to(torch.float64)
+            g.addmm_(b64, b64.T)
+    norm = torch.diagonal(g).clamp_min(0.0).sqrt()
+    u = _gamma(BLOCK, U32) if x.dtype == torch.float32 else _gamma(step, U64)
+    err = 1.5 * (u + 1e-12) * norm[:, None] * norm[None, :] + 2.0 * d * ETA32
+    return g, err
+
+
+def cosine_similarities(x: "torch.Tensor") -> "torch.Tensor":
+    """cos(xᵢ, xⱼ) ``(n, n)`` float64 in [−1, 1]; 0 where either row is zero or
+    non-finite. The diagonal is 1 for non-zero finite rows."""
+    import torch
+
+    ok = _finite_rows(x)
+    rows = x if bool(ok.all()) else torch.where(ok[:, None], x, torch.zeros_like(x))
+    g, _ = gram(rows)
+    norm = torch.diagonal(g).clamp_min(0.0).sqrt()
+    denom = norm[:, None] * norm[None, :]
+    cos = torch.where(denom > 0, g / denom.clamp_min(1e-300), torch.zeros_like(g)).clamp(-1.0, 1.0)
+    diag = (norm > 0).to(cos.dtype)
+    cos.diagonal().copy_(diag)
+    return cos
+
+
+# -- decisions -------------------------------------------------------------------------
+def k_smallest_sum_bounds(pd: PairwiseDistances, k: int, alive: "torch.Tensor | None" = None
+                          ) -> tuple["torch.Tensor", "torch.Tensor"]:
+    """Bounds (L, U) on every row's sum of its ``k`` smallest distances to *other*
+    alive rows (the Krum score). The sum of the k smallest entries is monotone in every
+    entry, so the sums of the lower and upper ends bound it. Rows not alive get +inf."""
+    import torch
+
+    n = pd.approx.shape[0]
+    if alive is None:
+        alive = torch.ones(n, dtype=torch.bool, device=pd.approx.device)
+    if k <= 0:
+        z = torch.where(alive, torch.zeros(n, dtype=torch.float64, device=alive.device),
+                        torch.full((n,), math.inf, dtype=torch.float64, device=alive.device))
+        return z, z.clone()
+    off = ~alive[None, :] | torch.eye(n, dtype=torch.bool, device=alive.device)
+    lo = pd.lower.masked_fill(off, math.inf)
+    hi = pd.upper.masked_fill(off, math.inf)
+    low = torch.topk(lo, k, dim=1, largest=False).values.sum(dim=1)
+    high = torch.topk(hi, k, dim=1, largest=False).values.sum(dim=1)
+    dead = ~alive
+    low[dead] = math.inf
+    high[dead] = math.inf
+    return low, high
+
+
+def resolve_k_smallest_sums(pd: PairwiseDistances, k: int, rows: "torch.Tensor",
+                            alive: "torch.Tensor | None" = None) -> tuple[PairwiseDistances, "torch.Tensor", "torch.Tensor"]:
+    """Make the k-smallest sums of ``rows`` (indices) exact up to float64 rounding.
+
+    The pairs (i, j) that may be among row i's k nearest (lower end ≤ the k-th smallest
+    upper end) are refined. Returns the refined distances and, for every row, the
+    score and its error bound (only meaningful for ``rows``; others keep their
+    approximate score and bound)."""
+    import torch
+
+    n = pd.approx.shape[0]
+    if alive is None:
+        alive = torch.ones(n, dtype=torch.bool, device=pd.approx.device)
+    if k > 0 and rows.numel():
+        off = ~alive[None, :] | torch.eye(n, dtype=torch.bool, device=alive.device)
+        hi = pd.upper.masked_fill(off, math.inf)
+        cut = torch.topk(hi, k, dim=1, largest=False).values[:, -1]
+        need = (pd.lower <= cut[:, None]) & ~off
+        sel = torch.zeros(n, dtype=torch.bool, device=alive.device)
+        sel[rows] = True
+        pd = pd.refine(need & sel[:, None])
+    low, high = k_smallest_sum_bounds(pd, k, alive)
+    score = 0.5 * (low + high)
+    err = 0.5 * (high - low)
+    return pd, torch.where(torch.isfinite(score), score, high), torch.nan_to_num(err, nan=0.0)
+
+
+def tie_classes(values: "torch.Tensor", errors: "torch.Tensor") -> "torch.Tensor":
+    """Tie class of every value: sorted values whose intervals [v − e, v + e] overlap
+    their predecessor's share a class (+inf values share one). Each interval is the
+    value's own error bound, so no other value can widen it."""
+    import torch
+
+    vals, idx = torch.sort(values, stable=True)
+    e = errors[idx]
+    step = torch.zeros_like(vals, dtype=torch.int64)
+    if vals.numel() > 1:
+        gap = vals[1:] - vals[:-1]
+        both_inf = torch.isinf(vals[1:]) & torch.isinf(vals[:-1])
+        step[1:] = ((gap > e[1:] + e[:-1]) & ~both_inf).to(torch.int64)
+    classes = torch.empty_like(step)
+    classes[idx] = torch.cumsum(step, 0)
+    return classes
