@@ -91,6 +91,7 @@ class CellSummary:
     planned: int  # seeds in the plan
     finished: int  # seeds with a finished run
     metrics: Mapping[str, Stat] = field(hash=False)
+    broken: int = 0  # finished seeds whose model (attacked or baseline) became non-finite
 
     def value(self, metric: str) -> float | None:
         """The seed mean of ``metric`` (``None``: undefined or nothing finished)."""
@@ -245,9 +246,36 @@ def aggregate_cells(rows: Sequence[Mapping[str, Any]], *, confidence: float = 0.
             ci = mean_ci([_num(r["metrics"].get(m)) for r in done], confidence)
             stats[m] = Stat(ci["mean"], ci["lo"], ci["hi"], ci["n"])
         first = rs[0]
+        broken = sum(1 for r in done if model_broke(r))
         out.append(CellSummary(cell_id, first["attack"], first["defense"], _settings(first["settings"]),
-                               len(rs), len(done), stats))
+                               len(rs), len(done), stats, broken))
     return tuple(out)
+
+
+#: The key a round record's ``extra`` carries (``True``) when the round loop refused a
+#: non-finite aggregate or server step, i.e. the model broke.
+MODEL_NONFINITE = "model_nonfinite"
+
+
+def _rounds_broke(rounds: Any) -> bool:
+    if not isinstance(rounds, list) or not rounds:
+        return False
+    for r in rounds:
+        extra = r.get("extra") if isinstance(r, Mapping) else None
+        if isinstance(extra, Mapping) and extra.get(MODEL_NONFINITE):
+            return True
+    last = max(rounds, key=lambda r: r.get("round", 0) if isinstance(r, Mapping) else 0)
+    return isinstance(last, Mapping) and "loss" in last and _num(last.get("loss")) is None
+
+
+def model_broke(row: Mapping[str, Any]) -> bool:
+    """Did this finished run's model (or its baseline's) break: a round flagged
+    ``model_nonfinite``, or a final loss that is NaN/inf (stored as ``null``)? Its
+    metrics are then not evidence of anything, and ``--fail-if`` fails closed."""
+    metrics = row.get("metrics")
+    if isinstance(metrics, Mapping) and "final_loss" in metrics and _num(metrics.get("final_loss")) is None:
+        return True
+    return _rounds_broke(row.get("rounds")) or _rounds_broke(row.get("baseline_rounds"))
 
 
 def _mean_series(series: Sequence[Sequence[float]]) -> tuple[float, ...]:

@@ -37,8 +37,10 @@ _DESCRIPTION = textwrap.dedent(
     --fail-if EXPR gates a pipeline: EXPR is evaluated on each cell's seed means, e.g.
       --fail-if "asr > 0.2 or accuracy_drop > 0.05"
     Allowed: metric names, numbers, < <= > >= == !=, and, or, not, parentheses.
-    A comparison with an undefined (null) metric is false. Exit status 1 names every
-    cell for which EXPR holds; 2 = bad input or expression."""
+    A comparison with an undefined (null) metric is false, except that a cell whose
+    model broke (a non-finite model refused by the round loop, or a NaN/inf final loss,
+    in any seed or its baseline) fails whatever EXPR says: its metrics are not evidence
+    (fail closed). Exit status 1 names every failing cell; 2 = bad input or expression."""
 )
 
 
@@ -146,14 +148,23 @@ def cmd_report(args: argparse.Namespace) -> int:
     if unjudged:
         print(f"--fail-if: {len(unjudged)} cell(s) have no finished run; their metrics are undefined",
               file=sys.stderr)
+    from ..runner.outputs import terminal_safe
+
     failing = fail_if_cells(report, condition)
-    if not failing:
+    held = {id(c) for c, _ in failing}
+    broken = [c for c in report.cells if c.broken and id(c) not in held]
+    if not failing and not broken:
         print(f"--fail-if {condition.text!r}: no cell fails ({len(report.cells)} checked)", file=sys.stderr)
         return 0
-    print(f"--fail-if {condition.text!r}: {len(failing)} of {len(report.cells)} cell(s) fail:", file=sys.stderr)
+    n = len(failing) + len(broken)
+    print(f"--fail-if {condition.text!r}: {n} of {len(report.cells)} cell(s) fail:", file=sys.stderr)
     for c, values in failing:
         vals = ", ".join(f"{m} = {'null' if v is None else fmt_value(m, v)}" for m, v in values.items())
-        print(f"  {c.cell_id}: {vals}", file=sys.stderr)
+        why = f" (and the model broke in {c.broken} of {c.finished} seed(s))" if c.broken else ""
+        print(f"  {terminal_safe(c.cell_id)}: {vals}{why}", file=sys.stderr)
+    for c in broken:
+        print(f"  {terminal_safe(c.cell_id)}: the model broke (non-finite) in {c.broken} of {c.finished} seed(s); "
+              "its metrics are undefined, so the gate fails closed", file=sys.stderr)
     return 1
 
 

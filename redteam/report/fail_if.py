@@ -21,6 +21,12 @@ an untargeted attack, ``precision`` when nothing was flagged, or a cell with no 
 seed) makes every comparison it takes part in *false*. ``not`` negates that result as
 usual, so ``not asr < 0.2`` is *true* for a cell without an ASR; write
 ``asr >= 0.2`` rather than ``not asr < 0.2`` to gate only the cells that have one.
+
+**A broken model fails closed.** ``redteam report --fail-if`` fails a cell whose model
+broke in any finished seed (the round loop flagged ``model_nonfinite`` in a round's
+``extra``, or the final loss is NaN/inf), whatever the condition says: metrics that are
+undefined because training blew up must not pass a gate
+(:func:`redteam.report.aggregate.model_broke`).
 """
 
 from __future__ import annotations

@@ -8,6 +8,13 @@
 * **CSV**: one row per cell: ``cell_id, attack, defense``, one column per matrix
   setting, ``seeds_planned, seeds_finished``, then ``M, M_lo, M_hi, M_n`` for each metric
   ``M`` (empty = undefined).
+
+Names come from scenario files and plugins, so they are data, never markup: in Markdown
+every label is escaped (Markdown punctuation with a backslash, ``<``/``>``/``&`` as HTML
+entities, line breaks and control characters made visible) and code blocks use a fence
+longer than any run of backticks inside; in CSV a text field that a spreadsheet would
+run as a formula (first character ``= + - @``, tab or carriage return) is prefixed with
+``'`` (the OWASP "CSV injection" advice); numbers are written as numbers.
 """
 
 from __future__ import annotations
@@ -32,8 +39,43 @@ def _f(v: Any) -> Any:
     return v
 
 
+_MD_SPECIAL = set("\\`*[]|~")
+_MD_ENTITIES = {"<": "&lt;", "&": "&amp;"}  # ">" starts nothing inline
+
+
+def md_text(text: object) -> str:
+    """A label as literal inline Markdown text: no emphasis, code, links, HTML or table
+    breaks. Escaped: ``\\ ` * [ ] | ~`` (backslash), ``_`` at a word boundary (inside
+    a word, as in ``sign_flip``, it is literal already), ``< &`` (entities); line
+    breaks and control characters are shown as escapes."""
+    from ..runner.outputs import terminal_safe
+
+    t = terminal_safe(text)
+    out = []
+    for i, ch in enumerate(t):
+        if ch in _MD_ENTITIES:
+            out.append(_MD_ENTITIES[ch])
+        elif ch in _MD_SPECIAL:
+            out.append("\\" + ch)
+        elif ch == "_" and not (0 < i < len(t) - 1 and t[i - 1].isalnum() and t[i + 1].isalnum()):
+            out.append("\\_")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _fence(text: str) -> str:
+    """A backtick fence longer than any backtick run in ``text`` (at least three)."""
+    run, best = 0, 0
+    for ch in text:
+        run = run + 1 if ch == "`" else 0
+        best = max(best, run)
+    return "`" * max(3, best + 1)
+
+
 def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """A table cell: labels arrive escaped by :func:`md_text`; values never hold ``|``."""
+    return text.replace("\n", " ")
 
 
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]], right_from: int = 1) -> list[str]:
@@ -44,7 +86,7 @@ def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]], right_from: 
 
 
 def to_markdown(report: Report, metrics: Sequence[str]) -> str:
-    lines = [f"# redteam report: {report.name}", ""]
+    lines = [f"# redteam report: {md_text(report.name)}", ""]
     seeds = max((c.planned for c in report.cells), default=0)
     lines.append(f"{len(report.cells)} cells × {seeds} seed(s); "
                  f"{sum(c.finished for c in report.cells)}/{sum(c.planned for c in report.cells)} runs finished. "
@@ -54,28 +96,28 @@ def to_markdown(report: Report, metrics: Sequence[str]) -> str:
         lines += [f"## {m}", "", f"{REPORT_METRICS[m]}.", ""]
         for group, attacks, defenses, by in metric_grids(report.cells):
             if group:
-                lines += [f"### {group_title(group)}", ""]
-            lines += _md_table(["attack \\ defense", *defenses],
-                               [[a, *[cell_text(by.get((a, d)), m) for d in defenses]] for a in attacks])
+                lines += [f"### {md_text(group_title(group))}", ""]
+            lines += _md_table(["attack \\ defense", *map(md_text, defenses)],
+                               [[md_text(a), *[cell_text(by.get((a, d)), m) for d in defenses]] for a in attacks])
             lines.append("")
     if report.breakdown:
-        lines += [f"## Breakdown fraction ({short_key(report.breakdown[0].axis)})", "",
+        lines += [f"## Breakdown fraction ({md_text(short_key(report.breakdown[0].axis))})", "",
                   f"Smallest malicious fraction at which accuracy_drop > {report.accuracy_margin:g} "
                   f"or asr > {report.asr_level:g} (seed means); `>max` = never on the axis.", ""]
         for group, rows in settings_groups(report.breakdown).items():
             if group:
-                lines += [f"### {group_title(group)}", ""]
+                lines += [f"### {md_text(group_title(group))}", ""]
             attacks, defenses = axis_labels(rows)
             by = {(r.attack, r.defense): r for r in rows}
-            lines += _md_table(["attack \\ defense", *defenses],
-                               [[a, *[_bd_text(by.get((a, d))) for d in defenses]] for a in attacks])
+            lines += _md_table(["attack \\ defense", *map(md_text, defenses)],
+                               [[md_text(a), *[_bd_text(by.get((a, d))) for d in defenses]] for a in attacks])
             lines.append("")
     if report.envelope:
         lines += ["## Envelope utilisation", "",
                   "Worst case over seeds: largest accepted malicious norm / bound, smallest accepted "
                   "malicious cosine, and its margin over the threshold.", ""]
         lines += _md_table(["cell", "norm / bound", "min cosine", "cosine margin"],
-                           [[e.cell_id, fmt_value("envelope_norm", e.norm), fmt_value("envelope_cos", e.cos),
+                           [[md_text(e.cell_id), fmt_value("envelope_norm", e.norm), fmt_value("envelope_cos", e.cos),
                              fmt_value("envelope_cos_margin", e.cos_margin)] for e in report.envelope])
         lines.append("")
     if report.expectations:
@@ -83,14 +125,16 @@ def to_markdown(report: Report, metrics: Sequence[str]) -> str:
         lines += ["## Expectations", "", f"{len(report.expectations) - len(bad)} of {len(report.expectations)} hold.",
                   ""]
         lines += _md_table(["#", "expectation", "cell", "value", "verdict"],
-                           [[str(e.index + 1), e.description, e.cell_id, fmt_value(e.metric, e.value),
-                             "holds" if not e.failure else f"FAILS: {e.failure}"] for e in report.expectations],
+                           [[str(e.index + 1), md_text(e.description), md_text(e.cell_id),
+                             fmt_value(e.metric, e.value),
+                             "holds" if not e.failure else f"FAILS: {md_text(e.failure)}"] for e in report.expectations],
                            right_from=3)
         lines.append("")
     if report.reproduce:
-        lines += ["## Reproduce", "", "```", report.reproduce, "```", ""]
+        fence = _fence(report.reproduce)
+        lines += ["## Reproduce", "", fence, report.reproduce, fence, ""]
     if report.versions:
-        lines.append("Versions: " + ", ".join(f"{k} {v}" for k, v in sorted(report.versions.items())))
+        lines.append("Versions: " + ", ".join(f"{md_text(k)} {md_text(v)}" for k, v in sorted(report.versions.items())))
         lines.append("")
     return "\n".join(lines)
 
@@ -152,15 +196,28 @@ def to_csv(report: Report, metrics: Sequence[str]) -> str:
     header = ["cell_id", "attack", "defense", *keys, "seeds_planned", "seeds_finished"]
     for m in metrics:
         header += [m, f"{m}_lo", f"{m}_hi", f"{m}_n"]
-    w.writerow(header)
+    w.writerow([csv_safe(h) for h in header])
     for c in report.cells:
         s = dict(c.settings)
-        row: list[Any] = [c.cell_id, c.attack, c.defense, *[s.get(k, "") for k in keys], c.planned, c.finished]
+        row: list[Any] = [csv_safe(c.cell_id), csv_safe(c.attack), csv_safe(c.defense),
+                          *[csv_safe(s.get(k, "")) for k in keys], c.planned, c.finished]
         for m in metrics:
             st = c.metrics.get(m)
             row += ["" if v is None else repr(float(v)) for v in (st.mean, st.lo, st.hi)] + [st.n]
         w.writerow(row)
     return buf.getvalue()
+
+
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_safe(v: Any) -> Any:
+    """A CSV field a spreadsheet will not run: text starting like a formula gets a
+    leading ``'``; numbers (and booleans) are left as they are."""
+    if isinstance(v, (bool, int, float)) or v is None:
+        return v
+    text = str(v)
+    return "'" + text if text.startswith(_FORMULA_START) else text
 
 
 # ------------------------------------------------------------------- TOML-ish dump
