@@ -38,6 +38,12 @@ from defenses.clipping import CenteredClipping, Clip
 from defenses.cosine import CosineFilter
 from defenses.dp import DPNoise
 from defenses.foolsgold import FoolsGold
+from defenses.dnc import DnC
+from defenses.flame import FLAME
+from defenses.fldetector import FLDetector
+from defenses.rlr import RLR
+from defenses.signguard import SignGuard
+from defenses.sparsefed import SparseFed
 from defenses.fltrust import FLTrust
 from defenses.geomed import GeometricMedian
 from defenses.krum import Bulyan, Krum, MultiKrum
@@ -111,7 +117,40 @@ def defenses_for(n: int) -> list[tuple[str, object]]:
         ("zscore", ZScore()),
         ("fltrust", FLTrust()),
         ("foolsgold (first round)", FoolsGold()),
+        ("dnc (f = n/10, b = 10⁴, 1 iteration)", DnC(f=f)),
+        ("flame (λ = 0.001)", FLAME()),
+        ("fldetector (window of 10 pairs full; peak includes building that state)", WarmFLDetector(FLDetector())),
+        ("rlr (θ = ⌈n/2⌉)", RLR()),
+        ("signguard (10 % of coordinates)", SignGuard()),
+        ("sparsefed (L = 1, k = 1 % of d)", SparseFed()),
     ]
+
+
+class WarmFLDetector:
+    """FLDetector timed in a round after its warm-up: a synthetic state with a full window
+    of (Δw, Δg) pairs and every client's previous update (built once per input shape)."""
+
+    def __init__(self, detector: FLDetector) -> None:
+        self.detector = detector
+        self.key: tuple[int, int] | None = None
+        self.extra: dict = {}
+
+    def __call__(self, x: torch.Tensor, ctx: ServerContext):
+        import dataclasses
+
+        n, d = x.shape
+        if self.key != (n, d):
+            g = torch.Generator().manual_seed(1)
+            m = self.detector.window
+            state = {"ids": list(range(n)), "rows": x + 0.01 * torch.randn(n, d, generator=g),
+                     "distances": {i: [1.0 / n] * (m - 1) for i in range(n)}, "flagged": {},
+                     "s": 0.01 * torch.randn(m, d, generator=g), "y": 0.01 * torch.randn(m, d, generator=g),
+                     "w_last": torch.zeros(d), "pending_dw": 0.01 * torch.randn(d, generator=g),
+                     "g_last": 0.01 * torch.randn(d, generator=g)}
+            self.extra = {"state": state, "global_params": 0.01 * torch.randn(d, generator=g),
+                          "previous_update": 0.01 * torch.randn(d, generator=g)}
+            self.key = (n, d)
+        return self.detector(x, dataclasses.replace(ctx, **self.extra))
 
 
 def bench(names: list[str] | None, ns: list[int], ds: list[int], repeats_small: int, repeats_large: int) -> None:

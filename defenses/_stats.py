@@ -4,8 +4,9 @@
   combination, so finite rows never overflow however large (a plain Σwᵢxᵢ/Σw with
   sample counts as weights overflows float32 for entries near its maximum).
 * :func:`clip_scales` — the factor min(1, S/‖xᵢ‖) of clipping a row to norm S.
-* :func:`order_low_first` — rows ordered by a score, ties (up to rounding) broken by
-  the rows' content, never by their position, so a rule that keeps the k lowest is
+* :func:`order_low_first` — rows ordered by a score, ties (up to rounding, see
+  :func:`tie_classes`) broken by the rows' content (:func:`row_fingerprints`), never by
+  their position, so a rule that keeps the k lowest is
   symmetric in the clients.
 * :func:`midpoint_median` — the statistical median of a 1-D tensor (mean of the two
   middle values for an even count).
@@ -45,18 +46,49 @@ def clip_scales(norms: "torch.Tensor", bound: float) -> "torch.Tensor":
     return torch.where(norms > bound, bound / safe, torch.ones_like(norms))
 
 
-def order_low_first(scores: "torch.Tensor", updates: "torch.Tensor") -> "torch.Tensor":
-    """Row indices by ascending score (+inf last); scores equal up to rounding are tied
-    and ranked by the rows' content (Σⱼxⱼ, Σⱼ j·xⱼ), then position (identical rows)."""
+def tie_classes(values: "torch.Tensor", rtol: float = 1e-9) -> "torch.Tensor":
+    """Each value replaced by the index (float64) of its tie class: sorted values within
+    ``rtol`` × the largest finite magnitude of their predecessor share a class (values
+    equal in exact arithmetic differ by a few ulps depending on the order of a sum);
+    +inf values share the last class."""
     import torch
 
-    from .krum import _tie_classes, content_keys
+    v = values.to(torch.float64)
+    vals, idx = torch.sort(v)
+    finite = vals[torch.isfinite(vals)]
+    tol = rtol * max(float(finite.abs().max()) if finite.numel() else 0.0, 1e-300)
+    step = torch.zeros_like(vals)
+    step[1:] = ((vals[1:] - vals[:-1]) > tol).to(torch.float64)  # inf − inf = nan: not a step
+    out = torch.empty_like(vals)
+    out[idx] = torch.cumsum(step, 0)
+    return out
 
-    classes = _tie_classes(scores.to(torch.float64))
+
+def row_fingerprints(updates: "torch.Tensor", block: int = 1 << 16) -> "torch.Tensor":
+    """``(n, 2)`` float64: Σⱼ xⱼ and Σⱼ j·xⱼ of every row (non-finite entries as 0). They
+    depend on a row's values only, never on its position among the clients."""
+    import torch
+
+    n, d = updates.shape
+    out = torch.zeros(n, 2, dtype=torch.float64, device=updates.device)
+    for start in range(0, d, block):
+        blk = torch.nan_to_num(updates[:, start:start + block].to(torch.float64), nan=0.0, posinf=0.0, neginf=0.0)
+        pos = torch.arange(start + 1, start + 1 + blk.shape[1], dtype=torch.float64, device=updates.device)
+        out[:, 0] += blk.sum(dim=1)
+        out[:, 1] += blk @ pos
+    return out
+
+
+def order_low_first(scores: "torch.Tensor", updates: "torch.Tensor") -> "torch.Tensor":
+    """Row indices by ascending score (+inf last); scores equal up to rounding are tied
+    and ranked by the rows' fingerprints (Σⱼxⱼ, Σⱼ j·xⱼ), then position (identical rows)."""
+    import torch
+
+    classes = tie_classes(scores)
     order = torch.argsort(classes, stable=True)
     ranked = classes[order]
     if scores.shape[0] > 1 and bool((ranked[1:] == ranked[:-1]).any()):
-        keys = content_keys(updates).to(scores.device)
+        keys = row_fingerprints(updates).to(scores.device)
         order = torch.arange(scores.shape[0], device=scores.device)
         for col in (keys[:, 1], keys[:, 0], classes):  # least significant key first
             order = order[torch.argsort(col[order], stable=True)]

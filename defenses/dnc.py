@@ -113,12 +113,14 @@ class DnC(Aggregator):
         all_scores: list[list[float]] = []
         last = torch.full((n,), math.inf, dtype=torch.float64, device=updates.device)
         gen = generator_of(ctx)
+        every = fin.numel() == n
         for _ in range(self.niters):
-            if d > self.b:
+            sub = updates
+            if d > self.b:  # columns first: never copy the whole (n, d) matrix
                 r = torch.randperm(d, generator=gen)[: self.b].sort().values.to(updates.device)
-                sub = updates.index_select(0, fin).index_select(1, r)
-            else:
-                sub = updates.index_select(0, fin)
+                sub = updates.index_select(1, r)
+            if not every:
+                sub = sub.index_select(0, fin)
             scores = torch.full((n,), math.inf, dtype=torch.float64, device=updates.device)
             if fin.numel():
                 scores[fin] = dnc_scores(sub)

@@ -148,7 +148,7 @@ class FLAME(Aggregator):
         norms = torch.full((n,), math.inf, dtype=torch.float64, device=updates.device)
         size = 0
         if m:
-            rows = updates.index_select(0, fin)
+            rows = updates if m == n else updates.index_select(0, fin)
             norms[fin] = row_norms(rows)
             size = self.min_cluster_size if self.min_cluster_size is not None else m // 2 + 1
             dist = cosine_distances(self._gram(rows, ctx))

@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 
 __all__ = ["FLDetector", "lbfgs_hvp", "gap_says_clusters", "two_means_split"]
 
-_BLOCK = 1 << 16
+_BLOCK = 1 << 12  # columns per block of the residual norms (temporaries stay in cache)
 
 
 def lbfgs_hvp(s: "torch.Tensor", y: "torch.Tensor", v: "torch.Tensor") -> "torch.Tensor":
@@ -146,15 +146,32 @@ def gap_says_clusters(scores: "torch.Tensor", references: int, generator: "torch
     return gap1 < gap2 - s2, {"gap1": gap1, "gap2": gap2, "s2": s2}
 
 
-def _residual_norms(prev: "torch.Tensor", hv: "torch.Tensor", cur: "torch.Tensor") -> "torch.Tensor":
-    """‖prevᵢ + hv − curᵢ‖₂ per row, float64, over column blocks (no (n, d) temporary)."""
+def _residual_norms(prev: "torch.Tensor", src: "torch.Tensor", hv: "torch.Tensor", cur: "torch.Tensor",
+                    sel: "torch.Tensor") -> "torch.Tensor":
+    """‖prev[srcᵢ] + hv − cur[selᵢ]‖₂ per pair (float64), over column blocks: rows are
+    gathered block by block (no (n, d) temporary). float32 blocks use the fast float32
+    norm; a block whose norm may have overflowed or underflowed is redone in float64."""
     import torch
 
-    acc = torch.zeros(cur.shape[0], dtype=torch.float64, device=cur.device)
+    ident_src = src.shape[0] == prev.shape[0] and bool((src == torch.arange(src.shape[0], device=src.device)).all())
+    ident_sel = sel.shape[0] == cur.shape[0] and bool((sel == torch.arange(sel.shape[0], device=sel.device)).all())
+    acc = torch.zeros(sel.shape[0], dtype=torch.float64, device=cur.device)
     for start in range(0, cur.shape[1], _BLOCK):
-        blk = (prev[:, start:start + _BLOCK] - cur[:, start:start + _BLOCK]).to(torch.float64)
-        blk += hv[start:start + _BLOCK].to(torch.float64)
-        acc += (blk * blk).sum(dim=1)
+        a = prev[:, start:start + _BLOCK]
+        b = cur[:, start:start + _BLOCK]
+        a = a if ident_src else a.index_select(0, src)
+        b = b if ident_sel else b.index_select(0, sel)
+        h = hv[start:start + _BLOCK]
+        if cur.dtype == torch.float32:
+            part = torch.linalg.vector_norm(a - b + h, dim=1).to(torch.float64)
+            redo = ~torch.isfinite(part) | (part >= 1e18) | (part < 1e-15)
+            if bool(redo.any()):
+                rows = redo.nonzero().flatten()
+                blk = a.index_select(0, rows).to(torch.float64) - b.index_select(0, rows).to(torch.float64)
+                part[rows] = torch.linalg.vector_norm(blk + h.to(torch.float64), dim=1)
+        else:
+            part = torch.linalg.vector_norm((a.to(torch.float64) - b.to(torch.float64)) + h.to(torch.float64), dim=1)
+        acc += part * part
     return acc.sqrt()
 
 
@@ -238,7 +255,7 @@ class FLDetector(Filter):
             hv = lbfgs_hvp(s_hist, y_hist, v)
             sel = torch.tensor(scored, dtype=torch.long, device=updates.device)
             src = torch.tensor([where[ids[i]] for i in scored], dtype=torch.long, device=updates.device)
-            raw = _residual_norms(old_rows.index_select(0, src), hv, updates.index_select(0, sel))
+            raw = _residual_norms(old_rows, src, hv, updates, sel)
             total = float(raw.sum())
             norm = raw / total if total > 0 and math.isfinite(total) else torch.zeros_like(raw)
             for j, i in enumerate(scored):
@@ -268,7 +285,8 @@ class FLDetector(Filter):
         parts = []
         if keep_old:
             parts.append(old_rows.index_select(0, torch.tensor(keep_old, dtype=torch.long, device=updates.device)))
-        parts.append(updates.index_select(0, fin))  # a copy: the state never aliases the input
+        # a copy either way: the state never aliases the input
+        parts.append(updates.clone() if fin.numel() == n else updates.index_select(0, fin))
         # a non-finite update this round: that client's last finite update stays remembered
         for i in (~ok).nonzero().flatten().tolist():
             if ids[i] in where:
@@ -276,7 +294,7 @@ class FLDetector(Filter):
                 parts.append(old_rows[where[ids[i]]][None, :])
         state = {
             "ids": new_ids,
-            "rows": torch.cat(parts),
+            "rows": parts[0] if len(parts) == 1 else torch.cat(parts),
             "distances": dists,
             "flagged": flagged,
             "s": s_hist,

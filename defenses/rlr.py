@@ -44,8 +44,8 @@ def sign_votes(updates: "torch.Tensor") -> "torch.Tensor":
     out = torch.empty(d, dtype=torch.int32, device=updates.device)
     for start in range(0, d, _BLOCK):
         block = updates[:, start:start + _BLOCK]
-        out[start:start + block.shape[1]] = (block > 0).sum(dim=0, dtype=torch.int32) - \
-            (block < 0).sum(dim=0, dtype=torch.int32)
+        # sgn ∈ {−1, 0, 1} summed in float32: exact for n < 2²⁴ (NaN rows are screened out before)
+        out[start:start + block.shape[1]] = torch.sign(block).sum(dim=0, dtype=torch.float32).to(torch.int32)
     return out
 
 

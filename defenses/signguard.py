@@ -7,7 +7,8 @@ Collaborative Malicious Gradient Filtering", ICDCS 2022. Each round:
    (paper: L = 0.1, R = 3.0);
 2. sign clustering: on a random subset of the coordinates, each update's sign
    statistics (fraction of positive, zero and negative entries) form a 3-vector;
-   the vectors are clustered with MeanShift and S₂ is the largest cluster;
+   the vectors are clustered with MeanShift (here: flat kernel, every vector a seed,
+   the algorithm of scikit-learn's ``MeanShift``) and S₂ is the largest cluster;
 3. the aggregate is the plain mean over S = S₁ ∩ S₂ of the updates clipped to M:
    (1/|S|)·Σ_{i∈S} Δᵢ·min(1, M/‖Δᵢ‖).
 
@@ -29,7 +30,6 @@ rejected before the rule runs.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -42,7 +42,7 @@ from ._stats import clip_scales, midpoint_median
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["SignGuard", "sign_statistics", "estimate_bandwidth", "largest_meanshift_cluster"]
+__all__ = ["SignGuard", "sign_statistics", "estimate_bandwidth", "mean_shift", "largest_meanshift_cluster"]
 
 
 def sign_statistics(updates: "torch.Tensor", columns: "torch.Tensor | None" = None) -> "torch.Tensor":
@@ -72,40 +72,68 @@ def estimate_bandwidth(features: "torch.Tensor", quantile: float) -> float:
     return float(torch.sort(dist, dim=1).values[:, k - 1].mean())
 
 
+def mean_shift(x: "torch.Tensor", bandwidth: float, max_iter: int = 300) -> "torch.Tensor":
+    """Flat-kernel MeanShift (Comaniciu & Meer 2002; scikit-learn's algorithm): cluster
+    labels ``(n,)`` of the rows of ``x`` (float64).
+
+    Every row seeds a search that moves to the mean of the rows within ``bandwidth``
+    until it moves less than 10⁻³·bandwidth (at most ``max_iter`` steps; all seeds
+    step together). The modes are taken by decreasing intensity (rows within reach;
+    ties by the mode's coordinates, largest first), each suppressing the modes within
+    ``bandwidth`` of it; every row joins its nearest mode.
+    """
+    import torch
+
+    seeds = x.clone()
+    live = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
+    for _ in range(max_iter):
+        near = torch.cdist(seeds[live], x) <= bandwidth
+        count = near.sum(dim=1, keepdim=True)
+        moved = torch.where(count > 0, (near.to(x.dtype) @ x) / count.clamp_min(1), seeds[live])
+        step = (moved - seeds[live]).norm(dim=1)
+        idx = live.nonzero().flatten()
+        seeds[idx] = moved
+        live[idx[step < 1e-3 * bandwidth]] = False
+        if not bool(live.any()):
+            break
+    intensity = (torch.cdist(seeds, x) <= bandwidth).sum(dim=1)
+    keys = [(int(intensity[i]), tuple(seeds[i].tolist())) for i in range(x.shape[0])]
+    order = sorted(range(x.shape[0]), key=lambda i: keys[i], reverse=True)
+    centres: list["torch.Tensor"] = []
+    for i in order:
+        if all(float((seeds[i] - c).norm()) >= bandwidth for c in centres):
+            centres.append(seeds[i])
+    return torch.argmin(torch.cdist(x, torch.stack(centres)), dim=1)
+
+
 def largest_meanshift_cluster(features: "torch.Tensor", bandwidth: float | None = None,
                               quantile: float = 0.3) -> tuple["torch.Tensor", list[int], float]:
     """Bool mask of the largest MeanShift cluster of the rows of ``features``, the labels,
     and the bandwidth used."""
-    import numpy as np
     import torch
-    from sklearn.cluster import MeanShift
 
     n = features.shape[0]
-    x = np.ascontiguousarray(features.detach().cpu().numpy(), dtype=np.float64)
+    f = features.detach().to(torch.float64).cpu()
     if bandwidth is None:
-        bandwidth = estimate_bandwidth(features, quantile)
-    if n <= 1 or float(np.ptp(x, axis=0).max()) == 0.0:
-        labels = [0] * n
-    elif not bandwidth > 1e-12:  # MeanShift's limit as the bandwidth → 0: one mode per distinct vector
-        labels = [int(v) for v in torch.unique(features.detach().cpu(), dim=0, return_inverse=True)[1]]
-    else:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            labels = [int(v) for v in MeanShift(bandwidth=bandwidth).fit(x).labels_]
-    lab = torch.tensor(labels, dtype=torch.long)
-    sizes = torch.bincount(lab) if n else torch.zeros(0, dtype=torch.long)
+        bandwidth = estimate_bandwidth(f, quantile)
     if n == 0:
-        return torch.zeros(0, dtype=torch.bool), labels, float(bandwidth)
+        return torch.zeros(0, dtype=torch.bool, device=features.device), [], float(bandwidth)
+    if n == 1 or float((f.amax(dim=0) - f.amin(dim=0)).max()) == 0.0:
+        lab = torch.zeros(n, dtype=torch.long)
+    elif not bandwidth > 1e-12:  # MeanShift's limit as the bandwidth → 0: one mode per distinct vector
+        lab = torch.unique(f, dim=0, return_inverse=True)[1]
+    else:
+        lab = mean_shift(f, float(bandwidth))
+    sizes = torch.bincount(lab)
     top = (sizes == sizes.max()).nonzero().flatten()
     best = int(top[0])
     if top.numel() > 1:
-        f = features.detach().cpu().to(torch.float64)
         med = f.median(dim=0).values
         centres = torch.stack([f[lab == int(c)].mean(dim=0) for c in top])
         gap = (centres - med).norm(dim=1)
         keys = [(float(gap[j]), tuple(centres[j].tolist())) for j in range(top.numel())]
         best = int(top[min(range(top.numel()), key=lambda j: keys[j])])
-    return (lab == best).to(features.device), labels, float(bandwidth)
+    return (lab == best).to(features.device), [int(v) for v in lab], float(bandwidth)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +190,8 @@ class SignGuard(Aggregator):
         labels = [-2] * n
         bw = 0.0
         if fin.numel():
-            feats = sign_statistics(updates.index_select(0, fin), cols)
+            sub = updates if cols is None else updates.index_select(1, cols)  # columns first: a small copy
+            feats = sign_statistics(sub if fin.numel() == n else sub.index_select(0, fin))
             mask, lab, bw = largest_meanshift_cluster(feats, self.bandwidth, self.bandwidth_quantile)
             in_cluster[fin[mask.to(fin.device)]] = True
             for j, i in enumerate(fin.tolist()):

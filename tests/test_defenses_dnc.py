@@ -96,3 +96,12 @@ def test_good_set_is_the_intersection_of_each_iterations_lowest(n, d, f, niters,
     assert dec.accepted.tolist() == keep.tolist()
     assert int(dec.accepted.sum()) >= n - niters * f
     assert torch.allclose(dec.aggregate, x[keep].mean(dim=0), atol=1e-5)
+
+
+def test_equal_scores_are_broken_by_content_not_position():
+    # f = 3 keeps n − 3 = 2: the lowest score 3.92 (row 3, (1, 1)) and one of the tied 7.22 rows,
+    # (1, 0) or (0, 1). Fingerprints Σⱼ j·xⱼ: (1, 0) -> 1, (0, 1) -> 2, so (1, 0) is kept:
+    # mean of (1, 1) and (1, 0) = (1, 0.5), whatever the order of the rows.
+    assert DnC(f=3)(FIVE).aggregate.tolist() == pytest.approx([1.0, 0.5])
+    assert DnC(f=3)(FIVE.flip(0)).aggregate.tolist() == pytest.approx([1.0, 0.5])
+    assert DnC(f=3)(FIVE[[2, 0, 4, 1, 3]]).aggregate.tolist() == pytest.approx([1.0, 0.5])

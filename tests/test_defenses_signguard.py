@@ -82,3 +82,25 @@ def test_parameters_are_checked():
         SignGuard(coordinate_fraction=0)
     with pytest.raises(InvalidParameter, match=r"SignGuard.bandwidth = -1"):
         SignGuard(bandwidth=-1)
+
+
+def test_mean_shift_by_hand_and_against_scikit_learn():
+    import warnings
+
+    import numpy as np
+    from sklearn.cluster import MeanShift
+    from sklearn.metrics import adjusted_rand_score
+
+    from defenses.signguard import mean_shift
+
+    # bandwidth 1: seeds in {0, 0.1, 0.2} converge to their mean 0.1, seeds in {5, 5.1} to 5.05
+    x = torch.tensor([[0.0], [0.1], [5.0], [0.2], [5.1]], dtype=torch.float64)
+    lab = mean_shift(x, 1.0).tolist()
+    assert lab[0] == lab[1] == lab[3] != lab[2] == lab[4]
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        pts = np.concatenate([rng.normal(0, 0.05, (15, 3)), rng.normal(0.5, 0.05, (6, 3)), rng.random((4, 3))])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ref = MeanShift(bandwidth=0.15).fit(pts).labels_
+        assert adjusted_rand_score(ref, mean_shift(torch.tensor(pts), 0.15).numpy()) == 1.0
