@@ -43,7 +43,7 @@ def _exact_norms(rows: "torch.Tensor") -> "torch.Tensor":
     """Float64-accumulated L2 norms of ``rows`` ``(k, d)``, column block by block."""
     import torch
 
-    acc = torch.zeros(rows.shape[0], dtype=torch.float64, device=rows.device)
+    acc = rows.new_zeros(rows.shape[0], dtype=torch.float64)
     for start in range(0, rows.shape[1], _BLOCK):
         block = rows[:, start:start + _BLOCK].to(torch.float64)
         acc += (block * block).sum(dim=1)
@@ -51,16 +51,16 @@ def _exact_norms(rows: "torch.Tensor") -> "torch.Tensor":
 
 
 def _fast_norms(updates: "torch.Tensor") -> "torch.Tensor":
-    """float64 ``(n,)``: the float32 norm of float32 rows (exact where it over- or
-    underflowed or is not finite), the float64-accumulated norm of any other dtype."""
+    """float64 ``(n,)``: the float32 norm of float32 rows, the float64-accumulated norm of
+    any other dtype. A float32 result that is not finite (the squares overflowed; a finite
+    sum means no partial sum did) or below 1e-15 (squares near the float32 subnormal range
+    lose digits) is re-measured exactly."""
     import torch
 
-    if updates.dtype == torch.float64:
-        return torch.linalg.vector_norm(updates, dim=1)
     if updates.dtype != torch.float32:
         return _exact_norms(updates)
     out = torch.linalg.vector_norm(updates, dim=1).to(torch.float64)
-    return _redo(updates, out, ~torch.isfinite(out) | (out >= 1e18) | (out < 1e-15))
+    return _redo(updates, out, ~torch.isfinite(out) | (out < 1e-15))
 
 
 def _redo(updates: "torch.Tensor", out: "torch.Tensor", rows: "torch.Tensor") -> "torch.Tensor":
@@ -73,18 +73,14 @@ def _redo(updates: "torch.Tensor", out: "torch.Tensor", rows: "torch.Tensor") ->
 def l2_norms(updates: "torch.Tensor", near: float | None = None) -> "torch.Tensor":
     """‖xᵢ‖₂ of every row ``(n,)`` as float64: the norm every norm rule judges by.
 
-    float64 rows are measured directly; other dtypes with float64 accumulation. With
-    ``near`` (the bound about to be applied), float32 rows take the fast float32 norm
-    and only the rows where it cannot be trusted are re-measured with float64
-    accumulation: rows within a relative 1e-3 of ``near``, rows whose squares may over-
-    or underflow, non-finite results. So at the bound the answer is always the
-    float64-accumulated norm, whatever the dtype.
+    Without ``near`` every row is measured with float64 accumulation. With ``near``
+    (the bound about to be applied), float32 rows take the fast float32 norm and only
+    the rows where it cannot be trusted are re-measured with float64 accumulation: rows
+    within a relative 1e-3 of ``near``, rows whose squares over- or underflowed. So at
+    the bound the answer is always the float64-accumulated norm, whatever the dtype.
     """
-    import torch
-
-    if updates.dtype != torch.float32 or near is None:
-        return (torch.linalg.vector_norm(updates, dim=1) if updates.dtype == torch.float64
-                else _exact_norms(updates))
+    if near is None:
+        return _exact_norms(updates)
     return _refine(updates, _fast_norms(updates), near)
 
 
@@ -152,12 +148,11 @@ class NormBound(Filter):
         from ._common import finite_rows
 
         finite = finite_rows(updates)
-        nan = torch.tensor(float("nan"), dtype=torch.float64, device=updates.device)
         # the fast norms locate the bound (an adaptive one moves by ~1e-7 relative when
         # its median row is re-measured); the rows near it are re-measured exactly
         norms = _fast_norms(updates)
-        norms = _refine(updates, norms, self.threshold(torch.where(finite, norms, nan)))
-        m = self.threshold(torch.where(finite, norms, nan))
+        norms = _refine(updates, norms, self.threshold(norms.masked_fill(~finite, math.nan)))
+        m = self.threshold(norms.masked_fill(~finite, math.nan))
         reasons: dict[int, str] = {}
         for i in (~finite).nonzero().flatten().tolist():
             reasons[i] = "non-finite update"

@@ -140,22 +140,52 @@ def test_nonfinite_rows_are_rejected_and_never_reach_the_aggregate(mode):
 def test_l2_norms_over_and_underflow_in_float32():
     # float32 squares of 3e20 overflow and of 3e-30 underflow; the norms are still
     # 5e20 and 5e-30 (re-measured with float64 accumulation).
-    x = torch.tensor([[3e20, 4e20], [3e-30, 4e-30], [3.0, 4.0]], dtype=torch.float32)
+    # (float32's own norm gives inf, 0 and 5.29e-23 for the first three rows)
+    x = torch.tensor([[3e20, 4e20], [3e-30, 4e-30], [3e-23, 4e-23], [3.0, 4.0]], dtype=torch.float32)
     got = l2_norms(x, near=1.0)
     assert got.dtype == torch.float64
     ref = [math.hypot(float(a), float(b)) for a, b in x.tolist()]
     assert got.tolist() == pytest.approx(ref, rel=1e-12)
+    dec = NormBound(bound=1e21, mode="reject")(x, ServerContext.default(x))
+    assert dec.accepted.tolist() == [True] * 4
+
+
+def test_l2_norms_accumulate_across_column_blocks():
+    # 2·65536 + 3 columns of ones (three float64 blocks): ‖x‖ = √131075 exactly rounded;
+    # the row of 0.5s has half of it. Both with and without ``near``.
+    d = 2 * 65536 + 3
+    x = torch.ones(2, d)
+    x[1] = 0.5
+    want = [math.sqrt(d), 0.5 * math.sqrt(d)]
+    assert l2_norms(x).tolist() == pytest.approx(want, rel=1e-15)
+    assert l2_norms(x, near=math.sqrt(d)).tolist() == pytest.approx(want, rel=1e-7)
+    assert float(l2_norms(x, near=math.sqrt(d))[0]) == pytest.approx(want[0], rel=1e-15)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
 def test_l2_norms_other_dtypes(dtype):
+    # always float64 out; 2049 ones: √2049 = 45.265881…, which float16 cannot hold
     x = torch.tensor([[3.0, 4.0], [0.0, 0.5]], dtype=dtype)
     assert l2_norms(x).tolist() == [5.0, 0.5]
     assert l2_norms(x, near=5.0).tolist() == [5.0, 0.5]
+    y = torch.ones(1, 2049, dtype=dtype)
+    for got in (l2_norms(y), l2_norms(y, near=1.0)):
+        assert got.dtype == torch.float64 and float(got[0]) == pytest.approx(math.sqrt(2049), rel=1e-15)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_reject_and_clip_in_other_dtypes(dtype):
+    # M = 5: [3,4] on the bound (accepted), [6,8] over (rejected / clipped to [3,4])
+    x = torch.tensor([[3.0, 4.0], [6.0, 8.0]], dtype=dtype)
+    dec = NormBound(bound=5.0, mode="reject")(x, ServerContext.default(x))
+    assert dec.accepted.tolist() == [True, False]
+    res = NormBound(bound=5.0).filter(x, None)
+    assert res.updates.dtype == dtype
+    assert res.updates.tolist() == [[3.0, 4.0], [3.0, 4.0]]
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 2**31), d=st.integers(1, 300), bound=st.floats(0.01, 100.0),
+@given(seed=st.integers(0, 2**31), d=st.integers(1, 300), bound=st.floats(0.01, 1e4),
        n=st.integers(1, 6))
 def test_l2_norms_near_the_bound_are_float64_exact(seed, d, bound, n):
     # rows scaled to within a few float32 ulps of the bound: the measured norm equals the
@@ -240,3 +270,14 @@ def test_bad_parameters_are_one_line_errors(kw, name):
         redteam.defense("norm_bound", **kw)
     msg = str(ei.value)
     assert name in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"bound": 0}, "NormBound.bound = 0: must be a finite number > 0"),
+    ({"multiplier": -1.0}, "NormBound.multiplier = -1.0: must be a finite number > 0 (or unset)"),
+    ({"mode": "x"}, "NormBound.mode = 'x': must be 'clip' or 'reject'"),
+])
+def test_direct_construction_messages(kw, msg):
+    with pytest.raises(InvalidParameter) as ei:
+        NormBound(**kw)
+    assert str(ei.value) == msg

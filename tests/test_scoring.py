@@ -15,8 +15,10 @@ from redteam.scoring import (
     breakdown_fraction,
     detection,
     envelope,
+    language_model,
     mean_ci,
     rounds_to_target,
+    rounds_to_target_loss,
     summarize,
 )
 from redteam.types import RoundRecord
@@ -76,6 +78,17 @@ def test_detection_per_round():
     assert detection([R1]) == Detection(2, 0, 2, 0)
 
 
+def test_detection_counts_accumulate():
+    # one round: two missed malicious (FN 2), two flagged honest (FP 2), one flagged
+    # malicious (TP 1), three accepted honest (TN 3)
+    r = RoundRecord(round=0, accuracy=0.0, loss=0.0,
+                    accepted=[True, True, False, False, False, True, True, True],
+                    malicious=[True, True, False, False, True, False, False, False],
+                    participating=[True] * 8, rejected={2: "x", 3: "x", 4: "x"})
+    assert detection([r]) == Detection(tp=1, fp=2, tn=3, fn=2)
+    assert detection([r, r]) == Detection(tp=2, fp=4, tn=6, fn=4)
+
+
 def test_a_rejected_client_that_did_not_take_part_is_not_judged():
     # c1 did not take part (participating False) yet appears in rejected (e.g. a stale
     # entry): it is still not judged. c0 took part and was accepted: TN.
@@ -131,6 +144,14 @@ def test_summarize_worked_example():
     assert set(out) - set(METRICS) == {"tp", "fp", "tn", "fn", "target_accuracy"}
 
 
+def test_summarize_defaults_and_a_single_round():
+    # default target accuracy 0.9: R1 (0.92) reaches it in its round → 1; per-round
+    # figures of one round are that round's own
+    out = summarize([R1])
+    assert out["target_accuracy"] == 0.9 and out["rounds_to_target"] == 2
+    assert out["wall_time_per_round_s"] == 3.0 and out["defense_time_per_round_s"] == 0.75
+
+
 def test_summarize_without_baseline_and_without_rounds():
     out = summarize([R0, R1])
     assert "accuracy_drop" not in out and "slowdown_rounds" not in out
@@ -162,6 +183,9 @@ def test_attack_success_rate_is_the_last_rounds():
     assert attack_success_rate([R1, R0]) is None  # the last round has no "asr"
     assert attack_success_rate([R0, R1]) == 0.125
     assert attack_success_rate([]) is None
+    other = RoundRecord(round=2, accuracy=0.9, loss=0.5, accepted=[True], malicious=[True],
+                        participating=[True], extra={"asr": 0.75})
+    assert attack_success_rate([R0, R1, other]) == 0.75
 
 
 def test_envelope_takes_the_max_norm_and_min_cosine_over_rounds():
@@ -174,12 +198,22 @@ def test_envelope_takes_the_max_norm_and_min_cosine_over_rounds():
     a = mk({0: 1.0, 1: 9.0}, {0: 2.0, 1: 2.0}, {0: 0.5, 1: -1.0})
     b = mk({0: 3.0}, {0: 4.0}, {0: 0.2})
     c = mk({0: 5.0}, {0: 0.0}, {})
-    env = envelope([a, b, c])
+    bare = RoundRecord(round=0, accuracy=0.0, loss=0.0, accepted=[True], malicious=[True],
+                       participating=[True])  # no telemetry at all: contributes nothing
+    env = envelope([a, b, c, bare])
     assert env["envelope_norm"] == 0.75
     assert env["envelope_cos"] == 0.2
     assert env["envelope_cos_margin"] == pytest.approx(0.1)
     assert envelope([b, a]) == env
     assert envelope([]) == {"envelope_norm": None, "envelope_cos": None, "envelope_cos_margin": None}
+
+
+def test_envelope_reads_every_client_and_small_bounds():
+    # client 0 is honest (skipped), client 1 malicious and accepted: ‖u‖/M = 0.25/0.5 = 0.5
+    r = RoundRecord(round=0, accuracy=0.0, loss=0.0, accepted=[True, True], malicious=[False, True],
+                    participating=[True, True],
+                    extra={"norms": {0: 9.0, 1: 0.25}, "norm_bounds": {0: 0.5, 1: 0.5}})
+    assert envelope([r])["envelope_norm"] == 0.5
 
 
 def test_envelope_without_a_threshold_has_no_margin():
@@ -207,6 +241,12 @@ def test_t_quantiles_against_tables():
     assert _t_quantile(0.975, 40) == pytest.approx(2.021, abs=1e-3)
     assert _t_quantile(0.975, 120) == pytest.approx(1.980, abs=1e-3)
     assert _t_quantile(0.95, 60) == pytest.approx(1.671, abs=1e-3)
+    # just past the table (ν = 31: 2.0395) and off the 0.975 column (t_{0.95,10} = 1.8125)
+    assert _t_quantile(0.975, 31) == pytest.approx(2.0395, abs=2e-4)
+    assert _t_quantile(0.95, 10) == pytest.approx(1.8125, abs=2e-3)
+    # the expansion's third term matters at ν = 120: t_{0.975,120} = 1.9799304 (7 digits;
+    # the three-term expansion is within 1.5e-6, without its last term off by ~1e-5)
+    assert _t_quantile(0.975, 120) == pytest.approx(1.9799304, abs=3e-6)
 
 
 def test_breakdown_fraction():
@@ -218,3 +258,55 @@ def test_breakdown_fraction():
     assert breakdown_fraction([(0.1, None, 0.51), (0.05, None, None)]) == 0.1
     assert breakdown_fraction([(0.1, 0.2, None)], accuracy_margin=0.25) is None
     assert breakdown_fraction([(0.1, None, 0.3)], asr_level=0.25) == 0.1
+
+
+# -- language-model metrics ------------------------------------------------------------------
+def _lm(losses, **extra):
+    return [RoundRecord(round=i, accuracy=0.0, loss=x, accepted=[True], malicious=[False],
+                        participating=[True], extra=dict(extra) if i == len(losses) - 1 else {})
+            for i, x in enumerate(losses)]
+
+
+def test_language_model_worked_example():
+    # final loss 0.5 nats: bits = 0.5 / ln 2 = 0.7213475…, perplexity e^0.5 = 1.6487213…
+    # baseline final loss 0.3: bits 0.4328085…, perplexity e^0.3 = 1.3498588…
+    # increases: 0.2 / ln 2 = 0.2885390…, e^0.5 − e^0.3 = 0.2988625…
+    # rounds to the baseline's final loss 0.3: the attacked losses 2.0, 0.5 never get there
+    out = language_model(_lm([2.0, 0.5], false_trigger=0.25), _lm([1.0, 0.3]))
+    assert out["final_bits_per_byte"] == pytest.approx(0.7213475204)
+    assert out["final_perplexity"] == pytest.approx(1.6487212707)
+    assert out["bits_per_byte_increase"] == pytest.approx(0.2885390082)
+    assert out["perplexity_increase"] == pytest.approx(0.2988624587)
+    assert out["rounds_to_target_loss"] is None
+    assert out["false_trigger_rate"] == 0.25
+    # the baseline reaches the attacked run's final loss 0.5? its losses are 1.0, 0.3 → round 2
+    assert language_model(_lm([1.0, 0.3]), _lm([2.0, 0.5]))["rounds_to_target_loss"] == 2
+
+
+def test_language_model_without_baseline_or_rounds():
+    out = language_model(_lm([0.7]))
+    assert "bits_per_byte_increase" not in out and "perplexity_increase" not in out
+    assert out["rounds_to_target_loss"] is None and out["false_trigger_rate"] is None
+    assert language_model(_lm([0.7]), target_loss=0.7)["rounds_to_target_loss"] == 1
+    empty = language_model([])
+    assert empty["final_bits_per_byte"] is None and empty["final_perplexity"] is None
+
+
+def test_language_model_non_finite_and_huge_losses():
+    # an infinite loss has no bits or perplexity; e^700 would overflow soon after: null
+    out = language_model(_lm([math.inf]), _lm([0.1]))
+    assert out["final_bits_per_byte"] is None and out["bits_per_byte_increase"] is None
+    assert out["perplexity_increase"] is None
+    big = language_model(_lm([700.0]))
+    assert big["final_perplexity"] is None and big["final_bits_per_byte"] == pytest.approx(700 / math.log(2))
+    assert language_model(_lm([699.0]))["final_perplexity"] == pytest.approx(math.exp(699.0))
+
+
+def test_rounds_to_target_loss():
+    recs = _lm([3.0, 2.0, 1.0])
+    assert rounds_to_target_loss(recs, 2.0) == 2  # 2.0 ≤ 2.0: inclusive
+    assert rounds_to_target_loss(recs, 2.5) == 2
+    assert rounds_to_target_loss(recs, 0.5) is None
+    assert rounds_to_target_loss(recs, None) is None
+    assert rounds_to_target_loss(recs, math.inf) is None
+    assert rounds_to_target_loss(recs, math.nan) is None

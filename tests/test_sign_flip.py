@@ -82,3 +82,13 @@ def test_bad_parameters_are_one_line_errors(kw, name):
     with pytest.raises(InvalidParameter) as ei:
         redteam.attack("sign_flip", **kw)
     assert name in str(ei.value) and "\n" not in str(ei.value)
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"variant": "x"}, "SignFlip.variant = 'x': must be 'own' or 'mean'"),
+    ({"scale": 0}, "SignFlip.scale = 0: must be a finite number > 0"),
+])
+def test_direct_construction_messages(kw, msg):
+    with pytest.raises(InvalidParameter) as ei:
+        SignFlip(**kw)
+    assert str(ei.value) == msg

@@ -1,0 +1,148 @@
+"""Mutation testing of the verdict modules with mutmut (not part of CI: minutes to hours).
+
+Each *scope* is a set of modules to mutate and the fast tests that target them. For every
+scope this script copies the working tree (tracked files, with their uncommitted edits)
+into a scratch directory, appends a ``[tool.mutmut]`` section to the copy's
+``pyproject.toml``, runs ``mutmut run`` there (the shared tree never sees a mutant or a
+``mutants/`` folder) and reads the verdicts back::
+
+    pip install mutmut==3.8.1
+    python scripts/mutation.py                        # every scope, report on stdout
+    python scripts/mutation.py scoring matrix -j 2    # some scopes, two workers
+    python scripts/mutation.py --list                 # the scopes and their tests
+    python scripts/mutation.py norm --report benchmarks/MUTATION.md --keep /tmp/mut
+
+Per scope it prints killed / survived / total (timeouts and segfaults count as killed,
+"no tests" as survived) and the diff of every surviving mutant (``mutmut show``), which
+is the raw material for ``benchmarks/MUTATION.md``: each survivor is either killed by a
+new test or explained there as equivalent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: scope → (modules or packages to mutate, test files that target them, extra pytest args)
+SCOPES: dict[str, tuple[list[str], list[str], list[str]]] = {
+    "scoring": (["redteam/scoring.py"], ["tests/test_scoring.py"], []),
+    "matrix": (["redteam/matrix.py"], ["tests/test_expect.py", "tests/test_matrix.py"],
+               ["-k", "not kill and not concurrent and not parallel and not store"]),
+    "norm": (["defenses/norm.py"], ["tests/test_defenses_norm.py"], []),
+    "basic": (["attacks/basic.py"], ["tests/test_sign_flip.py"], []),
+    "merge": (["redteam/merge.py"], ["tests/test_merge.py", "tests/test_merge_rejection.py"], []),
+    "envelope": (["attacks/envelope.py"], ["tests/test_attacks_envelope.py", "tests/test_defenses_norm.py"], []),
+    "defenses": (["defenses/*"], ["tests/test_defenses_*.py"], []),
+    "attacks": (["attacks/*"], ["tests/test_attacks_*.py", "tests/test_sign_flip.py"], []),
+    "federation": (["redteam/federation/*"], ["tests/test_federation.py", "tests/test_loop_paths.py",
+                                               "tests/test_server_opt.py", "tests/test_partition.py"],
+                   ["-m", "not slow"]),
+}
+#: mutmut exit-code verdicts that mean "a test failed" (killed)
+KILLED = {"killed", "timeout", "segfault"}
+
+
+def _copy_tree(dest: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for rel in files.decode().split("\0"):
+        if not rel or not (ROOT / rel).is_file():
+            continue
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, target)
+
+
+def _toml_list(items: list[str]) -> str:
+    return "[" + ", ".join(json.dumps(i) for i in items) + "]"
+
+
+def _expand(patterns: list[str]) -> list[str]:
+    out: list[str] = []
+    for p in patterns:
+        hits = sorted(str(x.relative_to(ROOT)) for x in ROOT.glob(p)) if "*" in p else [p]
+        out.extend(h for h in hits if (ROOT / h).exists())
+    return out
+
+
+def run_scope(name: str, jobs: int, keep: Path | None) -> dict:
+    mutate, tests, extra = SCOPES[name]
+    work = Path(tempfile.mkdtemp(prefix=f"mut-{name}-", dir=keep))
+    _copy_tree(work)
+    only = [m if m.endswith((".py", "*")) else m + "/*" for m in mutate]
+    cfg = (
+        "\n\n[tool.mutmut]\n"
+        'source_paths = ["redteam", "attacks", "defenses", "provenance"]\n'
+        f"only_mutate = {_toml_list(only)}\n"
+        f"pytest_add_cli_args_test_selection = {_toml_list(_expand(tests))}\n"
+        f"pytest_add_cli_args = {_toml_list(['-p', 'no:cacheprovider', '-x', '-q', *extra])}\n"
+    )
+    with open(work / "pyproject.toml", "a", encoding="utf-8") as fh:
+        fh.write(cfg)
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    t0 = time.time()
+    log = work / "mutmut-run.log"
+    with open(log, "w") as fh:
+        subprocess.run(["mutmut", "run", "--max-children", str(jobs)], cwd=work, env=env,
+                       stdout=fh, stderr=subprocess.STDOUT, check=False)
+    res = subprocess.run(["mutmut", "results", "--all", "true"], cwd=work, env=env,
+                         capture_output=True, text=True, check=False).stdout
+    verdicts: dict[str, str] = {}
+    for line in res.splitlines():
+        key, _, status = line.strip().rpartition(": ")
+        if key:
+            verdicts[key] = status
+    survivors = sorted(k for k, v in verdicts.items() if v not in KILLED)
+    diffs = {k: subprocess.run(["mutmut", "show", k], cwd=work, env=env, capture_output=True, text=True,
+                               check=False).stdout for k in survivors}
+    killed = sum(1 for v in verdicts.values() if v in KILLED)
+    if keep is None:
+        shutil.rmtree(work, ignore_errors=True)
+    return {"scope": name, "modules": mutate, "tests": tests, "total": len(verdicts), "killed": killed,
+            "survived": len(survivors), "seconds": round(time.time() - t0), "survivors": diffs,
+            "dir": str(work) if keep is not None else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("scopes", nargs="*", help=f"scopes to run (default: all): {', '.join(SCOPES)}")
+    ap.add_argument("-j", "--jobs", type=int, default=2, help="mutmut workers (default 2)")
+    ap.add_argument("--keep", type=Path, help="keep the scratch copies under this folder")
+    ap.add_argument("--json", type=Path, help="also write the results as JSON here")
+    ap.add_argument("--list", action="store_true", help="list the scopes and exit")
+    args = ap.parse_args(argv)
+    if args.list:
+        for k, (m, t, e) in SCOPES.items():
+            print(f"{k:10s} mutate {' '.join(m)}  tests {' '.join(t)} {' '.join(e)}")
+        return 0
+    unknown = [s for s in args.scopes if s not in SCOPES]
+    if unknown:
+        ap.error(f"unknown scope(s) {', '.join(unknown)}; known: {', '.join(SCOPES)}")
+    if shutil.which("mutmut") is None:
+        ap.error("mutmut is not installed: pip install mutmut==3.8.1")
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    results = []
+    for scope in args.scopes or list(SCOPES):
+        r = run_scope(scope, args.jobs, args.keep)
+        results.append(r)
+        pct = 100.0 * r["killed"] / r["total"] if r["total"] else float("nan")
+        print(f"## {scope}: {r['killed']}/{r['total']} killed ({pct:.1f} %), {r['survived']} survived, "
+              f"{r['seconds']} s", flush=True)
+        for diff in r["survivors"].values():
+            print(diff.rstrip(), flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
