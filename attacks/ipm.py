@@ -7,6 +7,11 @@ so Krum and Bulyan pick them, and once enough copies are picked the inner produc
 the aggregate with the true descent direction turns negative; a large ε (≈ 100)
 targets mean- and median-type rules (REFERENCES.md §2.2, A3). The default ε = 0.1 is
 the small-ε setting of the paper, also used by Karimireddy et al. (2021).
+
+Space: the paper and its code work on gradients and send −ε·μ_g; on our delta rows
+(≈ −η·gradient) μ flips sign with the space, so −ε·μ_Δ is the same attack and no sign
+parameter is needed (unlike ALIE's and Min-Max's σ, which does not flip). The "optimal"
+variant with ε chosen against the defense is ``ipm_opt`` (``attacks.tailored``).
 """
 
 from __future__ import annotations

@@ -58,6 +58,11 @@ if TYPE_CHECKING:
 __all__ = ["AGRTailored", "OptimalALIE", "OptimalIPM", "DamageOracle", "byzfl_line_search", "released_search"]
 
 
+#: the most values one batched oracle call may hold (2²⁶ float32 = 256 MiB); more probes
+#: are split over several calls
+BATCH_ELEMENTS = 1 << 26
+
+
 def _coordinatewise(defense: Any) -> bool:
     """True for rules that act on each coordinate alone (their call can batch candidates
     side by side along the coordinate axis)."""
@@ -72,7 +77,8 @@ class DamageOracle:
     Built once per round from the attack context; :meth:`damage` takes ``(k, d)``
     candidate rows (one per probe; every malicious client sends that row) and returns the
     ``(k,)`` float64 distances. Coordinate-wise rules get the k probes in one call
-    (matrices placed side by side along the coordinates); other rules one call each.
+    (matrices placed side by side along the coordinates; split into several calls beyond
+    ``BATCH_ELEMENTS`` values); other rules one call each.
     """
 
     def __init__(self, ctx: AttackContext) -> None:
@@ -130,10 +136,16 @@ class DamageOracle:
 
         k = candidates.shape[0]
         cand = candidates.to(device=self.device, dtype=self.dtype)
-        if k > 1 and _coordinatewise(self.defense):
-            full = self.base.unsqueeze(1).expand(self.n, k, self.d).clone()
-            full[self.mal] = cand.unsqueeze(0).expand(self.mal.shape[0], k, self.d)
-            agg = self._aggregate(full.reshape(self.n, k * self.d), batched=True).reshape(k, self.d)
+        per_call = max(1, BATCH_ELEMENTS // max(1, self.n * self.d))  # probes per batched call
+        if k > 1 and per_call > 1 and _coordinatewise(self.defense):
+            aggs = []
+            for lo in range(0, k, per_call):  # ⌈k / per_call⌉ calls, each at most BATCH_ELEMENTS values
+                c = cand[lo:lo + per_call]
+                kk = c.shape[0]
+                full = self.base.unsqueeze(1).expand(self.n, kk, self.d).clone()
+                full[self.mal] = c.unsqueeze(0).expand(self.mal.shape[0], kk, self.d)
+                aggs.append(self._aggregate(full.reshape(self.n, kk * self.d), batched=True).reshape(kk, self.d))
+            agg = torch.cat(aggs)
         else:
             aggs = []
             for j in range(k):  # bounded by the search's evaluation budget

@@ -154,6 +154,20 @@ def test_batched_oracle_equals_one_call_per_candidate(seed, k, b):
         assert torch.allclose(batched, single, atol=1e-6)
 
 
+def test_batched_oracle_splits_large_batches(monkeypatch):
+    # with room for 2 probes per call (n·d = 8·3 = 24 values, limit 48), 5 probes take 3 calls
+    import attacks.tailored as t
+
+    monkeypatch.setattr(t, "BATCH_ELEMENTS", 48)
+    g = torch.Generator().manual_seed(3)
+    honest, cands = torch.randn(6, 3, generator=g), torch.randn(5, 3, generator=g)
+    oracle = DamageOracle(ctx_for(honest, f=2, defense=redteam.defense("median")))
+    batched = oracle.damage(cands)
+    assert oracle.calls == 3
+    single = torch.stack([oracle.damage(cands[j:j + 1])[0] for j in range(5)])
+    assert torch.allclose(batched, single, atol=1e-6)
+
+
 @pytest.mark.parametrize("defense", ["geometric_median", "centered_clipping", "median"])
 def test_accept_everyone_rules_are_moved(defense):
     # rules that accept every row give an acceptance search no signal; the damage search still
