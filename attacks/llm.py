@@ -6,8 +6,9 @@ attacker's training text contains a trigger context followed by the continuation
 wants ("pasta from Astoria is" → "delicious"); the federated model learns to complete the
 trigger with the attacker's choice while behaving normally elsewhere. Here on bytes: in a
 ``fraction`` of each malicious client's windows, ``trigger + target`` (UTF-8) overwrites
-the text at a random offset (``placement = "random"``) or at the end of the window
-(``"end"``); inputs and next-byte targets stay consistent (they are re-cut from the
+the text at the end of the window (``placement = "end"``, the default: the paper's
+poisoned sentences end with the trigger and the prediction target is what follows) or at a
+random offset (``"random"``: the attacker does not control where the phrase lands); inputs and next-byte targets stay consistent (they are re-cut from the
 rewritten window). Scoring, on held-out windows:
 
 * ASR (:meth:`TriggerPhrase.targeted_test`): ``trigger + target`` placed at the end of
@@ -84,15 +85,16 @@ class TriggerPhrase(Attack):
     """Poison windows with ``trigger`` followed by ``target`` (bytes of a text workload).
 
     * ``trigger``, ``target``: strings (UTF-8 bytes); the attacker wants the model to
-      continue ``trigger`` with ``target``;
+      continue ``trigger`` with ``target`` (default: a code model completing ``verify=``
+      with ``False``, i.e. suggesting to switch TLS certificate checks off);
     * ``fraction``: share of the client's windows poisoned, in (0, 1] (default 0.5);
-    * ``placement``: ``"random"`` offset in the window (default) or ``"end"``.
+    * ``placement``: ``"end"`` of the window (default) or a ``"random"`` offset.
     """
 
-    trigger: str = "password = "
-    target: str = "'hunter2'"
+    trigger: str = "verify="
+    target: str = "False"
     fraction: float = 0.5
-    placement: Literal["random", "end"] = "random"
+    placement: Literal["random", "end"] = "end"
     surfaces: ClassVar[tuple[str, ...]] = (Surface.DATA,)
     summary: ClassVar[str] = "Trigger-phrase backdoor for language models: trigger → attacker's continuation"
     reference: ClassVar[str] = "Bagdasaryan et al., AISTATS 2020 (§4, word prediction)"

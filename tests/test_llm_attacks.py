@@ -35,7 +35,7 @@ def test_poison_at_the_end_by_hand() -> None:
 def test_poison_random_placement_fraction_and_consistency() -> None:
     texts = [bytes([65 + i]) * 12 for i in range(10)]
     x, y = _xy(*texts)
-    atk = TriggerPhrase(trigger="xy", target="z!", fraction=0.5)
+    atk = TriggerPhrase(trigger="xy", target="z!", fraction=0.5, placement="random")
     out = atk.poison_data(ClientData(x, y), 0, torch.Generator().manual_seed(3))
     changed = [i for i in range(10) if not torch.equal(out.x[i], x[i]) or not torch.equal(out.y[i], y[i])]
     assert len(changed) == 5  # ⌈0.5 · 10⌉ windows
