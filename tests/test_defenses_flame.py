@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from defenses.flame import FLAME, cosine_distances
 from redteam.errors import InvalidParameter
@@ -96,3 +98,16 @@ def test_single_update_and_parameters():
         FLAME(space="weights")
     with pytest.raises(InvalidParameter, match=r"FLAME.min_cluster_size = 1"):
         FLAME(min_cluster_size=1)
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(2, 14), d=st.integers(1, 8), dup=st.booleans(), seed=st.integers(0, 2**16))
+def test_the_admitted_cluster_is_always_a_majority(n, d, dup, seed):
+    # min cluster size ⌊n/2⌋ + 1 > n/2: the only cluster is the root, and HDBSCAN labels the
+    # points still in it when it dissolves into parts smaller than that size -> at least that many
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g)
+    if dup:
+        x[: n // 2] = x[0].clone()
+    dec = FLAME(lam=0.0)(x)
+    assert int(dec.accepted.sum()) >= n // 2 + 1
