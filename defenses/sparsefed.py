@@ -5,7 +5,8 @@ Poisoning Attacks in Federated Learning with Sparsification", AISTATS 2022. Each
 round the server:
 
 1. clips every client update to L2 norm at most L: Δᵢ ← Δᵢ·min(1, L/‖Δᵢ‖);
-2. aggregates the clipped updates, g = (1/n)·Σ Δᵢ;
+2. aggregates the clipped updates into g (here g = (1/n)·Σ Δᵢ by default; see
+   ``reduce`` below);
 3. adds g to its error-feedback accumulator, e ← e + g;
 4. applies only the k largest-magnitude coordinates of e, Δ = top_k(e), and keeps
    the rest for later rounds, e ← e − Δ.
@@ -15,11 +16,14 @@ clipping bounds how far any one client can push those that do. This is the
 server-side (global) top-k of the paper; the clients send full updates. The
 accumulator e is explicit state (``Decision.state["error"]``), kept per merge node.
 
-Conventions (named parameters): ``reduce="mean"`` averages the clipped updates
-(FedAvg's scale, so the server learning rate keeps its meaning); ``"sum"`` adds them,
-as in FetchSGD's aggregation of client sketches, which SparseFed builds on (the two
-differ only by the factor n, i.e. by the server learning rate). Server momentum, which
-the paper may combine with error feedback, is left to the server optimizer.
+Conventions (named parameters). Whether step 2 is a sum or a mean is not pinned down
+here from the paper (written from memory of it; REFERENCES.md marks SparseFed
+"[recall]"): ``reduce="mean"`` (default) averages the clipped updates, FedAvg's scale,
+so the server learning rate keeps its meaning; ``"sum"`` adds them, as FetchSGD, which
+SparseFed builds on, sums client sketches. The two differ only by the factor n, i.e.
+by the server learning rate. Server momentum, if combined with the error feedback, is
+left to the server optimizer (it runs after the defense). The paper tunes L and k per
+task; the defaults below (L = 1, k = 1 % of d) are ours.
 Non-finite updates are rejected and do not enter the sum.
 """
 
