@@ -118,15 +118,55 @@ def _row_norms64(updates: "torch.Tensor", chunk: int) -> "torch.Tensor":
     return acc.sqrt()
 
 
-def combine(weights: "torch.Tensor", updates: "torch.Tensor", finite: "torch.Tensor | None" = None) -> "torch.Tensor":
+def combine(weights: "torch.Tensor", updates: "torch.Tensor", finite: "torch.Tensor | None" = None, *,
+            convex: bool = False, what: str = "the aggregate") -> "torch.Tensor":
     """Σᵢ wᵢ xᵢ over the rows with wᵢ ≠ 0 only, so that a non-finite row with weight 0
     cannot turn the result into NaN (0·NaN = NaN in a plain matrix product).
-    ``finite`` is :func:`finite_rows` of ``updates`` when the caller has it already."""
+    ``finite`` is :func:`finite_rows` of ``updates`` when the caller has it already.
+
+    Finite in, finite out: the fast product runs in the updates' dtype; where it
+    overflows from finite rows (entries near ±3.4e38 in float32) it is recomputed in
+    float64, column block by column block. A result outside the dtype's range is
+    clamped when ``convex`` (weights ≥ 0 summing to at most 1: the exact value lies
+    within the rows' range, so only rounding can leave it) and refused with
+    :class:`~redteam.errors.InvalidParameter` otherwise (the rule: a finite input whose
+    exact aggregate is not representable is refused, never returned as ±inf)."""
+    import torch
+
     w = weights.to(device=updates.device, dtype=updates.dtype)
-    if bool((finite_rows(updates) if finite is None else finite).all()):
-        return w @ updates
-    used = (w != 0).nonzero().flatten()
-    return w.index_select(0, used) @ updates.index_select(0, used)
+    ok = finite_rows(updates) if finite is None else finite
+    if bool(ok.all()):
+        rows, wu, out = updates, weights, w @ updates
+    else:
+        used = (w != 0).nonzero().flatten()
+        rows, wu = updates.index_select(0, used), weights.index_select(0, used)
+        out = w.index_select(0, used) @ rows
+    if bool(torch.isfinite(out).all()) or not bool(ok[(weights != 0).nonzero().flatten()].all()):
+        return out
+    return safe_sum(wu, rows, convex=convex, what=what)
+
+
+def safe_sum(weights: "torch.Tensor", rows: "torch.Tensor", *, convex: bool, what: str) -> "torch.Tensor":
+    """Σᵢ wᵢ xᵢ of finite rows accumulated in float64 by column blocks, cast back to the
+    rows' dtype (clamped when ``convex``, refused when out of range otherwise)."""
+    import torch
+
+    from redteam.errors import InvalidParameter
+
+    w64 = weights.to(device=rows.device, dtype=torch.float64)
+    d = rows.shape[1]
+    out = torch.empty(d, dtype=torch.float64, device=rows.device)
+    for start in range(0, d, GRAM_CHUNK):
+        out[start:start + GRAM_CHUNK] = w64 @ rows[:, start:start + GRAM_CHUNK].to(torch.float64)
+    big = torch.finfo(rows.dtype).max
+    if convex:
+        return out.clamp(-big, big).to(rows.dtype)
+    peak = float(out.abs().max()) if d else 0.0
+    if not peak <= big:
+        raise InvalidParameter(f"{what} is not representable in {str(rows.dtype).removeprefix('torch.')}: "
+                               f"its exact value reaches {peak:.4g} (largest finite {big:.4g}); the updates "
+                               "are finite but too large for this rule")
+    return out.to(rows.dtype)
 
 
 # -- distances -------------------------------------------------------------------------

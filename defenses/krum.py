@@ -11,23 +11,37 @@
   mean of the β = θ − 2f chosen values closest to that coordinate's median.
   Requires n ≥ 4f + 3.
 
-All distances come from one float64 Gram matrix (no Python loop over pairs). The
-papers leave ties in the Krum score open; here they are broken by the sum of squared
-distances to all other updates, then by two fingerprints of the rows' values (Σxⱼ,
-Σj·xⱼ), then by position, so the choice does not depend on the clients' order
-unless two different rows agree on all of these. A non-finite update is infinitely
-far from everyone: it is never selected.
+Distances come from the shared pairwise kernel (:mod:`defenses._pairwise`): float32
+products with a rigorous per-pair rounding bound, and exact float64 recomputation of
+the distances of exactly those rows whose rank the bounds cannot settle. So the
+selection is the one exact arithmetic gives, at float32 speed when it is clear-cut.
+
+Ties. Two scores tie only when their intervals, each from *its own* rounding bound,
+overlap (in practice: equal in exact arithmetic); no other update can widen them.
+Exact ties between different rows go to the smaller content keys (Σⱼ xⱼ, then
+Σⱼ j·xⱼ: order-free, so the choice does not depend on the clients' order), then to
+the lower position. Nothing an update does to *other* rows' scores (far outliers, the
+sum of all distances) enters the ranking. Copies of one update (bitwise equal rows)
+cannot be told apart: the selection's weight is shared equally among them and all
+are accepted, so the accepted clients do not depend on the clients' order either.
+
+A non-finite update is infinitely far from everyone and never selected (rejected with
+the reason "non-finite update"); when no update is finite, Krum and Multi-Krum return
+zeros with everyone rejected and Bulyan refuses.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal
+import math
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from redteam.errors import InvalidParameter
 from redteam.pipeline import Aggregator
 from redteam.types import Decision, ServerContext, param_error
 
-from ._common import check_choice, check_count, combine, sorted_reduce, sq_distances
+from ._common import check_choice, check_count, combine, sorted_reduce
+from ._pairwise import PairwiseDistances, k_smallest_sum_bounds, pairwise, resolve_k_smallest_sums, tie_classes
 
 if TYPE_CHECKING:
     import torch
@@ -50,77 +64,86 @@ def krum_scores(dist: "torch.Tensor", neighbours: int) -> "torch.Tensor":
     return torch.topk(others, neighbours, dim=1, largest=False).values.sum(dim=1)
 
 
-def content_keys(updates: "torch.Tensor") -> "torch.Tensor":
-    """Two order-free fingerprints of every row, ``(n, 2)`` float64: Σⱼ xⱼ and Σⱼ j·xⱼ.
+def content_keys(updates: "torch.Tensor", rows: "torch.Tensor | None" = None) -> "torch.Tensor":
+    """Two order-free fingerprints of rows, ``(k, 2)`` float64: Σⱼ xⱼ and Σⱼ j·xⱼ
+    (of every row, or of the indices ``rows`` only).
 
     They depend on a row's values only (not on its position among the clients), so
-    ranking by them breaks ties between different rows the same way in any order.
+    ranking by them breaks exact ties between different rows the same way in any order.
     """
     import torch
 
-    n, d = updates.shape
+    x = updates if rows is None else updates.index_select(0, rows.to(updates.device))
+    n, d = x.shape
     keys = torch.zeros(n, 2, dtype=torch.float64, device=updates.device)
     step = 1 << 16
     for start in range(0, d, step):
-        block = torch.nan_to_num(updates[:, start:start + step].to(torch.float64), nan=0.0, posinf=0.0, neginf=0.0)
+        block = torch.nan_to_num(x[:, start:start + step].to(torch.float64), nan=0.0, posinf=0.0, neginf=0.0)
         pos = torch.arange(start + 1, start + 1 + block.shape[1], dtype=torch.float64, device=updates.device)
         keys[:, 0] += block.sum(dim=1)
         keys[:, 1] += (block * pos).sum(dim=1)
     return keys
 
 
-def _rank(
-    scores: "torch.Tensor",
-    dist: "torch.Tensor",
-    content: "Callable[[], torch.Tensor] | None" = None,
-) -> "torch.Tensor":
-    """Row indices ordered by (score, number of infinite distances, sum of the finite
-    ones, then — only if a tie remains — the rows' content keys, then position).
+def _lowest(pd: PairwiseDistances, k: int, alive: "torch.Tensor", m: int
+            ) -> tuple[list[int], PairwiseDistances, "torch.Tensor"]:
+    """The ``m`` alive, finite rows with the lowest Krum scores (``k`` nearest alive others).
 
-    ``content()`` returns :func:`content_keys` of these rows; it is called only when
-    two rows tie on the first three keys, so the common case reads no update data.
+    Decided from the rounding intervals of the float32 distances where they settle it;
+    the rows whose rank they cannot settle get exact scores (their candidate
+    neighbours' distances recomputed in float64). Exact ties, each score taken with
+    its own error bound only, go to the smaller content keys, then the lower position.
+    Returns the chosen indices (best first), the refined distances and the scores.
     """
     import torch
 
-    ok = torch.isfinite(dist)
-    total = torch.where(ok, dist, torch.zeros_like(dist)).sum(dim=1)
-    keys = [_tie_classes(scores), (~ok).sum(dim=1).to(scores.dtype), _tie_classes(total)]
+    low, high = k_smallest_sum_bounds(pd, k, alive)
+    cand = alive & pd.finite
+    inf = torch.full_like(low, math.inf)
+    low, high = torch.where(cand, low, inf), torch.where(cand, high, inf)
+    idx = cand.nonzero().flatten()
+    m = min(m, int(idx.numel()))
+    score = 0.5 * (low + high)
+    if m == 0:
+        return [], pd, score
+    lc, hc = low[idx], high[idx]
+    # i is surely among the m best if at most m − 1 others could score ≤ its score,
+    # surely out if at least m others score strictly less
+    could_beat = (lc[None, :] <= hc[:, None]).sum(dim=1) - 1
+    surely_in = could_beat <= m - 1
+    surely_out = (hc[None, :] < lc[:, None]).sum(dim=1) >= m
+    sure = idx[surely_in]
+    chosen = sure[torch.argsort(score[sure], stable=True)].tolist()
+    if len(chosen) < m:
+        amb = idx[~surely_in & ~surely_out]
+        pd, exact, err = resolve_k_smallest_sums(pd, k, amb, alive)
+        s, e = exact[amb], err[amb]
+        cls = tie_classes(s, e)
+        cols = [cls.to(torch.float64)]
+        if int(torch.unique(cls).numel()) < int(cls.numel()):  # an exact tie: values decide, then position
+            keys = content_keys(pd.rows, amb).to(cls.device)
+            cols += [keys[:, 0], keys[:, 1]]
+        order = torch.arange(amb.numel(), device=amb.device)
+        for c in reversed(cols):  # stable sorts, least significant key first
+            order = order[torch.argsort(c[order], stable=True)]
+        chosen += amb[order][: m - len(chosen)].tolist()
+        score = torch.where(torch.isfinite(exact), exact, score)
+    return chosen, pd, score
 
-    def order_by(columns: list["torch.Tensor"]) -> "torch.Tensor":
-        order = torch.arange(scores.shape[0], device=scores.device)
-        for col in reversed(columns):  # stable sorts, least significant key first
-            order = order[torch.argsort(col[order], stable=True)]
-        return order
 
-    order = order_by(keys)
-    if content is not None and scores.shape[0] > 1:
-        ranked = torch.stack([k[order] for k in keys], dim=1)
-        if bool((ranked[1:] == ranked[:-1]).all(dim=1).any()):
-            extra = content().to(device=scores.device)
-            order = order_by(keys + [extra[:, 0], extra[:, 1]])
-    return order
+def _credit(pd: PairwiseDistances, chosen: list[int], n: int, m: int, like: "torch.Tensor") -> "torch.Tensor":
+    """Weights 1/m per chosen row, shared equally among the copies of that row.
 
-
-def _tie_classes(values: "torch.Tensor", rtol: float = 1e-9) -> "torch.Tensor":
-    """Replace values by the index of their tie class: sorted values closer than
-    ``rtol`` × (largest finite magnitude) to their predecessor share a class.
-
-    Scores that are equal in exact arithmetic come out of the Gram matrix a few ulps
-    apart, in an order that depends on the rows' positions; classing them makes the
-    ranking depend on the multiset of values only (then content keys break the tie).
-    """
+    Bitwise-identical rows cannot be told apart by any rule, so crediting one copy
+    would make the accepted client depend on the clients' order; the aggregate is the
+    same either way."""
     import torch
 
-    vals, idx = torch.sort(values)
-    finite = vals[torch.isfinite(vals)]
-    scale = float(finite.abs().max()) if finite.numel() else 0.0
-    tol = rtol * max(scale, 1e-300)
-    gaps = vals[1:] - vals[:-1]
-    step = torch.zeros_like(vals, dtype=torch.int64)
-    step[1:] = (gaps > tol).to(torch.int64)  # inf − inf = nan: infinite values share a class
-    classes = torch.empty_like(step)
-    classes[idx] = torch.cumsum(step, 0)
-    return classes.to(values.dtype)
+    group = pd.group.to(like.device)
+    picked = torch.bincount(group[torch.tensor(chosen, dtype=torch.long, device=like.device)], minlength=n)
+    size = torch.bincount(group, minlength=n)
+    w = picked[group].to(torch.float64) / size[group].to(torch.float64) / m
+    return w.to(like.dtype)
 
 
 def _krum_f(obj: Any, f: int | None, n: int) -> int:
@@ -143,12 +166,8 @@ def _neighbours(obj: Any, neighbours: int | None, n: int, f: int) -> int:
     return neighbours
 
 
-def _one_hot(n: int, idx: "torch.Tensor", like: "torch.Tensor") -> "torch.Tensor":
-    import torch
-
-    w = torch.zeros(n, dtype=like.dtype, device=like.device)
-    w[idx] = 1.0
-    return w
+def _nonfinite_reasons(pd: PairwiseDistances) -> dict[int, str]:
+    return {i: "non-finite update" for i in (~pd.finite).nonzero().flatten().tolist()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,61 +195,60 @@ class Krum(Aggregator):
         check_count(self, "neighbours", v, minimum=1)
 
     def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
+        import torch
+
         n = int(updates.shape[0])
         f = _krum_f(self, self.f, n)
         k = _neighbours(self, self.neighbours, n, f)
-        dist = sq_distances(updates)
-        scores = krum_scores(dist, k)
-        best = _rank(scores, dist, lambda: content_keys(updates))[0]
-        accepted = _one_hot(n, best, updates) > 0
+        pd = pairwise(updates)
+        alive = torch.ones(n, dtype=torch.bool, device=pd.approx.device)
+        chosen, pd, scores = _lowest(pd, k, alive, 1)
+        reasons = _nonfinite_reasons(pd)
+        if not chosen:  # no finite update at all
+            zero = torch.zeros(updates.shape[1], dtype=updates.dtype, device=updates.device)
+            return Decision(aggregate=zero, accepted=torch.zeros(n, dtype=torch.bool, device=updates.device),
+                            weights=torch.zeros(n, dtype=updates.dtype, device=updates.device), reasons=reasons,
+                            state={"f": f, "neighbours": k, "scores": scores.tolist(), "selected": []})
+        best = chosen[0]
+        w = _credit(pd, chosen, n, 1, updates)
+        accepted = w > 0
         best_score = float(scores[best])
-        reasons = {
-            j: f"not selected by Krum (score {float(scores[j]):.6g}; the selected update scored {best_score:.6g})"
-            for j in range(n) if j != int(best)
-        }
+        for j in (~accepted).nonzero().flatten().tolist():
+            reasons.setdefault(j, f"not selected by Krum (score {float(scores[j]):.6g}; "
+                                  f"the selected update scored {best_score:.6g})")
         return Decision(
             aggregate=updates[best].clone(),
             accepted=accepted,
-            weights=_one_hot(n, best, updates),
+            weights=w,
             reasons=reasons,
-            state={"f": f, "neighbours": k, "scores": scores.tolist(), "selected": [int(best)]},
+            state={"f": f, "neighbours": k, "scores": scores.tolist(), "selected": [best]},
         )
 
 
-def _iterative_krum(dist: "torch.Tensor", f: int, count: int, clamp: bool,
-                    updates: "torch.Tensor | None" = None) -> list[int]:
+def _iterative_krum(pd: PairwiseDistances, f: int, count: int, clamp: bool) -> list[int]:
     """Apply Krum ``count`` times, each time to the rows not yet chosen.
 
     On r remaining rows Krum uses r − f − 2 neighbours; with ``clamp`` this is raised
     to at least 1 (Bulyan's last steps run Krum on fewer than 2f + 3 rows). Chosen
-    rows are masked out (their column set to +inf) rather than re-indexed.
+    rows leave the candidate set (their distances are masked, not recomputed); exact
+    refinements made for one step serve the later ones.
     """
     import torch
 
-    n = dist.shape[0]
-    alive = torch.ones(n, dtype=torch.bool, device=dist.device)
+    n = pd.approx.shape[0]
+    alive = torch.ones(n, dtype=torch.bool, device=pd.approx.device)
     chosen: list[int] = []
-    keys: list["torch.Tensor"] = []
-
-    def content_of(idx: "torch.Tensor") -> "torch.Tensor":
-        if not keys:
-            keys.append(content_keys(updates))
-        return keys[0].index_select(0, idx.to(keys[0].device))
-
     for _ in range(count):
         r = n - len(chosen)
         k = r - f - 2
         if clamp:
             k = max(k, 1)
         k = min(k, r - 1)
-        masked = dist.masked_fill(~alive[None, :], float("inf"))
-        idx = alive.nonzero().flatten()
-        rows = masked.index_select(0, idx)
-        scores = krum_scores(masked, k).index_select(0, idx) if k > 0 else torch.zeros(r, dtype=dist.dtype, device=dist.device)
-        tie_break = None if updates is None else (lambda idx=idx: content_of(idx))
-        pick = int(idx[_rank(scores, rows, tie_break)[0]])
-        chosen.append(pick)
-        alive[pick] = False
+        pick, pd, _ = _lowest(pd, k, alive, 1)
+        if not pick:
+            break
+        chosen.append(pick[0])
+        alive[pick[0]] = False
     return chosen
 
 
@@ -276,14 +294,14 @@ class MultiKrum(Aggregator):
 
         n = int(updates.shape[0])
         f = _krum_f(self, self.f, n)
-        dist = sq_distances(updates)
+        pd = pairwise(updates)
         if self.variant == "scores":
             m = n - f if self.m is None else self.m
             if m > n:
                 raise param_error(self, "m", self.m, f"must be ≤ n (n = {n})")
             k = _neighbours(self, self.neighbours, n, f)
-            scores = krum_scores(dist, k)
-            chosen = _rank(scores, dist, lambda: content_keys(updates))[:m].tolist()
+            alive = torch.ones(n, dtype=torch.bool, device=pd.approx.device)
+            chosen, pd, scores = _lowest(pd, k, alive, m)
             state: dict[str, Any] = {"f": f, "m": m, "neighbours": k, "scores": scores.tolist()}
         else:
             limit = n - 2 * f - 2
@@ -291,15 +309,21 @@ class MultiKrum(Aggregator):
             if m > limit:
                 raise param_error(self, "m", self.m,
                                   f"must be ≤ n − 2f − 2 = {limit} with variant = 'iterative' (n = {n}, f = {f})")
-            chosen = _iterative_krum(dist, f, m, clamp=False, updates=updates)
+            chosen = _iterative_krum(pd, f, m, clamp=False)
             state = {"f": f, "m": m}
         state["selected"] = list(chosen)
-        sel = torch.tensor(chosen, dtype=torch.long, device=updates.device)
-        w = torch.zeros(n, dtype=updates.dtype, device=updates.device)
-        w[sel] = 1.0 / m
+        reasons = _nonfinite_reasons(pd)
+        if not chosen:
+            zero = torch.zeros(updates.shape[1], dtype=updates.dtype, device=updates.device)
+            return Decision(aggregate=zero, accepted=torch.zeros(n, dtype=torch.bool, device=updates.device),
+                            weights=torch.zeros(n, dtype=updates.dtype, device=updates.device), reasons=reasons,
+                            state=state)
+        w = _credit(pd, chosen, n, len(chosen), updates)
         accepted = w > 0
-        reasons = {j: f"not among the {m} updates selected by Multi-Krum" for j in range(n) if not bool(accepted[j])}
-        return Decision(aggregate=combine(w, updates), accepted=accepted, weights=w, reasons=reasons, state=state)
+        for j in (~accepted).nonzero().flatten().tolist():
+            reasons.setdefault(j, f"not among the {len(chosen)} updates selected by Multi-Krum")
+        return Decision(aggregate=combine(w, updates, pd.finite, convex=True), accepted=accepted, weights=w,
+                        reasons=reasons, state=state)
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,14 +365,19 @@ class Bulyan(Aggregator):
         f = self.resolve_f(n)
         theta = n - 2 * f
         beta = theta - 2 * f
-        chosen = _iterative_krum(sq_distances(updates), f, theta, clamp=True, updates=updates)
+        pd = pairwise(updates)
+        chosen = _iterative_krum(pd, f, theta, clamp=True)
+        reasons = _nonfinite_reasons(pd)
+        if len(chosen) < beta:
+            raise InvalidParameter(
+                f"Bulyan: only {len(chosen)} of the {n} updates are finite, fewer than β = θ − 2f = {beta} "
+                f"(n = {n}, f = {f})")
         sel = torch.tensor(chosen, dtype=torch.long, device=updates.device)
         selected = updates.index_select(0, sel)
         agg = sorted_reduce(selected, lambda s: _closest_to_median_mean(s, beta))
-        accepted = torch.zeros(n, dtype=torch.bool, device=updates.device)
-        accepted[sel] = True
-        reasons = {j: f"not among the θ = {theta} updates selected by Bulyan's iterative Krum"
-                   for j in range(n) if not bool(accepted[j])}
+        accepted = _credit(pd, chosen, n, len(chosen), updates) > 0
+        for j in (~accepted).nonzero().flatten().tolist():
+            reasons.setdefault(j, f"not among the θ = {theta} updates selected by Bulyan's iterative Krum")
         return Decision(aggregate=agg, accepted=accepted, reasons=reasons,
                         state={"f": f, "theta": theta, "beta": beta, "selected": chosen})
 
@@ -367,6 +396,10 @@ def _closest_to_median_mean(s: "torch.Tensor", beta: int) -> "torch.Tensor":
     lo = s[: theta - beta + 1]
     hi = s[beta - 1:]
     spread = torch.maximum(med - lo, hi - med)
+    if not bool(torch.isfinite(spread).all()):  # float32 overflow near ±3.4e38: compare in float64
+        s64 = s.to(torch.float64)
+        med64 = s64[mid] if theta % 2 == 1 else 0.5 * s64[mid - 1] + 0.5 * s64[mid]
+        spread = torch.maximum(med64 - s64[: theta - beta + 1], s64[beta - 1:] - med64)
     start = torch.argmin(spread, dim=0)
     idx = start[None, :] + torch.arange(beta, device=s.device)[:, None]
     return s.gather(0, idx).sum(dim=0, dtype=torch.float64) / beta

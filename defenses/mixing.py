@@ -9,9 +9,13 @@
   s (s = 2 in the paper; the last bucket is smaller when s does not divide n), and
   hand the ⌈n/s⌉ bucket means to the aggregator.
 
-NNM's distances come from one float64 Gram matrix accumulated over column blocks,
-and the mixing is one ``(n, n) @ (n, d)`` product: memory is O(n² + n·d), never
-O(n²·d).
+NNM's distances come from the shared pairwise kernel (:mod:`defenses._pairwise`:
+float32 blocks with a rounding bound per pair, exact float64 recomputation of the
+pairs near a row's k-th distance), and the mixing is one ``(u, n) @ (n, d)`` product
+over the u distinct neighbour sets: memory is O(n² + n·d), never O(n²·d). Rows tied
+exactly at the k-th distance share the remaining slots evenly (the paper leaves ties
+open; this is the average over every way of breaking them, so no order or value an
+attacker picks decides).
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from typing import TYPE_CHECKING, ClassVar
 from redteam.pipeline import PreAggregator
 from redteam.types import ServerContext, param_error
 
-from ._common import check_count, generator_of, sq_distances
+from ._common import check_count, generator_of, safe_sum
+from ._pairwise import PairwiseDistances, pairwise
 
 if TYPE_CHECKING:
     import torch
@@ -30,17 +35,76 @@ if TYPE_CHECKING:
 __all__ = ["NNM", "Bucketing", "nearest_neighbour_mixing"]
 
 
+def _rank_counts(sorted_rows: "torch.Tensor", values: "torch.Tensor", right: bool) -> "torch.Tensor":
+    """Per row i and entry j: how many of row i's (sorted) values are ≤ (``right``) or
+    < values[i, j]."""
+    import torch
+
+    return torch.searchsorted(sorted_rows.contiguous(), values.contiguous(), right=right)
+
+
+def neighbour_weights(pd: PairwiseDistances, k: int) -> "torch.Tensor":
+    """``(n, n)`` float64 mixing weights: row i puts 1/k on each of its k nearest rows
+    (itself first), the rows tied exactly at the k-th distance sharing the slots left.
+
+    Membership is settled from the kernel's rounding intervals; the pairs near row i's
+    k-th distance that the intervals cannot settle are recomputed exactly. A tie at the
+    cut (equal in exact arithmetic, each distance with its own bound) is split evenly:
+    no choice among tied rows depends on their order or on a value an attacker picks.
+    """
+    import torch
+
+    n = pd.approx.shape[0]
+    eye = torch.eye(n, dtype=torch.bool, device=pd.approx.device)
+    for _ in range(2):  # bounds → refine the undecided pairs → exact values
+        lo = pd.lower.masked_fill(eye, -1.0)  # a row is always its own first neighbour
+        hi = pd.upper.masked_fill(eye, -1.0)
+        lo_sorted = torch.sort(lo, dim=1).values
+        hi_sorted = torch.sort(hi, dim=1).values
+        # j surely in: fewer than k rows (j included) may be ≤ its upper end … (counts include j itself)
+        surely_in = _rank_counts(lo_sorted, hi, right=True) <= k
+        # … surely out: at least k rows are strictly nearer than its lower end
+        surely_out = _rank_counts(hi_sorted, lo, right=False) >= k
+        undecided = ~surely_in & ~surely_out
+        if not bool(undecided.any()):
+            break
+        pd = pd.refine(undecided)
+    w = surely_in.to(torch.float64)
+    if bool(undecided.any()):
+        # exact ties at the cut: share the remaining slots equally
+        free = (k - w.sum(dim=1)).clamp_min(0.0)
+        tied = undecided.to(torch.float64)
+        w = w + tied * (free / tied.sum(dim=1).clamp_min(1.0))[:, None]
+    return w / k
+
+
 def nearest_neighbour_mixing(updates: "torch.Tensor", k: int) -> "torch.Tensor":
-    """Each row → the mean of its ``k`` nearest rows (squared L2), itself included."""
+    """Each row → the mean of its ``k`` nearest rows (squared L2), itself included.
+
+    Rows whose neighbour multisets coincide (copies of one row count as one row) are
+    mixed once and get bitwise the same result. Sums of rows near ±3.4e38 are redone
+    in float64 (a mean of finite rows is always representable).
+    """
     import torch
 
     n = updates.shape[0]
-    dist = sq_distances(updates)
-    dist.fill_diagonal_(-1.0)  # a row is always its own first neighbour
-    idx = torch.topk(dist, k, dim=1, largest=False).indices
-    mix = torch.zeros(n, n, dtype=updates.dtype, device=updates.device)
-    mix.scatter_(1, idx, 1.0 / k)
-    return mix @ updates
+    if n == 0:
+        return updates.clone()
+    pd = pairwise(updates)
+    w = neighbour_weights(pd, k)
+    # move the weight of copies onto their group's first row: equal multisets → equal rows
+    group = pd.group.to(w.device)
+    canon = torch.zeros_like(w).index_add_(1, group, w)
+    uniq, inverse = torch.unique(canon, dim=0, return_inverse=True)
+    used = (uniq != 0).any(dim=0).nonzero().flatten()
+    coeff = uniq.index_select(1, used).to(updates.dtype)
+    rows = updates.index_select(0, used.to(updates.device))
+    mixed = coeff @ rows
+    ok = pd.finite.index_select(0, used)
+    if not bool(torch.isfinite(mixed).all()) and bool(ok.all()):
+        mixed = torch.stack([safe_sum(uniq[r, used], rows, convex=True, what="an NNM row")
+                             for r in range(uniq.shape[0])])
+    return mixed.index_select(0, inverse.to(updates.device))
 
 
 @dataclass(frozen=True, slots=True)

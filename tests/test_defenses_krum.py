@@ -48,25 +48,25 @@ def test_multi_krum_mean_of_m_best():
     assert MultiKrum(f=1, m=3)(FIVE).aggregate.tolist() == [1.0]
 
 
-def test_ties_break_on_total_distance_not_position():
-    # m = 2: point 1 (score 2), then a tie 0 vs 2 (score 5). Total squared distance to
-    # all others: point 0 -> 1+4+100+121 = 226, point 2 -> 4+1+64+81 = 150, so 2 wins:
-    # (1 + 2)/2 = 1.5, whatever the order of the rows.
-    assert MultiKrum(f=1, m=2)(FIVE).aggregate.tolist() == [1.5]
-    assert MultiKrum(f=1, m=2)(FIVE.flip(0)).aggregate.tolist() == [1.5]
-    # neighbours = 1: every score is 1 (each point has a neighbour at distance 1);
-    # totals: 226, 183, 150, 246, 303 -> point 2.
-    assert Krum(f=1, neighbours=1)(FIVE).aggregate.tolist() == [2.0]
+def test_exact_ties_break_on_the_rows_values_not_on_other_rows():
+    # m = 2: point 1 (score 2), then a tie 0 vs 2 (score 5). The tie goes to the smaller
+    # Σx (0 < 2), not to a key other clients move (such as the total distance to all
+    # rows, which a far outlier can tilt either way): (1 + 0)/2 = 0.5, in any order.
+    assert MultiKrum(f=1, m=2)(FIVE).aggregate.tolist() == [0.5]
+    assert MultiKrum(f=1, m=2)(FIVE.flip(0)).aggregate.tolist() == [0.5]
+    # neighbours = 1: every score is 1 (each point has a neighbour at distance 1); the
+    # smallest Σx is point 0.
+    assert Krum(f=1, neighbours=1)(FIVE).aggregate.tolist() == [0.0]
 
 
 def test_multi_krum_iterative_variant():
     # Six points 0 1 2 3 10 11, f = 1, iterative: at most n - 2f - 2 = 2 picks.
     # Step 1 (6 left, 3 neighbours): 0->1+4+9=14, 1->1+1+4=6, 2->1+1+4=6, 3->14, 10->114, 11->146;
-    #   tie 1 vs 2 broken by totals 187 vs 151 -> 2.
-    # Step 2 (5 left: 0 1 3 10 11, 2 neighbours): 0->1+9=10, 1->1+4=5, 3->4+9=13 -> 1.
+    #   tie 1 vs 2 (exact): the smaller Σx, 1.
+    # Step 2 (5 left: 0 2 3 10 11, 2 neighbours): 0->4+9=13, 2->1+4=5, 3->1+9=10 -> 2.
     x = col(0, 1, 2, 3, 10, 11)
     dec = MultiKrum(f=1, variant="iterative")(x)
-    assert dec.state["selected"] == [2, 1]
+    assert dec.state["selected"] == [1, 2]
     assert dec.aggregate.tolist() == [1.5]
     with pytest.raises(InvalidParameter, match=r"MultiKrum.m = 3: must be ≤ n − 2f − 2 = 2"):
         MultiKrum(f=1, m=3, variant="iterative")(x)
@@ -186,9 +186,12 @@ def test_exact_ties_between_different_rows_do_not_depend_on_order():
     assert len(outs) == 1
 
 
-def test_tie_classes_group_values_within_relative_tolerance():
-    from defenses.krum import _tie_classes
+def test_tie_classes_use_each_values_own_bound():
+    from defenses._pairwise import tie_classes
 
-    # 1.0 and 1.0 + 1e-13 tie (relative gap 1e-13 < 1e-9); 2.0 is its own class; infinities share one
-    v = torch.tensor([2.0, 1.0 + 1e-13, float("inf"), 1.0, float("inf")], dtype=torch.float64)
-    assert _tie_classes(v).tolist() == [1.0, 0.0, 2.0, 0.0, 2.0]
+    # 1.0 ± 1e-12 and 1.0 + 1e-13 ± 1e-12 overlap: one class; 2.0 is its own class even
+    # though a huge value (1e30) is present: its bound (1e20) is its own, nobody else's.
+    # Infinities share one class.
+    v = torch.tensor([2.0, 1.0 + 1e-13, float("inf"), 1.0, float("inf"), 1e30], dtype=torch.float64)
+    e = torch.tensor([1e-12, 1e-12, 0.0, 1e-12, 0.0, 1e20], dtype=torch.float64)
+    assert tie_classes(v, e).tolist() == [1, 0, 3, 0, 3, 2]

@@ -1,0 +1,188 @@
+"""Defenses that cannot be steered: Krum-type ties, the pairwise kernel's error bound.
+
+Issue 9 §1: a tie tolerance relative to the *largest* score let far outliers make every
+honest score "tie" with a bad update's, and the tie was then broken by a key the
+attacker controls. Issue 13 §1: the float32 pairwise kernel must give the selection
+exact distances give.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from defenses.krum import Bulyan, Krum, MultiKrum
+from defenses.mixing import NNM, nearest_neighbour_mixing
+from redteam.testing import make_updates
+
+
+def col(*values):
+    return torch.tensor([[float(v)] for v in values])
+
+
+# Honest 0, .1, .2, .3, .4; a bad update at −100; two far outliers at 1e18.
+# Krum with n = 8, f = 2 → n − f − 2 = 4 neighbours. Scores (squared distances):
+#   0.0: .01 + .04 + .09 + .16 = .30     0.1: .01 + .01 + .04 + .09 = .15
+#   0.2: .01 + .01 + .04 + .04 = .10     0.3: .15     0.4: .30
+#  −100: 100² + 100.1² + 100.2² + 100.3² = 40120.14  (≈ 4·10⁵ × the minimum)
+#  1e18: 0 (its twin) + three distances ≈ 1e36
+# The minimum is 0.2's. A tolerance of 1e-9 × the largest score (≈ 3e36) made every
+# score below 3e27 a "tie", and the tie then went to the smallest Σx: the bad row.
+STEER = col(0.0, 0.1, 0.2, 0.3, 0.4, -100.0, 1e18, 1e18)
+
+
+def test_far_outliers_cannot_make_krum_pick_a_bad_update():
+    dec = Krum(f=2)(STEER)
+    assert dec.state["selected"] == [2]
+    assert dec.aggregate.tolist() == pytest.approx([0.2])
+    assert not bool(dec.accepted[5])
+
+
+def test_far_outliers_cannot_make_multi_krum_pick_a_bad_update():
+    # m = 2: 0.2 (score .10), then 0.1 and 0.3 tie exactly at .15 in real arithmetic;
+    # in float32 0.1 and 0.3 are not symmetric about 0.2, so either may be the lower;
+    # the bad row (40120.14) must not be among the two.
+    dec = MultiKrum(f=2, m=2)(STEER)
+    assert sorted(dec.state["selected"])[0] in (1, 2) and 5 not in dec.state["selected"]
+    assert 0.14 <= float(dec.aggregate) <= 0.26
+
+
+def test_far_outliers_cannot_make_bulyan_pick_a_bad_update():
+    # Honest 0, .1, …, .8 (9 rows), the bad row −100, outliers at ±1e18: n = 12, f = 2,
+    # θ = 8, β = 4. At every step r = 12 … 5 (k = max(r − 4, 1) neighbours) the bad row's
+    # score is ≥ 99.2² ≈ 9841 while the best honest row's is below 8 × .8² ≈ 5.1, and the
+    # outliers' are ≈ 1e36, so the 8 picks are honest. (Twin outliers would legitimately
+    # win the last step, where k = 1 and a twin scores 0.)
+    x = torch.cat([torch.arange(9.0)[:, None] / 10, col(-100.0, 1e18, -1e18)])
+    dec = Bulyan(f=2)(x)
+    assert not bool(dec.accepted[9:].any()) and int(dec.accepted.sum()) == 8
+    assert 0.0 <= float(dec.aggregate) <= 0.8
+
+
+def _exact_distances(x: torch.Tensor) -> torch.Tensor:
+    """Squared distances from the difference rows in float64 (exact differences of
+    float32 values; a sum of non-negative terms), independent of the kernel."""
+    x64 = x.to(torch.float64)
+    return torch.stack([(x64 - x64[i]).square().sum(dim=1) for i in range(x.shape[0])])
+
+
+def _exact_scores(x: torch.Tensor, k: int) -> torch.Tensor:
+    dist = _exact_distances(x)
+    dist.fill_diagonal_(math.inf)
+    return torch.topk(dist, k, dim=1, largest=False).values.sum(dim=1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), n_h=st.integers(4, 9), d=st.integers(1, 6),
+       n_out=st.integers(1, 3), exponent=st.integers(6, 37), dtype=st.sampled_from(["float32", "float64"]),
+       kind=st.sampled_from(["gaussian", "clustered", "duplicates", "sparse"]), where=st.integers(0, 2**16))
+def test_adding_far_outliers_never_changes_the_krum_pick(seed, n_h, d, n_out, exponent, dtype, kind, where):
+    # Krum with k = n_h − 2 neighbours: with the outliers far away, every honest row's k
+    # nearest are honest, so its score does not change; the outliers' scores are huge.
+    # So the honest row selected must be the same with and without the outliers, and its
+    # score must be the true minimum (exact float64 distances of the difference rows)
+    # up to float64 rounding.
+    honest = make_updates(seed, n_h, d, dtype=dtype, kind=kind)
+    k = n_h - 2
+    g = torch.Generator().manual_seed(seed)
+    far = torch.randn(n_out, d, generator=g, dtype=torch.float64)
+    far = (far / far.norm(dim=1, keepdim=True).clamp_min(1e-300) * 10.0 ** exponent).to(honest.dtype)
+    far[torch.rand(n_out, generator=g) < 0.5] *= -1
+    x = honest.clone()
+    pos = list(range(n_h))
+    for r in range(n_out):  # insert each outlier at a drawn position
+        at = (where >> (3 * r)) % (x.shape[0] + 1)
+        x = torch.cat([x[:at], far[r:r + 1], x[at:]])
+        pos = [p + (p >= at) for p in pos]
+    alone = Krum(f=0, neighbours=k)(honest)
+    mixed = Krum(f=0, neighbours=k)(x)
+    picked = mixed.state["selected"][0]
+    assert picked in pos, "an outlier was selected"
+    assert pos.index(picked) == alone.state["selected"][0]
+    true = _exact_scores(honest.to(torch.float64), k)
+    assert float(true[pos.index(picked)]) <= float(true.min()) * (1 + 1e-12) + 1e-300
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), n=st.integers(2, 12), d=st.integers(1, 700),
+       kind=st.sampled_from(["gaussian", "clustered", "duplicates", "zeros", "outlier", "sparse", "identical"]),
+       scale=st.sampled_from([1e-30, 1e-3, 1.0, 1e3, 1e30, 3e38]), dtype=st.sampled_from(["float32", "float64"]))
+def test_pairwise_bound_holds(seed, n, d, kind, scale, dtype):
+    from defenses._pairwise import pairwise
+
+    # The kernel's promise: |approx − exact| ≤ error for every pair, exact from the
+    # difference rows in float64 (relative error ≤ (d + 2)·2⁻⁵³, allowed for here).
+    x = make_updates(seed, n, d, dtype=dtype, kind=kind, scale=min(scale, 1e300))
+    if dtype == "float32":
+        x = torch.nan_to_num(x, posinf=3.4e38, neginf=-3.4e38)
+    pd = pairwise(x)
+    exact = _exact_distances(x)
+    slack = exact * (d + 3) * 2.0 ** -53
+    assert bool(((pd.approx - exact).abs() <= pd.error + slack).all())
+    # bitwise-equal rows share a group and have distance exactly 0
+    for a in range(n):
+        for b in range(n):
+            if torch.equal(x[a], x[b]):
+                assert int(pd.group[a]) == int(pd.group[b]) and float(pd.approx[a, b]) == 0.0
+
+
+def _alie(n: int, f: int, d: int, seed: int, z: float) -> torch.Tensor:
+    """n − f honest float32 rows around a shared direction, f ALIE rows at μ − z·σ."""
+    honest = make_updates(seed, n - f, d, kind="clustered")
+    mu, sigma = honest.mean(dim=0), honest.std(dim=0)
+    bad = (mu - z * sigma).expand(f, d)
+    return torch.cat([honest, bad])
+
+
+@pytest.mark.parametrize("z", [0.0, 0.05, 0.5, 1.0])
+def test_alie_at_d_1e5_gives_the_exact_krum_selection(z):
+    # The float32 Gram loses distances of ALIE rows (close to the mean, ‖·‖ ≫ spread);
+    # the kernel must still select what exact float64 distances select.
+    n, f, d = 20, 4, 100_000
+    x = _alie(n, f, d, seed=3, z=z)
+    k = n - f - 2
+    exact = _exact_scores(x, k)
+    dec = Krum(f=f)(x)
+    picked = dec.state["selected"][0]
+    assert float(exact[picked]) <= float(exact.min()) * (1 + 1e-12)
+    best = int(torch.argmin(exact))
+    assert torch.equal(x[picked], x[best]) or float(exact[picked]) == float(exact[best])
+    # Multi-Krum's m = n − f best are the exact m best (up to exact ties)
+    chosen = MultiKrum(f=f)(x).state["selected"]
+    cut = torch.sort(exact).values[n - f - 1]
+    assert all(float(exact[i]) <= float(cut) * (1 + 1e-12) for i in chosen)
+
+
+def test_sq_distances_are_float64_accurate_for_nearby_large_vectors():
+    from defenses._pairwise import sq_distances
+
+    # Float32 vectors of norm 32·√1000 that differ by 2⁻¹⁰ in one coordinate: the squared
+    # distance is 2⁻²⁰, ~1e-12 of the squared norms: below float32 Gram resolution.
+    base = torch.full((1, 1000), 32.0)
+    x = torch.cat([base, base, base])
+    x[1, 0] += 2.0 ** -10
+    d = sq_distances(x)
+    assert d[0, 1].item() == 2.0 ** -20 and d[0, 2].item() == 0.0
+
+
+def test_nnm_mixes_copies_of_one_neighbour_set_identically():
+    # 0, 1, 2, 10, 11 with k = 3: rows 0, 1, 2 all mix {0, 1, 2} → 1 (bitwise the same
+    # row, so a Krum after NNM cannot tell clients 0, 1, 2 apart by rounding);
+    # 10 → {10, 11, 2} → 23/3, 11 → {11, 10, 2} → 23/3.
+    out = nearest_neighbour_mixing(col(0, 1, 2, 10, 11), 3)
+    assert torch.equal(out[0], out[1]) and torch.equal(out[1], out[2]) and torch.equal(out[3], out[4])
+    assert out.flatten().tolist() == pytest.approx([1, 1, 1, 23 / 3, 23 / 3])
+
+
+def test_nnm_then_krum_credits_every_copy():
+    from redteam.pipeline import Pipeline
+
+    # continuing: Krum (f = 1, 2 neighbours) on 1, 1, 1, 23/3, 23/3 scores the three
+    # copies of 1 with 0: all three clients contributed the selected row.
+    dec = Pipeline((NNM(), Krum()))(col(0, 1, 2, 10, 11))
+    assert dec.aggregate.tolist() == pytest.approx([1.0])
+    assert dec.accepted.tolist() == [True, True, True, False, False]
