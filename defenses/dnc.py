@@ -96,7 +96,7 @@ class DnC(Aggregator):
     def removals(self, n: int) -> tuple[int, int]:
         """(f, ⌊c·f⌋) for a round of n updates; errors name the bound."""
         f = (n - 1) // 2 if self.f is None else self.f
-        drop = int(math.floor(self.c * f + 1e-9))
+        drop = math.floor(self.c * f + 1e-9)
         if drop >= n:
             raise param_error(self, "f", self.f, f"removes ⌊c·f⌋ = {drop} of n = {n} updates; "
                               f"must leave at least one (c = {self.c:g})")

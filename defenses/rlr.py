@@ -40,7 +40,7 @@ def sign_votes(updates: "torch.Tensor") -> "torch.Tensor":
     """Σᵢ sgn(xᵢₖ) for every column k, as int32 ``(d,)`` (column blocks bound the memory)."""
     import torch
 
-    n, d = updates.shape
+    d = updates.shape[1]
     out = torch.empty(d, dtype=torch.int32, device=updates.device)
     for start in range(0, d, _BLOCK):
         block = updates[:, start:start + _BLOCK]

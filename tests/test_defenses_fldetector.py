@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from defenses.fldetector import FLDetector, _split_costs, gap_says_clusters, lbfgs_hvp, two_means_split
+from defenses.median import Median
 from redteam.errors import InvalidParameter
 from redteam.pipeline import Pipeline
-from defenses.median import Median
 from redteam.types import ServerContext
 
 
