@@ -89,8 +89,11 @@ class Mimic(Attack):
       the warm-up i* is fixed **by client id** (kept in ``ctx.attack_state``) and copied
       every round, whatever the others send.
 
-    The authors estimate z by power iteration from a random start; here z_t is the exact
-    top eigenvector (the power iteration's limit). If the victim does not take part in a
+    The authors' code (``MimicVariantAttacker``) estimates z with one power-iteration
+    step per round from a seeded random start and picks argmax ⟨g_i, z⟩, re-picking in
+    every warm-up round and then fixing the worker; here z_t is the exact top eigenvector
+    (the power iteration's limit), whose arbitrary sign is fixed so that the farthest
+    row projects positively (the authors' sign comes from their random start). If the victim does not take part in a
     later round (churn), that round copies the rule's pick among the visible rows and the
     stored victim is kept. Without ``ctx.attack_state`` (an engine that keeps no attack
     memory) the pick is recomputed each round.
