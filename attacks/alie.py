@@ -121,7 +121,6 @@ class ALIE(Attack):
         return float(self.z)
 
     def craft_updates(self, ctx: AttackContext) -> "torch.Tensor":
-        import torch
 
         z = self.z_value(ctx.n_clients, ctx.n_malicious)
         rows = honest_rows(self.knowledge, ctx)

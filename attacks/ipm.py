@@ -55,7 +55,6 @@ class IPM(Attack):
         check_knowledge(self, v)
 
     def craft_updates(self, ctx: AttackContext) -> "torch.Tensor":
-        import torch
 
         mu = work(honest_rows(self.knowledge, ctx)).mean(dim=0)
         return broadcast(-self.epsilon * mu, ctx)

@@ -236,7 +236,6 @@ class Sybil(Attack):
             raise param_error(self, "jitter", v, "must be a finite number ≥ 0")
 
     def craft_updates(self, ctx: AttackContext) -> "torch.Tensor":
-        import torch
 
         own = ctx.own_updates
         if own.shape[0] == 0:
