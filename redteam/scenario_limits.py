@@ -15,7 +15,8 @@ allocation:
 * a matrix of more than ``max_cells`` cells or ``max_seeds`` replicates, counted from the
   axis lengths before anything is expanded;
 * a federation whose per-round work exceeds the caps below (clients, rounds, local steps,
-  local epochs, batch size, and clients × batch size samples in one batched step).
+  local epochs, batch size, shards per client, and clients × batch size samples in one
+  batched step).
 
 Every limit is a field of :class:`Limits`; the defaults are generous for real studies.
 Each can be raised through an environment variable ``REDTEAM_<FIELD NAME IN CAPITALS>``
@@ -54,6 +55,7 @@ class Limits:
     max_local_steps: int = 100_000
     max_local_epochs: float = 1_000.0
     max_batch_size: int = 65_536
+    max_shards_per_client: int = 10_000
     max_samples_per_step: int = 1 << 22
     allow_include_outside: bool = False
 
@@ -246,6 +248,7 @@ def check_federation(fed: Any, limits: Limits, file: str) -> None:
         ("local_steps", limits.max_local_steps, "REDTEAM_MAX_LOCAL_STEPS"),
         ("batch_size", limits.max_batch_size, "REDTEAM_MAX_BATCH_SIZE"),
         ("local_epochs", limits.max_local_epochs, "REDTEAM_MAX_LOCAL_EPOCHS"),
+        ("shards_per_client", limits.max_shards_per_client, "REDTEAM_MAX_SHARDS_PER_CLIENT"),
     )
     for key, cap, var in caps:
         v = getattr(fed, key, None)

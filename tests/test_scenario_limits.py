@@ -135,6 +135,8 @@ CASES: dict[str, tuple[dict[str, str], str, dict[str, str], tuple[str, ...]]] = 
                     ("s.toml: [federation].local_steps = 1000000000: must be ≤ 100000",)),
     "local_epochs": ({"s.toml": _fed("local_epochs = 1e9")}, "s.toml", {},
                      ("s.toml: [federation].local_epochs = 1000000000.0: must be ≤ 1000",)),
+    "shards": ({"s.toml": _fed("shards_per_client = 1000000000")}, "s.toml", {},
+               ("s.toml: [federation].shards_per_client = 1000000000: must be ≤ 10000",)),
     "rounds": ({"s.toml": BASE.replace("rounds = 1", "rounds = 1000000000")}, "s.toml", {},
                ("[federation].rounds = 1000000000: must be ≤ 100000",)),
     # the default batch of 16: 100,000 × 16 = 1,600,000 samples per step ≤ 2**22 = 4,194,304: accepted
