@@ -92,7 +92,10 @@ class Neurotoxin(Attack):
       as the benign population saw it;
     * ``norm_bound``: optional L2 radius r; with per-step masking the local model is
       projected onto ‖w − w_g‖ ≤ r after every step (the released code's norm bound),
-      after training the masked update is scaled down to ‖Δ‖ ≤ r.
+      after training the masked update is scaled down to ‖Δ‖ ≤ r;
+    * ``lr``, ``steps``: the attacker's own local learning rate and step count with
+      per-step masking (unset: the federation's; the released scripts pass a separate
+      ``--poison_lr``).
 
     Without an estimate (round 0, no previous update) nothing is masked.
     """
@@ -101,6 +104,8 @@ class Neurotoxin(Attack):
     masking: Literal["per_step", "after_training"] = "per_step"
     mask_from: Literal["previous_update", "clean_gradient"] = "previous_update"
     norm_bound: float | None = None
+    lr: float | None = None
+    steps: int | None = None
     summary: ClassVar[str] = "Neurotoxin: confine the (backdoored) training to coordinates outside the benign top-k"
     reference: ClassVar[str] = "Zhang et al., ICML 2022"
 
@@ -129,6 +134,15 @@ class Neurotoxin(Attack):
                                   and math.isfinite(v) and v > 0):
             raise param_error(self, "norm_bound", v, "must be a finite number > 0, or unset")
 
+    def validate_lr(self, v: float | None) -> None:
+        if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                  and math.isfinite(v) and v > 0):
+            raise param_error(self, "lr", v, "must be a finite number > 0, or unset (the federation's)")
+
+    def validate_steps(self, v: int | None) -> None:
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise param_error(self, "steps", v, "must be an integer ≥ 1, or unset (the federation's)")
+
     def estimate(self, ctx: AttackContext) -> "torch.Tensor | None":
         """The benign estimate (d,) whose top-k coordinates are masked, or ``None``."""
         if self.mask_from == "previous_update":
@@ -155,10 +169,10 @@ class Neurotoxin(Attack):
             return None
         free = self.free_mask(ctx)
         proj = ball_projection(self.norm_bound) if self.norm_bound is not None else None
-        if free is None and proj is None:
+        if free is None and proj is None and self.lr is None and self.steps is None:
             return None
         mask = None if free is None else free.to(ctx.global_params.dtype)
-        return TrainingHook(grad_mask=mask, project=proj)
+        return TrainingHook(grad_mask=mask, project=proj, lr=self.lr, steps=self.steps)
 
     def craft_updates(self, ctx: AttackContext) -> "torch.Tensor":
         own = ctx.own_updates
@@ -198,7 +212,7 @@ class SparseCapture(Attack):
     knowledge: Literal["omniscient", "own"] = "omniscient"
     surfaces: ClassVar[tuple[str, ...]] = (Surface.UPDATES,)
     summary: ClassVar[str] = "Sparse-support capture: top-k budget on the coordinates fewest honest clients send"
-    reference: ClassVar[str] = "REFERENCES.md §3.3, hypothesis 1"
+    reference: ClassVar[str] = "Stich et al., NeurIPS 2018 (top-k with memory); Zhang et al., ICML 2022"
 
     @property
     def omniscient(self) -> bool:  # type: ignore[override]
@@ -254,7 +268,7 @@ class ScaleInflation(Attack):
     coordinates: int = 1
     surfaces: ClassVar[tuple[str, ...]] = (Surface.UPDATES,)
     summary: ClassVar[str] = "Shared-scale inflation: one huge value coarsens a shared quantisation grid"
-    reference: ClassVar[str] = "REFERENCES.md §3.3, hypothesis 2"
+    reference: ClassVar[str] = "Stich et al., NeurIPS 2018 (top-k); Bagdasaryan et al., AISTATS 2020 (boosting)"
 
     def validate_factor(self, v: float) -> None:
         if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0):
@@ -292,7 +306,7 @@ class EFFlush(Attack):
     rounds: int = 10
     surfaces: ClassVar[tuple[str, ...]] = (Surface.UPDATES,)
     summary: ClassVar[str] = "Error-feedback flush: send `rounds` rounds of claimed residual at once"
-    reference: ClassVar[str] = "REFERENCES.md §3.3, hypothesis 3"
+    reference: ClassVar[str] = "Karimireddy et al., ICML 2019 and Stich et al., NeurIPS 2018 (error feedback)"
 
     def validate_rounds(self, v: int) -> None:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:

@@ -101,6 +101,10 @@ def test_neurotoxin_mask_sources_and_projection():
     assert nt.omniscient and nt.training_hook(ctx).grad_mask.tolist() == [1.0, 0.0, 1.0, 1.0, 0.0]
     # round 0: no estimate, nothing to mask and no projection → no hook
     assert redteam.attack("neurotoxin").training_hook(ctx_for([[1.0, 1.0]])) is None
+    own_lr = redteam.attack("neurotoxin", lr=0.05, steps=7).training_hook(ctx)
+    assert own_lr.lr == 0.05 and own_lr.steps == 7 and own_lr.grad_mask is not None
+    with pytest.raises(InvalidParameter, match=r"Neurotoxin\.steps = 0"):
+        redteam.attack("neurotoxin", steps=0)
     # norm bound: every step projects onto ‖w − G‖ ≤ 0.5; the toy's free optimum (1, 1) has
     # norm √2, so training ends on the sphere, along (1, 1): (0.3536, 0.3536)
     hook = redteam.attack("neurotoxin", norm_bound=0.5).training_hook(ctx_for([[0.0, 0.0]]))
