@@ -65,7 +65,7 @@ class NormHug(Attack):
     knowledge: Literal["omniscient", "own"] = "omniscient"
     surfaces: ClassVar[tuple[str, ...]] = (Surface.UPDATES,)
     summary: ClassVar[str] = "Norm-hug: −M·ĝ/‖ĝ‖, the reversed honest mean exactly at the norm bound"
-    reference: ClassVar[str] = "REFERENCES.md §1.3 (security envelope of R2)"
+    reference: ClassVar[str] = "Sun et al., arXiv:1911.07963 (norm bounding); Bagdasaryan et al., AISTATS 2020"
 
     @property
     def omniscient(self) -> bool:  # type: ignore[override]
@@ -187,7 +187,7 @@ class CosineEvasion(Attack):
     surfaces: ClassVar[tuple[str, ...]] = (Surface.UPDATES,)
     omniscient: ClassVar[bool] = True
     summary: ClassVar[str] = "Cosine evasion: closest direction to a target inside the accepted cosine cone"
-    reference: ClassVar[str] = "REFERENCES.md §1.3 (security envelope of R2 + R4)"
+    reference: ClassVar[str] = "Bagdasaryan et al., AISTATS 2020 (evading detection); Cao et al., NDSS 2021"
 
     def validate_threshold(self, v: float) -> None:
         if not (isinstance(v, (int, float)) and not isinstance(v, bool) and -1 < v < 1):
@@ -283,7 +283,7 @@ class Adaptive(Attack):
     omniscient: ClassVar[bool] = True
     surfaces: ClassVar[tuple[str, ...]] = (Surface.DATA, Surface.UPDATES)
     summary: ClassVar[str] = "Adaptive: line-search another attack's strength to stay accepted by the defense"
-    reference: ClassVar[str] = "REFERENCES.md §1.3 (envelope utilisation); white-box adaptive adversary"
+    reference: ClassVar[str] = "Fang et al., USENIX Security 2020; Shejwalkar & Houmansadr, NDSS 2021"
 
     def __hash__(self) -> int:  # ``params`` is a dict; hash its sorted items instead
         items = tuple(sorted((str(k), repr(v)) for k, v in self.params.items()))

@@ -57,7 +57,7 @@ class RogueAggregator(Attack):
     group: int | None = None
     surfaces: ClassVar[tuple[str, ...]] = (Surface.HIERARCHY,)
     summary: ClassVar[str] = "Compromised sub-aggregator replaces its group's partial aggregate"
-    reference: ClassVar[str] = "REFERENCES §3.4 (sub-aggregators Byzantine with probability ≈ F/N)"
+    reference: ClassVar[str] = "Lamport, Shostak & Pease, ACM TOPLAS 1982 (a Byzantine merge node)"
 
     def validate_mode(self, v: str) -> None:
         if v not in ("flip", "noise", "zero"):
@@ -115,7 +115,7 @@ class GroupGrinding(Attack):
     max_tries: int = 1_000_000
     surfaces: ClassVar[tuple[str, ...]] = (Surface.HIERARCHY, Surface.UPDATES)
     summary: ClassVar[str] = "Grind Sybil identities so hash grouping puts every attacker in one group"
-    reference: ClassVar[str] = "REFERENCES §3.4; Douceur, IPTPS 2002 (Sybil identities)"
+    reference: ClassVar[str] = "Douceur, IPTPS 2002 (Sybil identities); placement grinding against hash-based grouping"
 
     def validate_target(self, v: int) -> None:
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:

@@ -78,7 +78,7 @@ class NonFinite(Attack):
     surfaces: ClassVar[tuple[str, ...]] = (Surface.UPDATES,)
     produces_nonfinite: ClassVar[bool] = True  # non-finite rows are the point
     summary: ClassVar[str] = "Non-finite injection: NaN/±Inf in a fraction of the coordinates"
-    reference: ClassVar[str] = "Finite check R1 (REFERENCES.md §1.2)"
+    reference: ClassVar[str] = "Blanchard et al., NeurIPS 2017 (arbitrary Byzantine vectors); IEEE 754 NaN/Inf"
 
     def validate_value(self, v: str) -> None:
         if v not in ("nan", "inf", "-inf"):

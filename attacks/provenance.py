@@ -153,7 +153,7 @@ class UnsignedManifest(_Poisoning):
 
     surfaces: ClassVar[tuple[str, ...]] = (Surface.DATA, Surface.PROVENANCE)
     summary: ClassVar[str] = "Poisoned data under an unsigned manifest"
-    reference: ClassVar[str] = "REFERENCES Provenance formats §8 (unsigned or tampered data)"
+    reference: ClassVar[str] = "DSSE v1; in-toto Statement v1 (an unsigned or tampered statement)"
 
     def forge_provenance(self, manifest: Any, ctx: AttackContext) -> Any:
         from redteam.federation.provenance import Presentation
@@ -171,7 +171,7 @@ class ManifestMismatch(_Poisoning):
 
     surfaces: ClassVar[tuple[str, ...]] = (Surface.DATA, Surface.PROVENANCE)
     summary: ClassVar[str] = "Poisoned shards under the curator's honest, signed manifest"
-    reference: ClassVar[str] = "Carlini et al., IEEE S&P 2024; REFERENCES §5"
+    reference: ClassVar[str] = "Carlini et al., IEEE S&P 2024 (poisoning web-scale training datasets)"
 
     def forge_provenance(self, manifest: Any, ctx: AttackContext) -> Any:
         return manifest  # the curator signs what it saw: the clean data
@@ -185,7 +185,7 @@ class UnenrolledKey(_Poisoning):
 
     surfaces: ClassVar[tuple[str, ...]] = (Surface.DATA, Surface.PROVENANCE)
     summary: ClassVar[str] = "Poisoned manifest signed by an unenrolled key"
-    reference: ClassVar[str] = "REFERENCES Provenance formats §8 (key confusion)"
+    reference: ClassVar[str] = "DSSE v1; in-toto Statement v1 (a key the verifier never enrolled)"
 
     def forge_provenance(self, manifest: Any, ctx: AttackContext) -> Any:
         return _signed(_client(manifest, ctx), _actual(manifest, ctx).to_json(), _mint(ctx))
@@ -200,7 +200,7 @@ class KeyidSpoof(_Poisoning):
 
     surfaces: ClassVar[tuple[str, ...]] = (Surface.DATA, Surface.PROVENANCE)
     summary: ClassVar[str] = "Poisoned manifest signed by another key under the enrolled key's keyid"
-    reference: ClassVar[str] = "DSSE v1 (keyid is unauthenticated); REFERENCES Provenance formats §8"
+    reference: ClassVar[str] = "DSSE v1 (keyid is an unauthenticated hint)"
 
     def forge_provenance(self, manifest: Any, ctx: AttackContext) -> Any:
         c = _client(manifest, ctx)
@@ -221,7 +221,7 @@ class DigestDowngrade(_Poisoning):
     capabilities: ClassVar[tuple[str, ...]] = ("enrolled_key",)
     surfaces: ClassVar[tuple[str, ...]] = (Surface.DATA, Surface.PROVENANCE)
     summary: ClassVar[str] = "Poisoned manifest with MD5-only digests (algorithm downgrade)"
-    reference: ClassVar[str] = "in-toto ResourceDescriptor DigestSet; REFERENCES Provenance formats §8"
+    reference: ClassVar[str] = "in-toto Attestation Framework, ResourceDescriptor DigestSet (algorithm agility)"
 
     def forge_provenance(self, manifest: Any, ctx: AttackContext) -> Any:
         from provenance.intoto import Statement, Subject
@@ -257,7 +257,7 @@ class LogFork(_Poisoning):
     capabilities: ClassVar[tuple[str, ...]] = ("enrolled_key", "log_key")
     surfaces: ClassVar[tuple[str, ...]] = (Surface.DATA, Surface.PROVENANCE)
     summary: ClassVar[str] = "Poisoned manifest included only in a forked log view (equivocating checkpoint)"
-    reference: ClassVar[str] = "RFC 6962/9162; C2SP tlog-checkpoint; REFERENCES Provenance formats §8"
+    reference: ClassVar[str] = "RFC 6962/9162; C2SP tlog-checkpoint and tlog-witness (split views)"
 
     def forge_provenance(self, manifest: Any, ctx: AttackContext) -> Any:
         from provenance import checkpoint as cp
@@ -296,7 +296,7 @@ class StolenKey(_Poisoning):
     capabilities: ClassVar[tuple[str, ...]] = ("enrolled_key",)
     surfaces: ClassVar[tuple[str, ...]] = (Surface.DATA, Surface.PROVENANCE)
     summary: ClassVar[str] = "Poisoned data signed with a stolen enrolled key (passes the gate)"
-    reference: ClassVar[str] = "REFERENCES §5 (correctly signed but poisoned content)"
+    reference: ClassVar[str] = "Carlini et al., IEEE S&P 2024 (correctly signed but poisoned content)"
 
     def forge_provenance(self, manifest: Any, ctx: AttackContext) -> Any:
         c = _client(manifest, ctx)

@@ -142,7 +142,7 @@ class ChunkTamper(Attack):
     victims: tuple[int, ...] = ()
     surfaces: ClassVar[tuple[str, ...]] = (Surface.TRANSPORT,)
     summary: ClassVar[str] = "Relay flips bits in the chunks (and optionally headers) it forwards"
-    reference: ClassVar[str] = "REFERENCES §3.2; Liang et al., INFOCOM 2005 (P2P pollution)"
+    reference: ClassVar[str] = "Liang et al., INFOCOM 2005 (pollution in P2P file sharing); BEP 52 per-piece hashes"
 
     def validate_rate(self, v: float) -> None:
         if not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1):
@@ -254,7 +254,7 @@ class ChunkSubstitute(_Substitution):
 
     surfaces: ClassVar[tuple[str, ...]] = (Surface.TRANSPORT,)
     summary: ClassVar[str] = "Malicious relay substitutes victims' chunks with its own (and forges unsigned headers)"
-    reference: ClassVar[str] = "REFERENCES §3.2 (pollution); Dhungel et al., P2P-TV 2007"
+    reference: ClassVar[str] = "Dhungel et al., P2P-TV 2007 (pollution in P2P live streaming); BEP 52"
 
     def source(self, victim: int, index: int, length: int, ctx: AttackContext) -> bytes | None:
         own = _state(ctx, "own_uploads") or {}
@@ -284,7 +284,7 @@ class MixAndMatch(_Substitution):
     indices: tuple[int, ...] = ()
     surfaces: ClassVar[tuple[str, ...]] = (Surface.TRANSPORT,)
     summary: ClassVar[str] = "Mix chunks of a sender's current and earlier updates (forging unsigned headers)"
-    reference: ClassVar[str] = "REFERENCES §3.2 (mix-and-match)"
+    reference: ClassVar[str] = "BEP 52 (per-file Merkle piece roots); Liang et al., INFOCOM 2005"
 
     def validate_lag(self, v: int) -> None:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -332,7 +332,7 @@ class Replay(Attack):
     victims: tuple[int, ...] = ()
     surfaces: ClassVar[tuple[str, ...]] = (Surface.TRANSPORT,)
     summary: ClassVar[str] = "Replay a victim's update from an earlier round (rewriting unsigned headers)"
-    reference: ClassVar[str] = "REFERENCES §3.2 (replay); §8 (replay/rollback)"
+    reference: ClassVar[str] = "Syverson, IEEE CSFW 1994 (a taxonomy of replay attacks)"
 
     def validate_lag(self, v: int) -> None:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -463,7 +463,7 @@ class Equivocate(_SenderRewrite):
     extra: ClassVar[bool] = True
     surfaces: ClassVar[tuple[str, ...]] = (Surface.TRANSPORT,)
     summary: ClassVar[str] = "Two different signed updates for one round, to two sub-aggregators"
-    reference: ClassVar[str] = "REFERENCES §3.2 (equivocation); Gorbunov et al., ICML 2022 (BTARD)"
+    reference: ClassVar[str] = "Lamport, Shostak & Pease, TOPLAS 1982; Gorbunov et al., ICML 2022 (BTARD)"
 
     def validate_factor(self, v: float) -> None:
         if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)):
@@ -501,7 +501,7 @@ class Withhold(Attack):
     fraction: float = 1.0
     surfaces: ClassVar[tuple[str, ...]] = (Surface.TRANSPORT,)
     summary: ClassVar[str] = "Announce an update, then withhold (some of) its chunks"
-    reference: ClassVar[str] = "REFERENCES §3.2 (withholding / partial upload)"
+    reference: ClassVar[str] = "Liang et al., INFOCOM 2005 (P2P pollution and withholding); BEP 52"
 
     def validate_fraction(self, v: float) -> None:
         if not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1):
@@ -547,7 +547,7 @@ class CodecAbuse(_SenderRewrite):
     magnitude: float = 1e30
     surfaces: ClassVar[tuple[str, ...]] = (Surface.TRANSPORT,)
     summary: ClassVar[str] = "Sender forges its codec header/scales so the update decodes to a huge vector"
-    reference: ClassVar[str] = "REFERENCES §3.2 (codec abuse), §3.3 (validate after decoding)"
+    reference: ClassVar[str] = "CWE-130 (length field inconsistent with the data); CWE-409 (decompression bombs)"
 
     def validate_mode(self, v: str) -> None:
         if v not in ("scale", "density", "dim"):

@@ -161,7 +161,7 @@ class SignedChunks(Filter):
     keyid_policy: Literal["match", "ignore"] = "match"
     acts_at: ClassVar[str] = "transport"
     summary: ClassVar[str] = "Signed update headers (in-toto/DSSE): reject forgery, replay, rollback, equivocation"
-    reference: ClassVar[str] = "DSSE v1; in-toto Statement v1; BEP 52; REFERENCES §3.2"
+    reference: ClassVar[str] = "DSSE v1; in-toto Statement v1; BEP 52 (Merkle piece roots)"
 
     def validate_gossip(self, v: bool) -> None:
         _check_bool(self, "gossip", v)
@@ -216,7 +216,7 @@ class ProvenanceGate(Filter):
     keyid_policy: Literal["match", "ignore"] = "match"
     acts_at: ClassVar[str] = "admission"
     summary: ClassVar[str] = "Dataset provenance gate: enrolled-key signature, log inclusion, shard attestation"
-    reference: ClassVar[str] = "OpenSSF model-signing v1.0; in-toto/DSSE; RFC 6962/9162; REFERENCES §5"
+    reference: ClassVar[str] = "OpenSSF model-signing v1.0; in-toto/DSSE; RFC 6962/9162; Carlini et al., IEEE S&P 2024"
 
     def validate_witness(self, v: bool) -> None:
         _check_bool(self, "witness", v)

@@ -40,7 +40,7 @@ class Sanity(Filter):
 
     max_abs: float | None = None
     summary: ClassVar[str] = "Finite / shape / dtype check (and optional per-entry bound)"
-    reference: ClassVar[str] = "REFERENCES §1.2 R1, R3"
+    reference: ClassVar[str] = "IEEE 754 finiteness; Sun et al., arXiv:1911.07963 (per-update bounds)"
 
     def validate_max_abs(self, v: float | None) -> None:
         check_number(self, "max_abs", v, low=0.0, low_open=True, allow_none=True)
