@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 from .errors import RedteamError
 
@@ -31,8 +31,19 @@ _EPILOG = textwrap.dedent(
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are one line, ``redteam: error: ...``, exit status 2 (sub-commands
+    are built from the same class, so theirs are too)."""
+
+    def error(self, message: str) -> "NoReturn":  # type: ignore[override]
+        from .runner.outputs import terminal_safe
+
+        self.exit(2, f"redteam: error: {terminal_safe(self.prog)}: {terminal_safe(message)} "
+                     f"(see: {terminal_safe(self.prog)} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="redteam",
         description="Attack federated and decentralized training on purpose, and measure the defenses.",
         epilog=_EPILOG,
@@ -151,11 +162,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from .scenario import load_scenario
+    from pathlib import Path
+
+    from .scenario import load_document, parse_scenario
 
     # wide enough for the results table even when stdout is a pipe or a file
     console = Console(stderr=False, width=None if sys.stdout.isatty() else 160)
-    sc = load_scenario(args.scenario)
+    path = Path(args.scenario)
+    raw = load_document(path)
+    _refuse_empty(raw, path)
+    _base_cell_only(raw, path)
+    sc = parse_scenario(raw, file=path.name)
+    if "matrix" in raw:
+        print(f"redteam: note: {_safe(path)} has a [matrix]; `redteam run` runs only its base cell "
+              f"({_safe(sc.attack.name)} vs {_safe(sc.defense_label())}); `redteam matrix` runs every cell",
+              file=sys.stderr)
     if args.rounds is not None:
         if args.rounds < 1:
             raise RedteamError(f"--rounds = {args.rounds}: must be ≥ 1")
@@ -204,6 +225,37 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.json:
         console.print(f"results written to [bold]{_markup(path)}[/bold]")
     return 0
+
+
+def _safe(text: object) -> str:
+    from .runner.outputs import terminal_safe
+
+    return terminal_safe(text)
+
+
+def _refuse_empty(doc: dict[str, Any], path: Any) -> None:
+    """An empty scenario file is a mistake, not a request for every default."""
+    from .errors import InvalidScenario
+    from .runner.outputs import terminal_safe
+
+    if not doc:
+        raise InvalidScenario(f"{terminal_safe(path)}: the scenario file is empty (no tables); "
+                              "see README.md, \"Scenario files\" (e.g. scenarios/smoke.toml)")
+
+
+def _base_cell_only(doc: dict[str, Any], path: Any) -> None:
+    """``redteam run`` on a file with a ``[matrix]`` runs only the base cell: refuse when
+    the file has no base ``[attack]`` (it would run just a no-attack baseline), else say so."""
+    from .errors import InvalidScenario
+    from .runner.outputs import terminal_safe
+
+    if "matrix" not in doc:
+        return
+    name = terminal_safe(path)
+    if "attack" not in doc:
+        raise InvalidScenario(
+            f"{name} has a [matrix] and no [attack]: `redteam run` runs one scenario, not a matrix "
+            f"(here only a no-attack baseline); use `redteam matrix {name} --out DIR`, or add an [attack] table")
 
 
 def _markup(text: object) -> str:
@@ -259,7 +311,11 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     except ImportError:
         print_summary = None
     if print_summary is not None:
-        print_summary(console, summary.store)
+        outcome = print_summary(console, summary.store)
+        failed = getattr(outcome, "failed_expectations", 0)
+        if failed:
+            print(f"redteam: {failed} expectation(s) failed (listed above)", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -324,7 +324,7 @@ def test_print_summary_without_a_store_says_so(tmp_path):
     from redteam.report.cli import print_summary
 
     console = Console(file=io.StringIO(), width=120)
-    assert print_summary(console, tmp_path) is None
+    assert print_summary(console, tmp_path).html is None
     assert "no report" in console.file.getvalue()
 
 

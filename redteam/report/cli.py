@@ -16,10 +16,11 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["register", "print_summary", "cmd_report", "FORMATS", "fail_if_cells"]
+__all__ = ["register", "print_summary", "cmd_report", "FORMATS", "fail_if_cells", "MatrixSummaryReport"]
 
 FORMATS = ("table", "md", "html", "json", "csv")
 
@@ -174,10 +175,19 @@ def _print_table(console: Any, report: Any, metrics: Sequence[str]) -> None:
     print_tables(console, report, metrics)
 
 
-def print_summary(console: Any, out_dir: str | Path) -> Path | None:
+@dataclass(frozen=True, slots=True)
+class MatrixSummaryReport:
+    """What :func:`print_summary` made: the HTML report's path (``None`` if it could not
+    be written) and how many ``[[expect]]`` rows fail (``redteam matrix`` then exits 1)."""
+
+    html: Path | None
+    failed_expectations: int = 0
+
+
+def print_summary(console: Any, out_dir: str | Path) -> MatrixSummaryReport:
     """After ``redteam matrix``: the accuracy-drop table, the expectations' tally, and the
-    HTML report written to ``OUT/report.html`` (its path printed). Returns that path (or
-    ``None`` when the report could not be made; the reason is printed, nothing raised)."""
+    HTML report written to ``OUT/report.html`` (its path printed). A report that cannot
+    be made is printed as the reason, nothing raised."""
     from ..errors import RedteamError
     from .load import load_report
     from .tables import DEFAULT_TABLE_METRIC, _markup as escape, print_tables
@@ -186,10 +196,10 @@ def print_summary(console: Any, out_dir: str | Path) -> Path | None:
         report = load_report(out_dir)
     except RedteamError as exc:
         console.print(f"[yellow]no report: {escape(str(exc))}[/yellow]")
-        return None
+        return MatrixSummaryReport(None)
     print_tables(console, report, [DEFAULT_TABLE_METRIC])
+    bad = [e for e in report.expectations if e.failure]
     if report.expectations:
-        bad = [e for e in report.expectations if e.failure]
         style = "red" if bad else "green"
         console.print(f"[{style}]expectations: {len(report.expectations) - len(bad)} of "
                       f"{len(report.expectations)} hold[/{style}]")
@@ -202,9 +212,9 @@ def print_summary(console: Any, out_dir: str | Path) -> Path | None:
         path = write_html(report)
     except ImportError as exc:  # matplotlib is a dependency; say so rather than fail the matrix
         console.print(f"[yellow]HTML report skipped: {escape(str(exc))}[/yellow]")
-        return None
+        return MatrixSummaryReport(None, len(bad))
     except RedteamError as exc:
         console.print(f"[yellow]HTML report skipped: {escape(str(exc))}[/yellow]")
-        return None
+        return MatrixSummaryReport(None, len(bad))
     console.print(f"HTML report: [bold]{escape(str(path))}[/bold]")
-    return path
+    return MatrixSummaryReport(path, len(bad))

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ..errors import InvalidParameter, RedteamError
+from ..errors import InvalidParameter, InvalidScenario, RedteamError
 from ..matrix import Matrix, derive_seed
 from ..scenario import parse_scenario
 from ..scoring import summarize
@@ -246,6 +246,8 @@ def run_matrix(
         raise InvalidParameter(f"--workers = {workers!r}: must be an integer ≥ 1")
     p = Path(path)
     base, matrix, doc = load_matrix(p)
+    if not doc:
+        raise InvalidScenario(f"{p}: the scenario file is empty (no tables); see README.md, \"Scenario files\"")
     rows, b_units, a_units = plan_units(matrix, base.seed, p.name)
     check_output_dir(out, option="--out")
 
