@@ -33,8 +33,7 @@ import torch  # noqa: F401,E402  (imported before the cap: its import maps a lot
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 
 import _scenario_mutations as M  # noqa: E402
-import redteam.runner.matrix_run  # noqa: F401,E402
-import redteam.runner.outputs as outputs  # noqa: E402
+import redteam.runner.matrix_run as matrix_run  # noqa: E402
 import redteam.runner.single as single  # noqa: E402
 from redteam.cli import main  # noqa: E402
 from redteam.errors import InvalidScenario  # noqa: E402
@@ -83,7 +82,7 @@ def _check_message(exc: InvalidScenario) -> None:
 
 def run(n: int, out: Path, seed: int | None) -> None:
     single.run_scenario = _stop  # `redteam run` stops where training would start
-    outputs.check_output_dir = _stop  # `redteam matrix` stops after the plan, before the store
+    matrix_run.ResultsStore = _stop  # `redteam matrix` stops after the plan, before the store
     docs = M.shipped_documents()
     tmp = Path(tempfile.mkdtemp(prefix="scfuzz-"))
     path = tmp / "fuzzed.toml"
@@ -100,9 +99,7 @@ def run(n: int, out: Path, seed: int | None) -> None:
         path.write_text(text, "utf-8")
         try:
             verdict, _ = _cli(["matrix", str(path), "--quiet", "--out", str(tmp / "out")])
-            verdict_run, _ = _cli(["run", str(path), "--quiet"])
-            if verdict == "accepted" and verdict_run != "accepted":
-                raise AssertionError("`redteam matrix` accepted a file that `redteam run` refused")
+            _cli(["run", str(path), "--quiet"])  # may refuse more (e.g. a matrix without an [attack])
             try:
                 plugin_doc = load_document(path)
                 expand(plugin_doc, path.name, check_plugins=False)
