@@ -126,10 +126,17 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> "ScenarioF
     if state is None:
         return None
     p = file_path.resolve()
+    # pytest walks a directory once per command-line path inside it (``pytest s/a.toml
+    # s/b.toml``): the same parent asking again gets the same node; another parent (the
+    # file reached a second way, e.g. testpaths and an added root) gets none.
+    known = state.files.get((parent.nodeid, file_path))
+    if known is not None:
+        return known
     if p in state.seen or not (p in state.explicit or any(p.is_relative_to(r) for r in state.roots)):
         return None
     state.seen.add(p)
-    return ScenarioFile.from_parent(parent, path=file_path)
+    node = state.files[(parent.nodeid, file_path)] = ScenarioFile.from_parent(parent, path=file_path)
+    return node
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -396,6 +403,7 @@ class _State:
                 raise pytest.UsageError(f"redteam_marks line {line!r}: expected 'GLOB: mark [mark ...]'")
             self.marks.append((glob.strip(), names.split()))
         self.seen: set[Path] = set()
+        self.files: dict[tuple[str, Path], ScenarioFile] = {}
         self.runs: dict[Path, _FileRun | BaseException] = {}
         self.stores: dict[str, Path] = {}
         self.outcomes: list[_Outcome] = []
