@@ -30,16 +30,18 @@ after every step. (Neurotoxin's per-step mask lives in ``attacks.compression``.)
   Learning", ICLR 2020: a global pixel trigger split into local triggers; each colluding
   client stamps only its own local trigger, the full trigger is used at test time. ASR
   is measured on the full trigger (``targeted_test``) and reported per local trigger
-  (``targeted_parts``). Local trigger of client c: ``local_triggers[c mod K]`` (the paper gives
-  attacker i the i-th part; ``poison_data`` sees only the client id, and client ids of
-  attackers are drawn at random, so two attackers can share a part when f ≥ 2 — the
-  run's per-part ASR shows it).
+  (``targeted_parts``; the trainer records them as ``extra["asr_parts"]``). As in the
+  paper, attacker i stamps local trigger i mod K (``assignment = "rank"``): i is the
+  order in which this attack instance first poisons the client — the trainer poisons
+  the malicious clients in ascending id, so i is the attacker's rank among them (the
+  only memory the attack keeps, one entry per client). ``"client_mod"`` uses
+  client id mod K instead (stateless; two attackers may share a part).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from redteam.types import Attack, AttackContext, ClientData, Surface, TrainingHook, param_error
@@ -280,6 +282,8 @@ class DBA(Attack):
 
     * ``local_triggers``: each a list of ``[row, col]`` pixels (default
       :data:`DBA_PARTS`); their union is the global trigger;
+    * ``assignment``: ``"rank"`` (default, the paper's attacker i → part i) or
+      ``"client_mod"`` (client id mod K), see the module docstring;
     * ``target``, ``fraction``, ``mode``, ``value``, ``image_shape``: as ``backdoor``.
     """
 
@@ -289,6 +293,8 @@ class DBA(Attack):
     mode: Literal["replace", "append"] = "replace"
     value: float = 1.0
     image_shape: tuple[int, ...] = (8, 8)
+    assignment: Literal["rank", "client_mod"] = "rank"
+    _ranks: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     surfaces: ClassVar[tuple[str, ...]] = (Surface.DATA,)
     summary: ClassVar[str] = "DBA: a pixel trigger split across colluding clients, the full trigger at test time"
     reference: ClassVar[str] = "Xie et al., ICLR 2020"
@@ -310,9 +316,16 @@ class DBA(Attack):
         return Backdoor(trigger=tuple(tuple(p) for p in pixels), value=self.value, image_shape=tuple(self.image_shape),
                         target=self.target, fraction=self.fraction, mode=self.mode)
 
+    def validate_assignment(self, v: str) -> None:
+        if v not in ("rank", "client_mod"):
+            raise param_error(self, "assignment", v, "must be 'rank' or 'client_mod'")
+
     def part_of(self, client: int) -> int:
-        """The local trigger client ``client`` stamps."""
-        return client % len(self.local_triggers)
+        """The local trigger client ``client`` stamps (first sight fixes its rank)."""
+        if self.assignment == "client_mod":
+            return client % len(self.local_triggers)
+        rank = self._ranks.setdefault(int(client), len(self._ranks))
+        return rank % len(self.local_triggers)
 
     def global_trigger(self) -> Backdoor:
         pixels = tuple(dict.fromkeys(tuple(p) for part in self.local_triggers for p in part))

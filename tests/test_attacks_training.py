@@ -170,12 +170,16 @@ def test_edge_case_data_and_pgd():
 
 def test_dba_local_triggers_and_full_trigger_at_test_time():
     # 8×8 images of zeros; default local triggers: bars (0,0–1), (0,4–5), (2,0–1), (2,4–5)
-    atk = redteam.attack("dba", fraction=1.0)
+    atk = redteam.attack("dba", fraction=1.0, assignment="client_mod")
     x = torch.zeros(3, 64)
     y = torch.tensor([5, 6, 0])
     out = atk.poison_data(ClientData(x, y), 6, torch.Generator().manual_seed(0))  # 6 mod 4 = part 2
     lit = out.x[0].reshape(8, 8).nonzero().tolist()
     assert lit == [[2, 0], [2, 1]] and out.y.tolist() == [0, 0, 0]
+    # the paper's assignment: the i-th attacker poisoned (ascending ids in the trainer) gets part i
+    ranked = redteam.attack("dba")
+    assert [ranked.part_of(c) for c in (4, 6, 11, 12, 13, 6)] == [0, 1, 2, 3, 0, 1]
+    assert ranked == redteam.attack("dba") and hash(ranked) == hash(redteam.attack("dba"))  # memory not a parameter
     # test time: the non-target samples with all 8 pixels of the global trigger
     tx, ty = atk.targeted_test(x, y)
     assert tx.shape == (2, 64) and int(tx[0].sum()) == 8 and ty.tolist() == [0, 0]
@@ -217,3 +221,6 @@ def test_dba_run_reports_asr_per_local_trigger():
     last = res.records[-1].extra
     assert 0.0 <= last["asr"] <= 1.0
     assert sorted(last["asr_parts"]) == ["part0", "part1", "part2", "part3"]
+    # 8 clients, 2 malicious: ranks 0 and 1 → local triggers 0 and 1 are the ones trained
+    fed = Federation(_scenario({"name": "dba"}))
+    assert fed.attack.part_of(fed.malicious[0]) == 0 and fed.attack.part_of(fed.malicious[1]) == 1
