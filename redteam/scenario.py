@@ -443,7 +443,7 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def load_document(
-    path: str | Path, _stack: tuple[Path, ...] = (), *, limits: Limits | None = None
+    path: str | Path, _stack: tuple[Path, ...] = (), *, limits: Limits | None = None, _home: Path | None = None
 ) -> dict[str, Any]:
     """Read a scenario file with its includes resolved (a raw, unvalidated dict).
 
@@ -466,7 +466,7 @@ def load_document(
         inc = [inc]
     if not isinstance(inc, list) or not all(isinstance(i, str) for i in inc):
         raise InvalidScenario(f"{p.name}: include = {shown(inc)}: must be a file name or a list of them")
-    home = (_stack[0] if _stack else resolved).parent  # the top scenario's directory
+    home = _home if _home is not None else p.parent.resolve()  # the top scenario's directory
     merged: dict[str, Any] = {}
     for name in inc:
         target = p.parent / name
@@ -475,7 +475,7 @@ def load_document(
                 f"{p.name}: include = {shown(name)}: must stay inside {shown(str(home))} "
                 "(REDTEAM_ALLOW_INCLUDE_OUTSIDE=1 allows it)"
             )
-        merged = _merge(merged, load_document(target, (*_stack, resolved), limits=limits))
+        merged = _merge(merged, load_document(target, (*_stack, resolved), limits=limits, _home=home))
     return _merge(merged, data)
 
 

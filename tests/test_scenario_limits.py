@@ -292,3 +292,17 @@ def test_limits_from_env():
         Limits.from_env({"REDTEAM_MAX_CELLS": "lots"})
     with pytest.raises(InvalidScenario, match='environment REDTEAM_MAX_SEEDS = "0": must be ≥ 1'):
         Limits.from_env({"REDTEAM_MAX_SEEDS": "0"})
+
+
+def test_a_symlinked_scenario_includes_beside_the_link(tmp_path):
+    # includes are resolved from the directory the user named the scenario in; a link to a
+    # file elsewhere does not move that directory (nor open the target's directory instead)
+    from redteam.scenario import load_document
+
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "real.toml").write_text('include = "base.toml"\n[federation]\nrounds = 2\n')
+    (tmp_path / "elsewhere" / "base.toml").write_text("[federation]\nclients = 99\n")
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "base.toml").write_text("[federation]\nclients = 7\n")
+    (tmp_path / "here" / "s.toml").symlink_to(tmp_path / "elsewhere" / "real.toml")
+    assert load_document(tmp_path / "here" / "s.toml")["federation"] == {"clients": 7, "rounds": 2}
