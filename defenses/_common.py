@@ -169,6 +169,22 @@ def safe_sum(weights: "torch.Tensor", rows: "torch.Tensor", *, convex: bool, wha
     return out.to(rows.dtype)
 
 
+def finite_or_refuse(obj: Any, agg: "torch.Tensor", rows: "torch.Tensor") -> "torch.Tensor":
+    """The aggregate of finite rows, or a clear error where it overflowed (float64 input)."""
+    import torch
+
+    from redteam.errors import InvalidParameter
+
+    if bool(torch.isfinite(agg).all()) or rows.shape[0] == 0:
+        return agg
+    big = torch.finfo(rows.dtype).max
+    if rows.dtype == torch.float32:  # float64 sums: only rounding at the edge of the range
+        return torch.nan_to_num(agg, posinf=big, neginf=-big)
+    raise InvalidParameter(f"{type(obj).__name__}: the updates are finite but their sums overflow "
+                           f"{str(rows.dtype).removeprefix('torch.')} (entries up to "
+                           f"{float(rows.abs().max()):.4g}); rescale the updates")
+
+
 # -- distances -------------------------------------------------------------------------
 def gram64(x: "torch.Tensor", chunk: int = 8192) -> "torch.Tensor":
     """⟨xᵢ, xⱼ⟩ for all pairs, in float64, accumulated over column blocks.

@@ -170,6 +170,9 @@ class PairwiseDistances:
     * ``finite`` ``(n,)`` bool: rows whose every entry is finite;
     * ``group`` ``(n,)`` int64: the smallest index of a row bitwise equal to row i
       (non-finite rows are their own group).
+
+    ``rows`` are the input rows, or — for float64 rows beyond ~2⁵⁰⁰ whose squares would
+    overflow — the input times a power of two (exact), distances in those units.
     """
 
     rows: "torch.Tensor"
@@ -288,6 +291,14 @@ def pairwise(x: "torch.Tensor") -> PairwiseDistances:
     finite = _finite_rows(x)
     all_ok = bool(finite.all())
     rows = x if all_ok else x[finite]
+    if x.dtype == torch.float64 and rows.numel():
+        # float64 rows past ~1e154 overflow their own squares: work on rows scaled by a
+        # power of two (exact), so distances and decisions are those of x, in scaled units
+        peak = float(torch.aminmax(rows).max.abs().max(torch.aminmax(rows).min.abs()))
+        if peak > 2.0 ** 500:
+            shift = 2.0 ** -(math.frexp(peak)[1] - 400)
+            x = x * shift
+            rows = x if all_ok else x[finite]
     g, absolute = _centred_gram(rows)
     sq = torch.diagonal(g).clamp_min(0.0)
     dist = (sq[:, None] + sq[None, :] - 2.0 * g).clamp_min_(0.0)

@@ -125,6 +125,7 @@ class Clip(PreAggregator):
     """
 
     bound: float = 1.0
+    screens_nonfinite: ClassVar[bool] = False  # rows pass through: put `sanity` (or a rule that screens) first
     summary: ClassVar[str] = "Static L2 clipping of each update to norm ≤ M (pre-aggregation)"
     reference: ClassVar[str] = "Sun et al., arXiv:1911.07963, 2019"
 

@@ -41,6 +41,7 @@ class DPNoise(PostProcessor):
     """
 
     sigma: float = 0.025
+    screens_nonfinite: ClassVar[bool] = False  # rows pass through: put `sanity` (or a rule that screens) first
     unanimity: ClassVar[bool] = False  # identical rows do not give back that row: noise is added
     summary: ClassVar[str] = "Gaussian noise N(0, σ²) on the aggregate (weak DP / DP-FedAvg)"
     reference: ClassVar[str] = "Sun et al., arXiv:1911.07963, 2019; McMahan et al., ICLR 2018"

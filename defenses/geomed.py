@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 from redteam.pipeline import Aggregator
 from redteam.types import Decision, ServerContext, sample_weights
 
-from ._common import check_choice, check_count, check_number, finite_rows, gram64
+from ._common import check_choice, check_count, check_number, combine, finite_or_refuse, finite_rows, gram64
 
 if TYPE_CHECKING:
     import torch
@@ -130,8 +130,9 @@ class GeometricMedian(Aggregator):
         c, it, converged, obj = weiszfeld(gram64(rows), alpha, nu=self.nu, tol=self.tol,
                                           max_iter=self.max_iter, init=self.init)
         w = c.to(updates.dtype)
+        agg = combine(c, rows, convex=True) if bool(torch.isfinite(c).all()) else w @ rows
         return Decision(
-            aggregate=w @ rows,
+            aggregate=finite_or_refuse(self, agg, rows),
             accepted=ok,
             weights=w,
             reasons=reasons,

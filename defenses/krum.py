@@ -40,7 +40,7 @@ from redteam.errors import InvalidParameter
 from redteam.pipeline import Aggregator
 from redteam.types import Decision, ServerContext, param_error
 
-from ._common import check_choice, check_count, combine, sorted_reduce
+from ._common import check_choice, check_count, combine, finite_or_refuse, sorted_reduce
 from ._pairwise import PairwiseDistances, k_smallest_sum_bounds, pairwise, resolve_k_smallest_sums, tie_classes
 
 if TYPE_CHECKING:
@@ -374,7 +374,7 @@ class Bulyan(Aggregator):
                 f"(n = {n}, f = {f})")
         sel = torch.tensor(chosen, dtype=torch.long, device=updates.device)
         selected = updates.index_select(0, sel)
-        agg = sorted_reduce(selected, lambda s: _closest_to_median_mean(s, beta))
+        agg = finite_or_refuse(self, sorted_reduce(selected, lambda s: _closest_to_median_mean(s, beta)), selected)
         accepted = _credit(pd, chosen, n, len(chosen), updates) > 0
         for j in (~accepted).nonzero().flatten().tolist():
             reasons.setdefault(j, f"not among the θ = {theta} updates selected by Bulyan's iterative Krum")

@@ -6,9 +6,11 @@ separately: the median of the n values x₁ⱼ … xₙⱼ, or, after sorting th
 of what is left once the b smallest and the b largest are dropped. Both ignore the
 clients' claimed sample counts (a Byzantine client can claim any count).
 
-Non-finite entries sort as +inf/−inf (NaN as +inf), so fewer than half such values
-per coordinate cannot move the median off the finite values (and fewer than b per
-side cannot reach the trimmed mean).
+A row with a NaN/±Inf entry is rejected ("non-finite update") and both rules run on
+the finite rows (the trimmed mean's b is lowered to ⌊(n' − 1)/2⌋ when fewer n' rows
+are left and the requested b no longer fits; ``state["b"]`` reports the b used).
+Sums are accumulated in float64, so float32 rows near ±3.4e38 give a finite result;
+float64 rows whose sums overflow float64 are refused with a clear error.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from redteam.pipeline import Aggregator
 from redteam.types import Decision, ServerContext, param_error
 
-from ._common import check_choice, check_count, halves_reduce, kth_of_two
+from ._common import check_choice, check_count, finite_or_refuse, finite_rows, halves_reduce, kth_of_two
 
 if TYPE_CHECKING:
     import torch
@@ -67,10 +69,11 @@ def trimmed_mean(updates: "torch.Tensor", b: int) -> "torch.Tensor":
     return halves_reduce(updates, reduce)
 
 
-def _all_accepted(updates: "torch.Tensor") -> "torch.Tensor":
-    import torch
-
-    return torch.ones(updates.shape[0], dtype=torch.bool, device=updates.device)
+def _screen(updates: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor", dict[int, str]]:
+    """(finite rows, accepted mask, reasons): non-finite rows are rejected."""
+    ok = finite_rows(updates)
+    reasons = {i: "non-finite update" for i in (~ok).nonzero().flatten().tolist()}
+    return (updates if not reasons else updates[ok]), ok, reasons
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +93,14 @@ class Median(Aggregator):
         check_choice(self, "even_rule", v, ("midpoint", "lower"))
 
     def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
-        agg = coordinate_median(updates, self.even_rule)
-        return Decision(aggregate=agg, accepted=_all_accepted(updates))
+        import torch
+
+        rows, ok, reasons = _screen(updates)
+        if rows.shape[0] == 0:
+            return Decision(aggregate=torch.zeros(updates.shape[1], dtype=updates.dtype, device=updates.device),
+                            accepted=ok, reasons=reasons)
+        agg = finite_or_refuse(self, coordinate_median(rows, self.even_rule), rows)
+        return Decision(aggregate=agg, accepted=ok, reasons=reasons)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +137,14 @@ class TrimmedMean(Aggregator):
         return b
 
     def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
+        import torch
+
         b = self.resolve_b(int(updates.shape[0]))
+        rows, ok, reasons = _screen(updates)
+        if rows.shape[0] == 0:
+            return Decision(aggregate=torch.zeros(updates.shape[1], dtype=updates.dtype, device=updates.device),
+                            accepted=ok, reasons=reasons, state={"b": 0})
+        b = min(b, (int(rows.shape[0]) - 1) // 2)
         state: dict[str, Any] = {"b": b}
-        return Decision(aggregate=trimmed_mean(updates, b), accepted=_all_accepted(updates), state=state)
+        agg = finite_or_refuse(self, trimmed_mean(rows, b), rows)
+        return Decision(aggregate=agg, accepted=ok, reasons=reasons, state=state)

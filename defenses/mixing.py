@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, ClassVar
 from redteam.pipeline import PreAggregator
 from redteam.types import ServerContext, param_error
 
-from ._common import check_count, generator_of, safe_sum
+from ._common import check_count, finite_rows, generator_of, safe_sum
 from ._pairwise import PairwiseDistances, pairwise
 
 if TYPE_CHECKING:
@@ -119,6 +119,7 @@ class NNM(PreAggregator):
     """
 
     f: int | None = None
+    screens_nonfinite: ClassVar[bool] = False  # rows pass through: put `sanity` (or a rule that screens) first
     summary: ClassVar[str] = "Nearest-neighbour mixing: each update → mean of its n−f nearest"
     reference: ClassVar[str] = "Allouah et al., AISTATS 2023"
 
@@ -154,6 +155,7 @@ class Bucketing(PreAggregator):
     """
 
     s: int = 2
+    screens_nonfinite: ClassVar[bool] = False  # rows pass through: put `sanity` (or a rule that screens) first
     summary: ClassVar[str] = "Bucketing: shuffle, average buckets of s, then aggregate the bucket means"
     reference: ClassVar[str] = "Karimireddy, He & Jaggi, ICLR 2022"
     symmetric: ClassVar[bool] = False  # the buckets depend on the order of the rows
@@ -175,6 +177,13 @@ class Bucketing(PreAggregator):
         sums = torch.zeros(n_buckets, updates.shape[1], dtype=updates.dtype, device=updates.device)
         sums.index_add_(0, bucket, updates)
         counts = torch.bincount(bucket, minlength=n_buckets).to(updates.dtype)
+        means = sums / counts[:, None]
+        if not bool(torch.isfinite(means).all()) and bool(finite_rows(updates).all()):
+            # finite rows near the overflow: the bucket means in float64 (always representable)
+            big = torch.finfo(updates.dtype).max
+            sums64 = torch.zeros(n_buckets, updates.shape[1], dtype=torch.float64, device=updates.device)
+            sums64.index_add_(0, bucket, updates.to(torch.float64))
+            means = (sums64 / counts.to(torch.float64)[:, None]).clamp(-big, big).to(updates.dtype)
         bucket_w = torch.zeros(n_buckets, dtype=weights.dtype, device=weights.device)
         bucket_w.index_add_(0, bucket.to(weights.device), weights)
-        return sums / counts[:, None], bucket_w
+        return means, bucket_w

@@ -160,6 +160,7 @@ class SignedChunks(Filter):
     ban: bool = True
     keyid_policy: Literal["match", "ignore"] = "match"
     acts_at: ClassVar[str] = "transport"
+    screens_nonfinite: ClassVar[bool] = False  # judges signatures, not values: `sanity` screens those
     summary: ClassVar[str] = "Signed update headers (in-toto/DSSE): reject forgery, replay, rollback, equivocation"
     reference: ClassVar[str] = "DSSE v1; in-toto Statement v1; BEP 52 (Merkle piece roots)"
 
@@ -215,6 +216,7 @@ class ProvenanceGate(Filter):
     attest: bool = True
     keyid_policy: Literal["match", "ignore"] = "match"
     acts_at: ClassVar[str] = "admission"
+    screens_nonfinite: ClassVar[bool] = False  # judges signatures, not values: `sanity` screens those
     summary: ClassVar[str] = "Dataset provenance gate: enrolled-key signature, log inclusion, shard attestation"
     reference: ClassVar[str] = "OpenSSF model-signing v1.0; in-toto/DSSE; RFC 6962/9162; Carlini et al., IEEE S&P 2024"
 

@@ -22,7 +22,10 @@ every sign vector is the same they form one cluster, and when the estimate is 0 
 they differ (every vector has enough exact copies) each distinct vector is a cluster,
 MeanShift's limit as the bandwidth goes to 0. Among equally large
 clusters the one whose centre is nearest the coordinate median of all sign vectors
-wins. The paper's variants that add a similarity feature to the sign statistics are
+wins. ``clustering="dbscan"`` swaps
+MeanShift for DBSCAN with eps = that bandwidth and ``min_samples`` (2 here, at most n)
+rows within it making a core; rows DBSCAN calls noise are in no cluster. The paper's
+variants that add a similarity feature to the sign statistics are
 not implemented. M is the midpoint median for an even count. Non-finite updates are
 rejected before the rule runs.
 """
@@ -31,18 +34,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from redteam.pipeline import Aggregator
 from redteam.types import Decision, ServerContext, param_error
 
-from ._common import check_number, combine, finite_rows, generator_of, row_norms
+from ._common import check_choice, check_count, check_number, combine, finite_rows, generator_of, row_norms
 from ._stats import clip_scales, midpoint_median
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["SignGuard", "sign_statistics", "estimate_bandwidth", "mean_shift", "largest_meanshift_cluster"]
+__all__ = ["SignGuard", "dbscan", "estimate_bandwidth", "largest_cluster", "mean_shift", "sign_statistics"]
 
 
 def sign_statistics(updates: "torch.Tensor", columns: "torch.Tensor | None" = None) -> "torch.Tensor":
@@ -106,10 +109,42 @@ def mean_shift(x: "torch.Tensor", bandwidth: float, max_iter: int = 300) -> "tor
     return torch.argmin(torch.cdist(x, torch.stack(centres)), dim=1)
 
 
-def largest_meanshift_cluster(features: "torch.Tensor", bandwidth: float | None = None,
-                              quantile: float = 0.3) -> tuple["torch.Tensor", list[int], float]:
-    """Bool mask of the largest MeanShift cluster of the rows of ``features``, the labels,
-    and the bandwidth used."""
+def dbscan(x: "torch.Tensor", eps: float, min_samples: int) -> "torch.Tensor":
+    """DBSCAN (Ester, Kriegel, Sander & Xu, KDD 1996) labels ``(n,)``, −1 for noise.
+
+    A row with at least ``min_samples`` rows (itself included) within ``eps`` is a core
+    row; core rows within ``eps`` of each other are in one cluster (connected
+    components, found by propagating the smallest index); a non-core row within ``eps``
+    of a core row joins the cluster of its nearest core row; the rest are noise.
+    """
+    import torch
+
+    n = x.shape[0]
+    dist = torch.cdist(x, x)
+    near = dist <= eps
+    core = near.sum(dim=1) >= min_samples
+    link = near & core[:, None] & core[None, :]
+    inf = float(n)
+    lab = torch.where(core, torch.arange(n, dtype=torch.float64), torch.full((n,), inf, dtype=torch.float64))
+    while True:
+        new = torch.where(link, lab[None, :], torch.full_like(dist, inf)).amin(dim=1)
+        new = torch.where(core, torch.minimum(new, lab), lab)
+        if torch.equal(new, lab):
+            break
+        lab = new
+    out = torch.full((n,), -1, dtype=torch.long)
+    out[core] = lab[core].long()
+    border = ~core & (near & core[None, :]).any(dim=1)
+    if bool(border.any()):
+        to_core = torch.where(core[None, :], dist, torch.full_like(dist, float("inf")))
+        out[border] = out[to_core[border].argmin(dim=1)]
+    return out
+
+
+def largest_cluster(features: "torch.Tensor", clustering: str = "meanshift", bandwidth: float | None = None,
+                    quantile: float = 0.3, min_samples: int = 2) -> tuple["torch.Tensor", list[int], float]:
+    """Bool mask of the largest cluster of the rows of ``features`` (MeanShift, or DBSCAN
+    with eps = the bandwidth), the labels (−1: DBSCAN noise), and the bandwidth used."""
     import torch
 
     n = features.shape[0]
@@ -118,13 +153,18 @@ def largest_meanshift_cluster(features: "torch.Tensor", bandwidth: float | None 
         bandwidth = estimate_bandwidth(f, quantile)
     if n == 0:
         return torch.zeros(0, dtype=torch.bool, device=features.device), [], float(bandwidth)
-    if n == 1 or float((f.amax(dim=0) - f.amin(dim=0)).max()) == 0.0:
+    if clustering == "dbscan":
+        lab = dbscan(f, float(bandwidth), min(min_samples, n))  # never more than there are rows
+    elif n == 1 or float((f.amax(dim=0) - f.amin(dim=0)).max()) == 0.0:
         lab = torch.zeros(n, dtype=torch.long)
     elif not bandwidth > 1e-12:  # MeanShift's limit as the bandwidth → 0: one mode per distinct vector
         lab = torch.unique(f, dim=0, return_inverse=True)[1]
     else:
         lab = mean_shift(f, float(bandwidth))
-    sizes = torch.bincount(lab)
+    labels = [int(v) for v in lab]
+    if not bool((lab >= 0).any()):
+        return torch.zeros(n, dtype=torch.bool, device=features.device), labels, float(bandwidth)
+    sizes = torch.bincount(lab[lab >= 0])
     top = (sizes == sizes.max()).nonzero().flatten()
     best = int(top[0])
     if top.numel() > 1:
@@ -133,7 +173,7 @@ def largest_meanshift_cluster(features: "torch.Tensor", bandwidth: float | None 
         gap = (centres - med).norm(dim=1)
         keys = [(float(gap[j]), tuple(centres[j].tolist())) for j in range(top.numel())]
         best = int(top[min(range(top.numel()), key=lambda j: keys[j])])
-    return (lab == best).to(features.device), [int(v) for v in lab], float(bandwidth)
+    return (lab == best).to(features.device), labels, float(bandwidth)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +183,9 @@ class SignGuard(Aggregator):
 
     * ``lower``, ``upper``: the norm window [L·M, R·M] (paper 0.1 and 3.0);
     * ``coordinate_fraction``: share of coordinates the sign statistics use (0.1);
-    * ``bandwidth``: MeanShift bandwidth (unset: estimated at ``bandwidth_quantile``).
+    * ``bandwidth``: MeanShift bandwidth (unset: estimated at ``bandwidth_quantile``);
+    * ``clustering``: ``"meanshift"`` (the paper) or ``"dbscan"`` (eps = the bandwidth,
+      ``min_samples`` rows within it make a core; DBSCAN's noise is rejected).
 
     ``Decision.state``: M, the sampled coordinate count, the bandwidth, the labels.
     """
@@ -153,6 +195,8 @@ class SignGuard(Aggregator):
     coordinate_fraction: float = 0.1
     bandwidth: float | None = None
     bandwidth_quantile: float = 0.3
+    clustering: Literal["meanshift", "dbscan"] = "meanshift"
+    min_samples: int = 2
     summary: ClassVar[str] = "SignGuard: norm window, largest MeanShift cluster of sign statistics, clip to median"
     reference: ClassVar[str] = "Xu, Huang, Shen & Wang, ICDCS 2022"
 
@@ -173,6 +217,16 @@ class SignGuard(Aggregator):
     def validate_bandwidth_quantile(self, v: float) -> None:
         check_number(self, "bandwidth_quantile", v, low=0.0, low_open=True, high=1.0)
 
+    def validate_clustering(self, v: str) -> None:
+        check_choice(self, "clustering", v, ("meanshift", "dbscan"))
+
+    def validate_min_samples(self, v: int) -> None:
+        check_count(self, "min_samples", v, allow_none=False, minimum=1)
+
+    @property
+    def _method(self) -> str:
+        return "MeanShift" if self.clustering == "meanshift" else "DBSCAN"
+
     def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
         import torch
 
@@ -192,7 +246,8 @@ class SignGuard(Aggregator):
         if fin.numel():
             sub = updates if cols is None else updates.index_select(1, cols)  # columns first: a small copy
             feats = sign_statistics(sub if fin.numel() == n else sub.index_select(0, fin))
-            mask, lab, bw = largest_meanshift_cluster(feats, self.bandwidth, self.bandwidth_quantile)
+            mask, lab, bw = largest_cluster(feats, self.clustering, self.bandwidth, self.bandwidth_quantile,
+                                            self.min_samples)
             in_cluster[fin[mask.to(fin.device)]] = True
             for j, i in enumerate(fin.tolist()):
                 labels[i] = lab[j]
@@ -211,7 +266,8 @@ class SignGuard(Aggregator):
                 why.append(f"norm {float(norms[i]):.6g} outside [{self.lower:g}, {self.upper:g}] × median "
                            f"norm {med:.6g}")
             if not bool(in_cluster[i]):
-                why.append(f"sign statistics outside the largest MeanShift cluster (cluster {labels[i]})")
+                why.append("sign statistics are DBSCAN noise" if labels[i] == -1 else
+                           f"sign statistics outside the largest {self._method} cluster (cluster {labels[i]})")
             reasons[i] = "SignGuard: " + "; ".join(why)
         return Decision(aggregate=agg, accepted=accepted, weights=w, reasons=reasons,
                         state={"median_norm": med, "coordinates": k, "bandwidth": bw, "labels": labels})

@@ -48,7 +48,15 @@ def weighted_mean(updates: "torch.Tensor", weights: "torch.Tensor") -> "torch.Te
         # a rejected NaN/Inf row must not leak through 0·NaN = NaN
         used = (~zero).nonzero().flatten()
         weights, updates = weights[used], updates[used]
-    return (weights.to(updates.dtype) @ updates) / total.to(updates.dtype)
+    out = (weights.to(updates.dtype) @ updates) / total.to(updates.dtype)
+    if not bool(torch.isfinite(out).all()) and bool(torch.isfinite(updates).all()):
+        # finite rows near the dtype's overflow: the same convex combination in float64
+        # (its exact value lies within the rows' range, so clamping only undoes rounding)
+        w64 = weights.to(device=updates.device, dtype=torch.float64) / float(total)
+        big = torch.finfo(updates.dtype).max
+        out = torch.cat([w64 @ updates[:, s:s + 65536].to(torch.float64)
+                         for s in range(0, updates.shape[1], 65536)]).clamp(-big, big).to(updates.dtype)
+    return out
 
 
 @dataclass(frozen=True, slots=True)

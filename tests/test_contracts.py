@@ -138,15 +138,13 @@ def test_krum_is_invariant_to_permuting_rounding_tied_clients():
     check_defense("krum", updates=u, ctx=case.context(u), permutation=[1, 0, 2, 3, 4, 5, 6])
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (Pipeline NNM → Krum; defenses/krum.py selection, defenses/mixing.py): "
-                                       "clients whose mixed rows coincide are told apart by position, so which "
-                                       "client is accepted depends on the clients' order")
 def test_nnm_then_krum_credits_clients_independently_of_their_order():
     # Rows 0, 1, 2, 10, 11; NNM with f = ⌊(5 − 1)/2⌋ = 2 replaces each by the mean of its
     # 3 nearest (itself included): 0, 1, 2 → mean(0, 1, 2) = 1; 10, 11 → mean(10, 11, 2) = 23/3.
     # Krum (f = 1, 2 neighbours) scores the three rows equal to 1 with 0 and the others with
     # (20/3)² = 400/9: it must pick "1", and nothing distinguishes clients 0, 1 and 2 there.
-    # The aggregate is 1 in any order, but the accepted client moves with the order.
+    # The aggregate is 1 in any order; the three copies share the credit, so the accepted
+    # clients (0, 1, 2) do not move with the order either.
     d = redteam.defense
     check_defense(Pipeline((d("nnm"), d("krum"))), updates=torch.tensor([[0.0], [1.0], [2.0], [10.0], [11.0]]),
                   permutation=[1, 2, 0, 3, 4])

@@ -32,11 +32,17 @@ def test_median_worked_example_odd_n_ignores_outliers():
     assert Median()(x).aggregate.tolist() == [2.0, 0.0]
 
 
-def test_median_nonfinite_rows_sort_to_the_ends():
+def test_median_rejects_nonfinite_rows_and_takes_the_rest():
     nan, inf = float("nan"), float("inf")
-    x = t([[nan, 1], [1, -inf], [2, 3], [3, 4], [inf, nan]])
-    # column 0: 1 2 3 inf nan(+inf) -> 3 ; column 1: -inf 1 3 4 nan(+inf) -> 3
-    assert Median()(x).aggregate.tolist() == [3.0, 3.0]
+    x = t([[nan, 1], [1, -inf], [2, 3], [3, 4], [inf, nan], [5, 6], [6, 7]])
+    # rows 0, 1, 4 hold NaN/±inf: rejected. Finite rows 2, 3, 5, 6:
+    # column 0: 2 3 5 6 -> (3 + 5)/2 = 4 ; column 1: 3 4 6 7 -> (4 + 6)/2 = 5
+    dec = Median()(x)
+    assert dec.aggregate.tolist() == [4.0, 5.0]
+    assert dec.accepted.tolist() == [False, False, True, True, False, True, True]
+    assert dec.reasons == {0: "non-finite update", 1: "non-finite update", 4: "non-finite update"}
+    # trimmed mean, b = 1 on the 4 finite rows: (3 + 5)/2 = 4, (4 + 6)/2 = 5
+    assert TrimmedMean(b=1)(x).aggregate.tolist() == [4.0, 5.0]
 
 
 def test_trimmed_mean_worked_example():

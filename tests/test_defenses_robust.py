@@ -186,3 +186,53 @@ def test_nnm_then_krum_credits_every_copy():
     dec = Pipeline((NNM(), Krum()))(col(0, 1, 2, 10, 11))
     assert dec.aggregate.tolist() == pytest.approx([1.0])
     assert dec.accepted.tolist() == [True, True, True, False, False]
+
+
+# -- finite in, finite out ---------------------------------------------------------------
+PARAMS = {"trimmed_mean": {"b": 2}}
+HUGE_OK = ["mean", "median", "trimmed_mean", "krum", "multi_krum", "bulyan", "geometric_median",
+           "centered_clipping", "nnm", "bucketing", "clip", "norm_bound", "cosine_filter", "sanity",
+           "zscore", "fltrust", "foolsgold", "loss_check", "dp_noise"]
+
+
+@pytest.mark.parametrize("name", HUGE_OK)
+def test_rows_near_the_float32_overflow_give_a_finite_aggregate(name):
+    # 9 float32 rows of ±3e38 entries (a sum of two overflows float32): the mean of such
+    # rows is representable, and every rule here averages, selects or clips rows, so the
+    # aggregate must be finite (and within ±3.4028e38).
+    import redteam
+    from redteam.testing import make_server_context
+
+    g = torch.Generator().manual_seed(5)
+    signs = torch.where(torch.rand(9, 4, generator=g) < 0.3, -1.0, 1.0)
+    x = (3e38 * signs * (0.9 + 0.1 * torch.rand(9, 4, generator=g))).to(torch.float32)
+    dec = redteam.defense(name, **PARAMS.get(name, {}))(x, make_server_context(x, 1))
+    assert bool(torch.isfinite(dec.aggregate).all()), dec.aggregate
+
+
+@pytest.mark.parametrize("name", ["mean", "median", "trimmed_mean", "krum", "multi_krum", "bulyan",
+                                  "geometric_median", "centered_clipping", "fltrust", "foolsgold", "sanity"])
+def test_nonfinite_rows_are_rejected_with_a_reason(name):
+    # rows 1 (NaN) and 4 (+inf) among 9 finite rows around 1: rejected, named, and the
+    # aggregate is finite
+    import redteam
+    from redteam.testing import make_server_context
+
+    x = make_updates(3, 11, 5)
+    x[1, 2] = float("nan")
+    x[4, 0] = float("inf")
+    dec = redteam.defense(name, **PARAMS.get(name, {}))(x, make_server_context(x, 1))
+    assert not bool(dec.accepted[1]) and not bool(dec.accepted[4])
+    assert "non-finite" in dec.reasons[1] and "non-finite" in dec.reasons[4]
+    assert bool(torch.isfinite(dec.aggregate).all())
+
+
+def test_krum_never_selects_an_all_nan_row():
+    # every row NaN but one finite row: the finite row is the only candidate
+    x = torch.full((5, 3), float("nan"))
+    x[3] = torch.tensor([1.0, 2.0, 3.0])
+    dec = Krum(f=1)(x)
+    assert dec.aggregate.tolist() == [1.0, 2.0, 3.0] and dec.accepted.tolist() == [False, False, False, True, False]
+    # no finite row at all: zeros, everyone rejected
+    dec = Krum(f=1)(torch.full((5, 3), float("nan")))
+    assert dec.aggregate.tolist() == [0.0, 0.0, 0.0] and not bool(dec.accepted.any())

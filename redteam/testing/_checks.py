@@ -30,6 +30,7 @@ P_LABELS = "labels stay in range"
 P_STATE = "takes its own Decision.state back next round"
 P_PERMUTATION = "invariance to permuting clients"
 P_IDENTITY = "identity on identical rows"
+P_NONFINITE = "non-finite rows rejected with a reason"
 
 #: relative tolerance of the comparisons that allow rounding (permutation, identity)
 TOLERANCE = {"float64": 1e-7, "float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}

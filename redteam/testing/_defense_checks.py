@@ -56,6 +56,21 @@ def _decide(plugin: Defense, label: str, updates: "torch.Tensor", ctx: Any, wher
     return _check_decision(label, dec, updates, where, what)
 
 
+def _check_nonfinite(label: str, dec: Decision, updates: "torch.Tensor", where: str) -> None:
+    """Rows with a NaN/±Inf entry: never accepted, each with a reason; the aggregate finite."""
+    import torch
+
+    bad = (~torch.isfinite(updates).all(dim=1)).nonzero().flatten().tolist()
+    let_in = [i for i in bad if bool(dec.accepted[i])]
+    silent = [i for i in bad if i not in dec.reasons]
+    if let_in or silent:
+        K.fail(label, K.P_NONFINITE, f"non-finite rows {bad}: accepted {let_in}, without a reason {silent} "
+               "(declare `screens_nonfinite = False` if the rule leaves that to a filter before it)", where)
+    if bool(torch.isfinite(updates).all(dim=1).any()) and not K.finite(dec.aggregate):
+        K.fail(label, K.P_NONFINITE, f"non-finite aggregate {dec.aggregate.tolist()} although "
+               f"{int(torch.isfinite(updates).all(dim=1).sum())} rows are finite", where)
+
+
 def _same_decision(label: str, a: Decision, b: Decision, where: str, what: str) -> None:
     if not (K.same(a.aggregate, b.aggregate) and K.same(a.accepted, b.accepted)
             and (a.weights is None) == (b.weights is None)
@@ -113,6 +128,8 @@ def check_case(plugin: Defense, label: str, case: DefenseCase | None, updates: "
     dec = _decide(plugin, label, updates, ctx, where, "the call", tally)
     if dec is K.REFUSED:
         return
+    if not K.finite(updates) and declares(plugin, "screens_nonfinite"):
+        _check_nonfinite(label, dec, updates, where)
     again = _decide(plugin, label, updates, fresh(ctx), where, "a second call", None)
     _same_decision(label, dec, again, where, "the call")
     # next round: its own state back (with fresh updates when the kit built the input)
@@ -136,7 +153,9 @@ def check_case(plugin: Defense, label: str, case: DefenseCase | None, updates: "
             client_ids=tuple(ids[i] for i in perm.tolist()) if len(ids) == n else ids)
         up = updates[perm.to(updates.device)]
         dp = _decide(plugin, label, up, ctx_p, where, f"the call on clients permuted by {perm.tolist()}", None)
-        scale = float(updates.abs().max()) if updates.numel() else 0.0
+        mags = updates.abs()
+        mags = mags[torch.isfinite(mags)]
+        scale = float(mags.max()) if mags.numel() else 0.0
         if not K.close(dp.aggregate, dec.aggregate, tol, scale):
             K.fail(label, K.P_PERMUTATION, f"permuting the clients by {perm.tolist()} moved the aggregate by "
                    f"{K.max_gap(dp.aggregate, dec.aggregate):.3g} (tolerance {tol:g} × {scale:.3g})", where)

@@ -17,6 +17,12 @@ Update matrices come in a few *kinds*, chosen to reach the corners plugins get w
 * ``"sparse"``: clustered, about 70 % of the entries zero (top-k-compressed updates);
 * ``"identical"``: every row the same vector (zero spread: MAD, std and distances 0).
 
+and two degenerate kinds the defense checks draw as well (:data:`DEFENSE_KINDS`):
+
+* ``"huge"``: clustered rows rescaled so that the largest entry is 0.99 × the dtype's
+  largest finite value (rows near ±3.4e38 in float32: any sum of two overflows);
+* ``"zero"``: every row exactly zero.
+
 Everything is drawn on the CPU in float64, scaled by ``scale`` and then cast to the
 requested dtype and moved to the device, so a seed gives the same values everywhere.
 """
@@ -34,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "KINDS",
+    "DEFENSE_KINDS",
     "QuadraticLoss",
     "FixedUpdate",
     "generator",
@@ -50,8 +57,10 @@ __all__ = [
 
 #: the kinds of update matrices :func:`make_updates` builds (see the module docstring)
 KINDS: tuple[str, ...] = ("gaussian", "clustered", "duplicates", "zeros", "outlier", "sparse", "identical")
+#: the kinds the defense checks draw: :data:`KINDS` plus rows near the dtype's overflow and all-zero rows
+DEFENSE_KINDS: tuple[str, ...] = KINDS + ("huge", "zero")
 
-Kind = Literal["gaussian", "clustered", "duplicates", "zeros", "outlier", "sparse", "identical"]
+Kind = Literal["gaussian", "clustered", "duplicates", "zeros", "outlier", "sparse", "identical", "huge", "zero"]
 
 
 def generator(seed: int) -> "torch.Generator":
@@ -93,8 +102,8 @@ def make_updates(
 
     if n < 0 or d < 0:
         raise ValueError(f"make_updates: (n, d) = ({n}, {d}): both must be ≥ 0")
-    if kind not in KINDS:
-        raise ValueError(f"make_updates: kind = {kind!r}: must be one of {', '.join(KINDS)}")
+    if kind not in DEFENSE_KINDS:
+        raise ValueError(f"make_updates: kind = {kind!r}: must be one of {', '.join(DEFENSE_KINDS)}")
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"make_updates: scale = {scale!r}: must be a finite number > 0")
     g = generator(seed)
@@ -120,7 +129,13 @@ def make_updates(
         x = x * (torch.rand(n, d, generator=g, dtype=f64) < 0.3)
     elif kind == "identical":
         x = x[:1].expand(n, d).clone() if n else x
-    x = x * float(scale)
+    elif kind == "zero":
+        x = torch.zeros_like(x)
+    if kind == "huge":
+        top = float(x.abs().max()) if x.numel() else 0.0
+        x = x * (0.99 * torch.finfo(_dtype(dtype)).max / top) if top > 0 else x
+    else:
+        x = x * float(scale)
     if not finite and n * d > 0:
         bad = torch.rand(n, d, generator=g, dtype=f64) < 0.1
         bad.view(-1)[int(torch.randint(0, n * d, (1,), generator=g))] = True
@@ -399,10 +414,11 @@ class DefenseCase:
     weights: Literal["random", "equal"] | None = "random"
     previous: bool = True
     client_ids: Literal["positions", "sparse"] = "sparse"
+    finite: bool = True
 
     def updates(self, *, device: "torch.device | str" = "cpu", seed_offset: int = 0) -> "torch.Tensor":
         return make_updates(self.seed + seed_offset, self.n, self.d, dtype=self.dtype, device=device,
-                            kind=self.kind, scale=self.scale)
+                            kind=self.kind, scale=self.scale, finite=self.finite)
 
     def context(self, updates: "torch.Tensor", **overrides: Any) -> ServerContext:
         kw: dict[str, Any] = dict(weights=self.weights, previous=self.previous, client_ids=self.client_ids)

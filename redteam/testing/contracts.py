@@ -1,8 +1,10 @@
 """The contracts every attack and defense plugin must pass: ``check_attack``, ``check_defense``.
 
 Both take a registry name (``"krum"``), a plugin class, or an instance, and by default
-run ``max_examples`` generated inputs through hypothesis (derandomized, so CI sees the
-same inputs every run). Given an explicit input (``ctx=`` / ``data=`` for an attack,
+run ``max_examples`` generated inputs through hypothesis (fresh ones every run unless
+``derandomize=True``; a failure prints the input's reproduce line). ``check_defense``
+also runs a fixed list of degenerate inputs every time (:data:`DEGENERATE`: n = 1,
+d = 1, all-zero rows, identical rows, rows near the dtype's overflow, NaN/±Inf rows). Given an explicit input (``ctx=`` / ``data=`` for an attack,
 ``updates=`` for a defense) they check that one input only, which is how to use them
 inside your own ``@given`` test. A broken property raises ``AssertionError`` naming
 the plugin, the property, what was seen and the input (a reproduce line such as
@@ -32,7 +34,11 @@ Defenses:
 
 * the :class:`~redteam.types.Decision`: aggregate ``(d,)`` in the updates' dtype and
   device, ``accepted`` a bool ``(n,)`` mask, ``weights`` absent or ``(n,)``, every key of
-  ``reasons`` a rejected client index; finite aggregate from finite updates;
+  ``reasons`` a rejected client index; finite aggregate from finite updates (rows near
+  the dtype's overflow included: a rule may refuse with a redteam error instead);
+* rows with a NaN/±Inf entry are not accepted and each has a reason, and the aggregate
+  stays finite while any row is finite (unless the class declares
+  ``screens_nonfinite = False``, leaving that to a filter before it);
 * deterministic under the seed; no mutation of the updates or the context;
 * feeding ``Decision.state`` back as next round's ``ctx.state`` works;
 * when ``symmetric``: permuting the clients (rows, weights, ids together) leaves the
@@ -263,27 +269,44 @@ def check_attack(
 
 
 # ---------------------------------------------------------------------- defenses
+#: the degenerate defense inputs every ``check_defense`` run includes
+DEGENERATE: tuple[DefenseCase, ...] = (
+    DefenseCase(seed=1, n=1, d=1),
+    DefenseCase(seed=2, n=1, d=7, finite=False),
+    DefenseCase(seed=3, n=9, d=1, kind="duplicates"),
+    DefenseCase(seed=4, n=6, d=5, kind="zero", weights=None),
+    DefenseCase(seed=5, n=7, d=4, kind="identical", dtype="float64"),
+    DefenseCase(seed=6, n=8, d=3, kind="huge"),
+    DefenseCase(seed=7, n=11, d=6, kind="huge", dtype="float64", weights="equal"),
+    DefenseCase(seed=8, n=9, d=5, finite=False),
+    DefenseCase(seed=9, n=12, d=3, kind="huge", finite=False, client_ids="positions"),
+    DefenseCase(seed=10, n=10, d=16, kind="outlier", scale=1e30),
+)
+
+
 def check_defense(
     defense: Any,
     /,
     *,
     params: Mapping[str, Any] | None = None,
     max_examples: int = 10,
-    n: Any = (1, 10),
-    d: Any = (1, 12),
+    n: Any = (1, 16),
+    d: Any = (1, 64),
     dtypes: Sequence[Any] = ("float32", "float64"),
     device: "torch.device | str" = "cpu",
     updates: "torch.Tensor | None" = None,
     ctx: Any = None,
     permutation: Sequence[int] | None = None,
     consensus_norm: float = 1e-2,
-    derandomize: bool = True,
+    derandomize: bool = False,
+    degenerate: bool = True,
 ) -> ContractReport:
     """Check the defense contracts (module docstring) and return what was covered.
 
     ``defense``: a registry name, a :class:`~redteam.types.Defense` subclass (built with
     ``params``) or an instance (a :class:`~redteam.pipeline.Pipeline` too). Generated
     inputs: ``n`` clients, ``d`` coordinates, each of ``dtypes``, on ``device``.
+    ``degenerate`` adds the fixed :data:`DEGENERATE` inputs (those within ``dtypes``).
     ``updates`` (with an optional ``ctx``; default :meth:`ServerContext.default`) checks
     that one input only; its permuted copy has row ``permutation[j]`` at position j
     (default: a random n-cycle, so every client moves). ``consensus_norm`` is ‖x‖ in
@@ -307,11 +330,20 @@ def check_defense(
     else:
         from .strategies import defense_cases
 
+        if degenerate:
+            names = {str(t).removeprefix("torch.") for t in dtypes}
+            for case in DEGENERATE:
+                if case.dtype in names:
+                    body(case)
         _run(defense_cases(n, d, dtype=tuple(dtypes)), body, max_examples, derandomize)
     tally.require(label, ["decide"], "Pass inputs it accepts (n=, d=, or updates= / ctx=) or params= it can "
                                      "work with.")
     props = [K.P_DECLARATION, K.P_SHAPE, K.P_FINITE, K.P_MUTATION, K.P_DETERMINISTIC, K.P_STATE]
     not_checked: list[tuple[str, str]] = []
+    if D.declares(plugin, "screens_nonfinite"):
+        props.append(K.P_NONFINITE)
+    else:
+        not_checked.append((K.P_NONFINITE, "declares screens_nonfinite = False"))
     if D.declares(plugin, "symmetric"):
         props.append(K.P_PERMUTATION)
         if D.declares(plugin, "unanimity"):

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from hypothesis import strategies as st
 
 from .builders import (
+    DEFENSE_KINDS,
     KINDS,
     AttackCase,
     DefenseCase,
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SCALES",
+    "DEFENSE_SCALES",
     "seeds",
     "updates",
     "server_contexts",
@@ -46,6 +48,8 @@ __all__ = [
 
 #: magnitudes the update matrices are drawn at (tiny deltas to large ones)
 SCALES: tuple[float, ...] = (1e-3, 1e-1, 1.0, 10.0, 100.0)
+#: magnitudes of the defense inputs: also far below and far above any sensible update
+DEFENSE_SCALES: tuple[float, ...] = (1e-30, 1e-6) + SCALES + (1e6, 1e30)
 
 def seeds() -> st.SearchStrategy[int]:
     """Seeds for the builders' generators."""
@@ -199,18 +203,22 @@ def client_data(
 
 
 def defense_cases(
-    n: Any = (1, 10),
-    d: Any = (1, 12),
+    n: Any = (1, 16),
+    d: Any = (1, 64),
     *,
     dtype: Any = ("float32", "float64"),
-    kinds: Sequence[str] | st.SearchStrategy[str] = KINDS,
-    scale: Any = SCALES,
+    kinds: Sequence[str] | st.SearchStrategy[str] = DEFENSE_KINDS,
+    scale: Any = DEFENSE_SCALES,
     weights: Any = ("random", "equal", None),
+    finite: Any = (True, True, True, False),
 ) -> st.SearchStrategy[DefenseCase]:
-    """The numbers behind one defense input (:class:`~redteam.testing.builders.DefenseCase`)."""
+    """The numbers behind one defense input (:class:`~redteam.testing.builders.DefenseCase`):
+    every kind of :data:`~redteam.testing.builders.DEFENSE_KINDS` (rows near the dtype's
+    overflow and all-zero rows included), magnitudes from 1e-30 to 1e30, and NaN/±Inf
+    entries in about a quarter of the inputs (``finite``)."""
     return st.builds(
         DefenseCase,
         seed=seeds(), n=_ints(n, "n"), d=_ints(d, "d"), dtype=_dtype_names(dtype), kind=_choice(kinds, "kinds"),
         scale=_choice(scale, "scale"), weights=_choice(weights, "weights"), previous=st.booleans(),
-        client_ids=st.sampled_from(("positions", "sparse")),
+        client_ids=st.sampled_from(("positions", "sparse")), finite=_choice(finite, "finite"),
     )
