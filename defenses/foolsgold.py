@@ -32,7 +32,8 @@ from redteam.errors import InvalidParameter
 from redteam.pipeline import Aggregator
 from redteam.types import Decision, ServerContext
 
-from ._common import check_number, combine, finite_rows, gram64
+from ._common import check_number, combine, finite_rows
+from ._pairwise import cosine_similarities
 
 if TYPE_CHECKING:
     import torch
@@ -44,10 +45,7 @@ def foolsgold_weights(history: "torch.Tensor", kappa: float = 1.0) -> "torch.Ten
     """FoolsGold's per-client weights α ∈ [0, 1] from the ``(n, d)`` cumulative updates."""
     import torch
 
-    g = gram64(history)
-    norms = torch.diagonal(g).clamp_min(0.0).sqrt()
-    denom = norms[:, None] * norms[None, :]
-    cs = torch.where(denom > 0, g / denom.clamp_min(1e-300), torch.zeros_like(g)).clamp(-1.0, 1.0)
+    cs = cosine_similarities(history)  # the shared kernel: float32 blocks, float64 sums
     cs.fill_diagonal_(0.0)
     v = cs.max(dim=1).values  # ≥ 0 thanks to the zero diagonal
     pardon = v[None, :] > v[:, None]  # [i, j]: v_j > v_i
