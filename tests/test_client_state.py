@@ -249,3 +249,11 @@ def test_karimireddy_setting_is_expressible_and_runs():
     assert all(np.isfinite(r.loss) for r in res.records)
     m = summarize(res.records, last_k=sc.federation.last_k)
     assert m["final_accuracy_last_k"] == pytest.approx((res.records[-1].accuracy + res.records[-2].accuracy) / 2)
+
+
+def test_sgd_weight_decay_is_coupled_l2():
+    # w·x, x = 1, y = 1, w_g = 0.5, λ = 0.2, lr 0.1: g = (0.5 − 1) + 0.2·0.5 = −0.4 → w = 0.54
+    trainer, data, _ = toy(d=1, n=1)
+    cfg = LocalTraining(steps=1, batch_size=1, lr=0.1, weight_decay=0.2)
+    w = trainer.train(torch.tensor([0.5]), data, _ids(0), cfg, torch.Generator())
+    assert w.item() == pytest.approx(0.54)

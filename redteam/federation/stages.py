@@ -101,7 +101,9 @@ def training_hook(fed: "Federation", rnd: int, part: np.ndarray, params: torch.T
 def train(fed: "Federation", part_t: torch.Tensor, params: torch.Tensor, hook: TrainingHook | None,
           hook_rows: list[int]) -> torch.Tensor:
     """Local training of the participating clients; returns what each would send ``(m, d)``:
-    its delta (local − global), or its worker momentum of deltas (:func:`~.state.apply_momentum`)."""
+    its delta (local − global), or its worker momentum of deltas (:func:`~.state.apply_momentum`).
+    A malicious client's momentum runs over its own honestly computed deltas; what the attack
+    then sends instead (``craft``) does not feed back into it."""
     local = fed.trainer.train(params, fed.data, part_t, fed.local, fed._torch["train"], states=fed.states,
                               hook=hook, hook_rows=hook_rows, hook_generator=fed._torch["attack"])
     deltas = local - params
@@ -420,8 +422,6 @@ def evaluate(fed: "Federation", params: torch.Tensor) -> tuple[float, float, dic
     extra: dict[str, Any] = {}
     if fed._targeted is not None:
         extra["asr"] = fed.trainer.evaluate(params, *fed._targeted)[0]
-    if getattr(fed, "_false_trigger", None) is not None:
-        extra["false_trigger"] = fed.trainer.evaluate(params, *fed._false_trigger)[0]
     if getattr(fed, "_false_trigger", None) is not None:
         extra["false_trigger"] = fed.trainer.evaluate(params, *fed._false_trigger)[0]
     if getattr(fed, "_targeted_parts", None):

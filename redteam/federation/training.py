@@ -17,7 +17,8 @@ the explicit generator. ``sampling`` names how:
 
 The local optimizer (``optimizer``) is SGD, with an optional FedProx proximal term (Li et
 al., "Federated Optimization in Heterogeneous Networks", MLSys 2020: the gradient gains
-μ·(w − w_global)), or AdamW (Loshchilov & Hutter, "Decoupled Weight Decay
+μ·(w − w_global)) and optional L2 weight decay λ·w added to the gradient (as
+``torch.optim.SGD(weight_decay=λ)``), or AdamW (Loshchilov & Hutter, "Decoupled Weight Decay
 Regularization", ICLR 2019; as ``torch.optim.AdamW``): with step count t,
 m ← β₁m + (1−β₁)g, v ← β₂v + (1−β₂)g², w ← w − ηλw − η·(m/(1−β₁ᵗ)) / (√(v/(1−β₂ᵗ)) + ε).
 AdamW's m, v and t are per-client state kept across rounds (DiLoCo's inner optimizer,
@@ -183,6 +184,8 @@ class BatchedTrainer:
                 g = hooked.gradient(self, g, params, global_params, xb, yb)
             if cfg.prox_mu:
                 g = g + cfg.prox_mu * (params - global_params)
+            if cfg.weight_decay and cfg.optimizer == "sgd":  # coupled L2, as torch.optim.SGD(weight_decay=λ)
+                g = g + cfg.weight_decay * params
             active = (step < steps_each) if steps_each is not None else None
             if active is not None:
                 g = g * active.to(g.dtype)[:, None]
