@@ -15,6 +15,7 @@ from redteam.scoring import (
     breakdown_fraction,
     detection,
     envelope,
+    final_accuracy_last_k,
     language_model,
     mean_ci,
     rounds_to_target,
@@ -214,6 +215,13 @@ def test_envelope_reads_every_client_and_small_bounds():
                     participating=[True, True],
                     extra={"norms": {0: 9.0, 1: 0.25}, "norm_bounds": {0: 0.5, 1: 0.5}})
     assert envelope([r])["envelope_norm"] == 0.5
+    # a bound without a norm (or a norm without a bound) says nothing
+    lone = RoundRecord(round=0, accuracy=0.0, loss=0.0, accepted=[True], malicious=[True],
+                       participating=[True], extra={"norm_bounds": {0: 2.0}})
+    assert envelope([lone])["envelope_norm"] is None
+    lone.extra.clear()
+    lone.extra["norms"] = {0: 2.0}
+    assert envelope([lone])["envelope_norm"] is None
 
 
 def test_envelope_without_a_threshold_has_no_margin():
@@ -247,6 +255,9 @@ def test_t_quantiles_against_tables():
     # the expansion's third term matters at ν = 120: t_{0.975,120} = 1.9799304 (7 digits;
     # the three-term expansion is within 1.5e-6, without its last term off by ~1e-5)
     assert _t_quantile(0.975, 120) == pytest.approx(1.9799304, abs=3e-6)
+    # and at ν = 1000 (t = 1.962339081, 10 digits) each coefficient of the last term shows:
+    # the expansion is within 3e-9, a change of 3z to 4z would move it by 2e-8
+    assert _t_quantile(0.975, 1000) == pytest.approx(1.962339081, abs=1e-8)
 
 
 def test_breakdown_fraction():
@@ -258,6 +269,8 @@ def test_breakdown_fraction():
     assert breakdown_fraction([(0.1, None, 0.51), (0.05, None, None)]) == 0.1
     assert breakdown_fraction([(0.1, 0.2, None)], accuracy_margin=0.25) is None
     assert breakdown_fraction([(0.1, None, 0.3)], asr_level=0.25) == 0.1
+    # points are ordered by fraction only (a tie keeps its order; None is not compared)
+    assert breakdown_fraction([(0.2, None, 0.9), (0.1, None, 0.6), (0.1, 0.0, None)]) == 0.1
 
 
 # -- language-model metrics ------------------------------------------------------------------
@@ -272,13 +285,14 @@ def test_language_model_worked_example():
     # baseline final loss 0.3: bits 0.4328085…, perplexity e^0.3 = 1.3498588…
     # increases: 0.2 / ln 2 = 0.2885390…, e^0.5 − e^0.3 = 0.2988625…
     # rounds to the baseline's final loss 0.3: the attacked losses 2.0, 0.5 never get there
-    out = language_model(_lm([2.0, 0.5], false_trigger=0.25), _lm([1.0, 0.3]))
+    out = language_model(_lm([3.0, 2.0, 0.5], false_trigger=0.25), _lm([1.0, 0.3]))
     assert out["final_bits_per_byte"] == pytest.approx(0.7213475204)
     assert out["final_perplexity"] == pytest.approx(1.6487212707)
     assert out["bits_per_byte_increase"] == pytest.approx(0.2885390082)
     assert out["perplexity_increase"] == pytest.approx(0.2988624587)
     assert out["rounds_to_target_loss"] is None
     assert out["false_trigger_rate"] == 0.25
+    assert language_model(_lm([3.0, 2.0, 0.5]) + _lm([0.9]))["false_trigger_rate"] is None  # last only
     # the baseline reaches the attacked run's final loss 0.5? its losses are 1.0, 0.3 → round 2
     assert language_model(_lm([1.0, 0.3]), _lm([2.0, 0.5]))["rounds_to_target_loss"] == 2
 
@@ -310,3 +324,18 @@ def test_rounds_to_target_loss():
     assert rounds_to_target_loss(recs, None) is None
     assert rounds_to_target_loss(recs, math.inf) is None
     assert rounds_to_target_loss(recs, math.nan) is None
+
+
+def test_final_accuracy_last_k():
+    # accuracies 0.5, 0.92, 0.8: k = 1 → 0.8; k = 2 → (0.92 + 0.8)/2 = 0.86;
+    # k = 5 (more than there are) → all three: 2.22/3 = 0.74
+    recs = [R0, R1, RoundRecord(round=2, accuracy=0.8, loss=0.4, accepted=[True], malicious=[False],
+                                participating=[True])]
+    assert final_accuracy_last_k(recs) == 0.8
+    assert final_accuracy_last_k(recs, 2) == pytest.approx(0.86)
+    assert final_accuracy_last_k(recs, 5) == pytest.approx(0.74)
+    assert math.isnan(final_accuracy_last_k([], 3))
+    with pytest.raises(ValueError, match="final_accuracy_last_k: k = 0: must be ≥ 1"):
+        final_accuracy_last_k(recs, 0)
+    assert summarize(recs)["final_accuracy_last_k"] == 0.8  # default k = 1
+    assert summarize(recs, last_k=2)["final_accuracy_last_k"] == pytest.approx(0.86)
