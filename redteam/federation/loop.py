@@ -100,18 +100,6 @@ class RunResult:
     wall_time_s: float = 0.0
 
 
-@dataclass
-class RunResult:
-    """The outcome of one run: its records and what it was."""
-
-    attack: str
-    defense: str
-    records: list[RoundRecord]
-    malicious: list[int]
-    params: dict[str, Any] = field(default_factory=dict)
-    wall_time_s: float = 0.0
-
-
 class Federation:
     """A federation built from a scenario. ``run()`` executes all rounds.
 

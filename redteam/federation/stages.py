@@ -24,9 +24,7 @@ client as flagged for a refusal the defense did not make.
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -34,17 +32,15 @@ import torch
 
 from ..errors import DecodeError, RedteamError
 from ..merge import DefenseMemory, assign_groups, hierarchical_merge
-from ..transport.chunking import UpdateManifest, build_manifest, new_nonce, params_digest
-from ..transport.network import HEADER_INDEX
-from ..transport.signing import sign_update
-from ..types import AttackContext, ChunkDelivery, ServerContext, Surface, TrainingHook
+from ..types import AttackContext, ServerContext, Surface, TrainingHook
 from .state import apply_momentum
+from .wire import Chunked, chunk, encode, transport
 
 if TYPE_CHECKING:
     from .loop import Federation
 
 __all__ = ["train", "craft", "encode", "chunk", "transport", "receive", "defend", "server_step", "evaluate",
-           "Received", "Merged"]
+           "Received", "Merged", "Chunked"]
 
 
 # ------------------------------------------------------------------ train
@@ -136,105 +132,6 @@ def craft(fed: "Federation", rnd: int, part: np.ndarray, sent: torch.Tensor, par
         sent = sent.clone()
         sent[mal_pos] = crafted.to(sent.dtype)
     return sent, actx
-
-
-# ------------------------------------------------------------------ encode, chunk, transport
-def encode(fed: "Federation", part_t: torch.Tensor, sent: torch.Tensor) -> Any:
-    """Compress each row, with the client's error-feedback residual (client state)."""
-    ef = fed.compressor.error_feedback
-    residual = fed.states.rows("residual", part_t, (sent.shape[1],)) if ef else None
-    comp = fed.compressor.compress(sent, residual, fed._torch["codec"])
-    if ef and comp.residual is not None:
-        fed.states.put("residual", part_t, comp.residual)
-    return comp
-
-
-@dataclass
-class Chunked:
-    uploads: dict[int, tuple[UpdateManifest, list[bytes]]]
-    headers: dict[int, bytes]
-    digest: str
-    keys: Any
-    sign_s: float
-
-
-def chunk(fed: "Federation", rnd: int, part: np.ndarray, comp: Any, params: torch.Tensor, signed: bool) -> Chunked:
-    """Each payload cut into content-addressed chunks under a manifest (signed with ``signed_chunks``)."""
-    sc = fed.scenario
-    digest = params_digest(params)
-    keys = fed.enrollment.keys if signed else None
-    uploads: dict[int, tuple[UpdateManifest, list[bytes]]] = {}
-    headers: dict[int, bytes] = {}
-    t_sign = time.perf_counter()
-    for k, c in enumerate(part):
-        c = int(c)
-        nonce = new_nonce(fed._np["network"])
-        m, chunks = build_manifest(
-            comp.payloads[k], round=rnd, client=c, parent_digest=digest, codec=fed.codec_label,
-            chunk_size=sc.transport.chunk_size, nonce=nonce,
-        )
-        uploads[c] = (m, chunks)
-        headers[c] = sign_update(m, keys[c]) if keys is not None else m.to_json()
-    sign_s = time.perf_counter() - t_sign if keys is not None else 0.0
-    return Chunked(uploads, headers, digest, keys, sign_s)
-
-
-def transport(fed: "Federation", rnd: int, ch: Chunked, actx: AttackContext | None, verifier: Any,
-              history: dict[int, tuple[ChunkDelivery, ...]], keep: int) -> tuple[Any, dict[str, Any]]:
-    """The simulated network, with the transport attack acting on the deliveries."""
-    sc = fed.scenario
-    uploads, headers, digest, keys = ch.uploads, ch.headers, ch.digest, ch.keys
-    tamper = None
-    if actx is not None and Surface.TRANSPORT in fed.attack.surfaces:
-        mal = set(actx.malicious)
-
-        def signer(m: UpdateManifest) -> bytes:
-            if m.client not in mal:
-                raise RedteamError(f"signer: client {m.client} is not malicious; the attacker holds only "
-                                   "its own clients' keys")
-            return sign_update(m, keys[m.client]) if keys is not None else m.to_json()
-
-        state = {
-            "own_uploads": {c: (headers[c], tuple(uploads[c][1])) for c in actx.malicious if c in uploads},
-            "signer": signer,
-            "signed": keys is not None,
-            "codec": fed.compressor.codec,
-            "dim": fed.spec.dim,
-            "chunk_size": sc.transport.chunk_size,
-            "parent_digest": digest,
-        }
-        if keep:
-            state["history"] = MappingProxyType(dict(history))
-        ctx_t = dataclasses.replace(actx, state=MappingProxyType(state))
-        tamper = lambda deliveries: fed.attack.tamper_chunks(deliveries, ctx_t)  # noqa: E731
-
-    verify_s = [0.0]
-
-    def open_header(author: int, header: bytes) -> UpdateManifest:
-        t = time.perf_counter()
-        try:
-            return verifier.open(author, header, round=rnd, parent_digest=digest)
-        finally:
-            verify_s[0] += time.perf_counter() - t
-
-    tx = fed.network.transmit(
-        rnd, uploads, sc.federation.local_steps, fed._np["network"], tamper,
-        parent_digest=digest, headers=headers, open_header=open_header if verifier is not None else None,
-        max_payload_len=fed.compressor.codec.payload_size(fed.spec.dim),
-    )
-    if keep:
-        history[rnd] = tuple(
-            [ChunkDelivery(c, HEADER_INDEX, c, headers[c], rnd) for c in uploads]
-            + [ChunkDelivery(c, i, c, chk, rnd) for c, (_, chs) in uploads.items() for i, chk in enumerate(chs)]
-        )
-        for old in [r for r in history if r <= rnd - keep]:
-            del history[old]
-    header_bytes = sum(len(h) for h in headers.values())
-    timing: dict[str, Any] = {"header_bytes": header_bytes}
-    if keys is not None:
-        plain = sum(len(m.to_json()) for m, _ in uploads.values())
-        timing.update(signature_overhead_bytes=header_bytes - plain, sign_s=ch.sign_s, verify_s=verify_s[0])
-    return tx, timing
 
 
 # ------------------------------------------------------------------ verify / decode
