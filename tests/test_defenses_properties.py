@@ -8,6 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import redteam
+from redteam.errors import RedteamError
+from redteam.testing import DEFENSE_KINDS, make_updates
 from redteam.pipeline import Aggregator, Filter, PostProcessor, PreAggregator
 from redteam.types import Decision, ServerContext
 
@@ -43,9 +45,13 @@ def context(x: torch.Tensor, seed: int = 0) -> ServerContext:
     )
 
 
+# Broad draws: 3 … 16 clients, 1 … 64 coordinates, every kind of the contract kit
+# (duplicates and identical rows: ties; outliers; all-zero; rows near the float32
+# overflow), magnitudes 1e-30 … 1e30.
 matrices = st.builds(
-    lambda n, d, seed, scale: torch.randn(n, d, generator=torch.Generator().manual_seed(seed)) * scale,
-    n=st.integers(7, 12), d=st.integers(1, 6), seed=st.integers(0, 2**16), scale=st.sampled_from([1e-3, 1.0, 1e3]),
+    lambda n, d, seed, kind, scale: make_updates(seed, n, d, kind=kind, scale=scale),
+    n=st.integers(3, 16), d=st.integers(1, 64), seed=st.integers(0, 2**16),
+    kind=st.sampled_from(DEFENSE_KINDS), scale=st.sampled_from([1e-30, 1e-3, 1.0, 1e3, 1e30]),
 )
 
 
@@ -66,7 +72,10 @@ def test_registered_with_metadata(name):
 def test_shape_dtype_determinism_no_mutation(name, x, seed):
     d = build(name)
     before = x.clone()
-    a = d(x, context(x, seed))
+    try:
+        a = d(x, context(x, seed))
+    except RedteamError:  # a documented refusal (e.g. Krum's 2f + 2 < n) is allowed
+        return
     b = d(x, context(x, seed))
     assert isinstance(a, Decision)
     assert torch.equal(x, before)
@@ -76,25 +85,38 @@ def test_shape_dtype_determinism_no_mutation(name, x, seed):
     assert torch.equal(a.aggregate, b.aggregate) and torch.equal(a.accepted, b.accepted)
     x64 = x.double()
     assert d(x64, context(x64, seed)).aggregate.dtype == torch.float64
+    assert torch.equal(a.accepted, a.accepted & torch.isfinite(x).all(dim=1))
 
 
 @pytest.mark.parametrize("name", SYMMETRIC)
 @settings(max_examples=15, deadline=None)
 @given(x=matrices, perm_seed=st.integers(0, 2**16))
 def test_permutation_invariance(name, x, perm_seed):
+    # the aggregate (to float tolerance) and the accepted set (mapped back, up to which of
+    # several identical rows) do not depend on the clients' order
     d = build(name)
     perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(perm_seed))
-    a = d(x, context(x)).aggregate
-    b = d(x[perm], context(x[perm])).aggregate
+    try:
+        a = d(x, context(x))
+    except RedteamError:
+        return
+    b = d(x[perm], context(x[perm]))
     scale = float(x.abs().max()) + 1e-12
-    assert torch.allclose(a, b, atol=1e-5 * scale, rtol=1e-5), (a, b)
+    assert torch.allclose(a.aggregate.double(), b.aggregate.double(), atol=1e-5 * scale, rtol=1e-5), (a, b)
+    back = torch.empty_like(b.accepted)
+    back[perm] = b.accepted
+    groups: dict[bytes, list[int]] = {}
+    for i, row in enumerate(x.double() + 0):
+        groups.setdefault(row.numpy().tobytes(), []).append(i)
+    for rows in groups.values():
+        assert int(back[rows].sum()) == int(a.accepted[rows].sum()), (a.accepted, back)
     assert redteam.DEFENSES.get(name if name != "clip_big" else "clip").symmetric
 
 
 @pytest.mark.parametrize("name", IDENTITY)
 @settings(max_examples=10, deadline=None)
-@given(row=st.lists(st.floats(-1e3, 1e3, allow_nan=False, width=32), min_size=1, max_size=6),
-       n=st.integers(7, 11))
+@given(row=st.lists(st.floats(-1e3, 1e3, allow_nan=False, width=32), min_size=1, max_size=40),
+       n=st.integers(3, 16))
 def test_identical_rows_give_that_row(name, row, n):
     x = torch.tensor([row] * n, dtype=torch.float32)
     out = build(name)(x, context(x)).aggregate

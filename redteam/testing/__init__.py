@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from .builders import (
+    DEFENSE_KINDS,
     KINDS,
     AttackCase,
     DefenseCase,
@@ -34,7 +35,7 @@ from .builders import (
     make_server_context,
     make_updates,
 )
-from .contracts import ContractReport, check_attack, check_defense
+from .contracts import DEGENERATE, ContractReport, check_attack, check_defense
 
 __all__ = [
     "check_attack",
@@ -43,6 +44,8 @@ __all__ = [
     "AttackCase",
     "DefenseCase",
     "KINDS",
+    "DEFENSE_KINDS",
+    "DEGENERATE",
     "make_updates",
     "make_server_context",
     "make_attack_context",
