@@ -10,6 +10,9 @@
   symmetric in the clients.
 * :func:`midpoint_median` — the statistical median of a 1-D tensor (mean of the two
   middle values for an even count).
+* :func:`safe_norms` — float64 row norms that stay finite for finite rows whose squares
+  overflow even float64 (entries near 1.8e308): rescaled per row, saturating at the
+  float64 maximum.
 * :func:`saturate` — clamp a float64 result into the finite range of the output dtype.
 """
 
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._common import combine
+from ._common import combine, row_norms
 
 if TYPE_CHECKING:
     import torch
@@ -112,3 +115,30 @@ def midpoint_median(values: "torch.Tensor") -> float:
     if k == 0:
         return 0.0
     return float(s[k // 2]) if k % 2 else float(0.5 * s[k // 2 - 1] + 0.5 * s[k // 2])
+
+
+def safe_norms(updates: "torch.Tensor", finite: "torch.Tensor") -> "torch.Tensor":
+    """‖xᵢ‖₂ (float64) of every row; rows with ``finite`` True always get a finite norm.
+
+    :func:`~defenses._common.row_norms` first; a finite row whose norm came out
+    non-finite (its squares overflow float64) is measured as sᵢ·‖xᵢ/sᵢ‖ with
+    sᵢ = maxⱼ|xᵢⱼ|, and a true norm beyond the float64 range saturates at its maximum.
+    """
+    import torch
+
+    norms = row_norms(updates)
+    redo = finite & ~torch.isfinite(norms)
+    if bool(redo.any()):
+        idx = redo.nonzero().flatten()
+        rows = updates.index_select(0, idx).to(torch.float64)
+        top = rows.abs().amax(dim=1, keepdim=True)
+        big = torch.finfo(torch.float64).max
+        norms[idx] = (top.squeeze(1) * torch.linalg.vector_norm(rows / top, dim=1)).clamp(max=big)
+    return norms
+
+
+def power_of_two_below(value: float) -> float:
+    """2⁻ᵏ with 2ᵏ ≥ ``value`` (> 0): scaling by it is exact and brings ``value`` to ≤ 1."""
+    import math
+
+    return math.ldexp(1.0, -math.frexp(value)[1])

@@ -31,7 +31,7 @@ from redteam.pipeline import Aggregator
 from redteam.types import Decision, ServerContext, param_error, sample_weights
 
 from ._common import check_count, check_number, finite_rows, generator_of
-from ._stats import convex_mean, order_low_first
+from ._stats import convex_mean, order_low_first, power_of_two_below
 
 if TYPE_CHECKING:
     import torch
@@ -41,10 +41,17 @@ __all__ = ["DnC", "dnc_scores"]
 
 def dnc_scores(sub: "torch.Tensor") -> "torch.Tensor":
     """Outlier scores ``(n,)`` float64 of the rows of ``sub`` ``(n, b)`` (finite rows):
-    the squared projection of each centred row on the top right singular vector."""
+    the squared projection of each centred row on the top right singular vector.
+
+    Scores scale with the square of the rows; rows so large that a sum overflows are
+    scored after an exact power-of-two rescaling, in units of that scale² (the ranking,
+    all DnC uses, is the same)."""
     import torch
 
     x = sub.to(torch.float64)
+    top = float(x.abs().max()) if x.numel() else 0.0
+    if top > 1e150:  # centring or the Gram product could overflow
+        x = x * power_of_two_below(top)
     centred = x - x.mean(dim=0, keepdim=True)
     gram = centred @ centred.T
     scale = float(gram.diagonal().max()) if gram.numel() else 0.0
@@ -126,7 +133,7 @@ class DnC(Aggregator):
                 scores[fin] = dnc_scores(sub)
             keep = torch.zeros(n, dtype=torch.bool, device=updates.device)
             keep[order_low_first(scores, updates)[: n - drop]] = True
-            good &= keep
+            good &= keep & ok  # non-finite rows count among the removals and are never kept
             all_scores.append(scores.tolist())
             last = scores
         w = sample_weights(ctx, n, updates) if self.weighted else torch.ones(n, dtype=updates.dtype,

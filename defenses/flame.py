@@ -48,8 +48,8 @@ from redteam.errors import InvalidParameter
 from redteam.pipeline import Aggregator
 from redteam.types import Decision, ServerContext
 
-from ._common import check_choice, check_count, check_number, combine, finite_rows, generator_of, gram64, row_norms
-from ._stats import clip_scales, midpoint_median, saturate
+from ._common import check_choice, check_count, check_number, combine, finite_rows, generator_of, gram64
+from ._stats import clip_scales, midpoint_median, power_of_two_below, safe_norms, saturate
 
 if TYPE_CHECKING:
     import torch
@@ -126,10 +126,14 @@ class FLAME(Aggregator):
         check_count(self, "min_samples", v, allow_none=False, minimum=1)
 
     def _gram(self, rows: "torch.Tensor", ctx: ServerContext) -> "torch.Tensor":
+        """Gram matrix of what the cosines compare; only directions matter, so rows whose
+        products overflow float64 are rescaled first (by an exact power of two)."""
         import torch
 
-        g = gram64(rows)
         if self.space == "updates":
+            g = gram64(rows)
+            if not bool(torch.isfinite(g).all()):
+                g = gram64(rows.to(torch.float64) * power_of_two_below(float(rows.abs().max())))
             return g
         if ctx.global_params is None:
             raise InvalidParameter("FLAME(space='models'): ctx.global_params is needed to form the local models")
@@ -140,7 +144,12 @@ class FLAME(Aggregator):
         # ⟨G + Δᵢ, G + Δⱼ⟩ = ‖G‖² + ⟨G, Δᵢ⟩ + ⟨G, Δⱼ⟩ + ⟨Δᵢ, Δⱼ⟩
         both = gram64(torch.cat([glob.to(rows.dtype)[None, :], rows]))
         gd = both[0, 1:]
-        return g + gd[:, None] + gd[None, :] + both[0, 0]
+        g = both[1:, 1:] + gd[:, None] + gd[None, :] + both[0, 0]
+        if not bool(torch.isfinite(g).all()):
+            w = torch.cat([glob.to(torch.float64)[None, :], rows.to(torch.float64)])
+            w = w * power_of_two_below(float(w.abs().max()))
+            g = gram64(w[1:] + w[:1])  # the models themselves, rescaled
+        return g
 
     def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
         import torch
@@ -155,7 +164,7 @@ class FLAME(Aggregator):
         size = 0
         if m:
             rows = updates if m == n else updates.index_select(0, fin)
-            norms[fin] = row_norms(rows)
+            norms[fin] = safe_norms(rows, torch.ones(m, dtype=torch.bool, device=rows.device))
             size = self.min_cluster_size if self.min_cluster_size is not None else m // 2 + 1
             dist = cosine_distances(self._gram(rows, ctx))
             lab = hdbscan_labels(dist, size, self.min_samples)

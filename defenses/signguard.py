@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 from redteam.pipeline import Aggregator
 from redteam.types import Decision, ServerContext, param_error
 
-from ._common import check_choice, check_count, check_number, combine, finite_rows, generator_of, row_norms
-from ._stats import clip_scales, midpoint_median
+from ._common import check_choice, check_count, check_number, combine, finite_rows, generator_of
+from ._stats import clip_scales, midpoint_median, safe_norms
 
 if TYPE_CHECKING:
     import torch
@@ -233,7 +233,7 @@ class SignGuard(Aggregator):
         n, d = updates.shape
         ok = finite_rows(updates)
         fin = ok.nonzero().flatten()
-        norms = row_norms(updates)
+        norms = safe_norms(updates, ok)
         med = midpoint_median(norms[fin])
         in_window = ok & (norms >= self.lower * med) & (norms <= self.upper * med)
         k = min(d, max(1, math.ceil(self.coordinate_fraction * d)))

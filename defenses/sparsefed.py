@@ -37,8 +37,8 @@ from redteam.errors import InvalidParameter
 from redteam.pipeline import Aggregator
 from redteam.types import Decision, ServerContext
 
-from ._common import check_choice, check_count, check_number, combine, finite_rows, row_norms
-from ._stats import clip_scales
+from ._common import check_choice, check_count, check_number, combine, finite_rows
+from ._stats import clip_scales, safe_norms
 
 if TYPE_CHECKING:
     import torch
@@ -107,7 +107,7 @@ class SparseFed(Aggregator):
 
         n, d = updates.shape
         ok = finite_rows(updates)
-        norms = row_norms(updates)
+        norms = safe_norms(updates, ok)
         scale = torch.where(ok, clip_scales(norms, float(self.bound)), torch.zeros_like(norms))
         if self.reduce == "mean":
             scale = scale / n

@@ -111,3 +111,13 @@ def test_the_admitted_cluster_is_always_a_majority(n, d, dup, seed):
         x[: n // 2] = x[0].clone()
     dec = FLAME(lam=0.0)(x)
     assert int(dec.accepted.sum()) >= n // 2 + 1
+
+
+def test_float64_rows_near_overflow_decide_like_their_rescaled_copies():
+    # cosines ignore scale and the clipping scales with the rows: the worked example × 2¹⁰²⁰
+    # (entries up to 5·2¹⁰²⁰ ≈ 5.6e307, whose Gram products overflow float64)
+    big = FIVE.double() * 2.0**1020
+    dec = FLAME(lam=0.0)(big)
+    assert dec.accepted.tolist() == [True, True, True, False, False]
+    assert (dec.aggregate / 2.0**1020).tolist() == pytest.approx([2.0, 0.0])
+    assert FLAME(lam=0.0, space="models")(big, ServerContext.default(big, global_params=big[0].clone())).n_accepted >= 3

@@ -104,3 +104,33 @@ def test_mean_shift_by_hand_and_against_scikit_learn():
             warnings.simplefilter("ignore")
             ref = MeanShift(bandwidth=0.15).fit(pts).labels_
         assert adjusted_rand_score(ref, mean_shift(torch.tensor(pts), 0.15).numpy()) == 1.0
+
+
+def test_dbscan_by_hand_and_as_signguard_option():
+    from defenses.signguard import dbscan
+
+    # 1-D points 0, 0.1, 0.2, 1, 5, 5.1 with eps 0.15 (neighbourhoods include the point itself):
+    #   min_samples 2: 0 {0, .1}, .1 {0, .1, .2}, .2 {.1, .2}, 5 {5, 5.1}, 5.1 {5, 5.1} are cores;
+    #   1 {1} is not and has no core neighbour -> clusters {0, .1, .2}, {5, 5.1}, noise {1}
+    #   min_samples 3: only .1 is a core; 0 and .2 are its border points; 1, 5, 5.1 are noise
+    x = torch.tensor([[0.0], [0.1], [0.2], [1.0], [5.0], [5.1]], dtype=torch.float64)
+    two = dbscan(x, 0.15, 2).tolist()
+    assert two[0] == two[1] == two[2] != two[4] == two[5] and two[3] == -1 and min(two[:3] + two[4:]) >= 0
+    three = dbscan(x, 0.15, 3).tolist()
+    assert three[0] == three[1] == three[2] >= 0 and three[3:] == [-1, -1, -1]
+    # the worked example: the lone all-negative row has only itself within eps = √2/5 -> noise
+    dec = SignGuard(coordinate_fraction=1.0, clustering="dbscan")(X)
+    assert dec.accepted.tolist() == [True, True, True, False, False]
+    assert "sign statistics are DBSCAN noise" in dec.reasons[3]
+    with pytest.raises(InvalidParameter, match=r"SignGuard.clustering = 'kmeans'"):
+        SignGuard(clustering="kmeans")
+
+
+def test_float64_rows_near_overflow_decide_like_their_rescaled_copies():
+    # norms of rows ~1.4e307 overflow float64 when squared; they are measured rescaled
+    scale = 2.0**1015
+    dec = SignGuard(coordinate_fraction=1.0)(X * scale)
+    f = math.sqrt(7 / 30)
+    expected = [(f * a + b + c) / 3 for a, b, c in zip([1, 2, 3, 4], [2, 1, 1, 1], [1, 1, 2, 1])]
+    assert dec.accepted.tolist() == [True, True, True, False, False]
+    assert (dec.aggregate / scale).tolist() == pytest.approx(expected, rel=1e-12)

@@ -84,3 +84,11 @@ def test_error_feedback_loses_nothing(n, d, k, rounds, seed):
         applied += dec.aggregate
         state = dec.state
     assert torch.allclose(applied + state["error"], total, atol=1e-10)
+
+
+def test_float64_rows_near_overflow_are_clipped_like_any_other():
+    # (3, 4, 0)·2¹⁰²⁰ has norm 5·2¹⁰²⁰ (its square overflows float64): clipped to 2.5 -> (1.5, 2, 0)
+    big = X.clone()
+    big[0] *= 2.0**1020
+    dec = SparseFed(bound=2.5, k=3)(big)
+    assert dec.aggregate.tolist() == pytest.approx([5 / 6, 2 / 3, 1 / 3])
