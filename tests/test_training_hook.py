@@ -157,3 +157,34 @@ def test_bad_hook_is_a_clear_error():
     fed = _with(Bad())
     with pytest.raises(RedteamError, match="grad_mask has shape"):
         fed.run()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Constrained(Attack):
+    """Constrain-and-scale shape on digits: an anomaly term pulling toward the global model,
+    then a projection onto an L2 ball of radius 0.05 around it after every step."""
+
+    surfaces = (Surface.TRAINING, Surface.UPDATES)
+    log: list = dataclasses.field(default_factory=list)
+
+    def training_hook(self, ctx: AttackContext) -> TrainingHook:
+        def anomaly(w, wg, x, y):
+            return 10.0 * ((w - wg) ** 2).sum()
+
+        def ball(w, wg):
+            diff = w - wg
+            return wg + diff * torch.clamp(0.05 / torch.linalg.vector_norm(diff, dim=1, keepdim=True), max=1.0)
+
+        return TrainingHook(extra_loss=anomaly, project=ball)
+
+    def craft_updates(self, ctx: AttackContext) -> torch.Tensor:
+        self.log.append(ctx.own_updates.clone())
+        return ctx.own_updates
+
+
+def test_federation_extra_loss_and_projection_on_a_real_model():
+    atk = _Constrained()
+    _with(atk).run()
+    for own in atk.log:  # every malicious delta lies in the ball (float32 rounding aside)
+        assert float(torch.linalg.vector_norm(own, dim=1).max()) <= 0.05 + 1e-6
+        assert float(torch.linalg.vector_norm(own, dim=1).min()) > 0
