@@ -88,3 +88,22 @@ def test_hash_grouping_is_stable_and_region_is_contiguous():
 def test_bad_hierarchy(kw):
     with pytest.raises(InvalidParameter):
         Hierarchy(**kw)
+
+
+def test_non_finite_sub_aggregate_is_refused_and_the_rest_merge():
+    # four bottom groups (fan-out 2, depth 3) with sub-aggregates 1, 3, 5 and 7 (weights 1);
+    # group 3's leader passes up −inf·x (a rogue sub-aggregator): node 0.3 is refused;
+    # level 1: (1+3)/2 = 2 with weight 2, and 5 with weight 1; root: (2·2 + 5·1)/3 = 3.
+    # Every row stays accepted: the refusal is the merge's, not the defense's.
+    from defenses.basic import Mean
+    from redteam.merge import hierarchical_merge
+    from redteam.types import ServerContext
+
+    upd = torch.tensor([[1.0], [3.0], [5.0], [7.0]])
+    w = torch.ones(4)
+    res = hierarchical_merge(upd, w, [[0], [1], [2], [3]], Mean(), Mean(), 2,
+                             lambda wts, rows, key: ServerContext(n_clients=int(wts.shape[0]), weights=wts),
+                             lambda gi, rows, agg: agg * float("-inf") if gi == 3 else agg)
+    assert bool(res.accepted.all())
+    assert res.refused == {"0.3": {"reason": "non-finite sub-aggregate", "rows": [3]}}
+    assert torch.allclose(res.aggregate, torch.tensor([3.0]))
