@@ -266,8 +266,8 @@ def expand(
     cells: list[Cell] = []
     combos = list(itertools.product(*[[(p, v) for v in vals] for p, vals in axes])) or [()]
     for combo in combos:
-        for d_label, d_table in defenses:
-            for a_label, a_table in attacks:
+        for di, (d_label, d_table) in enumerate(defenses):
+            for ai, (a_label, a_table) in enumerate(attacks):
                 cdoc = copy.deepcopy(base)
                 cdoc["attack"] = copy.deepcopy(a_table)
                 cdoc["defense"] = copy.deepcopy(d_table)
@@ -277,7 +277,12 @@ def expand(
                 try:
                     parse_scenario(cdoc, file=where, check_plugins=check_plugins, limits=limits)
                 except InvalidScenario as exc:
-                    raise InvalidScenario(f"{exc} (in matrix cell {cell.id})") from None
+                    text = str(exc)  # an error in a [matrix] entry is labelled with that entry
+                    for sec, entry in ((f"{where}: [attack]", f"{where}: [matrix].attacks[{ai}]"),
+                                       (f"{where}: [defense]", f"{where}: [matrix].defenses[{di}]")):
+                        if text.startswith(sec):
+                            text = entry + text[len(sec):]
+                    raise InvalidScenario(f"{text} (in matrix cell {cell.id})") from None
                 cells.append(cell)
     exps = parse_expectations(doc.get("expect", []), where, cells)
     return Matrix(tuple(cells), seeds, exps)
@@ -301,6 +306,15 @@ def parse_expectations(rows: Any, where: str, cells: Sequence[Cell]) -> tuple[Ex
             if not isinstance(v, (str, int, float, bool)):
                 raise InvalidScenario(f"{loc}: {k} = {shown(v)}: must be a string, number or boolean")
         metric = row.pop("metric", None)
+        if metric is None:  # name a misspelt key ("metirc") rather than "metric = None"
+            import difflib
+
+            keys = ["metric", "min", "max", "attack", "defense"]
+            stray = [k for k in row if k not in keys and not any(k == s or s.rsplit(".", 1)[-1] == k
+                                                                  for s in setting_keys)]
+            close = difflib.get_close_matches(stray[0], keys, n=1) if stray else []
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise InvalidScenario(f"{loc}: unknown key {stray[0]!r}{hint}" if stray else f"{loc}: needs 'metric'")
         if metric not in METRICS:
             import difflib
 

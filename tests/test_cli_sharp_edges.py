@@ -130,3 +130,33 @@ def test_usage_errors_are_one_line(argv, msg):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("redteam: error: ") and msg in lines[0], proc.stderr
+
+
+def test_misspelt_expect_key_is_named(tmp_path, capsys, no_work):
+    f = tmp_path / "m.toml"
+    f.write_text(MATRIX + '[[expect]]\nmetirc = "accuracy_drop"\nmax = 1\n')
+    msg = _one_line(capsys, ["matrix", f, "--out", tmp_path / "o"])
+    assert "m.toml: [[expect]] #1: unknown key 'metirc' (did you mean 'metric'?)" in msg
+
+
+def test_error_in_a_matrix_entry_is_labelled_matrix(tmp_path, capsys, no_work):
+    f = tmp_path / "m.toml"
+    f.write_text(MATRIX.replace('attacks = ["sign_flip"]', 'attacks = ["ipm", { name = "sign_flip", scale = -1 }]'))
+    msg = _one_line(capsys, ["matrix", f, "--out", tmp_path / "o"])
+    assert "m.toml: [matrix].attacks[1]: SignFlip.scale = -1" in msg
+
+
+@pytest.mark.parametrize("command", ["run", "matrix"])
+def test_plugin_parameter_error_names_file_and_section(tmp_path, capsys, command):
+    # b = 100 is valid on its own; only n = 4 clients makes it impossible (2b < n), which
+    # the defense learns in the round
+    f = tmp_path / "t.toml"
+    if command == "run":
+        f.write_text(TINY + '[defense]\nname = "trimmed_mean"\nb = 100\n')
+        msg = _one_line(capsys, ["run", f, "--quiet", "--device", "cpu"])
+        assert msg.startswith("redteam: error: t.toml: [defense]: TrimmedMean.b = 100: must satisfy 2b < n")
+    else:
+        f.write_text(MATRIX.replace('defenses = ["mean"]', 'defenses = [{ name = "trimmed_mean", b = 100 }]'))
+        msg = _one_line(capsys, ["matrix", f, "--out", tmp_path / "o", "--quiet"])
+        assert msg.startswith("redteam: error: t.toml: [matrix] cell trimmed_mean(b=100)")
+        assert "[defense]: TrimmedMean.b = 100: must satisfy 2b < n" in msg

@@ -296,7 +296,7 @@ def test_bad_plugin_parameter_fails_cleanly_at_run_time(session):
     _, _, _, out = session
     lines = out.stdout.splitlines()
     at = lines.index(next(ln for ln in lines if ln.startswith("_") and " p.toml::mean[none] " in ln))
-    assert lines[at + 1].startswith("InvalidScenario: p.toml: [attack]: ")
+    assert lines[at + 1].startswith("InvalidScenario: p.toml: [matrix].attacks[1]: ")  # the entry at fault
     assert "scale" in lines[at + 1] and "must be a finite number > 0" in lines[at + 1]
     assert lines[at + 3] == "reproduce:"
 

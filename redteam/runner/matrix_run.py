@@ -48,6 +48,12 @@ class Unit:
     seed: int
     doc: dict[str, Any] = field(repr=False)
     target_accuracy: float = 0.9
+    file: str = ""
+
+    @property
+    def where(self) -> str:
+        """``FILE: [matrix] cell ID seed N`` for error messages."""
+        return f"{self.file or 'scenario'}: [matrix] cell {self.cell_id} seed {self.replicate}"
 
 
 @dataclass
@@ -79,27 +85,31 @@ def plan_units(matrix: Matrix, scenario_seed: int, file: str) -> tuple[list[Plan
             rows.append(PlanRow(cell.id, rep, cell.attack, cell.defense, cell.settings_dict, seed, key, bkey, pos))
             baselines.setdefault(
                 bkey, Unit(bkey, True, f"{cell.defense}[none]", "none", cell.defense, cell.settings_dict, rep, seed,
-                           bdoc, tgt)
+                           bdoc, tgt, file)
             )
             if key != bkey:
                 attacked.setdefault(
-                    key, Unit(key, False, cell.id, cell.attack, cell.defense, cell.settings_dict, rep, seed, doc, tgt)
+                    key, Unit(key, False, cell.id, cell.attack, cell.defense, cell.settings_dict, rep, seed, doc, tgt,
+                           file)
                 )
     return rows, list(baselines.values()), list(attacked.values())
 
 
-def execute_unit(doc: dict[str, Any], device: str = "cpu", threads: int | None = None) -> dict[str, Any]:
-    """Run one concrete scenario document; return its round records (as dicts)."""
+def execute_unit(doc: dict[str, Any], device: str = "cpu", threads: int | None = None,
+                 where: str = "<cell>") -> dict[str, Any]:
+    """Run one concrete scenario document; return its round records (as dicts). A plugin
+    parameter error is re-raised naming ``where`` (file and matrix cell) and the section."""
     import torch
 
     if threads:
         torch.set_num_threads(threads)
     from ..federation.loop import Federation
-    from .single import _versions
+    from .single import _versions, plugin_errors_located
 
     sc = parse_scenario(doc, file="<cell>")
     t = time.perf_counter()
-    res = Federation(sc, device=device).run()
+    with plugin_errors_located(sc, where):
+        res = Federation(sc, device=device).run()
     return {
         "records": [r.to_dict() for r in res.records],
         "wall_time_s": time.perf_counter() - t,
@@ -116,7 +126,7 @@ Phases = list[list[Unit]]
 def _local(phases: Phases, device: str, workers: int, ray_address: str | None) -> Iterator[tuple[Unit, dict]]:
     for phase in phases:
         for u in phase:
-            yield u, execute_unit(u.doc, device)
+            yield u, execute_unit(u.doc, device, None, u.where)
 
 
 #: How often a process-pool worker checks that its driver is still alive (seconds).
@@ -169,7 +179,7 @@ def _drain(pool: Any, phases: Phases, device: str, threads: int) -> Iterator[tup
     from concurrent.futures.process import BrokenProcessPool
 
     for phase in phases:
-        pending = {pool.submit(execute_unit, u.doc, device, threads): u for u in phase}
+        pending = {pool.submit(execute_unit, u.doc, device, threads, u.where): u for u in phase}
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for fut in done:
@@ -200,7 +210,7 @@ def _ray(phases: Phases, device: str, workers: int, ray_address: str | None) -> 
         threads = max(1, (os.cpu_count() or 1) // workers) if not ray_address else 1
         task = ray.remote(num_cpus=1)(execute_unit)
         for phase in phases:
-            refs = {task.remote(u.doc, device, threads): u for u in phase}
+            refs = {task.remote(u.doc, device, threads, u.where): u for u in phase}
             while refs:
                 done, _ = ray.wait(list(refs), num_returns=1)
                 for ref in done:

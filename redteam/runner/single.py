@@ -22,8 +22,11 @@ from __future__ import annotations
 import json
 import math
 import platform
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
+
+from ..errors import InvalidParameter, InvalidScenario
 
 from ..scenario import PluginSpec, Scenario
 from ..scoring import summarize
@@ -70,14 +73,15 @@ def run_scenario(
 
     target = scenario.federation.target_accuracy
     runs: list[tuple[str, Any]] = []
-    baseline = Federation(scenario, device=device, attack=PluginSpec("none"))
-    b_res = baseline.run(on_round=(lambda r: on_round("baseline", r)) if on_round else None)
-    runs.append(("baseline", b_res))
-    attacked_res = None
-    if scenario.attack.name != "none":
-        fed = Federation(scenario, device=device)
-        attacked_res = fed.run(on_round=(lambda r: on_round("attacked", r)) if on_round else None)
-        runs.append(("attacked", attacked_res))
+    with plugin_errors_located(scenario, scenario.source or "scenario"):
+        baseline = Federation(scenario, device=device, attack=PluginSpec("none"))
+        b_res = baseline.run(on_round=(lambda r: on_round("baseline", r)) if on_round else None)
+        runs.append(("baseline", b_res))
+        attacked_res = None
+        if scenario.attack.name != "none":
+            fed = Federation(scenario, device=device)
+            attacked_res = fed.run(on_round=(lambda r: on_round("attacked", r)) if on_round else None)
+            runs.append(("attacked", attacked_res))
 
     out_runs = []
     for kind, res in runs:
@@ -108,6 +112,46 @@ def run_scenario(
         "device": str(baseline.device),
         "runs": out_runs,
     }
+
+
+def plugin_section(exc: Exception, scenario: Scenario) -> str | None:
+    """The scenario section whose plugin raised ``exc`` (a parameter error that only shows
+    once the run knows n, e.g. ``TrimmedMean.b = 100: must satisfy 2b < n``): found from
+    the class name the message starts with; ``None`` if no plugin of the scenario has it."""
+    from ..registry import ATTACKS, DEFENSES
+
+    head = str(exc).split(" ", 1)[0]
+    if "." not in head:
+        return None
+    cls = head.split(".", 1)[0]
+
+    def named(reg: Any, spec: PluginSpec) -> bool:
+        try:
+            return reg.get(spec.name).__name__ == cls
+        except Exception:  # noqa: BLE001 - an unknown plugin simply does not match
+            return False
+
+    if named(ATTACKS, scenario.attack):
+        return "[attack]"
+    for i, spec in enumerate(scenario.defense):
+        if named(DEFENSES, spec):
+            return "[defense]" if len(scenario.defense) == 1 else f"[defense].pipeline[{i}]"
+    if named(DEFENSES, scenario.hierarchy.upper_defense):
+        return "[hierarchy].upper_defense"
+    return None
+
+
+@contextmanager
+def plugin_errors_located(scenario: Scenario, where: str) -> Iterator[None]:
+    """Re-raise a plugin's :class:`InvalidParameter` as :class:`InvalidScenario` naming
+    ``where`` (the file, or the matrix cell) and the section of the plugin."""
+    try:
+        yield
+    except InvalidParameter as exc:
+        section = plugin_section(exc, scenario)
+        if section is None:
+            raise
+        raise InvalidScenario(f"{where}: {section}: {exc}") from None
 
 
 def write_json(doc: dict[str, Any], path: str | Path) -> Path:
