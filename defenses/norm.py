@@ -109,7 +109,9 @@ class NormBound(Filter):
     * ``mode``: ``"clip"`` (Sun et al. 2019: scale down to M, accept) or ``"reject"``
       (drop the update, recording its norm and the bound).
 
-    Non-finite updates are always rejected (their norm is not a number).
+    Non-finite updates are always rejected (their norm is not a number). Norms are
+    those of :func:`l2_norms`, exact (float64-accumulated) at the median and at the
+    bound, and a row is within M iff ‖Δ‖ ≤ M·(1 + NORM_RTOL).
     """
 
     bound: float = 1.0
@@ -148,9 +150,12 @@ class NormBound(Filter):
         from ._common import finite_rows
 
         finite = finite_rows(updates)
-        # the fast norms locate the bound (an adaptive one moves by ~1e-7 relative when
-        # its median row is re-measured); the rows near it are re-measured exactly
+        # the fast norms locate the bound; the rows near it are re-measured exactly (and,
+        # for an adaptive bound, first the rows near the median, so that M is exact too)
         norms = _fast_norms(updates)
+        if self.multiplier is not None:
+            median = self.threshold(norms.masked_fill(~finite, math.nan)) / self.multiplier
+            norms = _refine(updates, norms, median)
         norms = _refine(updates, norms, self.threshold(norms.masked_fill(~finite, math.nan)))
         m = self.threshold(norms.masked_fill(~finite, math.nan))
         reasons: dict[int, str] = {}

@@ -258,6 +258,23 @@ def test_norm_hug_rows_accepted_at_several_bounds_and_a_larger_model():
         assert bool(dec.accepted[:3].all()), dec.reasons
 
 
+def test_rows_fitted_to_an_adaptive_bound_are_accepted():
+    # M = 2 × the lower median of the round's norms. 11 honest rows and 8 rows fitted to
+    # exactly M (float64 measure, float32 rows): the median is the 10th smallest norm of
+    # 19, an honest row, so M is known before the fitted rows are built. The rule must
+    # locate M from the median's exact norm and judge the fitted rows exactly: all 8 in.
+    from attacks._common import fit_norm
+
+    g = torch.Generator().manual_seed(3)
+    honest = torch.randn(11, 4810, generator=g) * 0.05
+    m = 2.0 * float(torch.sort(l2_norms(honest)).values[9])
+    fitted = fit_norm(torch.randn(8, 4810, generator=g, dtype=torch.float64), m, honest)
+    full = torch.cat([honest, fitted])
+    dec = NormBound(multiplier=2.0, mode="reject")(full, ServerContext.default(full))
+    assert dec.state["bound"] == pytest.approx(m, rel=1e-14)
+    assert dec.accepted.tolist() == [True] * 19, dec.reasons
+
+
 # -- parameters ------------------------------------------------------------------------------
 @pytest.mark.parametrize("kw, name", [
     ({"bound": 0}, "bound"), ({"bound": -1.0}, "bound"), ({"bound": math.nan}, "bound"),
