@@ -54,5 +54,5 @@ class SignFlip(Attack):
     def craft_updates(self, ctx: AttackContext) -> "torch.Tensor":
         if self.variant == "own":
             return -self.scale * ctx.own_updates
-        mean = ctx.visible_updates.mean(dim=0, keepdim=True)
+        mean = ctx.visible_updates.mean(dim=0)
         return (-self.scale * mean).expand_as(ctx.own_updates).clone()
