@@ -245,8 +245,8 @@ def verify_bundle(bundle: Mapping[str, Any] | bytes | str, key: VerifyingKey, *,
     pk = _codec.obj(vm["publicKey"], f"{w}.verificationMaterial.publicKey", (), ("hint",))
     hint = pk.get("hint")
     if hint not in (None, "") and hint != key.hint:
-        raise VerificationFailed(f"{w}: publicKey.hint {one_line(hint, 20)}… does not match the verifying key "
-                                 f"({key.hint[:16]}…)")
+        raise VerificationFailed(f"{w}: publicKey.hint {one_line(hint, 20)}… is not the hint of the verifying key "
+                                 f"(keyid {key.keyid}): signed by another key")
     env = dsse.Envelope.from_dict(b["dsseEnvelope"], f"{w}.dsseEnvelope", urlsafe=False)
     ok = dsse.verify(env, key, payload_type=payload_type, max_signatures=1)
     entries = vm.get("tlogEntries", [])

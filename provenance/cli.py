@@ -2,8 +2,10 @@
 
 :func:`register` adds both command groups to an ``argparse`` subparsers object; each
 leaf parser sets ``func``, a callable ``func(args) -> int`` that never raises for bad
-input: every malformed input is one line on stderr (``error: ...``) and exit status 1
-(argparse's own usage errors exit 2). :func:`main` is a standalone entry point.
+input. Exit status, as everywhere in ``redteam``: 0 ok; 1 a check failed (a signature,
+proof, log entry or data that does not verify: :class:`~provenance.errors.VerificationFailed`);
+2 bad input (malformed or missing files, bad options). Errors are one line on stderr,
+``redteam: error: ...``. :func:`main` is a standalone entry point.
 
 Every command prints readable text by default and JSON with ``--json``. Nothing heavy
 is imported until a command runs (sigstore only for ``--sigstore``).
@@ -30,14 +32,20 @@ def _err(msg: str) -> Exception:
 def _wrap(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         from redteam.errors import RedteamError
+        from redteam.runner.outputs import terminal_safe
+
+        from .errors import VerificationFailed
 
         try:
             return fn(args)
-        except RedteamError as exc:
-            print(f"error: {' '.join(str(exc).split(chr(10)))}", file=sys.stderr)
+        except VerificationFailed as exc:  # a check that failed: exit 1
+            print(f"redteam: error: {terminal_safe(' '.join(str(exc).split(chr(10))))}", file=sys.stderr)
+            return 1
+        except RedteamError as exc:  # bad input: exit 2
+            print(f"redteam: error: {terminal_safe(' '.join(str(exc).split(chr(10))))}", file=sys.stderr)
         except OSError as exc:
-            print(f"error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
-        return 1
+            print(f"redteam: error: {terminal_safe(exc.filename or '')}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
 
     run.__name__ = fn.__name__
     return run
@@ -105,12 +113,34 @@ def _keygen(args: argparse.Namespace) -> int:
     return 0
 
 
+_RFC3339 = r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})"
+
+
+def _rfc3339(text: str, option: str) -> str:
+    """``text`` if it is an RFC 3339 date-time (with a real calendar date and an offset),
+    else a one-line error: it is written into a signed statement."""
+    import re
+    from datetime import datetime
+
+    ok = re.fullmatch(_RFC3339, text, flags=re.ASCII) is not None
+    if ok:
+        try:
+            datetime.fromisoformat(re.sub(r"[Zz]$", "+00:00", text.replace("t", "T")))
+        except ValueError:
+            ok = False
+    if not ok:
+        raise _err(f"{option} {text!r}: not an RFC 3339 date-time (e.g. 2025-01-01T00:00:00Z)")
+    return text
+
+
 def _manifest(args: argparse.Namespace) -> int:
     from .manifest import DEFAULT_IGNORE, DatasetManifest
 
     meta = dict(client=args.client, dataset=args.dataset, version=args.version, license=args.license,
                 license_source=args.license_source, source=args.source, creator=args.creator,
                 created_at=args.created_at, name=args.name)
+    if args.created_at is not None:
+        _rfc3339(args.created_at, "--created-at")
     if args.shard and args.directory:
         raise _err("give a directory or --shard NAME=PATH, not both")
     if args.shard:
@@ -497,7 +527,7 @@ class OneLineParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose usage errors are a single line (exit status 2)."""
 
     def error(self, message: str) -> "NoReturn":  # type: ignore[override]
-        self.exit(2, f"error: {self.prog}: {message}\n")
+        self.exit(2, f"redteam: error: {self.prog}: {message}\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -224,10 +224,10 @@ def verify(
                 # hint was spoofed; otherwise the signer is simply unknown to us.
                 maker = next((c for c in keys if c.verify(s.sig, message)), None)
                 if maker is not None:
-                    problems.append(f"signature {i}: keyid {one_line(s.keyid, 24)} is not the key id of the key that "
-                                    f"made it ({maker.keyid[:16]}…): keyid spoofing")
+                    problems.append(f"signature {i}: keyid {one_line(s.keyid, 80)} is not the key id of the key that "
+                                    f"made it ({maker.keyid}): keyid spoofing")
                 else:
-                    problems.append(f"signature {i}: keyid {one_line(s.keyid, 24)} is not a trusted key")
+                    problems.append(f"signature {i}: keyid {one_line(s.keyid, 80)} is not a trusted key")
                 continue
             candidates = [k]
         else:
@@ -236,7 +236,7 @@ def verify(
         maker = next((c for c in candidates if c.verify(s.sig, message)), None)
         if maker is None:
             problems.append(f"signature {i}: does not verify with "
-                            + (f"key {candidates[0].keyid[:16]}…" if len(candidates) == 1 else
+                            + (f"key {candidates[0].keyid}" if len(candidates) == 1 else
                                f"any of {len(candidates)} trusted keys"))
             continue
         accepted.setdefault(maker.der, maker.keyid)

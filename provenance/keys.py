@@ -153,7 +153,7 @@ class VerifyingKey:
     @property
     def raw(self) -> bytes:
         if self.kind != "ed25519":
-            raise ProvenanceError(f"key {self.keyid[:12]}: raw bytes exist only for Ed25519 keys")
+            raise ProvenanceError(f"key {self.keyid}: raw bytes exist only for Ed25519 keys")
         return self.key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
     def verify(self, signature: bytes, data: bytes) -> bool:

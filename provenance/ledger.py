@@ -159,8 +159,8 @@ class Ledger:
         pub = VerifyingKey.from_der(bytes(meta["log_public_key"]), kind="ed25519", where=f"{p} log key")
         if log_key is not None and log_key.public != pub:
             conn.close()
-            raise ProvenanceError(f"{p}: the given log key {log_key.keyid[:16]}… is not this ledger's "
-                                  f"({pub.keyid[:16]}…)")
+            raise ProvenanceError(f"{p}: the given log key {log_key.keyid} is not this ledger's "
+                                  f"({pub.keyid})")
         return cls(conn, p, str(meta["origin"]), pub, log_key)
 
     def close(self) -> None:

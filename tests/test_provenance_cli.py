@@ -40,9 +40,10 @@ def work(tmp_path, capsys, monkeypatch):
     return tmp_path
 
 
-def one_line_error(code, err):
-    assert code == 1, err
-    assert err.startswith("error: ") and err.count("\n") == 1, err
+def one_line_error(code, err, expected=2):
+    """Exit 2 = bad input, 1 = a check failed (the convention of every redteam command)."""
+    assert code == expected, err
+    assert err.startswith("redteam: error: ") and err.count("\n") == 1, err
     return err
 
 
@@ -85,7 +86,7 @@ def test_sign_log_and_verify_with_data(work, capsys):
     assert code == 0 and out.startswith("OK: https://model_signing/signature/v1.0")
     (work / "ds" / "train.csv").write_bytes(b"x,y\n1,3\n")  # poisoned shard under an honest manifest
     err = one_line_error(*run(capsys, "provenance", "verify", "b.json", "--pub", "client.pub", "--trusted-root",
-                              "trusted_root.json", "--data", "ds")[::2])
+                              "trusted_root.json", "--data", "ds")[::2], expected=1)  # a check failed
     assert "train.csv" in err and "sha256 differs" in err
 
 
@@ -181,7 +182,8 @@ def test_verify_with_a_trusted_root_refuses_a_bundle_whose_log_entry_was_removed
     (work / "bare.json").write_text(json.dumps(env))
     for f in ("stripped.json", "bare.json"):
         for trust in (("--trusted-root", "trusted_root.json"), ("--ledger", "log.db")):
-            err = one_line_error(*run(capsys, "provenance", "verify", f, "--pub", "client.pub", *trust)[::2])
+            err = one_line_error(*run(capsys, "provenance", "verify", f, "--pub", "client.pub", *trust)[::2],
+                                 expected=1)  # verification failed
             assert "no transparency-log entry" in err and "relaxes" in err, err
             code, out, _ = run(capsys, "provenance", "verify", f, "--pub", "client.pub", *trust,
                                "--allow-missing-tlog")
