@@ -134,22 +134,14 @@ def select(docs: list[Document], max_bytes: int, max_doc_bytes: int) -> list[Doc
 
 
 def split_heldout(docs: list[Document], fraction: float) -> tuple[list[Document], list[Document]]:
-    """(train, held-out): a document is held out when its ``split_key`` < ``fraction``.
-
-    At least one document lands on each side (the smallest key is held out, the largest
-    trained on, when the hash split leaves a side empty)."""
+    """(train, held-out): the ``round(fraction · n)`` documents with the smallest
+    ``split_key`` are held out — at least one, and at least one is left to train on.
+    The split depends on the documents' names only; both lists keep the input order."""
     if len(docs) < 2:
         raise InvalidParameter(f"corpus: {len(docs)} document(s): need at least 2 (training and held-out)")
-    held = [d for d in docs if d.split_key < fraction]
-    train = [d for d in docs if d.split_key >= fraction]
-    by_key = sorted(docs, key=lambda d: (d.split_key, d.name))
-    if not held:
-        held = [by_key[0]]
-        train = [d for d in docs if d is not by_key[0]]
-    if not train:
-        train = [by_key[-1]]
-        held = [d for d in docs if d is not by_key[-1]]
-    return train, held
+    k = min(max(1, round(fraction * len(docs))), len(docs) - 1)
+    held_names = {d.name for d in sorted(docs, key=lambda d: (d.split_key, d.name))[:k]}
+    return [d for d in docs if d.name not in held_names], [d for d in docs if d.name in held_names]
 
 
 def windows(docs: list[Document], context: int) -> tuple[np.ndarray, np.ndarray]:
