@@ -39,8 +39,22 @@ EXAMPLES = 8
 
 
 # ------------------------------------------------------------------ every plugin
+# data attacks on text workloads: their data is next-byte windows (x, y = the bytes after
+# x), not the kit's default images; they get such a dataset (12 windows of 16 + 1 bytes)
+_TOKEN_DATA_ATTACKS = {"trigger_phrase"}
+
+
+def _token_windows() -> ClientData:
+    w = torch.randint(0, 256, (12, 17), generator=torch.Generator().manual_seed(0))
+    return ClientData(w[:, :-1].contiguous(), w[:, 1:].contiguous())
+
+
 @pytest.mark.parametrize("name", redteam.ATTACKS.names())
 def test_every_registered_attack_meets_the_contract(name):
+    if name in _TOKEN_DATA_ATTACKS:
+        report = check_attack(name, data=_token_windows(), num_classes=256)
+        assert report.examples >= 1 and report.checked
+        return
     report = check_attack(name, max_examples=EXAMPLES)
     assert report.examples >= 1 and report.checked
 
