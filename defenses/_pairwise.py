@@ -218,6 +218,44 @@ class PairwiseDistances:
         error = torch.where(got, full * ((d + 3) * U64), self.error)
         return replace(self, approx=approx, error=error)
 
+    def recentred(self, centre: int) -> "PairwiseDistances":
+        """A copy where every pair is recomputed through a float64 Gram matrix of the rows
+        minus row ``centre`` (block by block; the differences of float32 values are exact
+        in float64). Its bound, 1.5·(γ_d + 4u)·(‖xᵢ − x_c‖ + ‖xⱼ − x_c‖)² with u = 2⁻⁵³,
+        is relative to the distances *from row c*: rows far from c widen only their own
+        pairs. Cheaper than difference rows once most pairs need refining (Bulyan's
+        iterative steps); pairs already exact keep the smaller bound."""
+        import torch
+
+        x, ok = self.rows, self.finite
+        n, d = x.shape
+        idx = ok.nonzero().flatten()
+        if idx.numel() == 0:
+            return self
+        c = x[centre].to(torch.float64)
+        m = int(idx.numel())
+        g = torch.zeros(m, m, dtype=torch.float64, device=x.device)
+        step = 1 << 14
+        for start in range(0, d, step):
+            b = x[:, start:start + step]
+            b = b.index_select(0, idx) if m < n else b
+            b = b.to(torch.float64) - c[start:start + step]  # never in place: b may be x itself
+            g.addmm_(b, b.T)
+        sq = torch.diagonal(g).clamp_min(0.0)
+        dist = (sq[:, None] + sq[None, :] - 2.0 * g).clamp_min_(0.0)
+        dist = 0.5 * (dist + dist.T)
+        norm = sq.sqrt()
+        err = 1.5 * (_gamma(max(d, 1), U64) + 4 * U64) * (norm[:, None] + norm[None, :]).square()
+        approx, error = self.approx.clone(), self.error.clone()
+        sub_a, sub_e = approx[idx[:, None], idx[None, :]], error[idx[:, None], idx[None, :]]
+        better = err < sub_e
+        approx[idx[:, None], idx[None, :]] = torch.where(better, dist, sub_a)
+        error[idx[:, None], idx[None, :]] = torch.where(better, err, sub_e)
+        same = self.group[:, None] == self.group[None, :]
+        approx = torch.where(same, torch.zeros_like(approx), approx)
+        error = torch.where(same, torch.zeros_like(error), error)
+        return replace(self, approx=approx, error=error)
+
     def refine_rows(self, rows: "torch.Tensor") -> "PairwiseDistances":
         """Every pair with a row in ``rows`` (indices or a bool mask) made exact."""
         import torch
@@ -434,7 +472,16 @@ def resolve_k_smallest_sums(pd: PairwiseDistances, k: int, rows: "torch.Tensor",
         need = (pd.lower <= cut[:, None]) & ~off
         sel = torch.zeros(n, dtype=torch.bool, device=alive.device)
         sel[rows] = True
-        pd = pd.refine(need & sel[:, None])
+        need = need & sel[:, None] & (pd.error > 0)
+        if int(need.sum()) > n:  # many pairs: one float64 Gram centred on the best candidate
+            mid = (pd.lower + pd.upper).masked_fill(off, math.inf)
+            best = rows[int(torch.argmin(torch.topk(mid[rows], k, dim=1, largest=False).values.sum(dim=1)))]
+            pd = pd.recentred(int(best))
+            hi = pd.upper.masked_fill(off, math.inf)
+            cut = torch.topk(hi, k, dim=1, largest=False).values[:, -1]
+            need = (pd.lower <= cut[:, None]) & ~off & sel[:, None]
+            need = need & (pd.error > 1e-9 * pd.approx)  # what the Gram could not pin down
+        pd = pd.refine(need)
     low, high = k_smallest_sum_bounds(pd, k, alive)
     score = 0.5 * (low + high)
     err = 0.5 * (high - low)
