@@ -80,6 +80,34 @@ def test_attacker_row_of_3e38_with_mean_keeps_the_model_finite(monkeypatch):
     assert all(set(e["clients"]) <= set(fed.malicious) for e in events), events
 
 
+def test_a_finite_step_whose_outputs_overflow_is_refused_and_no_honest_client_is_flagged():
+    # rows of 1e37 averaged in float64 are a finite step (~2.5e36 per coordinate): the
+    # parameters stay finite but the model's outputs overflow, so every honest client
+    # would train to NaN next round and be rejected as a false positive. The server
+    # refuses that step (outputs checked on held-out inputs), keeps the model, and the
+    # detection figures count no honest client.
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class _Big(Attack):
+        surfaces = (Surface.UPDATES,)
+
+        def craft_updates(self, ctx: AttackContext) -> torch.Tensor:
+            return torch.full_like(ctx.own_updates, 1e37)
+
+    fed = Federation(parse_scenario(_doc(federation={
+        "clients": 8, "rounds": 4, "local_steps": 2, "batch_size": 8, "lr": 0.2, "malicious_fraction": 0.25,
+        "partition": "iid"})))
+    fed.attack = _Big()
+    res = fed.run()
+    assert _finite(res)
+    # mean accepts the attackers every round, so every step is refused and the model kept
+    assert all(r.extra.get("refused") for r in res.records)
+    events = [e for r in res.records for e in r.extra["refused"]]
+    assert any("outputs are not finite" in e["reason"] for e in events), events
+    assert all(set(e["clients"]) <= set(fed.malicious) for e in events), events
+    assert detection(res.records).fp == 0
+    assert len({r.accuracy for r in res.records}) == 1  # the model never moved
+
+
 def test_server_step_to_a_non_finite_model_is_refused():
     # FedAvg with η = 10 and a finite aggregate of 1e38: w + 1e39 overflows → refused, model kept
     fed = SimpleNamespace(server_opt=FedAvg(lr=10.0))

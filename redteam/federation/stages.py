@@ -302,7 +302,30 @@ def server_step(fed: "Federation", params: torch.Tensor, aggregate: torch.Tensor
         return params, opt_state, torch.zeros_like(aggregate), {
             "stage": "server_step", "reason": "server step gave a non-finite model: step refused, model kept",
             "clients": _suspects(contributors, rows, row_clients)}
+    if not _outputs_finite(fed, new) and _outputs_finite(fed, params):
+        # finite but huge parameters (an accepted row near 3e38 averaged in float64): the
+        # model's outputs overflow, and every honest client would train to NaN from it
+        return params, opt_state, torch.zeros_like(aggregate), {
+            "stage": "server_step",
+            "reason": "the stepped model's outputs are not finite on held-out inputs: step refused, model kept",
+            "clients": _suspects(contributors, rows, row_clients)}
     return new, state, aggregate, None
+
+
+#: held-out inputs the server runs a stepped model on (no labels are read: outputs only)
+OUTPUT_PROBE = 32
+
+
+@torch.no_grad()
+def _outputs_finite(fed: "Federation", params: torch.Tensor) -> bool:
+    """Whether the model ``params`` gives finite outputs on the first held-out inputs."""
+    from torch.func import functional_call
+
+    trainer, x = getattr(fed, "trainer", None), getattr(fed, "test_x", None)
+    if trainer is None or x is None:  # a bare server (tests): nothing to probe with
+        return True
+    out = functional_call(trainer.model, trainer.spec.unflatten(params), (x[:OUTPUT_PROBE],))
+    return bool(torch.isfinite(out).all())
 
 
 def _suspects(contributors: list[int], rows: list[torch.Tensor], row_clients: list[int]) -> list[int]:
