@@ -60,6 +60,14 @@ def sign_statistics(updates: "torch.Tensor", columns: "torch.Tensor | None" = No
     return torch.stack([pos, x.shape[1] - pos - neg, neg], dim=1) / m
 
 
+def _dist(a: "torch.Tensor", b: "torch.Tensor") -> "torch.Tensor":
+    """Euclidean distances computed pair by pair (no Gram trick: exact symmetry, and a
+    pair's distance does not depend on where the rows sit)."""
+    import torch
+
+    return torch.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist")
+
+
 def estimate_bandwidth(features: "torch.Tensor", quantile: float) -> float:
     """Mean over the rows of the distance to their k-th nearest row (the row itself
     counts as the first), k = max(2, ⌊quantile·n⌋): scikit-learn's ``estimate_bandwidth``
@@ -70,9 +78,10 @@ def estimate_bandwidth(features: "torch.Tensor", quantile: float) -> float:
     if n <= 1:
         return 0.0
     f = features.to(torch.float64)
-    dist = torch.cdist(f, f)
+    dist = _dist(f, f)
     k = min(n, max(2, int(quantile * n)))
-    return float(torch.sort(dist, dim=1).values[:, k - 1].mean())
+    kth = torch.sort(torch.sort(dist, dim=1).values[:, k - 1]).values  # summed in value order
+    return float(kth.sum() / n)
 
 
 def mean_shift(x: "torch.Tensor", bandwidth: float, max_iter: int = 300) -> "torch.Tensor":
@@ -90,7 +99,7 @@ def mean_shift(x: "torch.Tensor", bandwidth: float, max_iter: int = 300) -> "tor
     seeds = x.clone()
     live = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
     for _ in range(max_iter):
-        near = torch.cdist(seeds[live], x) <= bandwidth
+        near = _dist(seeds[live], x) <= bandwidth
         count = near.sum(dim=1, keepdim=True)
         moved = torch.where(count > 0, (near.to(x.dtype) @ x) / count.clamp_min(1), seeds[live])
         step = (moved - seeds[live]).norm(dim=1)
@@ -99,14 +108,14 @@ def mean_shift(x: "torch.Tensor", bandwidth: float, max_iter: int = 300) -> "tor
         live[idx[step < 1e-3 * bandwidth]] = False
         if not bool(live.any()):
             break
-    intensity = (torch.cdist(seeds, x) <= bandwidth).sum(dim=1)
+    intensity = (_dist(seeds, x) <= bandwidth).sum(dim=1)
     keys = [(int(intensity[i]), tuple(seeds[i].tolist())) for i in range(x.shape[0])]
     order = sorted(range(x.shape[0]), key=lambda i: keys[i], reverse=True)
     centres: list["torch.Tensor"] = []
     for i in order:
         if all(float((seeds[i] - c).norm()) >= bandwidth for c in centres):
             centres.append(seeds[i])
-    return torch.argmin(torch.cdist(x, torch.stack(centres)), dim=1)
+    return torch.argmin(_dist(x, torch.stack(centres)), dim=1)
 
 
 def dbscan(x: "torch.Tensor", eps: float, min_samples: int) -> "torch.Tensor":
@@ -120,7 +129,7 @@ def dbscan(x: "torch.Tensor", eps: float, min_samples: int) -> "torch.Tensor":
     import torch
 
     n = x.shape[0]
-    dist = torch.cdist(x, x)
+    dist = _dist(x, x)
     near = dist <= eps
     core = near.sum(dim=1) >= min_samples
     link = near & core[:, None] & core[None, :]
@@ -149,10 +158,19 @@ def largest_cluster(features: "torch.Tensor", clustering: str = "meanshift", ban
 
     n = features.shape[0]
     f = features.detach().to(torch.float64).cpu()
+    if n == 0:
+        return torch.zeros(0, dtype=torch.bool, device=features.device), [], 0.0 if bandwidth is None else bandwidth
+    # work on the rows in lexicographic order of their values: every sum below then runs
+    # in the same order whatever the clients' order, so boundary cases (a distance equal
+    # to the bandwidth, frequent with these discrete fractions) are decided the same way
+    order = torch.arange(n)
+    for col in reversed(range(f.shape[1])):
+        order = order[torch.argsort(f[order, col], stable=True)]
+    back = torch.empty_like(order)
+    back[order] = torch.arange(n)
+    f = f[order]
     if bandwidth is None:
         bandwidth = estimate_bandwidth(f, quantile)
-    if n == 0:
-        return torch.zeros(0, dtype=torch.bool, device=features.device), [], float(bandwidth)
     if clustering == "dbscan":
         lab = dbscan(f, float(bandwidth), min(min_samples, n))  # never more than there are rows
     elif n == 1 or float((f.amax(dim=0) - f.amin(dim=0)).max()) == 0.0:
@@ -161,6 +179,8 @@ def largest_cluster(features: "torch.Tensor", clustering: str = "meanshift", ban
         lab = torch.unique(f, dim=0, return_inverse=True)[1]
     else:
         lab = mean_shift(f, float(bandwidth))
+    lab = lab[back]  # back to the callers' order
+    f = f[back]
     labels = [int(v) for v in lab]
     if not bool((lab >= 0).any()):
         return torch.zeros(n, dtype=torch.bool, device=features.device), labels, float(bandwidth)
