@@ -306,3 +306,21 @@ def test_a_symlinked_scenario_includes_beside_the_link(tmp_path):
     (tmp_path / "here" / "base.toml").write_text("[federation]\nclients = 7\n")
     (tmp_path / "here" / "s.toml").symlink_to(tmp_path / "elsewhere" / "real.toml")
     assert load_document(tmp_path / "here" / "s.toml")["federation"] == {"clients": 7, "rounds": 2}
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(alphabet=st.sampled_from(list("[]{}=.,\"'\n#0123456789_abk \\-+:etrufalsinx")), max_size=120))
+def test_the_reader_turns_any_text_into_a_document_or_one_error(text):
+    # the lexical scan must survive any text (unterminated strings, stray brackets, escapes)
+    # and the reader must end in a dict or an InvalidScenario, never anything else
+    import tempfile
+
+    from redteam.scenario import _read_toml
+
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "t.toml"
+        p.write_text(text, "utf-8")
+        try:
+            assert isinstance(_read_toml(p, limits=Limits(max_nesting=3, max_key_depth=2)), dict)
+        except InvalidScenario as exc:
+            assert "\n" not in str(exc)
