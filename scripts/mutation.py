@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -49,6 +50,8 @@ SCOPES: dict[str, tuple[list[str], list[str], list[str]]] = {
 }
 #: mutmut exit-code verdicts that mean "a test failed" (killed)
 KILLED = {"killed", "timeout", "segfault"}
+#: verdicts of mutants that were never run (a scope stopped at its --time-limit)
+UNCHECKED = {"not checked", "check was interrupted by user"}
 
 
 def _copy_tree(dest: Path) -> None:
@@ -73,7 +76,7 @@ def _expand(patterns: list[str]) -> list[str]:
     return out
 
 
-def run_scope(name: str, jobs: int, keep: Path | None) -> dict:
+def run_scope(name: str, jobs: int, keep: Path | None, time_limit: float | None = None) -> dict:
     mutate, tests, extra = SCOPES[name]
     work = Path(tempfile.mkdtemp(prefix=f"mut-{name}-", dir=keep))
     _copy_tree(work)
@@ -91,8 +94,13 @@ def run_scope(name: str, jobs: int, keep: Path | None) -> dict:
     t0 = time.time()
     log = work / "mutmut-run.log"
     with open(log, "w") as fh:
-        subprocess.run(["mutmut", "run", "--max-children", str(jobs)], cwd=work, env=env,
-                       stdout=fh, stderr=subprocess.STDOUT, check=False)
+        proc = subprocess.Popen(["mutmut", "run", "--max-children", str(jobs)], cwd=work, env=env,
+                                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait(timeout=time_limit)
+        except subprocess.TimeoutExpired:  # stop here; the verdicts so far are kept
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait()
     res = subprocess.run(["mutmut", "results", "--all", "true"], cwd=work, env=env,
                          capture_output=True, text=True, check=False).stdout
     verdicts: dict[str, str] = {}
@@ -100,6 +108,8 @@ def run_scope(name: str, jobs: int, keep: Path | None) -> dict:
         key, _, status = line.strip().rpartition(": ")
         if key:
             verdicts[key] = status
+    unchecked = sum(1 for v in verdicts.values() if v in UNCHECKED)
+    verdicts = {k: v for k, v in verdicts.items() if v not in UNCHECKED}
     survivors = sorted(k for k, v in verdicts.items() if v not in KILLED)
     diffs = {k: subprocess.run(["mutmut", "show", k], cwd=work, env=env, capture_output=True, text=True,
                                check=False).stdout for k in survivors}
@@ -107,7 +117,7 @@ def run_scope(name: str, jobs: int, keep: Path | None) -> dict:
     if keep is None:
         shutil.rmtree(work, ignore_errors=True)
     return {"scope": name, "modules": mutate, "tests": tests, "total": len(verdicts), "killed": killed,
-            "survived": len(survivors), "seconds": round(time.time() - t0), "survivors": diffs,
+            "survived": len(survivors), "unchecked": unchecked, "seconds": round(time.time() - t0), "survivors": diffs,
             "dir": str(work) if keep is not None else None}
 
 
@@ -118,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", type=Path, help="keep the scratch copies under this folder")
     ap.add_argument("--json", type=Path, help="also write the results as JSON here")
     ap.add_argument("--list", action="store_true", help="list the scopes and exit")
+    ap.add_argument("--time-limit", type=float, metavar="S",
+                    help="stop each scope after S seconds and report the mutants checked so far")
     args = ap.parse_args(argv)
     if args.list:
         for k, (m, t, e) in SCOPES.items():
@@ -132,11 +144,12 @@ def main(argv: list[str] | None = None) -> int:
         args.keep.mkdir(parents=True, exist_ok=True)
     results = []
     for scope in args.scopes or list(SCOPES):
-        r = run_scope(scope, args.jobs, args.keep)
+        r = run_scope(scope, args.jobs, args.keep, args.time_limit)
         results.append(r)
         pct = 100.0 * r["killed"] / r["total"] if r["total"] else float("nan")
         print(f"## {scope}: {r['killed']}/{r['total']} killed ({pct:.1f} %), {r['survived']} survived, "
-              f"{r['seconds']} s", flush=True)
+              f"{r['seconds']} s" + (f", {r['unchecked']} not checked (time limit)" if r["unchecked"] else ""),
+              flush=True)
         for diff in r["survivors"].values():
             print(diff.rstrip(), flush=True)
         if args.json:
