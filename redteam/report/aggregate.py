@@ -160,6 +160,8 @@ class Report:
     confidence: float = 0.95
     accuracy_margin: float = 0.05
     asr_level: float = 0.5
+    #: per defense: clean accuracy, cost, worst case, ranking (:mod:`redteam.report.defender`)
+    defenders: Any = field(default=None, hash=False)
 
     @property
     def out_dir(self) -> Path:

@@ -26,6 +26,7 @@ import math
 from typing import Any, Sequence
 
 from .aggregate import REPORT_METRICS, Report, axis_labels, settings_groups
+from .defender import defenders_dict
 from .tables import LEGEND, cell_text, fmt_value, group_title, metric_grids, short_key
 
 __all__ = ["to_markdown", "to_json", "to_csv", "report_dict", "FORMAT_ID"]
@@ -92,6 +93,7 @@ def to_markdown(report: Report, metrics: Sequence[str]) -> str:
                  f"{sum(c.finished for c in report.cells)}/{sum(c.planned for c in report.cells)} runs finished. "
                  f"{LEGEND}.")
     lines.append("")
+    lines += defenders_markdown(report)
     for m in metrics:
         lines += [f"## {m}", "", f"{REPORT_METRICS[m]}.", ""]
         for group, attacks, defenses, by in metric_grids(report.cells):
@@ -139,6 +141,23 @@ def to_markdown(report: Report, metrics: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def defenders_markdown(report: Report) -> list[str]:
+    """The defender's summary section (one table per settings group), or nothing."""
+    from .defender import defender_columns, defender_notes
+
+    summary = report.defenders
+    if summary is None or not summary.groups:
+        return []
+    lines = ["## Defender's summary", ""]
+    for g in summary.groups:
+        if g.settings:
+            lines += [f"### {md_text(group_title(g.settings))}", ""]
+        header, body = defender_columns(g, summary)
+        lines += _md_table(header, [[r[0], md_text(r[1]), *[md_text(x) for x in r[2:]]] for r in body], right_from=2)
+        lines += ["", " ".join(md_text(n) for n in defender_notes(g, summary)), ""]
+    return lines
+
+
 def _bd_text(row: Any) -> str:
     if row is None:
         return ""
@@ -157,6 +176,7 @@ def report_dict(report: Report, metrics: Sequence[str]) -> dict[str, Any]:
         "reproduce": report.reproduce,
         "confidence": report.confidence,
         "metrics": {m: REPORT_METRICS[m] for m in metrics},
+        "defenders": defenders_dict(report.defenders),
         "cells": [
             {
                 "cell_id": c.cell_id, "attack": c.attack, "defense": c.defense, "settings": dict(c.settings),

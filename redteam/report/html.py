@@ -282,13 +282,38 @@ def _expectations(report: Report) -> str:
     return head + _table(["#", "expectation", "cell", "value", "verdict"], rows, left=3, raw=True)
 
 
+def _defenders(report: Report) -> str:
+    from .defender import defender_columns, defender_notes
+
+    summary = report.defenders
+    if summary is None or not summary.groups:
+        return '<p class="muted">No defense has a finished run yet.</p>'
+    out = []
+    for g in summary.groups:
+        if g.settings:
+            out.append(f"<h3>{_E(group_title(g.settings))}</h3>")
+        header, body = defender_columns(g, summary)
+        out.append(_table(header, body, left=2))
+        out.append('<p class="muted">' + _E(" ".join(defender_notes(g, summary))) + "</p>")
+    return "".join(out)
+
+
 def _detection(report: Report) -> str:
+    from .defender import NO_REJECT, REJECT_RULE
+
     rows = []
+    summary = report.defenders
+    skipped = 0
     for c in report.cells:
         counts = [c.metrics[k].mean for k in ("tp", "fp", "tn", "fn")]
-        rows.append([c.cell_id, *[fmt_stat(m, c.metrics.get(m)) for m in ("precision", "recall", "f1", "fpr")],
-                     *[fmt_value(k, v) for k, v in zip(("tp", "fp", "tn", "fn"), counts)]])
-    return (_table(["cell", "precision", "recall", "f1", "fpr", "tp", "fp", "tn", "fn"], rows)
+        if summary is not None and not summary.rejects(c.defense):
+            skipped += 1
+            rates = [NO_REJECT] * 4
+        else:
+            rates = [fmt_stat(m, c.metrics.get(m)) for m in ("precision", "recall", "f1", "fpr")]
+        rows.append([c.cell_id, *rates, *[fmt_value(k, v) for k, v in zip(("tp", "fp", "tn", "fn"), counts)]])
+    note = f'<p class="muted">{_E(REJECT_RULE)}.</p>' if skipped else ""
+    return (_table(["cell", "precision", "recall", "f1", "fpr", "tp", "fp", "tn", "fn"], rows) + note
             + '<p class="muted">Over judged updates (those that reached a defense or an integrity check): flagged = '
               'not accepted, positive = malicious. Rates: seed means ± half-width of the 95 % interval; counts: '
               'seed means. — = undefined (0/0, e.g. recall without malicious clients).</p>')
@@ -353,12 +378,13 @@ def render_html(report: Report, metrics: Sequence[str] | None = None) -> str:
         parts.append(f'<div>expectations<b class="{cls}">{len(report.expectations) - bad}/'
                      f"{len(report.expectations)}</b>hold</div>")
     parts.append("</div>")
-    sections = [("expectations", "Expectations"), ("heatmaps", "Heatmaps"), ("fraction", "Against the fraction"),
+    sections = [("defenders", "Defender's summary"), ("expectations", "Expectations"), ("heatmaps", "Heatmaps"), ("fraction", "Against the fraction"),
                 ("convergence", "Convergence"), ("detection", "Detection"), ("breakdown", "Breakdown fraction"),
                 ("envelope", "Envelope utilisation"), ("metrics", "All metrics"), ("scenario", "Scenario"),
                 ("reproduce", "Versions and reproduce")]
     parts.append("<nav>" + "".join(f'<a href="#{i}">{_E(t)}</a>' for i, t in sections) + "</nav>")
 
+    parts.append('<h2 id="defenders">Defender\'s summary</h2>' + _defenders(report))
     parts.append('<h2 id="expectations">Expectations</h2>' + _expectations(report))
 
     parts.append('<h2 id="heatmaps">Heatmaps</h2>')

@@ -95,6 +95,8 @@ def report_from_rows(
     """A :class:`Report` from store rows (``ResultsStore.results(with_rounds=True)``) and the
     store's meta values (``scenario_name``, ``scenario_file``, ``scenario_digest``,
     ``versions``, ``reproduce``, ``scenario_doc``, ``expectations``; all optional)."""
+    from .defender import defender_summary
+
     meta = dict(meta or {})
     source = Path(source)
     cells = aggregate_cells(rows, confidence=confidence)
@@ -120,4 +122,5 @@ def report_from_rows(
         confidence=confidence,
         accuracy_margin=accuracy_margin,
         asr_level=asr_level,
+        defenders=defender_summary(rows, cells, confidence=confidence),
     )

@@ -4,7 +4,8 @@ A matrix with ``[matrix.settings]`` axes gives one table per combination of sett
 (titled e.g. ``malicious_fraction=0.25``). Each entry is the mean over the cell's seeds,
 ``± h`` the half-width of the 95 % Student-t interval when two or more seeds have a
 value; ``—`` = undefined (e.g. ASR of an untargeted attack); ``…`` = no seed finished;
-a trailing ``*`` = some of the cell's seeds have not finished.
+a trailing ``*`` = some of the cell's seeds have not finished. A table wider than the
+terminal is stacked (see :mod:`redteam.report.fit`), so ``…`` never stands for a cut value.
 """
 
 from __future__ import annotations
@@ -87,22 +88,25 @@ def metric_grids(cells: Sequence[CellSummary]) -> list[tuple[tuple, list[str], l
     return out
 
 
-def metric_table(report: Report, metric: str) -> list[tuple[str, Any]]:
+def metric_table(report: Report, metric: str, width: int | None = None) -> list[tuple[str, Any]]:
     """(title, rich table) per settings group of ``metric``; every label in a table is
-    escaped (cell labels contain brackets, which rich would read as markup)."""
-    from rich.table import Table
+    text, never markup (cell labels contain brackets). With ``width`` (the terminal's),
+    a group too wide for it is stacked into several tables, each with the attack column
+    and some of the defenses (titled ``defenses i–j of n``); no value is ever cut."""
+    from rich.text import Text
 
-    escape = _markup
+    from ..runner.outputs import terminal_safe
+    from .fit import FitColumn, fit_tables
+
     tables = []
     for group, attacks, defenses, by in metric_grids(report.cells):
         title = metric + (f" · {group_title(group)}" if group else "")
-        t = Table()
-        t.add_column("attack \\ defense", justify="left", no_wrap=True, style="bold")
-        for d in defenses:
-            t.add_column(escape(d), justify="right", no_wrap=True)
-        for a in attacks:
-            t.add_row(escape(a), *[escape(cell_text(by.get((a, d)), metric)) for d in defenses])
-        tables.append((title, t))
+        columns = [FitColumn("attack \\ defense", "left", "bold")] + [FitColumn(terminal_safe(d)) for d in defenses]
+        rows = [[Text(terminal_safe(a)), *[Text(cell_text(by.get((a, d)), metric)) for d in defenses]]
+                for a in attacks]
+        for span, t in fit_tables(width or 10**6, columns, rows, keep=1):
+            suffix = f" (defenses {span[0]}–{span[1]} of {len(defenses)})" if span else ""
+            tables.append((title + suffix, t))
     return tables
 
 
@@ -124,9 +128,12 @@ def print_tables(console: Any, report: Report, metrics: Sequence[str]) -> None:
     total = sum(c.planned for c in report.cells)
     console.print(f"[bold]{escape(report.name)}[/bold]: {len(report.cells)} cells × {seeds} seed(s), "
                   f"{done}/{total} runs finished — {escape(str(report.source))}")
+    from .defender import print_defenders
+
+    print_defenders(console, report.defenders, escape)
     console.print(f"[dim]{escape(LEGEND)}[/dim]")
     for m in metrics:
         console.print(f"[dim]{m}: {escape(REPORT_METRICS[m])}[/dim]")
-        for title, t in metric_table(report, m):
+        for title, t in metric_table(report, m, console.width):
             console.print(f"[bold]{escape(title)}[/bold]")
             console.print(t)
