@@ -19,14 +19,20 @@ from hypothesis import strategies as st
 ROOT = Path(__file__).resolve().parent.parent
 
 
+SECTIONS = {"scenario", "workload", "federation", "transport", "hierarchy", "attack", "defense", "matrix", "expect"}
+
+
 def shipped_documents() -> list[dict[str, Any]]:
-    """The parsed shipped scenarios (those that parse as TOML at all)."""
+    """The parsed shipped scenarios (TOML files of scenarios/ made of scenario sections only;
+    e.g. the ``[limits]`` input of ``redteam limits`` is not a scenario)."""
     docs = []
-    for p in sorted((ROOT / "scenarios").glob("*.toml")):
+    for p in sorted((ROOT / "scenarios").rglob("*.toml")):
         try:
-            docs.append(tomllib.loads(p.read_text("utf-8")))
+            doc = tomllib.loads(p.read_text("utf-8"))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
             continue
+        if doc and set(doc) <= SECTIONS:
+            docs.append(doc)
     return docs
 
 
