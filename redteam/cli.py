@@ -195,6 +195,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
     total = sc.federation.rounds * n_runs
     if args.quiet:
         doc = run_scenario(sc, device=args.device)
+    elif not Console(stderr=True).is_terminal:  # a log, not a terminal: plain lines
+        from .runner.progress import PlainProgress
+
+        plain = PlainProgress(sc.name, "rounds")
+        plain.update(0, total, "")  # the start: the ETA counts from here
+        step = [0]
+
+        def on_round_plain(kind: str, rec: Any) -> None:
+            step[0] += 1
+            label = "baseline" if kind == "baseline" else f"{sc.attack.name} vs {sc.defense_label()}"
+            plain.update(step[0], total, f"{label} round {rec.round + 1} (acc {rec.accuracy:.3f})")
+
+        doc = run_scenario(sc, device=args.device, on_round=on_round_plain)
     else:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -286,6 +299,13 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     if args.quiet:
         summary = run_matrix(args.scenario, args.out, executor=args.executor, workers=args.workers,
                              ray_address=args.ray_address, resume=args.resume, device=args.device)
+    elif not Console(stderr=True).is_terminal:  # a log, not a terminal: plain lines
+        from .runner.progress import PlainProgress
+
+        plain = PlainProgress("matrix", "runs")
+        summary = run_matrix(args.scenario, args.out, executor=args.executor, workers=args.workers,
+                             ray_address=args.ray_address, resume=args.resume, device=args.device,
+                             on_progress=plain.update)
     else:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -336,7 +356,9 @@ def _bytes(n: int) -> str:
 
 
 def _print_table(console: Any, doc: dict[str, Any]) -> None:
-    from rich.table import Table
+    """One row per run; a terminal too narrow for every column gets the columns stacked
+    (attack and defense repeated), never a value cut to ``…``."""
+    from .report.fit import FitColumn, fit_tables
 
     sc = doc["scenario"]
     spec = sc["spec"]
@@ -345,15 +367,15 @@ def _print_table(console: Any, doc: dict[str, Any]) -> None:
         f"{sc['name']} — {spec['workload']['name']}, {fed['clients']} clients "
         f"({len(doc['runs'][-1]['malicious'])} malicious), {fed['rounds']} rounds, seed {sc['seed']}"
     )
-    t = Table(title=_plain(title), title_justify="left")
-    for col in ("attack", "defense", "final acc", "acc drop", f"rounds→{fed['target_accuracy']:.0%}",
-                "bytes on wire", "dropped", "rejected", "detect P / R", "FPR"):
-        t.add_column(col, justify="left" if col in ("attack", "defense") else "right", no_wrap=True)
+    columns = [FitColumn(col, "left" if col in ("attack", "defense") else "right")
+               for col in ("attack", "defense", "final acc", "acc drop", f"rounds→{fed['target_accuracy']:.0%}",
+                           "bytes on wire", "dropped", "rejected", "detect P / R", "FPR")]
+    rows = []
     for run in doc["runs"]:
         m = run["metrics"]
-        t.add_row(
-            _plain(run["attack"] + (" (baseline)" if run["baseline"] else "")),
-            _plain(run["defense"]),
+        rows.append([_plain(v) for v in (
+            run["attack"] + (" (baseline)" if run["baseline"] else ""),
+            run["defense"],
             _fmt(m["final_accuracy"], pct=True),
             _fmt(m.get("accuracy_drop"), pct=True) if not run["baseline"] else "—",
             _fmt(m["rounds_to_target"]),
@@ -362,8 +384,10 @@ def _print_table(console: Any, doc: dict[str, Any]) -> None:
             str(m["rejected_updates"]),
             f"{_fmt(m['precision'])} / {_fmt(m['recall'])}",
             _fmt(m["fpr"]),
-        )
-    console.print(t)
+        )])
+    console.print(_plain(title))
+    for _, t in fit_tables(console.width, columns, rows, keep=2):
+        console.print(t)
 
 
 # ---------------------------------------------------------------------------- list
@@ -384,7 +408,7 @@ def _cmd_list(group: str, names_only: bool) -> int:
         return 0
     t = Table(title=f"registered {group}", show_lines=True)
     for col in ("name", "summary", "parameters (default)", "reference", "package"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")  # long words fold onto the next line, never cut to "…"
     for name in names:
         try:
             info = reg.info(name)
