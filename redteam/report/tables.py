@@ -128,6 +128,9 @@ def print_tables(console: Any, report: Report, metrics: Sequence[str]) -> None:
     total = sum(c.planned for c in report.cells)
     console.print(f"[bold]{escape(report.name)}[/bold]: {len(report.cells)} cells × {seeds} seed(s), "
                   f"{done}/{total} runs finished — {escape(str(report.source))}")
+    from .defender import print_defenders
+
+    print_defenders(console, report.defenders, escape)
     console.print(f"[dim]{escape(LEGEND)}[/dim]")
     for m in metrics:
         console.print(f"[dim]{m}: {escape(REPORT_METRICS[m])}[/dim]")
