@@ -165,3 +165,34 @@ def test_language_model_metrics_by_hand() -> None:
     assert language_model(attacked, baseline, target_loss=math.log(4))["rounds_to_target_loss"] == 2
     # a diverged run: infinite loss has no bits or perplexity, not a crash
     assert language_model([_rec(0, float("inf"))])["final_perplexity"] is None
+
+
+def test_every_registered_plugin_runs_on_text_or_refuses_in_one_line(tmp_path: Path) -> None:
+    # update-space attacks and every defense run on the LM's pseudo-gradients unchanged;
+    # what needs a classifier (pixel triggers, label flips, n/η of the FedAvg step) refuses
+    # with one line naming the parameter — never a deep error from inside torch
+    import redteam
+    from redteam.errors import RedteamError
+
+    root = str(_equal_groups(tmp_path / "c", 8, 400))
+
+    def run(attack: str, defense: str) -> None:
+        sc = _scenario({"text_dir": root, "context": 16, "width": 16, "layers": 1, "heads": 2},
+                       {"clients": 6, "rounds": 1, "partition": "by_group", "local_steps": 2, "batch_size": 4,
+                        "lr": 0.003, "local_optimizer": "adamw", "server_optimizer": "nesterov",
+                        "malicious_fraction": 0.34}, attack={"name": attack}, defense={"name": defense})
+        Federation(sc).run()
+
+    refused: dict[str, str] = {}
+    runs = [(a, "mean") for a in redteam.ATTACKS.names()] + [("sign_flip", d) for d in redteam.DEFENSES.names()]
+    for attack, defense in runs:
+        try:
+            run(attack, defense)
+        except RedteamError as exc:
+            message = str(exc)
+            assert "\n" not in message and len(message) < 400, (attack, defense, message)
+            refused[attack if defense == "mean" else defense] = message
+    assert not any(d in refused for d in redteam.DEFENSES.names() if d != "mean")  # every defense runs
+    for name in ("sign_flip", "alie", "ipm", "min_max", "trigger_phrase", "outer_push", "outer_replacement"):
+        assert name not in refused, refused.get(name)
+    assert "pixel pattern needs float image inputs" in refused["backdoor"]

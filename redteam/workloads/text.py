@@ -215,7 +215,3 @@ class TextLM(Workload):
             return (hit | masked).all(dim=-1).reshape(-1)
         return hit.reshape(-1)
 
-
-def bits_per_byte(loss_nats: float) -> float:
-    """Mean cross-entropy in nats per byte → bits per byte."""
-    return loss_nats / math.log(2)
