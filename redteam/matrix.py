@@ -284,7 +284,13 @@ def expand(
                             text = entry + text[len(sec):]
                     raise InvalidScenario(f"{text} (in matrix cell {cell.id})") from None
                 cells.append(cell)
-    exps = parse_expectations(doc.get("expect", []), where, cells)
+    rows = doc.get("expect", [])
+    if isinstance(rows, list) and len(rows) > limits.max_expectations:  # each row is matched against every cell
+        raise InvalidScenario(
+            f"{where}: [[expect]] has {len(rows)} rows, more than the cap of {limits.max_expectations} "
+            "(REDTEAM_MAX_EXPECTATIONS raises it)"
+        )
+    exps = parse_expectations(rows, where, cells)
     return Matrix(tuple(cells), seeds, exps)
 
 

@@ -13,7 +13,8 @@ allocation:
 * integers outside the signed 64-bit range, anywhere in the document;
 * an ``include`` outside the including scenario's directory (unless allowed);
 * a matrix of more than ``max_cells`` cells or ``max_seeds`` replicates, counted from the
-  axis lengths before anything is expanded;
+  axis lengths before anything is expanded, or more than ``max_expectations`` ``[[expect]]``
+  rows (each is matched against every cell);
 * a federation whose per-round work exceeds the caps below (clients, rounds, local steps,
   local epochs, batch size, shards per client, and clients × batch size samples in one
   batched step).
@@ -50,6 +51,7 @@ class Limits:
     max_key_depth: int = 16
     max_cells: int = 10_000
     max_seeds: int = 1_000
+    max_expectations: int = 1_000
     max_clients: int = 100_000
     max_rounds: int = 100_000
     max_local_steps: int = 100_000

@@ -90,6 +90,10 @@ CASES: dict[str, tuple[dict[str, str], str, dict[str, str], tuple[str, ...]]] = 
     "cells_cap_env": ({"s.toml": _settings_axes(2, 2)}, "s.toml", {"REDTEAM_MAX_CELLS": "3"},
                       ("= 4 cells, more than the cap of 3",)),
     "cells_within_cap": ({"s.toml": _settings_axes(2, 2)}, "s.toml", {"REDTEAM_MAX_CELLS": "4"}, ()),
+    # 1,001 rows (each would be matched against every cell) against the cap of 1,000
+    "expect_rows": ({"s.toml": BASE + '[[expect]]\nmetric = "recall"\nmin = 0\n' * 1001}, "s.toml", {},
+                    ("s.toml: [[expect]] has 1001 rows, more than the cap of 1000", "REDTEAM_MAX_EXPECTATIONS")),
+    "expect_rows_at_cap": ({"s.toml": BASE + '[[expect]]\nmetric = "recall"\nmin = 0\n' * 1000}, "s.toml", {}, ()),
     "include_dev_zero": ({"s.toml": 'include = "/dev/zero"\n' + BASE}, "s.toml", {},
                          ('s.toml: include = "/dev/zero": must stay inside', "REDTEAM_ALLOW_INCLUDE_OUTSIDE")),
     "include_dev_zero_allowed": ({"s.toml": 'include = "/dev/zero"\n' + BASE}, "s.toml",
