@@ -369,9 +369,14 @@ class FirstRow(Aggregator):
 
 @dataclass(frozen=True, slots=True)
 class Doubled(Aggregator):
+    screens_nonfinite: ClassVar[bool] = False
+
     def decide(self, updates, ctx):
         w = sample_weights(ctx, updates.shape[0], updates)
-        return Decision(aggregate=2 * weighted_mean(updates, w), accepted=torch.ones(updates.shape[0], dtype=torch.bool))
+        agg = 2 * weighted_mean(updates, w)
+        if torch.isfinite(updates).all() and not torch.isfinite(agg).all():
+            raise InvalidParameter("Doubled: twice the mean of these rows is not representable")
+        return Decision(aggregate=agg, accepted=torch.ones(updates.shape[0], dtype=torch.bool))
 
 
 @dataclass(frozen=True, slots=True)
@@ -417,6 +422,50 @@ class Jittery(Aggregator):
     def decide(self, updates, ctx):
         noise = 1e-3 * torch.rand(updates.shape[1], dtype=updates.dtype)  # global RNG
         return Decision(aggregate=updates.mean(dim=0) + noise, accepted=torch.ones(updates.shape[0], dtype=torch.bool))
+
+
+@dataclass(frozen=True, slots=True)
+class PlainSum(Aggregator):
+    """Averages with a float32 sum: rows near ±3.4e38 overflow (caught on the kit's huge rows)."""
+
+    def decide(self, updates, ctx):
+        ok = torch.isfinite(updates).all(dim=1)
+        return Decision(aggregate=updates[ok].sum(dim=0) / max(int(ok.sum()), 1), accepted=ok,
+                        reasons={i: "non-finite update" for i in (~ok).nonzero().flatten().tolist()})
+
+
+@dataclass(frozen=True, slots=True)
+class LetsNaNIn(Aggregator):
+    """Median of the finite rows, but reports every client as accepted."""
+
+    def decide(self, updates, ctx):
+        ok = torch.isfinite(updates).all(dim=1)
+        agg = updates[ok].median(dim=0).values if bool(ok.any()) else torch.zeros(updates.shape[1])
+        return Decision(aggregate=agg.to(updates.dtype), accepted=torch.ones(updates.shape[0], dtype=torch.bool))
+
+
+def test_kit_feeds_degenerate_inputs_every_run():
+    # rows near the float32 overflow: 2 · 3.3e38 = inf in a float32 sum
+    with pytest.raises(AssertionError) as info:
+        check_defense(PlainSum(), max_examples=1, dtypes=("float32",))
+    assert "finite in → finite out" in str(info.value) and "kind='huge'" in str(info.value)
+    # NaN/Inf rows reported as accepted
+    with pytest.raises(AssertionError) as info:
+        check_defense(LetsNaNIn(), max_examples=1)
+    assert "non-finite rows rejected with a reason" in str(info.value) and "finite=False" in str(info.value)
+    # the degenerate list covers n = 1, d = 1, zero, identical, huge and non-finite inputs
+    from redteam.testing import DEGENERATE
+
+    assert {1} <= {c.n for c in DEGENERATE} and {1} <= {c.d for c in DEGENERATE}
+    assert {"zero", "identical", "huge", "duplicates"} <= {c.kind for c in DEGENERATE}
+    assert any(not c.finite for c in DEGENERATE)
+
+
+def test_huge_kind_sits_at_the_overflow():
+    x = make_updates(0, 4, 3, kind="huge")
+    # largest entry 0.99 × float32 max; a sum of two same-sign such entries overflows
+    assert float(x.abs().max()) == pytest.approx(0.99 * torch.finfo(torch.float32).max, rel=1e-6)
+    assert bool(torch.isfinite(x).all()) and make_updates(0, 4, 3, kind="zero").abs().sum() == 0
 
 
 @pytest.mark.parametrize("plugin,prop", [
