@@ -123,3 +123,17 @@ def test_fail_if_fails_closed_when_the_model_broke(tmp_path, capsys):
     # without the broken cells the same gate passes
     store2 = make_store(tmp_path / "s2", [("sign_flip", "mean", fine, _rounds([0.5, 0.8], 0.4))])
     assert main(["report", str(store2), "--fail-if", "accuracy_drop > 0.05", "--format", "csv"]) == 0
+
+
+def test_html_report_command_is_shell_quoted(tmp_path):
+    import html
+    import re
+    import shlex
+
+    from redteam.report.html import render_html
+
+    m = {"accuracy_drop": 0.1, "final_loss": 0.5}
+    out = make_store(tmp_path / "my out $(id)", [("sign_flip", "mean", m, _rounds([0.5, 0.7]))])
+    page = render_html(load_report(out), ["accuracy_drop"])
+    cmd = [html.unescape(x) for x in re.findall(r"redteam report [^\n<]*", page)]
+    assert [shlex.split(c) for c in cmd] == [["redteam", "report", str(out)]]

@@ -18,6 +18,7 @@ import html
 import io
 import math
 import re
+import shlex
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -427,7 +428,7 @@ def render_html(report: Report, metrics: Sequence[str] | None = None) -> str:
 
     parts.append('<h2 id="reproduce">Versions and reproduce</h2>')
     parts.append(_table(["package", "version"], [[k, str(v)] for k, v in sorted(report.versions.items())]))
-    cmds = [report.reproduce or "(no reproduce command recorded)", f"redteam report {report.out_dir}"]
+    cmds = [report.reproduce or "(no reproduce command recorded)", f"redteam report {shlex.quote(str(report.out_dir))}"]
     parts.append(f"<pre>{_E(chr(10).join(cmds))}</pre>")
     parts.append(f'<p class="muted">Store: <code>{_E(str(report.source))}</code></p>')
     parts.append("</main></body></html>")
