@@ -165,7 +165,7 @@ def test_unfinished_cells_are_starred_and_ranked_after_complete_ones():
     (g,) = report.defenders.groups
     assert [r.defense for r in g.rows] == ["krum", "median", "mean", "norm_bound"]
     _, body = defender_columns(g, report.defenders)
-    assert body[3][4] == "0.030 (backdoor)*"
+    assert body[3][4] == "0.030* (backdoor)"
     assert any(n.startswith("* = some attacked cells") for n in defender_notes(g, report.defenders))
 
 
@@ -215,7 +215,7 @@ def test_report_cli_prints_the_summary_first_and_json_has_defenders(tmp_path, ca
     out = capsys.readouterr().out
     # median: rank 1 (worst drop 0.100 < 0.500), costs 0.9 − 0.8 = +0.100 clean accuracy
     assert out.index("Defender's summary") < out.index("accuracy_drop")
-    assert re.search(r"1 │ median\s+│\s+0\.800 │\s+\+0\.100 │\s+0\.100 \(sign_flip\)", out)
+    assert re.search(r"1 median\s+0\.800\s+\+0\.100\s+0\.100 \(sign_flip\)", out)
     assert "cost vs mean = clean accuracy of mean minus" in out and "recall" not in out.split("accuracy_drop")[0]
     assert main(["report", str(path), "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -254,3 +254,26 @@ def test_matrix_end_of_run_prints_the_summary(tmp_path, capsys):
     assert rows["median"].clean.mean == pytest.approx(base["median"])
     assert rows["median"].cost == pytest.approx(base["mean"] - base["median"])
     assert report.defenders.non_rejecting == {"mean", "median"}
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_terminal_summary_fits_the_width_and_cuts_no_word(width):
+    import io
+
+    from rich.console import Console
+
+    from redteam.report.defender import print_defenders
+    from redteam.report.tables import _markup
+
+    rows = rows_of({(d.replace("krum", "centered_clipping"), a): v for (d, a), v in CELLS.items()},
+                   clean={**CLEAN, "centered_clipping": CLEAN["krum"]})
+    report = report_from_rows(rows)
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    print_defenders(console, report.defenders, _markup)
+    text = console.file.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= width and "…" not in text
+    # every label and figure is whole: no column folded a word to fit (median's cost 0.910 − 0.790)
+    for word in ("centered_clipping", "norm_bound", "sign_flip", "backdoor", "+0.120", "reference", "reject)"):
+        assert word in text
+    # at 200 columns a worst case reads "value (attack)" on one line; at 80 the attack goes below it
+    assert ("0.500 (sign_flip)" in text) == (width == 200)

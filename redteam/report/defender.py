@@ -255,11 +255,18 @@ def _with_rank(row: DefenderRow, rank: int) -> DefenderRow:
 # ------------------------------------------------------------------- rendering
 
 
-def _v(v: float | None, attack: str | None = None, signed: bool = False) -> str:
+def _v(v: float | None, attack: str | None = None, signed: bool = False, stacked: bool = False,
+       star: str = "") -> str:
     if v is None:
         return "—"
-    text = f"{v:+.3f}" if signed else f"{v:.3f}"
-    return f"{text} ({attack})" if attack is not None else text
+    text = (f"{v:+.3f}" if signed else f"{v:.3f}") + star
+    if attack is None:
+        return text
+    if stacked:  # the label made safe here, so that the only line break is ours
+        from ..runner.outputs import terminal_safe
+
+        return f"{text}\n{terminal_safe(attack)}"
+    return f"{text} ({attack})"
 
 
 def _clean_text(s: Stat) -> str:
@@ -268,10 +275,13 @@ def _clean_text(s: Stat) -> str:
     return "…" if s.mean is None else fmt_stat("final_accuracy", s)
 
 
-def defender_columns(group: DefenderGroup, summary: DefenderSummary) -> tuple[list[str], list[list[str]]]:
+def defender_columns(group: DefenderGroup, summary: DefenderSummary, *, stacked: bool = False) -> tuple[
+        list[str], list[list[str]]]:
     """Header and plain-text rows of one group's table. Columns the group has no data for
     (no ``mean``, no attack, no targeted attack, no defense that rejects) are left out;
-    :func:`defender_notes` says why in one line each. Labels are raw text: each writer escapes."""
+    :func:`defender_notes` says why in one line each. A worst case reads ``0.276 (sign_flip)``,
+    or with ``stacked`` (narrow terminals) the attack on a line of its own. Labels are raw
+    text: each writer escapes."""
     any_rejects = any(r.rejects for r in group.rows)
     header = ["#", "defense", "clean accuracy"]
     if group.reference is not None:
@@ -289,12 +299,13 @@ def defender_columns(group: DefenderGroup, summary: DefenderSummary) -> tuple[li
             line.append("reference" if r.defense == group.reference else _v(r.cost, signed=True))
         if group.attacks:
             star = "*" if r.pending and r.attacked else ""
-            line.append(_v(r.worst_drop, r.worst_drop_attack) + star if r.attacked else "… (not run yet)")
+            line.append(_v(r.worst_drop, r.worst_drop_attack, stacked=stacked, star=star) if r.attacked
+                        else "… (not run yet)")
         if group.targeted:
-            line.append(_v(r.worst_asr, r.worst_asr_attack))
+            line.append(_v(r.worst_asr, r.worst_asr_attack, stacked=stacked))
         if any_rejects:
-            line += ([_v(r.worst_recall, r.worst_recall_attack), _v(r.worst_fpr, r.worst_fpr_attack)]
-                     if r.rejects else [NO_REJECT, NO_REJECT])
+            line += ([_v(r.worst_recall, r.worst_recall_attack, stacked=stacked),
+                      _v(r.worst_fpr, r.worst_fpr_attack, stacked=stacked)] if r.rejects else [NO_REJECT, NO_REJECT])
         body.append(line)
     return header, body
 
@@ -319,6 +330,23 @@ def defender_notes(group: DefenderGroup, summary: DefenderSummary) -> list[str]:
     elif any(not r.rejects for r in group.rows):
         notes.append(REJECT_RULE + ".")
     return notes
+
+
+def _fit_widths(header: Sequence[str], body: Sequence[Sequence[str]], room: int) -> list[int]:
+    """Column widths within ``room`` characters: each column starts at its longest line and the
+    widest one gives up a character at a time, down to its longest word (labels over 24
+    characters may fold). The sum exceeds ``room`` only when the longest words do."""
+    cells = [[h, *(line[i] for line in body)] for i, h in enumerate(header)]
+    lines = [[ln for c in col for ln in c.split("\n")] for col in cells]
+    widths = [max(len(ln) for ln in col) for col in lines]
+    floor = [min(max(len(w) for ln in col for w in (ln.split() or [""])), 24) for col in lines]
+    while sum(widths) > room:
+        slack = [w - f for w, f in zip(widths, floor)]
+        i = max(range(len(widths)), key=lambda j: (slack[j] > 0, widths[j]))
+        if slack[i] <= 0:
+            break
+        widths[i] -= 1
+    return widths
 
 
 def defenders_dict(summary: DefenderSummary | None) -> dict[str, Any] | None:
@@ -361,19 +389,25 @@ def print_defenders(console: Any, summary: DefenderSummary | None, escape: Calla
     Long entries wrap inside their column (nothing is cut off)."""
     if summary is None or not summary.groups:
         return
+    from rich import box
     from rich.table import Table
 
     from .tables import group_title
 
+    width = getattr(console, "width", 200) or 200
     for g in summary.groups:
         title = "Defender's summary" + (f" · {group_title(g.settings)}" if g.settings else "")
         header, body = defender_columns(g, summary)
-        t = Table()
-        for i, h in enumerate(header):
-            t.add_column(escape(h), justify="left" if i in (1,) else "right", overflow="fold",
-                         no_wrap=False)
+        if sum(_fit_widths(header, body, 10_000)) + len(header) + 1 > width:
+            header, body = defender_columns(g, summary, stacked=True)
+        # light rules, one space between columns, widths fitted here (rich's own fitting would
+        # cut the last column off at 80 characters): text wraps between words, never inside one
+        t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=0)
+        for i, (h, w) in enumerate(zip(header, _fit_widths(header, body, width - len(header) - 1))):
+            t.add_column(escape(h), justify="left" if i == 1 else "right", overflow="fold", width=w)
         for line in body:
-            t.add_row(*[escape(x) for x in line])
+            t.add_row(*["\n".join(escape(part) for part in x.split("\n")) if i > 1 else escape(x)
+                        for i, x in enumerate(line)])
         console.print(f"[bold]{escape(title)}[/bold]")
         console.print(t)
         for n in defender_notes(g, summary):
