@@ -180,6 +180,7 @@ class PairwiseDistances:
     error: "torch.Tensor"
     finite: "torch.Tensor"
     group: "torch.Tensor"
+    passes: int = 0  # float64 passes over the rows made so far by :meth:`recentred`
 
     @property
     def lower(self) -> "torch.Tensor":
@@ -218,13 +219,14 @@ class PairwiseDistances:
         error = torch.where(got, full * ((d + 3) * U64), self.error)
         return replace(self, approx=approx, error=error)
 
-    def recentred(self, centre: int) -> "PairwiseDistances":
-        """A copy where every pair is recomputed through a float64 Gram matrix of the rows
-        minus row ``centre`` (block by block; the differences of float32 values are exact
-        in float64). Its bound, 1.5·(γ_d + 4u)·(‖xᵢ − x_c‖ + ‖xⱼ − x_c‖)² with u = 2⁻⁵³,
-        is relative to the distances *from row c*: rows far from c widen only their own
-        pairs. Cheaper than difference rows once most pairs need refining (Bulyan's
-        iterative steps); pairs already exact keep the smaller bound."""
+    def recentred(self, centre: int, rows: "torch.Tensor | None" = None) -> "PairwiseDistances":
+        """A copy where the pairs of ``rows`` (indices; default every row) with every row
+        are recomputed through float64 inner products of the rows minus row ``centre``
+        (block by block; the differences of float32 values are exact in float64). Its
+        bound, 1.5·(γ_d + 4u)·(‖xᵢ − x_c‖ + ‖xⱼ − x_c‖)² with u = 2⁻⁵³, is relative to
+        the distances *from row c*: rows far from c widen only their own pairs. Cheaper
+        than difference rows once many pairs need refining; pairs already known more
+        tightly keep their bound."""
         import torch
 
         x, ok = self.rows, self.finite
@@ -232,29 +234,35 @@ class PairwiseDistances:
         idx = ok.nonzero().flatten()
         if idx.numel() == 0:
             return self
+        sub = idx if rows is None else rows[ok[rows]]
+        pos = torch.full((n,), -1, dtype=torch.long, device=idx.device)
+        pos[idx] = torch.arange(idx.numel(), device=idx.device)
         c = x[centre].to(torch.float64)
         m = int(idx.numel())
-        g = torch.zeros(m, m, dtype=torch.float64, device=x.device)
+        g = torch.zeros(int(sub.numel()), m, dtype=torch.float64, device=x.device)
+        sq = torch.zeros(m, dtype=torch.float64, device=x.device)
         step = 1 << 14
         for start in range(0, d, step):
             b = x[:, start:start + step]
             b = b.index_select(0, idx) if m < n else b
             b = b.to(torch.float64) - c[start:start + step]  # never in place: b may be x itself
-            g.addmm_(b, b.T)
-        sq = torch.diagonal(g).clamp_min(0.0)
-        dist = (sq[:, None] + sq[None, :] - 2.0 * g).clamp_min_(0.0)
-        dist = 0.5 * (dist + dist.T)
+            sq += (b * b).sum(dim=1)
+            g.addmm_(b.index_select(0, pos[sub]), b.T)
+        dist = (sq[pos[sub]][:, None] + sq[None, :] - 2.0 * g).clamp_min_(0.0)
         norm = sq.sqrt()
-        err = 1.5 * (_gamma(max(d, 1), U64) + 4 * U64) * (norm[:, None] + norm[None, :]).square()
+        err = 1.5 * (_gamma(max(d, 1), U64) + 4 * U64) * (norm[pos[sub]][:, None] + norm[None, :]).square()
         approx, error = self.approx.clone(), self.error.clone()
-        sub_a, sub_e = approx[idx[:, None], idx[None, :]], error[idx[:, None], idx[None, :]]
-        better = err < sub_e
-        approx[idx[:, None], idx[None, :]] = torch.where(better, dist, sub_a)
-        error[idx[:, None], idx[None, :]] = torch.where(better, err, sub_e)
+        cur_a, cur_e = approx[sub[:, None], idx[None, :]], error[sub[:, None], idx[None, :]]
+        better = err < cur_e
+        new_a, new_e = torch.where(better, dist, cur_a), torch.where(better, err, cur_e)
+        approx[sub[:, None], idx[None, :]] = new_a
+        error[sub[:, None], idx[None, :]] = new_e
+        approx[idx[:, None], sub[None, :]] = new_a.T
+        error[idx[:, None], sub[None, :]] = new_e.T
         same = self.group[:, None] == self.group[None, :]
         approx = torch.where(same, torch.zeros_like(approx), approx)
         error = torch.where(same, torch.zeros_like(error), error)
-        return replace(self, approx=approx, error=error)
+        return replace(self, approx=approx, error=error, passes=self.passes + 1)
 
     def refine_rows(self, rows: "torch.Tensor") -> "PairwiseDistances":
         """Every pair with a row in ``rows`` (indices or a bool mask) made exact."""
@@ -476,7 +484,9 @@ def resolve_k_smallest_sums(pd: PairwiseDistances, k: int, rows: "torch.Tensor",
         if int(need.sum()) > n:  # many pairs: one float64 Gram centred on the best candidate
             mid = (pd.lower + pd.upper).masked_fill(off, math.inf)
             best = rows[int(torch.argmin(torch.topk(mid[rows], k, dim=1, largest=False).values.sum(dim=1)))]
-            pd = pd.recentred(int(best))
+            # the candidates' rows only, the first time; every row once that did not suffice
+            # (Bulyan's iterative steps meet new candidates at every step)
+            pd = pd.recentred(int(best), None if pd.passes else rows)
             hi = pd.upper.masked_fill(off, math.inf)
             cut = torch.topk(hi, k, dim=1, largest=False).values[:, -1]
             need = (pd.lower <= cut[:, None]) & ~off & sel[:, None]
