@@ -175,6 +175,12 @@ def test_every_format_carries_the_summary_first():
     assert md.index("## Defender's summary") < md.index("## accuracy_drop")
     assert "| 1 | norm\\_bound |" not in md and "| 1 | norm_bound | 0.900 ± 0.000 | +0.010 |" in md
     assert "| 4 | mean | 0.910 ± 0.127 | reference |" in md
+    # the recall grid: mean and median read n/a (with a one-line legend), the filters keep their numbers
+    recall = md[md.index("## recall"):]
+    assert "| sign\\_flip | n/a | n/a | 1.000 ± 0.000 | 0.500 ± 0.000 |" not in recall  # md_text leaves sign_flip
+    assert "| sign_flip | n/a | n/a | 1.000 ± 0.000 | 0.500 ± 0.000 |" in recall
+    assert "n/a = the defense does not reject: mean, median" in recall
+    assert "| sign_flip | 0.500 ± 0.000 | 0.100 ± 0.000 |" in md  # accuracy_drop grid untouched
     doc = json.loads(to_json(report, ["accuracy_drop"]))
     d = {x["defense"]: x for x in doc["defenders"]["groups"][0]["defenses"]}
     assert d["median"]["cost_vs_reference"] == pytest.approx(0.12) and d["median"]["worst_recall"] is None

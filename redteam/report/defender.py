@@ -52,7 +52,10 @@ __all__ = [
     "DefenderRow",
     "DefenderGroup",
     "DefenderSummary",
+    "DETECTION_RATES",
     "defender_summary",
+    "rejects",
+    "na_note",
     "defender_columns",
     "defender_notes",
     "defenders_dict",
@@ -66,6 +69,8 @@ RANK_RULE = ("ranked by worst-case accuracy drop (smallest first); ties (equal t
 REJECT_RULE = ("n/a (does not reject): no run of that defense in this matrix flagged any update (tp + fp = 0 "
                "everywhere, baselines included), as for aggregators that weigh every update by design")
 NO_REJECT = "n/a (does not reject)"
+#: Rates that read "n/a" for a defense that does not reject (the tp/fp/tn/fn counts stay as they are).
+DETECTION_RATES = frozenset({"precision", "recall", "f1", "fpr"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +112,20 @@ class DefenderSummary:
     def rejects(self, defense: str) -> bool:
         """Whether detection figures of ``defense`` mean anything (see the module doc)."""
         return defense not in self.non_rejecting
+
+
+def rejects(report: Any, defense: str) -> bool:
+    """Whether ``defense``'s detection rates mean anything in ``report`` (True without a summary)."""
+    summary = getattr(report, "defenders", None)
+    return summary is None or summary.rejects(defense)
+
+
+def na_note(report: Any, metric: str) -> str | None:
+    """The one-line legend of ``n/a`` in a ``metric`` grid, when some entry of it reads so."""
+    summary = getattr(report, "defenders", None)
+    if metric not in DETECTION_RATES or summary is None or not summary.non_rejecting:
+        return None
+    return f"n/a = the defense does not reject: {', '.join(sorted(summary.non_rejecting))} (see the defender's summary)"
 
 
 # ------------------------------------------------------------------- computing

@@ -26,7 +26,7 @@ import math
 from typing import Any, Sequence
 
 from .aggregate import REPORT_METRICS, Report, axis_labels, settings_groups
-from .defender import defenders_dict
+from .defender import defenders_dict, na_note, rejects
 from .tables import LEGEND, cell_text, fmt_value, group_title, metric_grids, short_key
 
 __all__ = ["to_markdown", "to_json", "to_csv", "report_dict", "FORMAT_ID"]
@@ -96,11 +96,14 @@ def to_markdown(report: Report, metrics: Sequence[str]) -> str:
     lines += defenders_markdown(report)
     for m in metrics:
         lines += [f"## {m}", "", f"{REPORT_METRICS[m]}.", ""]
+        if (note := na_note(report, m)) is not None:
+            lines += [md_text(note) + ".", ""]
         for group, attacks, defenses, by in metric_grids(report.cells):
             if group:
                 lines += [f"### {md_text(group_title(group))}", ""]
             lines += _md_table(["attack \\ defense", *map(md_text, defenses)],
-                               [[md_text(a), *[cell_text(by.get((a, d)), m) for d in defenses]] for a in attacks])
+                               [[md_text(a), *[cell_text(by.get((a, d)), m, rejects(report, d)) for d in defenses]]
+                                for a in attacks])
             lines.append("")
     if report.breakdown:
         lines += [f"## Breakdown fraction ({md_text(short_key(report.breakdown[0].axis))})", "",

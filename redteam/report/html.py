@@ -90,14 +90,20 @@ def _scale(metric: str, values: list[float]) -> tuple[str, float, float]:
     return ("Greens" if metric in _GOOD_HIGH else "viridis"), lo, hi
 
 
-def heatmap_figure(cells: Sequence[CellSummary], metric: str) -> Any:
+def heatmap_figure(cells: Sequence[CellSummary], metric: str, no_reject: frozenset[str] = frozenset()) -> Any:
     """One attacks × defenses heatmap of ``metric`` per settings group, side by side."""
     import numpy as np
     from matplotlib import colormaps
     from matplotlib.colors import Normalize
     from matplotlib.figure import Figure
 
+    from .defender import DETECTION_RATES
+
     grids = metric_grids(cells)
+
+    def _rejects(defense: str) -> bool:  # False: detection rates of a rule that never rejects read n/a (grey)
+        return metric not in DETECTION_RATES or defense not in no_reject
+
     all_vals = [v for c in cells if (v := c.value(metric)) is not None]
     cmap_name, vmin, vmax = _scale(metric, all_vals)
     cmap = colormaps[cmap_name].with_extremes(bad="#e6e6e6")
@@ -116,7 +122,7 @@ def heatmap_figure(cells: Sequence[CellSummary], metric: str) -> Any:
         for i, a in enumerate(attacks):
             for j, d in enumerate(defenses):
                 c = by.get((a, d))
-                v = None if c is None else c.value(metric)
+                v = None if c is None or not _rejects(c.defense) else c.value(metric)
                 if v is not None:
                     data[i, j] = v
         image = ax.imshow(np.ma.masked_invalid(data), cmap=cmap, norm=norm, aspect="auto")
@@ -126,7 +132,7 @@ def heatmap_figure(cells: Sequence[CellSummary], metric: str) -> Any:
         for i, a in enumerate(attacks):
             for j, d in enumerate(defenses):
                 c = by.get((a, d))
-                text = cell_text(c, metric).replace(" ± ", "\n±")
+                text = cell_text(c, metric, _rejects(d)).replace(" ± ", "\n±")
                 v = data[i, j]
                 dark = math.isfinite(v) and sum(cmap(norm(v))[:3]) < 1.5
                 ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if dark else "#222")
@@ -395,7 +401,12 @@ def render_html(report: Report, metrics: Sequence[str] | None = None) -> str:
             parts.append(f'<h3>{_E(m)}</h3><p class="muted">{_E(m)} is undefined for every cell.</p>')
             continue
         parts.append(f"<h3>{_E(m)}</h3>")
-        parts.append(_img(heatmap_figure(report.cells, m), f"heatmap of {m}", f"{m}: {REPORT_METRICS[m]}"))
+        from .defender import na_note
+
+        no_reject = report.defenders.non_rejecting if report.defenders is not None else frozenset()
+        note = na_note(report, m)
+        parts.append(_img(heatmap_figure(report.cells, m, no_reject), f"heatmap of {m}",
+                          f"{m}: {REPORT_METRICS[m]}" + (f"; {note}" if note else "")))
 
     parts.append('<h2 id="fraction">Accuracy drop against the malicious fraction</h2>')
     fig = fraction_figure(report)

@@ -61,11 +61,17 @@ def fmt_stat(metric: str, s: Stat | None) -> str:
     return text
 
 
-def cell_text(cell: CellSummary | None, metric: str) -> str:
+def cell_text(cell: CellSummary | None, metric: str, rejects: bool = True) -> str:
+    """A grid entry; ``rejects=False`` (the defense never rejects) turns detection rates into ``n/a``."""
     if cell is None:
         return ""
     if cell.finished == 0:
         return "…"
+    if not rejects:
+        from .defender import DETECTION_RATES
+
+        if metric in DETECTION_RATES:
+            return "n/a"
     text = fmt_stat(metric, cell.metrics.get(metric))
     return text + ("*" if cell.finished < cell.planned else "")
 
@@ -102,8 +108,10 @@ def metric_table(report: Report, metric: str, width: int | None = None) -> list[
     for group, attacks, defenses, by in metric_grids(report.cells):
         title = metric + (f" · {group_title(group)}" if group else "")
         columns = [FitColumn("attack \\ defense", "left", "bold")] + [FitColumn(terminal_safe(d)) for d in defenses]
-        rows = [[Text(terminal_safe(a)), *[Text(cell_text(by.get((a, d)), metric)) for d in defenses]]
-                for a in attacks]
+        from .defender import rejects
+
+        rows = [[Text(terminal_safe(a)), *[Text(cell_text(by.get((a, d)), metric, rejects(report, d)))
+                                          for d in defenses]] for a in attacks]
         for span, t in fit_tables(width or 10**6, columns, rows, keep=1):
             suffix = f" (defenses {span[0]}–{span[1]} of {len(defenses)})" if span else ""
             tables.append((title + suffix, t))
@@ -134,6 +142,10 @@ def print_tables(console: Any, report: Report, metrics: Sequence[str]) -> None:
     console.print(f"[dim]{escape(LEGEND)}[/dim]")
     for m in metrics:
         console.print(f"[dim]{m}: {escape(REPORT_METRICS[m])}[/dim]")
+        from .defender import na_note
+
+        if (note := na_note(report, m)) is not None:
+            console.print(f"[dim]{escape(note)}[/dim]")
         for title, t in metric_table(report, m, console.width):
             console.print(f"[bold]{escape(title)}[/bold]")
             console.print(t)
