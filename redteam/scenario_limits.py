@@ -90,10 +90,15 @@ def shown(value: Any, width: int = 60) -> str:
     """A value as it appears in an error message: JSON-like, cut to ``width`` characters."""
     import json
 
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value).bit_length() > 4 * width:
+        return f"an integer of about {int(abs(value).bit_length() * 0.30103) + 1} digits"  # no str(): it is quadratic
     try:
         text = json.dumps(value, ensure_ascii=False) if isinstance(value, (str, list, dict, bool)) else repr(value)
     except (TypeError, ValueError, RecursionError):
-        text = repr(value)
+        try:
+            text = repr(value)
+        except (ValueError, RecursionError):  # e.g. a list holding an integer of 10,000 digits
+            text = f"<a {type(value).__name__}>"
     if isinstance(value, int) and not isinstance(value, bool) and len(text) > width:
         return f"{text[:12]}…({len(text)} digits)"
     return text if len(text) <= width else text[: width - 1] + "…"

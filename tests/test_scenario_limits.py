@@ -328,3 +328,19 @@ def test_the_reader_turns_any_text_into_a_document_or_one_error(text):
             assert isinstance(_read_toml(p, limits=Limits(max_nesting=3, max_key_depth=2)), dict)
         except InvalidScenario as exc:
             assert "\n" not in str(exc)
+
+
+def test_values_in_messages_are_cut_to_about_60_characters():
+    from redteam.scenario import parse_scenario
+    from redteam.scenario_limits import shown
+
+    assert shown(-3) == "-3" and shown("ten") == '"ten"' and shown([1, "a"]) == '[1, "a"]'
+    assert shown("x" * 100) == '"' + "x" * 58 + "…"  # 60 characters: the quote, 58 x, the ellipsis
+    assert shown(10**70) == "100000000000…(71 digits)"  # 71 digits: the first 12 and the count
+    # 10**5000 has 16,610 bits; 16,610 × log10(2) = 5000.1 → "about 5001"; str() of it would raise
+    assert shown(10**5000) == "an integer of about 5001 digits"
+    assert shown([10**5000]) == "<a list>"
+    with pytest.raises(InvalidScenario) as ei:  # a Python dict can carry what TOML cannot
+        parse_scenario({"federation": {"clients": 10**5000}}, file="api")
+    assert str(ei.value) == ("api: [federation].clients = an integer of about 5001 digits: must be ≤ 100000 "
+                             "(REDTEAM_MAX_CLIENTS raises the cap)")
