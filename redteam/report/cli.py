@@ -34,6 +34,9 @@ _DESCRIPTION = textwrap.dedent(
       json   format redteam.report/v1: mean, 95 % interval and n per metric per cell
       csv    one row per cell: settings, seeds, then M, M_lo, M_hi, M_n for each metric
     Values are means over seeds; ± is the half-width of the 95 % Student-t interval.
+    Every format but csv starts with the defender's summary: per defense its clean
+    accuracy, cost vs mean, worst accuracy drop and ASR (with the attack), detection
+    only for rules that reject, ranked by worst case then clean accuracy.
 
     --fail-if EXPR gates a pipeline: EXPR is evaluated on each cell's seed means, e.g.
       --fail-if "asr > 0.2 or accuracy_drop > 0.05"

@@ -4,7 +4,8 @@
   terminal), then the breakdown fraction, envelope utilisation and expectations.
 * **JSON** (format ``redteam.report/v1``): the scenario, versions, reproduce command and,
   per cell, ``{"mean", "lo", "hi", "n"}`` for each metric; the breakdown, envelope and
-  expectation rows. Undefined values are ``null``.
+  expectation rows, and ``defenders`` (the defender's summary, :mod:`redteam.report.defender`).
+  Undefined values are ``null``.
 * **CSV**: one row per cell: ``cell_id, attack, defense``, one column per matrix
   setting, ``seeds_planned, seeds_finished``, then ``M, M_lo, M_hi, M_n`` for each metric
   ``M`` (empty = undefined).
