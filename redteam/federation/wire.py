@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..errors import RedteamError
-from ..transport.chunking import UpdateManifest, build_manifest, new_nonce, params_digest
+from ..transport.chunking import UpdateManifest, build_manifests, new_nonces, params_digest
 from ..transport.network import HEADER_INDEX
 from ..transport.signing import sign_update
 from ..types import AttackContext, ChunkDelivery, Surface
@@ -49,18 +49,20 @@ def chunk(fed: "Federation", rnd: int, part: np.ndarray, comp: Any, params: torc
     sc = fed.scenario
     digest = params_digest(params)
     keys = fed.enrollment.keys if signed else None
-    uploads: dict[int, tuple[UpdateManifest, list[bytes]]] = {}
     headers: dict[int, bytes] = {}
+    clients = [int(c) for c in part]
+    # one nonce draw and one manifest builder call for the round (the same bytes, in the
+    # same stream order, as one new_nonce/build_manifest per client)
+    nonces = new_nonces(fed._np["network"], len(clients))
+    built = build_manifests(comp.payloads, round=rnd, clients=clients, parent_digest=digest,
+                            codec=fed.codec_label, chunk_size=sc.transport.chunk_size, nonces=nonces)
+    uploads = dict(zip(clients, built))
     t_sign = time.perf_counter()
-    for k, c in enumerate(part):
-        c = int(c)
-        nonce = new_nonce(fed._np["network"])
-        m, chunks = build_manifest(
-            comp.payloads[k], round=rnd, client=c, parent_digest=digest, codec=fed.codec_label,
-            chunk_size=sc.transport.chunk_size, nonce=nonce,
-        )
-        uploads[c] = (m, chunks)
-        headers[c] = sign_update(m, keys[c]) if keys is not None else m.to_json()
+    if keys is not None:
+        for c, (m, _) in uploads.items():
+            headers[c] = sign_update(m, keys[c])
+    else:
+        headers = {c: m.to_json() for c, (m, _) in uploads.items()}
     sign_s = time.perf_counter() - t_sign if keys is not None else 0.0
     return Chunked(uploads, headers, digest, keys, sign_s)
 

@@ -30,6 +30,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, fields
+from json.encoder import encode_basestring_ascii as _json_str
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from redteam.errors import DecodeError, InvalidParameter, TransportError
@@ -51,8 +52,10 @@ __all__ = [
     "verify_proof",
     "params_digest",
     "new_nonce",
+    "new_nonces",
     "UpdateManifest",
     "build_manifest",
+    "build_manifests",
     "reassemble",
     "check_chunk",
 ]
@@ -61,6 +64,7 @@ DEFAULT_CHUNK_SIZE = 16 * 1024  # BEP 52's leaf block size
 ZERO_DIGEST = bytes(32)
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _HEX32 = re.compile(r"[0-9a-f]{32}")
+_HEX = re.compile(r"[0-9a-f]*")
 _MAX_CODEC_LEN = 256
 _MAX_INT = 2**53  # JSON-safe integers only
 
@@ -167,6 +171,15 @@ def new_nonce(rng: "np.random.Generator") -> str:
     return bytes(rng.integers(0, 256, size=16, dtype="uint8").tolist()).hex()
 
 
+def new_nonces(rng: "np.random.Generator", n: int) -> list[str]:
+    """``n`` nonces in one draw: the same strings, and the same ``rng`` state after, as
+    ``n`` calls of :func:`new_nonce` (16 uint8 draws each, taken in order)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise InvalidParameter(f"new_nonces: n = {n!r}: must be an integer ≥ 0")
+    block = rng.integers(0, 256, size=(n, 16), dtype="uint8").tobytes().hex()
+    return [block[32 * i : 32 * i + 32] for i in range(n)]
+
+
 @dataclass(frozen=True, slots=True)
 class UpdateManifest:
     """What a client announces about one encoded update; the object that gets signed.
@@ -196,12 +209,20 @@ class UpdateManifest:
 
     def to_json(self) -> bytes:
         """Canonical JSON bytes: sorted keys, no whitespace, ASCII only."""
+        fast = _canonical_json(self)
+        if fast is not None:
+            return fast
         obj = {f.name: getattr(self, f.name) for f in fields(self)}
         obj["chunk_digests"] = list(self.chunk_digests)
         return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
     def validate(self) -> "UpdateManifest":
         """Check every field and the digest/root consistency; return ``self``."""
+        if _valid_fast(self):
+            return self
+        return self._validate_slow()
+
+    def _validate_slow(self) -> "UpdateManifest":
         for name in ("round", "client", "payload_len", "chunk_size"):
             v = getattr(self, name)
             low = 1 if name == "chunk_size" else 0
@@ -244,6 +265,9 @@ class UpdateManifest:
     @classmethod
     def from_json(cls, data: bytes) -> "UpdateManifest":
         """Parse and validate canonical manifest JSON (untrusted bytes)."""
+        fast = _from_json_fast(cls, data)
+        if fast is not None:
+            return fast
         try:
             text = bytes(data).decode("ascii")
             obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
@@ -287,6 +311,85 @@ def _reject_constant(name: str) -> Any:
     raise ManifestError(f"manifest: {name} is not allowed in JSON")
 
 
+# -- fast paths: each gives exactly the slow path's answer where it answers, and defers to
+# the slow path (which names the problem) for anything it does not accept outright.
+_FIELD_NAMES = ("round", "client", "parent_digest", "codec", "payload_len", "chunk_size", "chunk_digests",
+                "merkle_root", "nonce")
+_FIELD_SET = frozenset(_FIELD_NAMES)
+_ASCII_PRINTABLE = re.compile(r"[ -~]*")
+
+
+def _canonical_json(m: UpdateManifest) -> bytes | None:
+    """``json.dumps(..., sort_keys=True, separators=(",", ":"), ensure_ascii=True)`` of the
+    manifest, written directly; ``None`` unless every field has its exact declared type."""
+    ints = (m.round, m.client, m.payload_len, m.chunk_size)
+    strs = (m.parent_digest, m.codec, m.merkle_root, m.nonce)
+    digests = m.chunk_digests
+    if any(type(v) is not int for v in ints) or any(type(v) is not str for v in strs):
+        return None
+    if type(digests) not in (tuple, list) or any(type(h) is not str for h in digests):
+        return None
+    return (
+        '{"chunk_digests":[' + ",".join(map(_json_str, digests)) + ']'
+        + f',"chunk_size":{int.__repr__(m.chunk_size)},"client":{int.__repr__(m.client)}'
+        + f',"codec":{_json_str(m.codec)},"merkle_root":{_json_str(m.merkle_root)},"nonce":{_json_str(m.nonce)}'
+        + f',"parent_digest":{_json_str(m.parent_digest)},"payload_len":{int.__repr__(m.payload_len)}'
+        + f',"round":{int.__repr__(m.round)}}}'
+    ).encode("ascii")
+
+
+def _valid_fast(m: UpdateManifest, root_known: bool = False) -> bool:
+    """True only if :meth:`UpdateManifest.validate` would accept ``m`` (never raises).
+    ``root_known``: the digests and root were just computed by a trusted builder."""
+    try:
+        rnd, client, plen, csize = m.round, m.client, m.payload_len, m.chunk_size
+        if type(rnd) is not int or type(client) is not int or type(plen) is not int or type(csize) is not int:
+            return False
+        if not (0 <= rnd <= _MAX_INT and 0 <= client <= _MAX_INT and 0 <= plen <= _MAX_INT
+                and 1 <= csize <= _MAX_INT):
+            return False
+        p, r, nonce, codec = m.parent_digest, m.merkle_root, m.nonce, m.codec
+        if type(p) is not str or type(r) is not str or type(nonce) is not str or type(codec) is not str:
+            return False
+        if len(p) != 64 or len(r) != 64 or len(nonce) != 32 or not _HEX.fullmatch(p + r + nonce):
+            return False
+        # printable ASCII is a subset of str.isprintable(); anything else takes the slow path
+        if not 0 < len(codec) <= _MAX_CODEC_LEN or not _ASCII_PRINTABLE.fullmatch(codec):
+            return False
+        digests = m.chunk_digests
+        n = len(digests)
+        if (type(digests) is not tuple and type(digests) is not list) or n != count_chunks(plen, csize):
+            return False
+        if root_known:
+            return True
+        if n == 1:  # a single leaf is its own root
+            h = digests[0]
+            return type(h) is str and len(h) == 64 and h == r and _HEX.fullmatch(h) is not None
+        joined = "".join(digests)  # TypeError (to the slow path) unless all are str
+        if len(joined) != 64 * n or not all(len(h) == 64 for h in digests) or not _HEX.fullmatch(joined):
+            return False
+        return merkle_root([bytes.fromhex(h) for h in digests]).hex() == r
+    except Exception:  # noqa: BLE001 - odd objects (forged fields) go to the slow path
+        return False
+
+
+def _from_json_fast(cls: type[UpdateManifest], data: Any) -> UpdateManifest | None:
+    """Parse with the C decoder; accept only a manifest that validates and re-serializes to
+    exactly ``data`` (so it has no duplicate keys, NaN or non-canonical form either)."""
+    if type(data) is not bytes or not data.isascii():
+        return None
+    try:
+        obj = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    if type(obj) is not dict or obj.keys() != _FIELD_SET or type(obj["chunk_digests"]) is not list:
+        return None
+    m = cls(**{**obj, "chunk_digests": tuple(obj["chunk_digests"])})
+    if not _valid_fast(m) or _canonical_json(m) != data:
+        return None
+    return m
+
+
 def build_manifest(
     payload: bytes,
     *,
@@ -316,11 +419,51 @@ def build_manifest(
         merkle_root=merkle_root(digests).hex(),
         nonce=nonce,
     )
-    try:
-        manifest.validate()
-    except ManifestError as exc:
-        raise InvalidParameter(f"build_manifest: {exc}") from None
+    if not _valid_fast(manifest, root_known=True):
+        try:
+            manifest.validate()
+        except ManifestError as exc:
+            raise InvalidParameter(f"build_manifest: {exc}") from None
     return manifest, chunks
+
+
+def build_manifests(
+    payloads: Sequence[bytes],
+    *,
+    round: int,
+    clients: Sequence[int],
+    parent_digest: str,
+    codec: str,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    nonces: Sequence[str],
+) -> list[tuple[UpdateManifest, list[bytes]]]:
+    """:func:`build_manifest` for many payloads at once (one per client, same round, parent
+    and codec): the same manifests and chunks, with the per-call overhead paid once."""
+    if not len(payloads) == len(clients) == len(nonces):
+        raise InvalidParameter(f"build_manifests: {len(payloads)} payloads, {len(clients)} clients and "
+                               f"{len(nonces)} nonces: must be as many of each")
+    _check_chunk_size(chunk_size)
+    sha = hashlib.sha256
+    out = []
+    for payload, client, nonce in zip(payloads, clients, nonces):
+        if len(payload) <= chunk_size:  # the common case: one chunk, its own Merkle root
+            chunks = [bytes(payload)]
+            hexes = (sha(chunks[0]).hexdigest(),)
+            root = hexes[0]
+        else:
+            chunks = split(payload, chunk_size)
+            digests = [sha(c).digest() for c in chunks]
+            hexes = tuple(d.hex() for d in digests)
+            root = merkle_root(digests).hex()
+        manifest = UpdateManifest(round, int(client), parent_digest, codec, len(payload), chunk_size, hexes, root,
+                                  bytes(nonce).hex() if isinstance(nonce, (bytes, bytearray)) else nonce)
+        if not _valid_fast(manifest, root_known=True):
+            try:
+                manifest.validate()
+            except ManifestError as exc:
+                raise InvalidParameter(f"build_manifests: {exc}") from None
+        out.append((manifest, chunks))
+    return out
 
 
 def expected_chunk_len(manifest: UpdateManifest, index: int) -> int:
