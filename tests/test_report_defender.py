@@ -8,6 +8,7 @@ import re
 import textwrap
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from redteam.cli import main
 from redteam.report import load_report, report_from_rows, to_json, to_markdown
@@ -283,3 +284,23 @@ def test_terminal_summary_fits_the_width_and_cuts_no_word(width):
         assert word in text
     # at 200 columns a worst case reads "value (attack)" on one line; at 80 the attack goes below it
     assert ("0.500 (sign_flip)" in text) == (width == 200)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.floats(-0.2, 0.9, allow_nan=False), min_size=3, max_size=3), min_size=2, max_size=4),
+       st.lists(st.floats(0.3, 1.0, allow_nan=False), min_size=4, max_size=4))
+def test_property_worst_case_is_a_cell_and_rank_one_has_the_smallest(drops, cleans):
+    # defenses d0..dk × attacks a0..a2, one seed: each row's worst case is one of its own cells' drops and
+    # none of them is larger; the ranking never puts a larger worst case (to 3 decimals) above a smaller one
+    defenses = [f"d{i}" for i in range(len(drops))]
+    rows = [row(f"a{j}", d, 0, cleans[i], accuracy_drop=v, recall=0.0, tp=0, fp=0)
+            for i, d in enumerate(defenses) for j, v in enumerate(drops[i])]
+    (g,) = report_from_rows(rows).defenders.groups
+    for r in g.rows:
+        mine = drops[defenses.index(r.defense)]
+        assert r.worst_drop in mine and all(v <= r.worst_drop for v in mine)
+        assert r.worst_drop_attack == f"a{mine.index(r.worst_drop)}"  # first in matrix order on ties
+        assert r.clean.mean == cleans[defenses.index(r.defense)] and r.cost is None  # no "mean" here
+    worst = [round(r.worst_drop, 3) for r in g.rows]
+    assert worst == sorted(worst)
+    assert [r.rank for r in g.rows] == list(range(1, len(defenses) + 1))

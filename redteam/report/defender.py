@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from ..scoring import mean_ci
-from .aggregate import CellSummary, Stat
+from .aggregate import CellSummary, Stat, _num, _settings
 
 __all__ = [
     "RANK_RULE",
@@ -129,18 +129,6 @@ def na_note(report: Any, metric: str) -> str | None:
 
 
 # ------------------------------------------------------------------- computing
-
-
-def _num(v: Any) -> float | None:
-    if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    f = float(v)
-    return f if math.isfinite(f) else None
-
-
-def _settings(d: Mapping[str, Any] | Sequence[tuple[str, Any]]) -> Settings:
-    items = d.items() if isinstance(d, Mapping) else d
-    return tuple(sorted((str(k), v) for k, v in items))
 
 
 def _last_accuracy(rounds: Any) -> float | None:
@@ -246,11 +234,11 @@ def defender_summary(
             fpr, fpr_a = _extreme(done, "fpr", lambda v, b: v > b)
             own = stats[d].mean
             cost = ref_clean - own if ref_clean is not None and own is not None else None
-            rejects = d not in non_rejecting
+            can_reject = d not in non_rejecting
             rows_out.append((pos, DefenderRow(
-                0, d, stats[d], cost, drop, drop_a, asr, asr_a, rejects,
-                rec if rejects else None, rec_a if rejects else None,
-                fpr if rejects else None, fpr_a if rejects else None,
+                0, d, stats[d], cost, drop, drop_a, asr, asr_a, can_reject,
+                rec if can_reject else None, rec_a if can_reject else None,
+                fpr if can_reject else None, fpr_a if can_reject else None,
                 len(hit), sum(1 for c in mine if c.attack != "none" and c.finished < c.planned))))
 
         def key(item: tuple[int, DefenderRow]) -> tuple[Any, ...]:
