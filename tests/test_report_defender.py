@@ -8,11 +8,17 @@ import re
 import textwrap
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from redteam.cli import main
 from redteam.report import load_report, report_from_rows, to_json, to_markdown
-from redteam.report.defender import NO_REJECT, RANK_RULE, defender_columns, defender_notes
+from redteam.report.defender import (
+    NO_REJECT,
+    RANK_RULE,
+    defender_columns,
+    defender_notes,
+)
 from redteam.report.html import render_html
 from redteam.runner.store import PlanRow, ResultsStore
 from redteam.types import RoundRecord

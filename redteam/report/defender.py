@@ -170,15 +170,22 @@ def _clean_by_seed(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, Setting
     return out
 
 
+def _flagged(metrics: Any) -> bool:
+    """A run's metrics show at least one flagged update (tp + fp > 0; recall or FPR above 0 and
+    a defined precision imply it too, for rows that carry only the rates)."""
+    if not isinstance(metrics, Mapping):
+        return False
+    count = (_num(metrics.get("tp")) or 0) + (_num(metrics.get("fp")) or 0)
+    rates = (_num(metrics.get("recall")) or 0) + (_num(metrics.get("fpr")) or 0)
+    return count > 0 or rates > 0 or _num(metrics.get("precision")) is not None
+
+
 def _flagging_defenses(rows: Sequence[Mapping[str, Any]]) -> set[str]:
+    """The defenses some run of which (attacked or baseline) flagged an update."""
     seen: set[str] = set()
     for r in rows:
-        m = r.get("metrics") if r.get("finished") else None
-        if isinstance(m, Mapping) and (((_num(m.get("tp")) or 0) + (_num(m.get("fp")) or 0)) > 0
-                                       or (_num(m.get("recall")) or 0) > 0 or (_num(m.get("fpr")) or 0) > 0
-                                       or _num(m.get("precision")) is not None):
-            seen.add(str(r["defense"]))
-        elif _rounds_flagged(r.get("rounds")) or _rounds_flagged(r.get("baseline_rounds")):
+        if ((r.get("finished") and _flagged(r.get("metrics"))) or _rounds_flagged(r.get("rounds"))
+                or _rounds_flagged(r.get("baseline_rounds"))):
             seen.add(str(r["defense"]))
     return seen
 
