@@ -418,7 +418,10 @@ def _read_toml(p: Path, via: str = "", limits: Limits | None = None) -> dict[str
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise InvalidScenario(f"{p}: not UTF-8 text{origin}") from None
-    scan_text(text, limits, f"{p}")  # nesting and dotted-key depth, before tomllib recurses
+    try:
+        scan_text(text, limits, f"{p}")  # nesting and dotted-key depth, before tomllib recurses
+    except InvalidScenario as exc:
+        raise InvalidScenario(f"{exc}{origin}") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -427,7 +430,10 @@ def _read_toml(p: Path, via: str = "", limits: Limits | None = None) -> dict[str
         raise InvalidScenario(f"{p}: invalid TOML: {shown(str(exc), 100)}{origin}") from None
     except RecursionError:
         raise InvalidScenario(f"{p}: nested too deeply to parse{origin}") from None
-    check_integers(data, p.name)
+    try:
+        check_integers(data, p.name)
+    except InvalidScenario as exc:
+        raise InvalidScenario(f"{exc}{origin}") from None
     return data
 
 

@@ -94,6 +94,9 @@ CASES: dict[str, tuple[dict[str, str], str, dict[str, str], tuple[str, ...]]] = 
     "expect_rows": ({"s.toml": BASE + '[[expect]]\nmetric = "recall"\nmin = 0\n' * 1001}, "s.toml", {},
                     ("s.toml: [[expect]] has 1001 rows, more than the cap of 1000", "REDTEAM_MAX_EXPECTATIONS")),
     "expect_rows_at_cap": ({"s.toml": BASE + '[[expect]]\nmetric = "recall"\nmin = 0\n' * 1000}, "s.toml", {}, ()),
+    "include_deep": ({"s.toml": 'include = "b.toml"\n' + BASE, "b.toml": "x = " + "[" * 40 + "]" * 40 + "\n"},
+                     "s.toml", {}, ("b.toml: line 1: nested deeper than 32 brackets (REDTEAM_MAX_NESTING) "
+                                    "(included from s.toml)",)),
     "include_dev_zero": ({"s.toml": 'include = "/dev/zero"\n' + BASE}, "s.toml", {},
                          ('s.toml: include = "/dev/zero": must stay inside', "REDTEAM_ALLOW_INCLUDE_OUTSIDE")),
     "include_dev_zero_allowed": ({"s.toml": 'include = "/dev/zero"\n' + BASE}, "s.toml",
