@@ -1,4 +1,4 @@
-"""Workloads: model + data + evaluation. Built-ins: ``digits``, ``synthetic``."""
+"""Workloads: model + data + evaluation. Built-ins: ``digits``, ``synthetic``, ``text`` (byte-level LM)."""
 
 from .base import Dataset, Workload
 
