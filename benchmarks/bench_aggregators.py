@@ -17,6 +17,18 @@ itself, n × d × 4 bytes, is not counted). Output is a markdown table on stdout
 Reference figures from DESIGN.md (a widely used library, n = 100, d = 10⁶, this
 machine): mean 27 ms, coordinate median 2.3 s, trimmed mean 2.3 s, Krum 0.72 s,
 geometric median (3 iterations) 1.3 s, centered clipping 0.29 s; NNM ~31 GiB.
+
+``--byzfl`` also runs that library's timing script (``/work/shared/reference-bench/
+bench_byzfl.py``) in its own virtual environment (``$PA_VENV``, default ``pa-venv`` in
+the temp dir; built by ``setup.sh`` there) as a subprocess, right after our cells, and
+prints its table: the two sets of figures come from the same minutes of the same
+machine. This project never imports it.
+
+Distance rules (Krum, Multi-Krum, Bulyan, NNM, FoolsGold) share ``defenses/_pairwise``:
+float32 Gram blocks with a per-pair rounding bound, exact float64 work only for the
+rows a decision cannot settle, so their time depends on how close the decision is
+(Gaussian rows at d = 10⁶ put Multi-Krum's m-th and (m+1)-th scores ~1e-5 apart:
+one float64 pass over the candidates' rows).
 """
 
 from __future__ import annotations
@@ -26,7 +38,9 @@ import ctypes
 import gc
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Callable
@@ -194,6 +208,27 @@ def bench(names: list[str] | None, ns: list[int], ds: list[int], repeats_small: 
         print(f"| {label} | " + " | ".join(cells.get(c, "") for c in cols) + " |")
 
 
+REFERENCE = "/work/shared/reference-bench"
+BYZFL_NAMES = {"mean": "Average", "median": "Median", "trimmed_mean": "TrMean", "krum": "Krum",
+               "multi_krum": "MultiKrum", "geometric_median": "GeometricMedian",
+               "centered_clipping": "CenteredClipping", "nnm": "NNM"}
+
+
+def run_byzfl(names: list[str] | None, ns: list[int], ds: list[int]) -> None:
+    """The reference library's timings for the same cells, from its own venv (if built)."""
+    venv = os.environ.get("PA_VENV", os.path.join(tempfile.gettempdir(), "pa-venv"))
+    python = os.path.join(venv, "bin", "python")
+    if not os.path.exists(python):
+        print(f"\n(ByzFL: no venv at {venv}; build it with `bash {REFERENCE}/setup.sh`)")
+        return
+    aggs = sorted({BYZFL_NAMES[k] for k in (names or BYZFL_NAMES) if k in BYZFL_NAMES})
+    cmd = [python, "bench_byzfl.py", "--backends", "torch", "--n", *map(str, ns), "--d", *map(str, ds)]
+    if aggs:
+        cmd += ["--aggs", *aggs]
+    print("\nByzFL, same machine, just after (f = n // 5 there):\n", flush=True)
+    subprocess.run(cmd, cwd=REFERENCE, check=False)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="d = 10^4 only")
@@ -202,12 +237,16 @@ def main() -> None:
     ap.add_argument("--d", default="10000,1000000")
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per cell at d = 10^6 (7 at smaller d)")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (default: torch's choice)")
+    ap.add_argument("--byzfl", action="store_true", help="then time ByzFL on the same cells (its venv, a subprocess)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     ds = [10**4] if args.quick else [int(v) for v in args.d.split(",")]
     names = [s for s in args.only.split(",") if s] or None
-    bench(names, [int(v) for v in args.n.split(",")], ds, 7, args.repeats)
+    ns = [int(v) for v in args.n.split(",")]
+    bench(names, ns, ds, 7, args.repeats)
+    if args.byzfl:
+        run_byzfl(names, ns, ds)
 
 
 if __name__ == "__main__":
