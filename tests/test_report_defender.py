@@ -310,3 +310,22 @@ def test_property_worst_case_is_a_cell_and_rank_one_has_the_smallest(drops, clea
     worst = [round(r.worst_drop, 3) for r in g.rows]
     assert worst == sorted(worst)
     assert [r.rank for r in g.rows] == list(range(1, len(defenses) + 1))
+
+
+@pytest.mark.parametrize("width", [60, 200])
+def test_hostile_labels_stay_text_in_the_terminal_summary(width):
+    import io
+
+    from rich.console import Console
+
+    from redteam.report.defender import print_defenders
+    from redteam.report.tables import _markup
+
+    attack, defense = "[bold]a\ntk\x1b[2J", "d[red]\nrow"
+    report = report_from_rows([row(attack, defense, 0, 0.8, accuracy_drop=0.25, recall=0.0, tp=0, fp=0)])
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    print_defenders(console, report.defenders, _markup)
+    text = console.file.getvalue()
+    # brackets printed as brackets, control characters (the newline too) as escapes, each label in one piece
+    assert "\x1b" not in text and "[bold]a\\ntk\\x1b[2J" in text
+    assert "d[red]\\nrow" in text

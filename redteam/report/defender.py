@@ -276,11 +276,10 @@ def _v(v: float | None, attack: str | None = None, signed: bool = False, stacked
     text = (f"{v:+.3f}" if signed else f"{v:.3f}") + star
     if attack is None:
         return text
-    if stacked:  # the label made safe here, so that the only line break is ours
-        from ..runner.outputs import terminal_safe
+    from ..runner.outputs import terminal_safe
 
-        return f"{text}\n{terminal_safe(attack)}"
-    return f"{text} ({attack})"
+    attack = terminal_safe(attack)  # control characters as escapes: the only line break is the stacked one
+    return f"{text}\n{attack}" if stacked else f"{text} ({attack})"
 
 
 def _clean_text(s: Stat) -> str:
@@ -344,6 +343,17 @@ def defender_notes(group: DefenderGroup, summary: DefenderSummary) -> list[str]:
     elif any(not r.rejects for r in group.rows):
         notes.append(REJECT_RULE + ".")
     return notes
+
+
+def _shown(header: list[str], body: list[list[str]]) -> tuple[list[str], list[list[str]]]:
+    """The text as the terminal shows it (control characters as escapes, so widths are right);
+    the only line breaks left are the stacked layout's own (labels were made safe there)."""
+    from ..runner.outputs import terminal_safe
+
+    def safe(i: int, x: str) -> str:
+        return terminal_safe(x) if i == 1 else "\n".join(terminal_safe(p) for p in x.split("\n"))
+
+    return [terminal_safe(h) for h in header], [[safe(i, x) for i, x in enumerate(line)] for line in body]
 
 
 def _fit_widths(header: Sequence[str], body: Sequence[Sequence[str]], room: int) -> list[int]:
@@ -411,17 +421,16 @@ def print_defenders(console: Any, summary: DefenderSummary | None, escape: Calla
     width = getattr(console, "width", 200) or 200
     for g in summary.groups:
         title = "Defender's summary" + (f" · {group_title(g.settings)}" if g.settings else "")
-        header, body = defender_columns(g, summary)
+        header, body = _shown(*defender_columns(g, summary))
         if sum(_fit_widths(header, body, 10_000)) + len(header) + 1 > width:
-            header, body = defender_columns(g, summary, stacked=True)
+            header, body = _shown(*defender_columns(g, summary, stacked=True))
         # light rules, one space between columns, widths fitted here (rich's own fitting would
         # cut the last column off at 80 characters): text wraps between words, never inside one
         t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=0)
         for i, (h, w) in enumerate(zip(header, _fit_widths(header, body, width - len(header) - 1))):
             t.add_column(escape(h), justify="left" if i == 1 else "right", overflow="fold", width=w)
         for line in body:
-            t.add_row(*["\n".join(escape(part) for part in x.split("\n")) if i > 1 else escape(x)
-                        for i, x in enumerate(line)])
+            t.add_row(*["\n".join(escape(part) for part in x.split("\n")) for x in line])
         console.print(f"[bold]{escape(title)}[/bold]")
         console.print(t)
         for n in defender_notes(g, summary):
