@@ -51,6 +51,17 @@ def _wrap(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespa
     return run
 
 
+def _write(path: str, data: bytes, option: str = "--out") -> None:
+    """Write an output file atomically, never through a planted symlink (an unwritable
+    path is a one-line error, exit 2)."""
+    from redteam.runner.outputs import OutputError, atomic_write_bytes
+
+    try:
+        atomic_write_bytes(path, data, option=option, make_parents=False)
+    except OutputError as exc:
+        raise _err(str(exc)) from None
+
+
 def _out(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
     print(json.dumps(data, indent=2, sort_keys=True) if args.json else text)
 
@@ -154,7 +165,7 @@ def _manifest(args: argparse.Namespace) -> int:
     if args.out is None:
         sys.stdout.write(data.decode() + "\n")
         return 0
-    Path(args.out).write_bytes(data)
+    _write(args.out, data)
     _out(args, {"statement": args.out, "subject": m.name, "sha256": m.root_digest(), "files": len(m.files)},
          f"manifest {args.out}: {len(m.files)} file(s), subject {m.name!r} sha256 {m.root_digest()}")
     return 0
@@ -218,7 +229,7 @@ def _sign(args: argparse.Namespace) -> int:
         summary += f", signed by {key.keyid}"
     text = json.dumps(doc, indent=2, sort_keys=True) + "\n"
     if args.out:
-        Path(args.out).write_text(text, encoding="utf-8")
+        _write(args.out, text.encode("utf-8"))
         _out(args, {"out": args.out, "subjects": [s.name for s in st.subjects]}, f"wrote {args.out}: {summary}")
     else:
         sys.stdout.write(text)
@@ -323,7 +334,8 @@ def _ledger_init(args: argparse.Namespace) -> int:
 
     with Ledger.init(args.ledger, _signing_key(args.key, args, kind="ed25519"), args.origin) as led:
         if args.trusted_root:
-            Path(args.trusted_root).write_text(json.dumps(led.trusted_root(), indent=2) + "\n", encoding="utf-8")
+            _write(args.trusted_root, (json.dumps(led.trusted_root(), indent=2) + "\n").encode("utf-8"),
+                   "--trusted-root")
         _out(args, {"ledger": args.ledger, "origin": led.origin, "logId": led.log_id.hex()},
              f"ledger {args.ledger}: origin {led.origin}, log id {led.log_id.hex()}")
     return 0
@@ -339,7 +351,7 @@ def _ledger_append(args: argparse.Namespace) -> int:
     with _open(args, write=True) as led:
         index, b = led.append(env, _public_key(args.pub, kind="p256"))
     if args.out:
-        Path(args.out).write_text(json.dumps(b, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        _write(args.out, (json.dumps(b, indent=2, sort_keys=True) + "\n").encode("utf-8"))
     proof = b["verificationMaterial"]["tlogEntries"][0]["inclusionProof"]
     _out(args, {"logIndex": index, "bundle": args.out or b},
          f"appended at index {index}; tree size {proof['treeSize']}" + (f"; bundle {args.out}" if args.out else ""))

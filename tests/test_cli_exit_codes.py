@@ -93,3 +93,15 @@ def test_error_messages_show_the_full_keyid_keygen_printed(ds, capsys):
     (ds / "nohint.json").write_text(json.dumps(doc))
     code, _, err = _run(capsys, "provenance", "verify", "nohint.json", "--pub", "other.pub")
     assert code == 1 and (keyids["k"] in err or keyids["other"] in err), err
+
+
+def test_provenance_outputs_do_not_write_through_a_symlink(ds, capsys):
+    import os
+
+    victim = ds / "victim.txt"
+    victim.write_text("precious")
+    os.symlink(victim, ds / "st.json")
+    code, _, err = _run(capsys, *MANIFEST, "--created-at", "2025-01-01T00:00:00Z", "--out", "st.json")
+    assert code == 0, err
+    assert victim.read_text() == "precious"
+    assert not (ds / "st.json").is_symlink() and "2025-01-01T00:00:00Z" in (ds / "st.json").read_text()

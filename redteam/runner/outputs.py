@@ -26,7 +26,8 @@ from pathlib import Path
 
 from ..errors import RedteamError
 
-__all__ = ["OutputError", "atomic_write_text", "check_output_file", "check_output_dir", "terminal_safe"]
+__all__ = ["OutputError", "atomic_write_bytes", "atomic_write_text", "check_output_dir", "check_output_file",
+           "terminal_safe"]
 
 
 class OutputError(RedteamError):
@@ -56,6 +57,11 @@ def _umask_mode() -> int:
 def atomic_write_text(path: str | Path, text: str, *, option: str = "--out", make_parents: bool = True) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically, creating missing parent
     directories when ``make_parents``; errors are :class:`OutputError`."""
+    return atomic_write_bytes(path, text.encode("utf-8"), option=option, make_parents=make_parents)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes, *, option: str = "--out", make_parents: bool = True) -> Path:
+    """:func:`atomic_write_text` for bytes."""
     p = Path(path)
     where = f"{option} {terminal_safe(p)}"
     if p.is_dir():
@@ -65,8 +71,8 @@ def atomic_write_text(path: str | Path, text: str, *, option: str = "--out", mak
         if make_parents:
             p.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, _umask_mode())
