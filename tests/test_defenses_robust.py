@@ -245,3 +245,22 @@ def test_krum_never_selects_an_all_nan_row():
     # no finite row at all: zeros, everyone rejected
     dec = Krum(f=1)(torch.full((5, 3), float("nan")))
     assert dec.aggregate.tolist() == [0.0, 0.0, 0.0] and not bool(dec.accepted.any())
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), n=st.integers(1, 9), d=st.integers(1, 600),
+       kind=st.sampled_from(["gaussian", "clustered", "duplicates", "zeros", "sparse"]),
+       scale=st.sampled_from([1e-3, 1.0, 1e3, 1e30]))
+def test_gram_and_cosine_bounds_hold(seed, n, d, kind, scale):
+    from defenses._pairwise import cosine_similarities, gram
+
+    x = make_updates(seed, n, d, kind=kind, scale=scale)
+    x64 = x.to(torch.float64)
+    exact = x64 @ x64.T  # float32 products are exact in float64; sums of ≤ 600 terms: ~1e-13
+    g, err = gram(x)
+    assert bool(((g - exact).abs() <= err + 1e-12 * exact.abs()).all())
+    norms = exact.diagonal().sqrt()
+    denom = norms[:, None] * norms[None, :]
+    cos = torch.where(denom > 0, exact / denom.clamp_min(1e-300), torch.zeros_like(exact))
+    cos.diagonal().copy_((norms > 0).to(cos.dtype))
+    assert bool(((cosine_similarities(x) - cos).abs() <= 1e-4).all())
