@@ -329,3 +329,20 @@ def test_hostile_labels_stay_text_in_the_terminal_summary(width):
     # brackets printed as brackets, control characters (the newline too) as escapes, each label in one piece
     assert "\x1b" not in text and "[bold]a\\ntk\\x1b[2J" in text
     assert "d[red]\\nrow" in text
+
+
+def test_the_reference_is_found_under_its_matrix_label():
+    # { name = "mean", label = "fedavg" } is plain mean: median's cost = 0.91 − 0.79 = +0.120 against it;
+    # { name = "mean", weighted = false } is another rule, not the reference
+    cells = {(d, "sign_flip"): CELLS[("mean" if d == "fedavg" else d, "sign_flip")] for d in ("fedavg", "median")}
+    clean = {"fedavg": CLEAN["mean"], "median": CLEAN["median"]}
+    doc = {"matrix": {"defenses": [{"name": "mean", "label": "fedavg"}, "median"]}}
+    summary = report_from_rows(rows_of(cells, clean), meta={"scenario_doc": doc}).defenders
+    (g,) = summary.groups
+    assert summary.reference == "fedavg" and g.reference == "fedavg"
+    assert by_defense(g)["median"].cost == pytest.approx(0.12)
+    assert defender_columns(g, summary)[0][3] == "cost vs fedavg"
+    other = {"matrix": {"defenses": [{"name": "mean", "weighted": False, "label": "fedavg"}, "median"]}}
+    summary = report_from_rows(rows_of(cells, clean), meta={"scenario_doc": other}).defenders
+    assert summary.groups[0].reference is None
+    assert "cost vs mean: n/a (mean not in the matrix)." in defender_notes(summary.groups[0], summary)

@@ -54,6 +54,7 @@ __all__ = [
     "DefenderSummary",
     "DETECTION_RATES",
     "defender_summary",
+    "reference_label",
     "rejects",
     "na_note",
     "defender_columns",
@@ -201,15 +202,34 @@ def _extreme(cells: Sequence[CellSummary], metric: str, worst: Callable[[float, 
     return best
 
 
+def reference_label(defenses: Sequence[str], scenario_doc: Any, name: str = "mean") -> str:
+    """The matrix label of plugin ``name`` with its default parameters: ``name`` itself when a
+    defense is labelled so, else the ``label`` of a ``[matrix].defenses`` entry ``{ name = "mean",
+    label = "fedavg" }`` (no other parameter) found in ``defenses``; else ``name``."""
+    if name in defenses:
+        return name
+    matrix = scenario_doc.get("matrix") if isinstance(scenario_doc, Mapping) else None
+    entries = matrix.get("defenses") if isinstance(matrix, Mapping) else None
+    for e in entries if isinstance(entries, list) else []:
+        if (isinstance(e, Mapping) and e.get("name") == name and set(e) <= {"name", "label"}
+                and e.get("label") in defenses):
+            return str(e["label"])
+    return name
+
+
 def defender_summary(
     rows: Sequence[Mapping[str, Any]],
     cells: Sequence[CellSummary],
     *,
     reference: str = "mean",
     confidence: float = 0.95,
+    scenario_doc: Any = None,
 ) -> DefenderSummary:
     """The summary from the store's rows (``ResultsStore.results(with_rounds=True)``, for the
-    baselines) and the aggregated cells (:func:`~redteam.report.aggregate.aggregate_cells`)."""
+    baselines) and the aggregated cells (:func:`~redteam.report.aggregate.aggregate_cells`).
+    ``reference`` is the plugin the cost is measured against; its label in the matrix is
+    found with :func:`reference_label` (``scenario_doc``: the scenario as stored)."""
+    reference = reference_label(list(dict.fromkeys(c.defense for c in cells)), scenario_doc, reference)
     clean = _clean_by_seed(rows)
     flagging = _flagging_defenses(rows)
     defenses_all = list(dict.fromkeys(c.defense for c in cells))

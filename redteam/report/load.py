@@ -122,5 +122,5 @@ def report_from_rows(
         confidence=confidence,
         accuracy_margin=accuracy_margin,
         asr_level=asr_level,
-        defenders=defender_summary(rows, cells, confidence=confidence),
+        defenders=defender_summary(rows, cells, confidence=confidence, scenario_doc=meta.get("scenario_doc")),
     )
