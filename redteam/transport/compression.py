@@ -252,15 +252,28 @@ class Codec:
         d = _check_dim(d)
         out = torch.zeros(len(payloads), d, dtype=torch.float32)
         errors: list[str | None] = []
+        parsed: list[int] = []
         for i, data in enumerate(payloads):
             if data is None:
                 errors.append("no payload")
                 continue
-            try:
-                out[i] = self.decode(data, d)
+            try:  # the per-row checks of decode; the value checks run once on the batch below
+                view = memoryview(data).cast("B")
+                flags, count = self._check_header(view, d)
+                out[i] = self._parse(view, flags, d, count)
                 errors.append(None)
-            except DecodeError as exc:
-                errors.append(str(exc))
+                parsed.append(i)
+            except (TypeError, ValueError, DecodeError, *_PARSE_ERRORS):
+                errors.append(_decode_error(self, data, d))
+        if parsed:
+            rows = out[parsed]
+            bad = ~torch.isfinite(rows).all(dim=1)
+            if self.max_abs is not None:
+                bad |= (rows.abs() > self.max_abs).any(dim=1)
+            for j in bad.nonzero().flatten().tolist():  # decode names the first bad value
+                i = parsed[j]
+                out[i] = 0.0
+                errors[i] = _decode_error(self, payloads[i], d)
         return out, errors
 
     def _check_header(self, view: memoryview, d: int) -> tuple[int, int]:
@@ -295,6 +308,15 @@ class Codec:
 
 
 # -- dense codecs --------------------------------------------------------------------
+
+
+def _decode_error(codec: Codec, data: Any, d: int) -> str:
+    """The message :meth:`Codec.decode` gives for a payload it refuses."""
+    try:
+        codec.decode(data, d)
+    except DecodeError as exc:
+        return str(exc)
+    raise AssertionError("decode_many: a payload refused in the batch was accepted alone")
 
 
 def _le(arr: np.ndarray, dtype: str) -> np.ndarray:

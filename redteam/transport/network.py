@@ -283,22 +283,20 @@ class Network:
         ids = sorted(int(c) for c in uploads)
         cfg, res = self.config, TransmitResult()
         finish: dict[int, float] = {}
-        ready = dict(zip(ids, self.ready_s(ids, local_steps).tolist()))
-
+        ids_arr = np.asarray(ids, dtype=np.int64)
         # manifests (direct, reliable) or headers (announced; opened after the hook)
+        if headers is not None:
+            mlens = [len(headers[c]) for c in ids]
+        else:
+            mlens = [len(uploads[c][0].to_json()) if isinstance(uploads[c][0], UpdateManifest) else 0 for c in ids]
+        done_all = self.ready_s(ids, local_steps) + np.asarray(mlens, dtype=np.float64) / self.bytes_per_s[ids_arr]
+        manifest_done = dict(zip(ids, done_all.tolist()))
+        finish: dict[int, float] = dict(zip(ids, (done_all + self.latency_s[ids_arr]).tolist()))
+        res.client_bytes = dict(zip(ids, mlens))
+        res.bytes_on_wire += sum(mlens)
         valid: list[int] = []
-        manifest_done: dict[int, float] = {}
         for c in ids:
-            manifest = uploads[c][0]
-            if headers is not None:
-                mlen = len(headers[c])
-            else:
-                mlen = len(manifest.to_json()) if isinstance(manifest, UpdateManifest) else 0
-            res.client_bytes[c] = mlen
-            res.bytes_on_wire += mlen
-            manifest_done[c] = ready[c] + mlen / self.bytes_per_s[c]
-            finish[c] = manifest_done[c] + self.latency_s[c]
-            problem = self._manifest_problem(c, manifest, round, parent_digest if headers is None else None,
+            problem = self._manifest_problem(c, uploads[c][0], round, parent_digest if headers is None else None,
                                              max_payload_len)
             if problem is not None:
                 res.dropped[c] = f"bad manifest: {problem}"
@@ -362,16 +360,17 @@ class Network:
                 lost[pending] = u[2] < cfg.loss
                 hops[pending] = 1
             sent = [k for k in (pending.tolist() if wave > 0 else range(len(keys))) if data[k] is not None]
-            for k in sent:
-                nbytes = int(size[k]) * int(hops[k])
-                res.client_bytes[keys[k][0]] += nbytes
-                res.bytes_on_wire += nbytes
+            if sent:  # each attempt's bytes on each hop, per author (whole bytes: exact sums)
+                nbytes = size[sent] * hops[sent]
+                per = np.bincount(author[sent], weights=nbytes, minlength=self.n_clients)
+                for c in np.unique(author[sent]).tolist():
+                    res.client_bytes[c] += int(per[c])
+                res.bytes_on_wire += int(nbytes.sum())
+            lost_l, relay_l = lost.tolist(), relay.tolist()
             deliveries = [
-                ChunkDelivery(
-                    author=keys[k][0], index=keys[k][1], relay=int(relay[k]), data=data[k], round=round
-                )
+                ChunkDelivery(author=keys[k][0], index=keys[k][1], relay=relay_l[k], data=data[k], round=round)
                 for k in sent
-                if not lost[k]
+                if not lost_l[k]
             ]
             if tamper is not None:
                 given = sum(_nbytes(d) for d in deliveries)
@@ -419,6 +418,7 @@ class Network:
                 failure[k] = (reason, float(when[k]))
 
         # outcome per client
+        got_at_l = got_at.tolist()
         for c in valid:
             m = manifests[c]
             ks = range(offsets[scheduled[c]], offsets[scheduled[c] + 1])
@@ -428,7 +428,7 @@ class Network:
                 res.dropped[c] = failure[k_first][0] if k_first in failure else f"withheld: missing chunk {first}"
                 finish[c] = max([finish[c]] + [failure[k][1] for k in ks if k in failure and keys[k][1] not in got[c]])
             else:
-                arrived = [got_at[slot[(c, i)]] for i in range(m.n_chunks) if (c, i) in slot]
+                arrived = [got_at_l[slot[(c, i)]] for i in range(m.n_chunks) if (c, i) in slot]
                 finish[c] = max([finish[c], *arrived, *([extra_at[c]] if c in extra_at else [])])
                 if cfg.deadline_s is not None and finish[c] > cfg.deadline_s:
                     late = f"arrived at {finish[c]:.3g} s > deadline {cfg.deadline_s:.3g} s"
