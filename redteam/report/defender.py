@@ -442,12 +442,12 @@ def print_defenders(console: Any, summary: DefenderSummary | None, escape: Calla
     for g in summary.groups:
         title = "Defender's summary" + (f" · {group_title(g.settings)}" if g.settings else "")
         header, body = _shown(*defender_columns(g, summary))
-        if sum(_fit_widths(header, body, 10_000)) + len(header) + 1 > width:
+        if sum(_fit_widths(header, body, 10_000)) + len(header) - 1 > width:
             header, body = _shown(*defender_columns(g, summary, stacked=True))
         # light rules, one space between columns, widths fitted here (rich's own fitting would
         # cut the last column off at 80 characters): text wraps between words, never inside one
-        t = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=0)
-        for i, (h, w) in enumerate(zip(header, _fit_widths(header, body, width - len(header) - 1))):
+        t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=0)
+        for i, (h, w) in enumerate(zip(header, _fit_widths(header, body, width - len(header) + 1))):
             t.add_column(escape(h), justify="left" if i == 1 else "right", overflow="fold", width=w)
         for line in body:
             t.add_row(*["\n".join(escape(part) for part in x.split("\n")) for x in line])
