@@ -15,6 +15,7 @@ see) can be compared with what the papers' rules say it must be:
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -58,7 +59,7 @@ class ConstantAggregate(Aggregator):
 def _steps(rounds: int) -> list[torch.Tensor]:
     params = [s["params"] for s in SEEN]
     assert len(params) == rounds
-    return [b - a for a, b in zip(params, params[1:])]
+    return [b - a for a, b in itertools.pairwise(params)]
 
 
 # -- server optimizers through the loop --------------------------------------------------------

@@ -6,11 +6,20 @@ defense is a reject-mode norm bound, so every decision can be followed by hand.
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 import torch
 
 import redteam
-from redteam.merge import hierarchical_merge
-from redteam.types import ServerContext
+from redteam.errors import InvalidParameter
+from redteam.merge import (
+    Hierarchy,
+    assign_groups,
+    group_of_identity,
+    hierarchical_merge,
+)
+from redteam.pipeline import Aggregator
+from redteam.types import Decision, ServerContext
 
 
 def _ctx(w, rows, key):
@@ -86,3 +95,126 @@ def test_every_group_rejected_gives_a_zero_aggregate_and_no_accepted_client():
                  redteam.defense("norm_bound", bound=2.0, mode="reject"))
     assert res.accepted.tolist() == [False] * 4
     torch.testing.assert_close(res.aggregate, torch.zeros(2))
+
+
+# -- the rest of the merge's public behaviour (each pinned by hand) ---------------------------------
+class _RejectOdd(Aggregator):
+    """Rejects odd rows without giving a reason; aggregate = mean of the rest."""
+
+    def decide(self, updates, ctx):
+        keep = torch.arange(updates.shape[0]) % 2 == 0
+        return Decision(aggregate=updates[keep].mean(dim=0), accepted=keep, state={"n": int(keep.sum())})
+
+
+def test_flat_merge_reports_reasons_groups_and_state():
+    # one group: the defense's own decision; a rejection without a reason is named after
+    # the defense's class
+    x = torch.tensor([[1.0, 0.0], [5.0, 5.0], [3.0, 0.0]])
+    res = hierarchical_merge(x, torch.ones(3), [[0, 1, 2]], _RejectOdd(), MEAN, 2, _ctx)
+    assert res.accepted.tolist() == [True, False, True]
+    assert res.reasons == {1: "rejected by _RejectOdd"}
+    assert res.groups == [[0, 1, 2]] and res.state == {"0.0": {"n": 2}} and res.refused == {}
+    torch.testing.assert_close(res.aggregate, torch.tensor([2.0, 0.0]))
+
+
+def test_empty_merge():
+    res = hierarchical_merge(torch.zeros(0, 3), torch.zeros(0), [], MEAN, MEAN, 2, _ctx)
+    assert res.aggregate.tolist() == [0.0, 0.0, 0.0] and res.aggregate.dtype == torch.float32
+    assert res.accepted.tolist() == [] and res.accepted.dtype == torch.bool
+    assert res.reasons == {} and res.groups == [] and res.state == {}
+
+
+def test_node_keys_rows_and_state_per_node():
+    # groups {0,1}, {2}, {3}; fan-out 2: level 1 has nodes (g0, g1) and (g2); level 2 the root.
+    seen = []
+
+    def ctx(w, rows, key):
+        seen.append((key, list(rows), w.tolist()))
+        return _ctx(w, rows, key)
+
+    x = torch.tensor([[1.0, 0.0], [3.0, 0.0], [0.0, 2.0], [0.0, 4.0]])
+    res = hierarchical_merge(x, torch.tensor([1.0, 3.0, 2.0, 2.0]), [[0, 1], [2], [3]],
+                             redteam.defense("norm_bound", bound=10.0, mode="reject"), MEAN, 2, ctx)
+    # bottom: g0 = (1·[1,0] + 3·[3,0])/4 = [2.5, 0] weight 4; g1 = [0,2] w 2; g2 = [0,4] w 2
+    # level 1: (g0, g1) → (4·[2.5,0] + 2·[0,2])/6 = [5/3, 2/3] w 6; (g2) → [0,4] w 2
+    # root: (6·[5/3, 2/3] + 2·[0, 4])/8 = [10/8, 12/8] = [1.25, 1.5]
+    assert seen == [("0.0", [0, 1], [1.0, 3.0]), ("0.1", [2], [2.0]), ("0.2", [3], [2.0]),
+                    ("1.0", [0, 1, 2], [4.0, 2.0]), ("1.1", [3], [2.0]), ("2.0", [0, 1, 2, 3], [6.0, 2.0])]
+    assert res.state["0.0"] == {"bound": 10.0} and res.state["2.0"] == {}
+    torch.testing.assert_close(res.aggregate, torch.tensor([1.25, 1.5]))
+
+
+def test_tamper_hook_sees_its_group_and_is_cast_and_checked():
+    calls = []
+
+    def tamper(gi, rows, agg):
+        calls.append((gi, rows))
+        return agg.double() * 2  # float64 comes back as the aggregate's float32
+
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    res = hierarchical_merge(x, torch.ones(3), [[0, 1], [2]], MEAN, MEAN, 2, _ctx, tamper)
+    assert calls == [(0, [0, 1]), (1, [2])]
+    # (2·[0.5,0.5]·2 + 1·[1,1]·2)/3 = [4/3, 4/3]
+    assert res.aggregate.dtype == torch.float32
+    torch.testing.assert_close(res.aggregate, torch.tensor([4 / 3, 4 / 3]))
+    for bad, shape in ((torch.zeros(3), "(3,)"), ("nope", "()")):
+        with pytest.raises(InvalidParameter) as ei:
+            hierarchical_merge(x, torch.ones(3), [[0, 1], [2]], MEAN, MEAN, 2, _ctx, lambda g, r, a, b=bad: b)
+        assert str(ei.value) == f"tamper_group returned {shape} for group 0, expected (2,)"
+
+
+def test_a_non_finite_sub_aggregate_is_refused():
+    # group 1's leader passes up NaN: the root never sees it (aggregate = group 0's mean)
+    def tamper(gi, rows, agg):
+        return torch.full_like(agg, float("nan")) if gi == 1 else agg
+
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    res = hierarchical_merge(x, torch.ones(3), [[0, 1], [2]], MEAN, MEAN, 2, _ctx, tamper)
+    assert res.refused == {"0.1": {"reason": "non-finite sub-aggregate", "rows": [2]}}
+    torch.testing.assert_close(res.aggregate, torch.tensor([0.5, 0.5]))
+
+
+# -- groups ----------------------------------------------------------------------------------------------
+def test_group_of_identity_by_hand():
+    # SHA-256 of the decimal id, first 8 bytes big-endian, mod 4 = the low 2 bits of byte 8:
+    # "0" → …6f38 (0x38: 0), "1" → …fce1 (1), "2" → …16ee (2), "3" → …db8b (3), "alice" → …00af (3)
+    assert [group_of_identity(s, 4) for s in ("0", "1", "2", "3", "alice")] == [0, 1, 2, 3, 3]
+
+
+def test_hash_grouping_uses_public_names():
+    h = Hierarchy(fan_out=4, depth=2, grouping="hash")
+    rng = np.random.default_rng(0)
+    assert assign_groups([0, 1, 2, 3], 4, h, rng) == [[0], [1], [2], [3]]
+    # client 0 renamed "alice" (group 3) joins client 3; unnamed clients keep their ids
+    assert assign_groups([0, 1, 2, 3], 4, h, rng, identities={0: "alice"}) == [[1], [2], [0, 3]]
+
+
+def test_random_grouping_is_balanced_and_region_contiguous():
+    rng = np.random.default_rng(5)
+    groups = assign_groups(list(range(12)), 12, Hierarchy(fan_out=4, depth=2), rng)
+    assert sorted(len(g) for g in groups) == [3, 3, 3, 3]
+    assert sorted(r for g in groups for r in g) == list(range(12))
+    # region: client id c of n goes to c·g // n: ids 0-2 → 0, 3-5 → 1, … (positions returned)
+    region = assign_groups([11, 0, 5, 6], 12, Hierarchy(fan_out=4, depth=2, grouping="region"), rng)
+    assert region == [[1], [2], [3], [0]]
+
+
+def test_flat_grouping_consumes_no_randomness_and_handles_no_clients():
+    h = Hierarchy(fan_out=4, depth=1)
+    rng, fresh = np.random.default_rng(9), np.random.default_rng(9)
+    assert assign_groups(list(range(5)), 5, h, rng) == [[0, 1, 2, 3, 4]]
+    assert rng.random() == fresh.random()
+    assert assign_groups([], 5, Hierarchy(fan_out=2, depth=3), rng) == []
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"fan_out": 1}, "Hierarchy.fan_out = 1: must be an integer ≥ 2"),
+    ({"depth": 9}, "Hierarchy.depth = 9: must be an integer in [1, 8]"),
+    ({"depth": 0}, "Hierarchy.depth = 0: must be an integer in [1, 8]"),
+    ({"grouping": "ring"}, "Hierarchy.grouping = 'ring': must be 'random', 'region' or 'hash'"),
+])
+def test_hierarchy_messages(kw, msg):
+    with pytest.raises(InvalidParameter) as ei:
+        Hierarchy(**kw)
+    assert str(ei.value) == msg
+    assert Hierarchy(depth=8).n_groups == 4 ** 7

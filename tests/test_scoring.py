@@ -192,7 +192,7 @@ def test_attack_success_rate_is_the_last_rounds():
 def test_envelope_takes_the_max_norm_and_min_cosine_over_rounds():
     # round A: accepted malicious c0 with ‖u‖/M = 1/2 and cos 0.5; round B: 3/4 and cos 0.2
     # → max 0.75, min cos 0.2, margin 0.2 − 0.1 = 0.1. A bound of 0 is ignored (no division).
-    mk = lambda norms, bounds, cos: RoundRecord(  # noqa: E731
+    mk = lambda norms, bounds, cos: RoundRecord(
         round=0, accuracy=0.0, loss=0.0, accepted=[True, True], malicious=[True, False],
         participating=[True, True],
         extra={"norms": norms, "norm_bounds": bounds, "cosines": cos, "cos_threshold": 0.1})
