@@ -160,3 +160,15 @@ def test_plugin_parameter_error_names_file_and_section(tmp_path, capsys, command
         msg = _one_line(capsys, ["matrix", f, "--out", tmp_path / "o", "--quiet"])
         assert msg.startswith("redteam: error: t.toml: [matrix] cell trimmed_mean(b=100)")
         assert "[defense]: TrimmedMean.b = 100: must satisfy 2b < n" in msg
+
+
+def test_matrix_device_cuda_without_a_gpu_is_refused_before_the_store(tmp_path, capsys, no_work):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is available")
+    f = tmp_path / "m.toml"
+    f.write_text(MATRIX)
+    assert "no CUDA device is available" in _one_line(capsys, ["matrix", f, "--out", tmp_path / "o",
+                                                               "--device", "cuda"])
+    assert not (tmp_path / "o").exists()

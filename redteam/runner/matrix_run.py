@@ -260,6 +260,10 @@ def run_matrix(
         raise InvalidScenario(f"{p}: the scenario file is empty (no tables); see README.md, \"Scenario files\"")
     rows, b_units, a_units = plan_units(matrix, base.seed, p.name)
     check_output_dir(out, option="--out")
+    if executor != "ray":  # a Ray cluster's workers may have devices this driver lacks
+        from ..federation.loop import resolve_device
+
+        resolve_device(device)  # --device cuda without a GPU: an error now, not after the store is made
 
     store = ResultsStore(out)
     try:
