@@ -248,8 +248,9 @@ def defend(fed: "Federation", rnd: int, rec: Received, tx: Any, params: torch.Te
     memory.record(merged.state, [[row_clients[r] for r in g] for g in groups])
     accepted: dict[int, bool] = {}
     rejected: dict[int, str] = {}
+    accepted_rows = [bool(x) for x in merged.accepted.tolist()]
     for pos, c in enumerate(row_clients):
-        ok = bool(merged.accepted[pos])
+        ok = accepted_rows[pos]
         accepted[c] = accepted.get(c, False) or ok
         if not ok and pos < primary:
             rejected[c] = merged.reasons.get(pos, "rejected")

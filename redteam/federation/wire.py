@@ -54,15 +54,15 @@ def chunk(fed: "Federation", rnd: int, part: np.ndarray, comp: Any, params: torc
     # one nonce draw and one manifest builder call for the round (the same bytes, in the
     # same stream order, as one new_nonce/build_manifest per client)
     nonces = new_nonces(fed._np["network"], len(clients))
-    built = build_manifests(comp.payloads, round=rnd, clients=clients, parent_digest=digest,
-                            codec=fed.codec_label, chunk_size=sc.transport.chunk_size, nonces=nonces)
+    built, texts = build_manifests(comp.payloads, round=rnd, clients=clients, parent_digest=digest,
+                                   codec=fed.codec_label, chunk_size=sc.transport.chunk_size, nonces=nonces)
     uploads = dict(zip(clients, built))
     t_sign = time.perf_counter()
     if keys is not None:
         for c, (m, _) in uploads.items():
             headers[c] = sign_update(m, keys[c])
-    else:
-        headers = {c: m.to_json() for c, (m, _) in uploads.items()}
+    else:  # the unsigned header is the manifest's canonical JSON
+        headers = dict(zip(clients, texts))
     sign_s = time.perf_counter() - t_sign if keys is not None else 0.0
     return Chunked(uploads, headers, digest, keys, sign_s)
 

@@ -29,6 +29,7 @@ import hashlib
 import json
 import math
 import re
+import weakref
 from dataclasses import dataclass, fields
 from json.encoder import encode_basestring_ascii as _json_str
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
@@ -180,7 +181,7 @@ def new_nonces(rng: "np.random.Generator", n: int) -> list[str]:
     return [block[32 * i : 32 * i + 32] for i in range(n)]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class UpdateManifest:
     """What a client announces about one encoded update; the object that gets signed.
 
@@ -218,7 +219,7 @@ class UpdateManifest:
 
     def validate(self) -> "UpdateManifest":
         """Check every field and the digest/root consistency; return ``self``."""
-        if _valid_fast(self):
+        if _BUILT.get(id(self)) is self or _valid_fast(self):
             return self
         return self._validate_slow()
 
@@ -373,21 +374,42 @@ def _valid_fast(m: UpdateManifest, root_known: bool = False) -> bool:
         return False
 
 
+_UINT = r"(0|[1-9][0-9]{0,15})"
+#: the canonical JSON of a manifest whose codec is printable ASCII without '"' or '\' (the
+#: text json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=True) writes for it)
+_CANONICAL = re.compile(
+    rb'\{"chunk_digests":\[("[0-9a-f]{64}"(?:,"[0-9a-f]{64}")*)\],"chunk_size":' + _UINT.encode()
+    + rb',"client":' + _UINT.encode() + rb',"codec":"([ !#-\[\]-~]{1,256})","merkle_root":"([0-9a-f]{64})"'
+    rb',"nonce":"([0-9a-f]{32})","parent_digest":"([0-9a-f]{64})","payload_len":' + _UINT.encode()
+    + rb',"round":' + _UINT.encode() + rb'\}'
+)
+
+
 def _from_json_fast(cls: type[UpdateManifest], data: Any) -> UpdateManifest | None:
-    """Parse with the C decoder; accept only a manifest that validates and re-serializes to
-    exactly ``data`` (so it has no duplicate keys, NaN or non-canonical form either)."""
-    if type(data) is not bytes or not data.isascii():
+    """Accept ``data`` only when it is, byte for byte, the canonical JSON of a manifest that
+    validates (so no duplicate key, constant, escape or whitespace can be in it); ``None``
+    sends anything else to the full parser, which names the problem."""
+    if type(data) is not bytes:
         return None
-    try:
-        obj = json.loads(data)
-    except (ValueError, RecursionError):
+    hit = _CANONICAL.fullmatch(data)
+    if hit is None:
         return None
-    if type(obj) is not dict or obj.keys() != _FIELD_SET or type(obj["chunk_digests"]) is not list:
+    digests, size, client, codec, root, nonce, parent, plen, rnd = hit.groups()
+    # the pattern fixed every type, hex form, length and the codec's characters; left to
+    # check: the integer ranges, the digest count and the Merkle root
+    rnd_i, client_i, plen_i, size_i = int(rnd), int(client), int(plen), int(size)
+    if max(rnd_i, client_i, plen_i, size_i) > _MAX_INT or size_i < 1:
         return None
-    m = cls(**{**obj, "chunk_digests": tuple(obj["chunk_digests"])})
-    if not _valid_fast(m) or _canonical_json(m) != data:
+    hexes = tuple(digests[1:-1].decode().split('","'))
+    root_s = root.decode()
+    if len(hexes) != count_chunks(plen_i, size_i):
         return None
-    return m
+    if len(hexes) == 1:
+        if hexes[0] != root_s:
+            return None
+    elif merkle_root([bytes.fromhex(h) for h in hexes]).hex() != root_s:
+        return None
+    return cls(rnd_i, client_i, parent.decode(), codec.decode(), plen_i, size_i, hexes, root_s, nonce.decode())
 
 
 def build_manifest(
@@ -424,6 +446,7 @@ def build_manifest(
             manifest.validate()
         except ManifestError as exc:
             raise InvalidParameter(f"build_manifest: {exc}") from None
+    _BUILT[id(manifest)] = manifest
     return manifest, chunks
 
 
@@ -436,34 +459,62 @@ def build_manifests(
     codec: str,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     nonces: Sequence[str],
-) -> list[tuple[UpdateManifest, list[bytes]]]:
-    """:func:`build_manifest` for many payloads at once (one per client, same round, parent
-    and codec): the same manifests and chunks, with the per-call overhead paid once."""
+) -> tuple[list[tuple[UpdateManifest, list[bytes]]], list[bytes]]:
+    """:func:`build_manifest` for many payloads at once (one per client; same round, parent
+    and codec): ``([(manifest, chunks), ...], [manifest.to_json(), ...])``, the same
+    manifests, chunks and canonical JSON, with what they share checked and written once."""
     if not len(payloads) == len(clients) == len(nonces):
         raise InvalidParameter(f"build_manifests: {len(payloads)} payloads, {len(clients)} clients and "
                                f"{len(nonces)} nonces: must be as many of each")
     _check_chunk_size(chunk_size)
+    if not payloads:
+        return [], []
     sha = hashlib.sha256
-    out = []
+    built: list[tuple[UpdateManifest, list[bytes]]] = []
+    texts: list[bytes] = []
+    template = None
     for payload, client, nonce in zip(payloads, clients, nonces):
+        if isinstance(nonce, (bytes, bytearray)):
+            nonce = bytes(nonce).hex()
         if len(payload) <= chunk_size:  # the common case: one chunk, its own Merkle root
             chunks = [bytes(payload)]
-            hexes = (sha(chunks[0]).hexdigest(),)
+            hexes: tuple[str, ...] = (sha(chunks[0]).hexdigest(),)
             root = hexes[0]
         else:
             chunks = split(payload, chunk_size)
             digests = [sha(c).digest() for c in chunks]
             hexes = tuple(d.hex() for d in digests)
             root = merkle_root(digests).hex()
-        manifest = UpdateManifest(round, int(client), parent_digest, codec, len(payload), chunk_size, hexes, root,
-                                  bytes(nonce).hex() if isinstance(nonce, (bytes, bytearray)) else nonce)
-        if not _valid_fast(manifest, root_known=True):
+        manifest = UpdateManifest(round, client, parent_digest, codec, len(payload), chunk_size, hexes, root, nonce)
+        if template is None:  # the shared fields, checked in full once
             try:
                 manifest.validate()
             except ManifestError as exc:
                 raise InvalidParameter(f"build_manifests: {exc}") from None
-        out.append((manifest, chunks))
-    return out
+            template = _json_template(manifest)
+        elif not (type(client) is int and 0 <= client <= _MAX_INT and type(nonce) is str and len(nonce) == 32
+                  and _HEX.fullmatch(nonce)):
+            try:
+                manifest.validate()
+            except ManifestError as exc:
+                raise InvalidParameter(f"build_manifests: {exc}") from None
+        _BUILT[id(manifest)] = manifest
+        built.append((manifest, chunks))
+        texts.append((template % ('","'.join(hexes), client, root, nonce, len(payload))).encode("ascii"))
+    return built, texts
+
+
+#: manifests made by the builders (valid by construction, and frozen), by id
+_BUILT: "weakref.WeakValueDictionary[int, UpdateManifest]" = weakref.WeakValueDictionary()
+
+
+def _json_template(m: UpdateManifest) -> str:
+    """The canonical JSON of a valid manifest with its per-client fields left as %-slots
+    (digests, client, root, nonce, payload length), for manifests sharing the rest."""
+    codec = _json_str(m.codec).replace("%", "%%")
+    return ('{"chunk_digests":["%s"],"chunk_size":' + int.__repr__(m.chunk_size) + ',"client":%d,"codec":'
+            + codec + ',"merkle_root":"%s","nonce":"%s","parent_digest":"' + m.parent_digest
+            + '","payload_len":%d,"round":' + int.__repr__(m.round) + "}")
 
 
 def expected_chunk_len(manifest: UpdateManifest, index: int) -> int:
