@@ -128,7 +128,7 @@ def test_mean_absent_no_target_no_filter_say_so_in_one_line_each():
     assert "cost vs mean: n/a (mean not in the matrix)." in notes
     assert "worst ASR: n/a (no targeted attack in the matrix)." in notes
     assert "detection: n/a (no defense in the matrix rejects updates)." in notes
-    assert notes[0] == RANK_RULE + "."
+    assert notes[0] == "R" + RANK_RULE[1:] + "."
 
 
 def test_only_the_baseline_ranks_by_clean_accuracy():
@@ -346,3 +346,12 @@ def test_the_reference_is_found_under_its_matrix_label():
     summary = report_from_rows(rows_of(cells, clean), meta={"scenario_doc": other}).defenders
     assert summary.groups[0].reference is None
     assert "cost vs mean: n/a (mean not in the matrix)." in defender_notes(summary.groups[0], summary)
+
+
+def test_an_fpr_of_zero_names_no_attack():
+    # norm_bound flags malicious updates only (fp = 0 in both cells): its worst FPR is 0 and no attack caused it
+    cells = {("norm_bound", "sign_flip"): (0.01, None, 1.0, 0.0, 8, 0), ("norm_bound", "ipm"): (0.02, None, 0.5, 0.0, 4, 0)}
+    (g,) = report_from_rows(rows_of(cells)).defenders.groups
+    (r,) = g.rows
+    assert (r.worst_fpr, r.worst_fpr_attack) == (0.0, None) and (r.worst_recall, r.worst_recall_attack) == (0.5, "ipm")
+    assert defender_columns(g, report_from_rows(rows_of(cells)).defenders)[1][0][-1] == "0.000"

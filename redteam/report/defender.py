@@ -13,7 +13,7 @@ For every defense of the matrix (per settings group, when the matrix has
   no-attack cell excluded) and which attack caused it;
 * **worst ASR**: the largest seed-mean ``asr`` over the targeted attacks that ran, and which;
 * **detection** (only where the rule can reject): the smallest seed-mean ``recall`` and the
-  largest seed-mean ``fpr`` over the cells, each with its attack.
+  largest seed-mean ``fpr`` over the cells, each with its attack (none named for an FPR of 0).
 
 **Which rules can reject** is decided from the data: a defense whose runs in the whole
 matrix (every attack, every settings group, every seed, the no-attack baselines included)
@@ -259,6 +259,7 @@ def defender_summary(
             done = [c for c in mine if c.finished > 0]
             rec, rec_a = _extreme(done, "recall", lambda v, b: v < b)
             fpr, fpr_a = _extreme(done, "fpr", lambda v, b: v > b)
+            fpr_a = fpr_a if fpr else None  # no honest update flagged anywhere: no attack to name
             own = stats[d].mean
             cost = ref_clean - own if ref_clean is not None and own is not None else None
             can_reject = d not in non_rejecting
@@ -345,7 +346,7 @@ def defender_columns(group: DefenderGroup, summary: DefenderSummary, *, stacked:
 
 def defender_notes(group: DefenderGroup, summary: DefenderSummary) -> list[str]:
     """One line per fact the table needs: the ranking rule, the cost's sign, the columns left out."""
-    notes = [f"{RANK_RULE}."]
+    notes = [f"{RANK_RULE[0].upper()}{RANK_RULE[1:]}."]
     if group.reference is None:
         notes.append(f"cost vs {summary.reference}: n/a ({summary.reference} not in the matrix).")
     else:
