@@ -350,8 +350,11 @@ def test_the_reference_is_found_under_its_matrix_label():
 
 def test_an_fpr_of_zero_names_no_attack():
     # norm_bound flags malicious updates only (fp = 0 in both cells): its worst FPR is 0 and no attack caused it
-    cells = {("norm_bound", "sign_flip"): (0.01, None, 1.0, 0.0, 8, 0), ("norm_bound", "ipm"): (0.02, None, 0.5, 0.0, 4, 0)}
-    (g,) = report_from_rows(rows_of(cells)).defenders.groups
+    cells = {("norm_bound", "sign_flip"): (0.01, None, 1.0, 0.0, 8, 0),
+             ("norm_bound", "ipm"): (0.02, None, 0.5, 0.0, 4, 0)}
+    summary = report_from_rows(rows_of(cells)).defenders
+    (g,) = summary.groups
     (r,) = g.rows
-    assert (r.worst_fpr, r.worst_fpr_attack) == (0.0, None) and (r.worst_recall, r.worst_recall_attack) == (0.5, "ipm")
-    assert defender_columns(g, report_from_rows(rows_of(cells)).defenders)[1][0][-1] == "0.000"
+    assert (r.worst_fpr, r.worst_fpr_attack) == (0.0, None)
+    assert (r.worst_recall, r.worst_recall_attack) == (0.5, "ipm")
+    assert defender_columns(g, summary)[1][0][-1] == "0.000"
