@@ -6,25 +6,28 @@ For every defense of the matrix (per settings group, when the matrix has
 * **clean accuracy**: the final test accuracy of its no-attack baseline runs (attack
   ``none``, same defense, settings and seeds), mean over seeds with its interval;
 * **cost vs mean**: clean accuracy of plain ``mean`` minus its own (positive = the
-  defense costs that much accuracy when nobody attacks; the reference defense is a
-  parameter, default ``mean``). Without ``mean`` in the matrix the column is left out
-  and the report says ``cost vs mean: n/a (mean not in the matrix)``;
+  defense costs that much accuracy when nobody attacks; the reference plugin is a
+  parameter, default ``mean``, found under its matrix label, e.g. ``{ name = "mean",
+  label = "fedavg" }``). Without it in the matrix the column is left out and the report
+  says ``cost vs mean: n/a (mean not in the matrix)``;
 * **worst case**: the largest seed-mean ``accuracy_drop`` over the matrix's attacks (the
   no-attack cell excluded) and which attack caused it;
 * **worst ASR**: the largest seed-mean ``asr`` over the targeted attacks that ran, and which;
 * **detection** (only where the rule can reject): the smallest seed-mean ``recall`` and the
   largest seed-mean ``fpr`` over the cells, each with its attack (none named for an FPR of 0).
 
-**Which rules can reject** is decided from the data: a defense whose runs in the whole
-matrix (every attack, every settings group, every seed, the no-attack baselines included)
-never flagged one update (in every run ``tp + fp = 0``, so recall and FPR are 0 and
-precision undefined, and no round lists a participating client as rejected) does not reject, and its detection figures read ``n/a (does not
-reject)`` instead of a recall of 0. Aggregators such as mean, median, trimmed mean and
-centered clipping fall there by design (they weigh every update; ``accepted`` is all
-true); a filter (norm bound, Multi-Krum, …) that rejected anything anywhere keeps its
-figures everywhere, a recall of 0 included, because there the 0 is a miss. A rejection by
-an integrity check (a bad signature, a corrupt chunk) counts: with it in the pipeline,
-detection is not vacuous.
+**Which rules can reject** is decided from the data: a defense none of whose runs in the
+matrix (every attack, settings group and seed, the no-attack baselines included) flagged
+a single update (``tp + fp = 0`` in every run, so recall and FPR are 0 and precision
+undefined, and no round lists a participating client as rejected) does not reject: its
+detection figures read ``n/a (does not reject)`` instead of a recall of 0, here and in
+the detection grids (``n/a``). Mean, median, trimmed mean and centered clipping fall
+there by design (they weigh every update). A rule that flagged anything anywhere keeps
+its figures everywhere, a recall of 0 included, because there the 0 is a miss; so does
+a pipeline whose integrity checks (signatures, chunks) or non-finite screen rejected an
+update. The plugin classes declare nothing that would settle it (``kind`` is
+"aggregator" for Krum, which selects, as for the median, which does not; ``mean`` screens
+non-finite rows), so the evidence is what the runs did.
 
 **Ranking** (:data:`RANK_RULE`): by worst-case accuracy drop, smallest first; ties
 (equal as printed, to 3 decimals) by clean accuracy, highest first; then matrix order.
