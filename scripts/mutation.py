@@ -77,6 +77,32 @@ def _expand(patterns: list[str]) -> list[str]:
     return out
 
 
+# one process prints every survivor's diff (``mutmut show`` per mutant costs seconds each)
+_SHOW = """
+import json, sys
+from mutmut.__main__ import find_mutant
+from mutmut.mutation.diff_apply import get_diff_for_mutant
+out = {}
+for name in json.load(sys.stdin):
+    try:
+        out[name] = get_diff_for_mutant(name, path=find_mutant(name).path)
+    except Exception as exc:  # noqa: BLE001 - report, do not stop
+        out[name] = f"(no diff: {exc})"
+print(json.dumps(out))
+"""
+
+
+def _diffs(work: Path, env: dict, names: list[str], verdicts: dict[str, str]) -> dict[str, str]:
+    res = subprocess.run([sys.executable, "-c", _SHOW], cwd=work, env=env, input=json.dumps(names),
+                         capture_output=True, text=True, check=False)
+    try:
+        raw = json.loads(res.stdout)
+    except json.JSONDecodeError:  # another mutmut version: one `mutmut show` per mutant
+        return {k: subprocess.run(["mutmut", "show", k], cwd=work, env=env, capture_output=True, text=True,
+                                  check=False).stdout for k in names}
+    return {k: f"# {k}: {verdicts[k]}\n{raw.get(k, '')}" for k in names}
+
+
 def run_scope(name: str, jobs: int, keep: Path | None, time_limit: float | None = None) -> dict:
     mutate, tests, extra = SCOPES[name]
     work = Path(tempfile.mkdtemp(prefix=f"mut-{name}-", dir=keep))
@@ -112,8 +138,7 @@ def run_scope(name: str, jobs: int, keep: Path | None, time_limit: float | None 
     unchecked = sum(1 for v in verdicts.values() if v in UNCHECKED)
     verdicts = {k: v for k, v in verdicts.items() if v not in UNCHECKED}
     survivors = sorted(k for k, v in verdicts.items() if v not in KILLED)
-    diffs = {k: subprocess.run(["mutmut", "show", k], cwd=work, env=env, capture_output=True, text=True,
-                               check=False).stdout for k in survivors}
+    diffs = _diffs(work, env, survivors, verdicts)
     killed = sum(1 for v in verdicts.values() if v in KILLED)
     if keep is None:
         shutil.rmtree(work, ignore_errors=True)
