@@ -134,11 +134,11 @@ PARENT_CHECK_S = 1.0
 
 
 def _init_worker(threads: int, parent: int | None = None) -> None:
+    if parent is not None:  # first: importing torch takes seconds on a busy machine
+        _exit_with_parent(parent)
     import torch
 
     torch.set_num_threads(threads)
-    if parent is not None:
-        _exit_with_parent(parent)
 
 
 def _exit_with_parent(parent: int, interval: float = PARENT_CHECK_S) -> None:
