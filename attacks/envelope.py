@@ -58,7 +58,9 @@ class NormHug(Attack):
       or of the attackers' own honest updates (``"own"``).
 
     When ĝ = 0 there is no direction to reverse and the rows are zero. The rows are
-    cast so that their norm never exceeds M (see ``attacks._common.fit_norm``).
+    cast so that their norm, measured as the norm rule measures it
+    (:func:`defenses.norm.l2_norms`), never exceeds M (see ``attacks._common.fit_norm``):
+    ``norm_bound`` with the same M accepts every one of them.
     """
 
     bound: float = 1.0
