@@ -294,6 +294,8 @@ class FLDetector(Filter):
                 parts.append(old_rows[where[ids[i]]][None, :])
         state = {
             "ids": new_ids,
+            # one entry per id (rows) or keyed by id; "s"/"y" are node-level (m, d) history
+            "per_client": ["rows", "distances", "flagged"],
             "rows": parts[0] if len(parts) == 1 else torch.cat(parts),
             "distances": dists,
             "flagged": flagged,

@@ -38,7 +38,10 @@ to the clients it describes, not to the merge node that happened to hold them:
   of ≥ 2 dimensions) and lists of that length are one row per client, like FoolsGold's
   history — are rebuilt
   for every bottom node from its members: each member's row comes from the state of the
-  node that member was last merged in (churned-out clients keep theirs);
+  node that member was last merged in (churned-out clients keep theirs); a state that
+  lists its per-client keys under ``"per_client"`` has exactly those gathered (dicts
+  among them are keyed by client id), so a node-level matrix that happens to have one
+  row per id (FLDetector's L-BFGS history) is never mistaken for per-client rows;
 * node-level parts (centered clipping's previous aggregate) stay with the node key when
   the grouping is fixed across rounds (flat, ``region``, ``hash``: today's behaviour);
   with ``random`` grouping they are rebuilt from the members: a tensor is the mean, over
@@ -279,7 +282,7 @@ def _rebuild(own: Mapping[str, Any], member_states: list[Mapping[str, Any]], mem
             mine = own.get(key) if isinstance(own.get(key), Mapping) else {}
             out[key] = _rebuild(mine, [v if isinstance(v, Mapping) else {} for v in subs], members, regrouped)
             continue
-        per_client = [k is not None and _rows_of(v, k) for v, k in zip(subs, k_ids)]
+        per_client = [isinstance(s, Mapping) and _is_per_client(s, key) for s in member_states]
         if key == "ids" or any(per_client):
             continue  # gathered below
         if not regrouped:
@@ -297,6 +300,23 @@ def _rebuild(own: Mapping[str, Any], member_states: list[Mapping[str, Any]], mem
     if any(k is not None for k in k_ids):
         _gather_rows(out, member_states, members)
     return out
+
+
+def _declared(state: Mapping[str, Any]) -> set[str] | None:
+    """The per-client keys a state names under ``"per_client"`` (None: not declared)."""
+    names = state.get("per_client")
+    return {str(v) for v in names} if isinstance(names, (list, tuple)) else None
+
+
+def _is_per_client(state: Mapping[str, Any], key: str) -> bool:
+    """Whether ``state[key]`` is per client: named in ``"per_client"`` when the state
+    declares its keys (a node-level matrix may have as many rows as there are ids),
+    else a matrix or list with one entry per id."""
+    k = _per_client(state)
+    if k is None:
+        return False
+    names = _declared(state)
+    return key in names if names is not None else _rows_of(state.get(key), k)
 
 
 def _rows_of(value: Any, k: int) -> bool:
@@ -317,9 +337,13 @@ def _gather_rows(out: dict[str, Any], member_states: list[Mapping[str, Any]], me
     out["ids"] = ids
     if not picks:
         return
-    names = {key for s, _ in picks for key, v in s.items() if key != "ids" and _rows_of(v, len(s["ids"]))}
+    names = {key for s, _ in picks for key in s if key != "ids" and _is_per_client(s, key)}
     for key in sorted(names):
-        rows = [s[key][j] for s, j in picks if _rows_of(s.get(key), len(s["ids"]))]
+        if all(isinstance(s.get(key), Mapping) for s, _ in picks):  # keyed by client id
+            out[key] = {c: s[key][c] for c, s in zip(members, member_states)
+                        if isinstance(s.get(key), Mapping) and c in s[key]}
+            continue
+        rows = [s[key][j] for s, j in picks if _is_per_client(s, key)]
         if len(rows) != len(picks):
             continue
         out[key] = torch.stack(rows) if all(isinstance(r, torch.Tensor) for r in rows) else list(rows)

@@ -108,3 +108,73 @@ def test_pipeline_state_is_rebuilt_stage_by_stage(grouping):
                 "0.1": {"0": {}, "1": {"ids": [6], "history": torch.zeros(1, 2)}}}, [[5], [6]])
     s = mem.start("0.0", [6, 5])
     assert s["1"]["ids"] == [5, 6] and torch.equal(s["1"]["history"], torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
+
+
+def test_node_level_matrix_with_as_many_rows_as_ids_is_not_gathered():
+    # FLDetector keeps node-level (m, d) L-BFGS pairs "s"/"y" (oldest first) beside its
+    # per-client "rows". After a churned client is kept at the front (FLDetector lists kept
+    # ids first), ids = [2, 0, 1]; with m = 3 stored pairs, "s" has as many rows as there
+    # are ids. By hand: s is history, not one row per client, so a flat merge must hand
+    # it back unchanged (rows s0, s1, s2 in that order); "rows" is per client, so node
+    # {0, 1, 2} gets ids [0, 1, 2] and rows [r0, r1, r2] = [rows[1], rows[2], rows[0]].
+    s = torch.tensor([[1.0, 0.0], [2.0, 0.0], [3.0, 0.0]])
+    rows = torch.tensor([[20.0, 2.0], [0.0, 0.0], [10.0, 1.0]])  # clients 2, 0, 1
+    st = {"ids": [2, 0, 1], "rows": rows, "s": s, "y": -s, "per_client": ["rows", "distances", "flagged"],
+          "distances": {2: [0.5], 0: [0.25], 1: [0.25]}, "flagged": {2: 4}}
+    mem = DefenseMemory(regrouped=False)
+    mem.record({"0.0": st}, [[0, 1, 2]])
+    got = mem.start("0.0", [0, 1, 2])
+    assert torch.equal(got["s"], s) and torch.equal(got["y"], -s)
+    assert got["ids"] == [0, 1, 2] and torch.equal(got["rows"], rows[[1, 2, 0]])
+    assert got["flagged"] == {2: 4}
+
+
+def test_per_client_mappings_follow_the_client_under_regrouping():
+    # FLDetector's "flagged" / "distances" are dicts keyed by client id. Round 1: node 0.0 =
+    # {0, 1} flagged nobody, node 0.1 = {2, 3} flagged client 3 in round 1. Round 2 regroups
+    # {0, 3}: by hand the node must know client 3 was flagged (from node 0.1) and client 0's
+    # distances (from node 0.0); taking the lowest-id member's node dicts would lose 3's flag.
+    z = torch.zeros(2, 2)
+    per = ["rows", "distances", "flagged"]
+    mem = DefenseMemory(regrouped=True)
+    mem.record({"0.0": {"ids": [0, 1], "rows": z, "per_client": per, "distances": {0: [0.1], 1: [0.2]},
+                        "flagged": {}},
+                "0.1": {"ids": [2, 3], "rows": z + 1, "per_client": per, "distances": {2: [0.3], 3: [0.4]},
+                        "flagged": {3: 1}}}, [[0, 1], [2, 3]])
+    got = mem.start("0.0", [0, 3])
+    assert got["ids"] == [0, 3] and torch.equal(got["rows"], torch.tensor([[0.0, 0.0], [1.0, 1.0]]))
+    assert got["flagged"] == {3: 1}
+    assert got["distances"] == {0: [0.1], 3: [0.4]}
+
+
+def test_fldetector_history_survives_churn_in_a_flat_merge():
+    # FLDetector(window = 3) through DefenseMemory, flat: rounds 0–4 with clients 0–3, round 5
+    # without client 3, round 6 with all four. Round 5's node state holds ids [0, 1, 2] and
+    # 3 L-BFGS pairs, so its (3, d) history "s" has one row per id by coincidence; client 3's
+    # row comes from round 4's state (4 ids). By hand: round 6 must start from exactly the
+    # pairs round 5 stored, oldest first (the server's history, not one row per client), and
+    # rows of clients 0, 1, 2 from round 5, client 3's from round 4. Before the fix "s"/"y"
+    # were taken for per-client rows, found missing for client 3 and dropped: the history
+    # restarted, and detection stopped for a whole window.
+    from defenses.fldetector import FLDetector
+    from redteam.types import ServerContext
+
+    fl, d = FLDetector(window=3), 3
+    gen = torch.Generator().manual_seed(0)
+    mem = DefenseMemory(regrouped=False)
+    kept: dict[int, dict] = {}
+    for rnd in range(7):
+        ids = [0, 1, 2] if rnd == 5 else [0, 1, 2, 3]
+        upd = torch.randn(len(ids), d, generator=gen)
+        state = mem.start("0.0", ids)
+        if rnd == 6:
+            assert state["s"].shape == (3, d)
+            assert torch.equal(state["s"], kept[5]["s"]) and torch.equal(state["y"], kept[5]["y"])
+            assert state["ids"] == [0, 1, 2, 3]
+            assert torch.equal(state["rows"], torch.cat([kept[5]["rows"], kept[4]["rows"][3:]]))
+        ctx = ServerContext.default(upd, round=rnd, global_params=torch.randn(d, generator=gen),
+                                    previous_update=torch.randn(d, generator=gen), state=state,
+                                    client_ids=tuple(ids))
+        kept[rnd] = dict(fl.decide(upd, ctx).state)
+        mem.record({"0.0": kept[rnd]}, [ids])
+    assert kept[5]["ids"] == [0, 1, 2] and kept[4]["ids"] == [0, 1, 2, 3]
