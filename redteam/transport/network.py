@@ -367,6 +367,10 @@ class Network:
                     res.client_bytes[c] += int(per[c])
                 res.bytes_on_wire += int(nbytes.sum())
             lost_l, relay_l = lost.tolist(), relay.tolist()
+            if tamper is None:  # what arrives is what was sent: check each attempt where it lands
+                self._land_direct(pending.tolist(), keys, data, lost_l, relay_l, when, wave, manifests, got, got_at,
+                                  failure, mismatch_log, res)
+                continue
             deliveries = [
                 ChunkDelivery(author=keys[k][0], index=keys[k][1], relay=relay_l[k], data=data[k], round=round)
                 for k in sent
@@ -538,6 +542,37 @@ class Network:
             if len(opened) > 1:
                 alternates[c] = [m for _, m in opened[1:]]
         return manifests, alternates
+
+    @staticmethod
+    def _land_direct(pending: list[int], keys: list[tuple[int, int]], data: list[bytes | None], lost: list[bool],
+                     relay: list[int], when: np.ndarray, wave: int, manifests: Mapping[int, UpdateManifest],
+                     got: dict[int, dict[int, bytes]], got_at: np.ndarray, failure: dict[int, tuple[str, float]],
+                     mismatch_log: dict[int, list[tuple[int, int]]], res: TransmitResult) -> None:
+        """One wave without a tamper hook: each attempt that is sent and not lost arrives
+        once, as sent, and is checked against the opened manifest (as :meth:`transmit`'s
+        general path does with the hook's deliveries)."""
+        when_l = when.tolist()
+        for k in pending:
+            c, i = keys[k]
+            have = got[c]
+            if i in have:
+                continue
+            chunk, bad_relay = data[k], None
+            if chunk is not None and not lost[k]:
+                if check_chunk(manifests[c], i, chunk) is None:
+                    have[i] = bytes(chunk)
+                    got_at[k] = when_l[k]
+                    continue
+                bad_relay = relay[k]
+                res.mismatches.append((c, i, bad_relay))
+                mismatch_log.setdefault(c, []).append((i, bad_relay))
+            if bad_relay is not None:
+                reason = f"chunk {i} digest mismatch after {wave} retries ({_via(bad_relay, c)})"
+            elif lost[k] and chunk is not None:
+                reason = f"chunk {i} lost after {wave} retries"
+            else:
+                reason = f"withheld: missing chunk {i}"
+            failure[k] = (reason, when_l[k])
 
     @staticmethod
     def _match_alternate(key: tuple[int, int], d: ChunkDelivery, alternates: Mapping[int, list[UpdateManifest]],
