@@ -64,7 +64,7 @@ def resolve_k_smallest_sums(pd: PairwiseDistances, k: int, rows: "torch.Tensor",
         need = (pd.lower <= cut[:, None]) & ~off
         sel = torch.zeros(n, dtype=torch.bool, device=alive.device)
         sel[rows] = True
-        need = need & sel[:, None] & (pd.error > 0)
+        need = need & sel[:, None] & (pd.error > 1e-9 * pd.approx)  # pairs not pinned down yet
         if int(need.sum()) > n:  # many pairs: one float64 Gram centred on the best candidate
             mid = (pd.lower + pd.upper).masked_fill(off, math.inf)
             best = rows[int(torch.argmin(torch.topk(mid[rows], k, dim=1, largest=False).values.sum(dim=1)))]
