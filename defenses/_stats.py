@@ -4,8 +4,8 @@
   combination, so finite rows never overflow however large (a plain Σwᵢxᵢ/Σw with
   sample counts as weights overflows float32 for entries near its maximum).
 * :func:`clip_scales` — the factor min(1, S/‖xᵢ‖) of clipping a row to norm S.
-* :func:`order_low_first` — rows ordered by a score, ties (up to rounding, see
-  :func:`tie_classes`) broken by the rows' content (:func:`row_fingerprints`), never by
+* :func:`order_low_first` — rows ordered by a score, ties (up to each score's own
+  rounding, see :func:`tie_classes`) broken by the rows' content (:func:`row_fingerprints`), never by
   their position, so a rule that keeps the k lowest is
   symmetric in the clients.
 * :func:`midpoint_median` — the statistical median of a 1-D tensor (mean of the two
@@ -49,18 +49,24 @@ def clip_scales(norms: "torch.Tensor", bound: float) -> "torch.Tensor":
     return torch.where(norms > bound, bound / safe, torch.ones_like(norms))
 
 
-def tie_classes(values: "torch.Tensor", rtol: float = 1e-9) -> "torch.Tensor":
-    """Each value replaced by the index (float64) of its tie class: sorted values within
-    ``rtol`` × the largest finite magnitude of their predecessor share a class (values
-    equal in exact arithmetic differ by a few ulps depending on the order of a sum);
-    +inf values share the last class."""
+def tie_classes(values: "torch.Tensor", rtol: float = 1e-9, floor: float = 1e-18) -> "torch.Tensor":
+    """Each value replaced by the index (float64) of its tie class: neighbours in sorted
+    order share a class when they differ by at most ``rtol`` × the larger of their own two
+    magnitudes (values equal in exact arithmetic differ by a few ulps depending on the
+    order of a sum), or by at most ``floor`` × the largest finite magnitude (values near
+    zero, whose rounding is set by the largest one; 10⁻¹⁸ of it is below what float64
+    resolves of the rows behind it). A far value cannot widen the tie of two others
+    beyond that floor (issue 9: a tolerance of ``rtol`` × the largest value let one
+    outlier make distinct scores tie). +inf values share the last class."""
     import torch
 
     v = values.to(torch.float64)
     vals, idx = torch.sort(v)
     finite = vals[torch.isfinite(vals)]
-    tol = rtol * max(float(finite.abs().max()) if finite.numel() else 0.0, 1e-300)
+    big = float(finite.abs().max()) if finite.numel() else 0.0
     step = torch.zeros_like(vals)
+    own = torch.maximum(vals[1:].abs(), vals[:-1].abs())
+    tol = torch.where(torch.isfinite(own), rtol * own + floor * big, torch.zeros_like(own))
     step[1:] = ((vals[1:] - vals[:-1]) > tol).to(torch.float64)  # inf − inf = nan: not a step
     out = torch.empty_like(vals)
     out[idx] = torch.cumsum(step, 0)

@@ -122,3 +122,19 @@ def test_float64_rows_near_overflow_rank_like_their_rescaled_copies():
     dec = DnC(f=1)(big)
     assert dec.accepted.tolist() == [True, True, True, True, False]
     assert bool(torch.isfinite(dec.aggregate).all())
+
+
+def test_a_far_outlier_cannot_turn_a_crafted_row_into_a_tie():
+    # Issue 9 §1 (ties an attacker can widen), for DnC. Honest rows (1, 0), (0, 1), (−1, 0),
+    # (0, −1), (0.5, 0.5); attacker rows O = (10¹², 0) and C = (−1000, 0); f = 2, so the two
+    # highest scores go. By hand: the top singular vector is ≈ (1, 0) (x₁ spread 10¹², x₂
+    # spread ≤ 2) and μ₁ = (10¹² − 1000 + 0.5)/7 ≈ 1.4286·10¹¹, so sᵢ ≈ (xᵢ₁ − μ₁)²:
+    # O ≈ 7.3·10²³, C ≈ (μ₁ + 1000)², honest ≤ (μ₁ + 1)². C's score exceeds every honest
+    # score by ≈ 2·μ₁·999 ≈ 2.9·10¹⁴, i.e. by 1.4·10⁻⁸ of itself (float64 resolves 10⁻¹⁶):
+    # DnC removes O and C. A tie tolerance of 10⁻⁹ × the largest score (7.3·10¹⁴, set by O)
+    # made C tie with the honest rows, and C's content (lowest Σx) then kept it.
+    rows = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, -1.0], [0.5, 0.5],
+                         [1e12, 0.0], [-1000.0, 0.0]], dtype=torch.float64)
+    dec = DnC(f=2)(rows)
+    assert dec.accepted.tolist() == [True] * 5 + [False, False]
+    assert dec.aggregate.tolist() == pytest.approx([0.1, 0.1])
