@@ -247,8 +247,11 @@ class PairwiseDistances:
         for start in range(0, d, step):
             b = x[:, start:start + step]
             b = b.index_select(0, idx) if m < n else b
-            b = b.to(torch.float64) - c[start:start + step]  # never in place: b may be x itself
-            sq += (b * b).sum(dim=1)
+            if b.dtype == torch.float64:
+                b = b - c[start:start + step]  # out of place: b may be the caller's rows
+            else:
+                b = b.to(torch.float64).sub_(c[start:start + step])  # a fresh float64 copy
+            sq += torch.linalg.vector_norm(b, dim=1).square()
             g.addmm_(b.index_select(0, pos[sub]), b.T)
         dist = (sq[pos[sub]][:, None] + sq[None, :] - 2.0 * g).clamp_min_(0.0)
         norm = sq.sqrt()
