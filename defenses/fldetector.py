@@ -98,6 +98,7 @@ def _split_costs(x: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
     import torch
 
     m = x.shape[1]
+    x = x - x.mean(dim=1, keepdim=True)  # centred: the running sums below do not cancel
     c1 = torch.cumsum(x, dim=1)
     c2 = torch.cumsum(x * x, dim=1)
     tot1, tot2 = c1[:, -1:], c2[:, -1:]
@@ -132,7 +133,7 @@ def gap_says_clusters(scores: "torch.Tensor", references: int, generator: "torch
     x = scores.to(torch.float64).cpu()
     m = x.shape[0]
     lo, hi = float(x.min()), float(x.max())
-    if m < 3 or not hi > lo:
+    if m < 3 or not hi - lo > 1e-9 * max(abs(hi), abs(lo)):  # equal up to rounding: one cluster
         return False, {}
     xs = torch.sort(x).values[None, :]
     w1, costs = _split_costs(xs)

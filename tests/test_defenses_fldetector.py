@@ -128,3 +128,22 @@ def test_nonfinite_rows_and_bad_ids():
         FLDetector()(x, ServerContext.default(x, client_ids=(1, 1, 2)))
     with pytest.raises(InvalidParameter, match=r"FLDetector.window = 0"):
         FLDetector(window=0)
+
+
+def test_gap_statistic_on_scores_one_ulp_apart_is_one_cluster_not_a_crash():
+    # Scores 0.1, 0.1 and the next float above 0.1: they differ by rounding only, so one
+    # cluster (as exactly equal scores are). W₁ computed as Σx² − (Σx)²/m cancels to 0 or
+    # below here, and log(0) raised "math domain error" from inside a federation round
+    # (seen with FLDetector(window = 2) against ipm_opt under churn).
+    g = torch.Generator().manual_seed(0)
+    for base in (0.1, 0.2, 1 / 7):
+        x = torch.tensor([base, base, math.nextafter(base, 1.0)], dtype=torch.float64)
+        assert gap_says_clusters(x, 10, g)[0] is False
+
+
+def test_two_means_is_translation_invariant():
+    # k-means costs are sums of squared deviations from cluster means, unchanged by adding
+    # a constant: 10⁸ + the by-hand example above splits the same way, {0.52, 0.5} on top.
+    # Uncentred running sums of squares (≈ 5·10¹⁶, rounding ≈ 8) lose the 0.1-sized gaps.
+    x = torch.tensor([0.52, 0.1, 0.5, 0.12, 0.11], dtype=torch.float64) + 1e8
+    assert two_means_split(x).tolist() == [True, False, True, False, False]
