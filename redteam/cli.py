@@ -42,6 +42,19 @@ class _Parser(argparse.ArgumentParser):
                      f"(see: {terminal_safe(self.prog)} --help)\n")
 
 
+_THREADS_HELP = ("intra-op threads per run: auto (default: 1 for small federations, a share of the cores "
+                 "for large models) or N; env REDTEAM_THREADS (README, \"Threads\")")
+
+
+def _threads_arg(value: str) -> str | int:
+    from .runner.threads import parse_threads
+
+    try:
+        return parse_threads(value)
+    except RedteamError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="redteam",
@@ -74,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--rounds", type=int, metavar="N", help="override [federation].rounds")
     run.add_argument("--seed", type=int, metavar="S", help="override [scenario].seed")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--threads", type=_threads_arg, default=None, metavar="auto|N",
+                     help=_THREADS_HELP)
 
     mx = sub.add_parser(
         "matrix",
@@ -97,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     mx.add_argument("--resume", action="store_true", help="continue a store that already holds results")
     mx.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"), help="where tensors live")
     mx.add_argument("--quiet", action="store_true", help="no progress display")
+    mx.add_argument("--threads", type=_threads_arg, default=None, metavar="auto|N",
+                    help=_THREADS_HELP)
 
     for group, what in (("attacks", "attack"), ("defenses", "defense"), ("workloads", "workload")):
         g = sub.add_parser(group, help=f"list registered {group}")
@@ -194,7 +211,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     n_runs = 1 if sc.attack.name == "none" else 2
     total = sc.federation.rounds * n_runs
     if args.quiet:
-        doc = run_scenario(sc, device=args.device)
+        doc = run_scenario(sc, device=args.device, threads=args.threads)
     elif not Console(stderr=True).is_terminal:  # a log, not a terminal: plain lines
         from .runner.progress import PlainProgress
 
@@ -207,7 +224,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             label = "baseline" if kind == "baseline" else f"{sc.attack.name} vs {sc.defense_label()}"
             plain.update(step[0], total, f"{label} round {rec.round + 1} (acc {rec.accuracy:.3f})")
 
-        doc = run_scenario(sc, device=args.device, on_round=on_round_plain)
+        doc = run_scenario(sc, device=args.device, on_round=on_round_plain, threads=args.threads)
     else:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -231,7 +248,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     status=f"round {rec.round + 1}: acc {rec.accuracy:.3f}",
                 )
 
-            doc = run_scenario(sc, device=args.device, on_round=on_round)
+            doc = run_scenario(sc, device=args.device, on_round=on_round, threads=args.threads)
     if args.json:  # the results first: nothing printed afterwards can lose them
         path = write_json(doc, args.json)
     _print_table(console, doc)
@@ -298,14 +315,15 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     console = Console(width=None if sys.stdout.isatty() else 160)
     if args.quiet:
         summary = run_matrix(args.scenario, args.out, executor=args.executor, workers=args.workers,
-                             ray_address=args.ray_address, resume=args.resume, device=args.device)
+                             threads=args.threads, ray_address=args.ray_address, resume=args.resume,
+                             device=args.device)
     elif not Console(stderr=True).is_terminal:  # a log, not a terminal: plain lines
         from .runner.progress import PlainProgress
 
         plain = PlainProgress("matrix", "runs")
         summary = run_matrix(args.scenario, args.out, executor=args.executor, workers=args.workers,
-                             ray_address=args.ray_address, resume=args.resume, device=args.device,
-                             on_progress=plain.update)
+                             threads=args.threads, ray_address=args.ray_address, resume=args.resume,
+                             device=args.device, on_progress=plain.update)
     else:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -320,6 +338,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
                 progress.update(task, completed=done, total=total, current=_markup(label))
 
             summary = run_matrix(args.scenario, args.out, executor=args.executor, workers=args.workers,
+                                 threads=args.threads,
                                  ray_address=args.ray_address, resume=args.resume, device=args.device,
                                  on_progress=on_progress)
     console.print(

@@ -95,21 +95,22 @@ def plan_units(matrix: Matrix, scenario_seed: int, file: str) -> tuple[list[Plan
     return rows, list(baselines.values()), list(attacked.values())
 
 
-def execute_unit(doc: dict[str, Any], device: str = "cpu", threads: int | None = None,
-                 where: str = "<cell>") -> dict[str, Any]:
+def execute_unit(doc: dict[str, Any], device: str = "cpu", threads: str | int | None = None,
+                 where: str = "<cell>", parallel_runs: int = 1) -> dict[str, Any]:
     """Run one concrete scenario document; return its round records (as dicts). A plugin
-    parameter error is re-raised naming ``where`` (file and matrix cell) and the section."""
-    import torch
-
-    if threads:
-        torch.set_num_threads(threads)
+    parameter error is re-raised naming ``where`` (file and matrix cell) and the section.
+    ``threads`` is the thread policy (:mod:`.threads`: ``"auto"``, an integer, or ``None`` for
+    the default), ``parallel_runs`` how many runs share this machine's cores."""
     from ..federation.loop import Federation
     from .single import _versions, plugin_errors_located
+    from .threads import run_threads
 
     sc = parse_scenario(doc, file="<cell>")
     t = time.perf_counter()
     with plugin_errors_located(sc, where):
-        res = Federation(sc, device=device).run()
+        fed = Federation(sc, device=device)
+        with run_threads(fed, threads, parallel_runs):
+            res = fed.run()
     return {
         "records": [r.to_dict() for r in res.records],
         "wall_time_s": time.perf_counter() - t,
@@ -123,10 +124,11 @@ def execute_unit(doc: dict[str, Any], device: str = "cpu", threads: int | None =
 Phases = list[list[Unit]]
 
 
-def _local(phases: Phases, device: str, workers: int, ray_address: str | None) -> Iterator[tuple[Unit, dict]]:
+def _local(phases: Phases, device: str, workers: int, ray_address: str | None,
+           policy: str | int | None = None) -> Iterator[tuple[Unit, dict]]:
     for phase in phases:
         for u in phase:
-            yield u, execute_unit(u.doc, device, None, u.where)
+            yield u, execute_unit(u.doc, device, policy, u.where, 1)
 
 
 #: How often a process-pool worker checks that its driver is still alive (seconds).
@@ -157,7 +159,8 @@ def _exit_with_parent(parent: int, interval: float = PARENT_CHECK_S) -> None:
     threading.Thread(target=watch, name="redteam-parent-watch", daemon=True).start()
 
 
-def _process(phases: Phases, device: str, workers: int, ray_address: str | None) -> Iterator[tuple[Unit, dict]]:
+def _process(phases: Phases, device: str, workers: int, ray_address: str | None,
+             policy: str | int | None = None) -> Iterator[tuple[Unit, dict]]:
     """One pool for all phases; a phase is submitted once the previous one was consumed
     (so the baselines are in the store before the attacked runs that need them)."""
     import multiprocessing as mp
@@ -168,18 +171,19 @@ def _process(phases: Phases, device: str, workers: int, ray_address: str | None)
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
                              initargs=(threads, os.getpid())) as pool:
         try:
-            yield from _drain(pool, phases, device, threads)
+            yield from _drain(pool, phases, device, policy, workers)
         except BaseException:
             pool.shutdown(wait=False, cancel_futures=True)  # fail now, not after the queue
             raise
 
 
-def _drain(pool: Any, phases: Phases, device: str, threads: int) -> Iterator[tuple[Unit, dict]]:
+def _drain(pool: Any, phases: Phases, device: str, policy: str | int | None,
+           workers: int) -> Iterator[tuple[Unit, dict]]:
     from concurrent.futures import FIRST_COMPLETED, wait
     from concurrent.futures.process import BrokenProcessPool
 
     for phase in phases:
-        pending = {pool.submit(execute_unit, u.doc, device, threads, u.where): u for u in phase}
+        pending = {pool.submit(execute_unit, u.doc, device, policy, u.where, workers): u for u in phase}
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for fut in done:
@@ -194,7 +198,8 @@ def _drain(pool: Any, phases: Phases, device: str, threads: int) -> Iterator[tup
                 yield u, result
 
 
-def _ray(phases: Phases, device: str, workers: int, ray_address: str | None) -> Iterator[tuple[Unit, dict]]:
+def _ray(phases: Phases, device: str, workers: int, ray_address: str | None,
+         policy: str | int | None = None) -> Iterator[tuple[Unit, dict]]:
     try:
         import ray
     except ImportError:
@@ -207,10 +212,12 @@ def _ray(phases: Phases, device: str, workers: int, ray_address: str | None) -> 
             ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
         started = True
     try:
-        threads = max(1, (os.cpu_count() or 1) // workers) if not ray_address else 1
+        # a cluster's nodes are not this machine: one thread per task there unless told otherwise
+        if ray_address and policy in (None, "auto"):
+            policy = 1
         task = ray.remote(num_cpus=1)(execute_unit)
         for phase in phases:
-            refs = {task.remote(u.doc, device, threads, u.where): u for u in phase}
+            refs = {task.remote(u.doc, device, policy, u.where, workers): u for u in phase}
             while refs:
                 done, _ = ray.wait(list(refs), num_returns=1)
                 for ref in done:
@@ -237,8 +244,12 @@ def run_matrix(
     resume: bool = False,
     device: str = "cpu",
     on_progress: Callable[[int, int, str], None] | None = None,
+    threads: str | int | None = None,
 ) -> MatrixSummary:
     """Expand the scenario at ``path``, run what the store at ``out`` lacks, write results.
+
+    ``threads`` is the intra-op thread policy of each run (:mod:`.threads`; ``None``: the
+    ``REDTEAM_THREADS`` environment variable, else ``auto``).
 
     ``on_progress(done, total, label)`` is called before each run starts (label = the
     run) and after each finishes.
@@ -254,6 +265,9 @@ def run_matrix(
         workers = os.cpu_count() or 1
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise InvalidParameter(f"--workers = {workers!r}: must be an integer ≥ 1")
+    from .threads import default_policy, parse_threads
+
+    threads = default_policy() if threads is None else parse_threads(threads)
     p = Path(path)
     base, matrix, doc = load_matrix(p)
     if not doc:
@@ -300,7 +314,7 @@ def run_matrix(
         phases = [p for p in (todo_b, todo_a) if p]
         if phases:
             report(_label(phases[0][0]))
-        for unit, result in run(phases, device, workers, ray_address):
+        for unit, result in run(phases, device, workers, ray_address, threads):
             _record(store, unit, result)
             done += 1
             computed += 1
