@@ -1,0 +1,121 @@
+"""The full redteam round against the bare batched round, side by side, at 100 to 10,000
+clients on the ``synthetic`` workload (issue 13 §3), with the memory each size needed.
+
+    python benchmarks/bench_scale.py                  # 100, 1000 and 10000 clients (a few minutes)
+    python benchmarks/bench_scale.py --clients 100 1000 --rounds 6
+
+What is compared (both in the same process, interleaved round by round, so both see the
+same machine load):
+
+* **full round**: ``Federation.run``'s round wall time: local training of every client
+  (batched), encode (codec ``none``, error feedback), chunk + SHA-256 + Merkle root + manifest,
+  the simulated network (headers announced and opened, every chunk checked against its
+  digest), batched decode with the receiver's checks, merge (FedAvg mean), server step,
+  and evaluation;
+* **bare round**: the same clients' batched local training from the same global model
+  (``BatchedTrainer.train``, same local settings), the weighted mean of the deltas and the
+  server step — what a batched trainer without any of the harness would do.
+
+After every full round (from the second: the first includes lazy initialisation) one bare
+round is timed from the on-round callback; the table gives the medians and the median of
+the per-round ratios. Each size runs in a child process, so its peak resident memory
+(``ru_maxrss``) is that size's alone. The machine is shared: the load average is printed
+with every figure. Nothing here is asserted.
+
+Each client holds about 20 samples (``samples = 20 × clients``, at least 4000); local
+training is 10 steps of batch 16 (DESIGN.md's reference setting).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+
+def one(n: int, rounds: int) -> dict:
+    import torch
+
+    from redteam.federation.loop import Federation
+    from redteam.scenario import parse_scenario
+
+    torch.set_num_threads(1)
+    doc = {
+        "workload": {"name": "synthetic", "samples": max(4000, 20 * n)},
+        "federation": {"clients": n, "rounds": rounds, "partition": "iid", "min_samples": 1,
+                       "local_steps": 10, "batch_size": 16},
+        "transport": {"codec": "none"},
+    }
+    t_build = time.perf_counter()
+    fed = Federation(parse_scenario(doc), device="cpu")
+    build_s = time.perf_counter() - t_build
+    part_t = torch.arange(n)
+    gen = torch.Generator().manual_seed(1)  # the bare rounds' own stream: the federation's is untouched
+    params = fed.params0.clone()
+    w = fed.weights / fed.weights.sum()
+    bare: list[float] = []
+    full: list[float] = []
+
+    def bare_round() -> float:
+        t = time.perf_counter()
+        local = fed.trainer.train(params, fed.data, part_t, fed.local, gen)
+        agg = (w[:, None] * (local - params)).sum(0)
+        _ = params + agg
+        return time.perf_counter() - t
+
+    def on_round(rec) -> None:
+        if rec.round == 0:
+            bare_round()  # warm-up
+            return
+        full.append(rec.wall_time_s)
+        bare.append(bare_round())
+
+    res = fed.run(on_round=on_round)
+    ratios = [f / b for f, b in zip(full, bare)]
+    return {
+        "clients": n,
+        "d": fed.spec.dim,
+        "full_ms": statistics.median(full) * 1e3,
+        "bare_ms": statistics.median(bare) * 1e3,
+        "ratio": statistics.median(ratios),
+        "rounds_timed": len(full),
+        "build_s": build_s,
+        "accuracy": res.records[-1].accuracy,
+        "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "load": os.getloadavg()[0],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clients", type=int, nargs="+", default=[100, 1000, 10000])
+    ap.add_argument("--rounds", type=int, default=0, help="rounds per size (default: 12 / 8 / 4 by size)")
+    ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one is not None:
+        print(json.dumps(one(args.one, args.rounds)))
+        return
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    print(f"cores {os.cpu_count()}, one intra-op thread per run\n")
+    print("| clients | d | bare round ms | full round ms | full / bare (median of rounds) | rounds timed | "
+          "peak RSS MiB | load avg |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n in args.clients:
+        rounds = args.rounds or (12 if n <= 100 else 8 if n <= 1000 else 4)
+        out = subprocess.run([sys.executable, __file__, "--one", str(n), "--rounds", str(rounds)],
+                             capture_output=True, text=True, env=env, check=False)
+        if out.returncode != 0:
+            print(f"| {n} | failed: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode} |")
+            continue
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        print(f"| {n} | {r['d']} | {r['bare_ms']:.1f} | {r['full_ms']:.1f} | {r['ratio']:.2f}x | "
+              f"{r['rounds_timed']} | {r['maxrss_mib']:.0f} | {r['load']:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
