@@ -177,6 +177,7 @@ class NetworkSpec:
     compute_sigma: float = _rule(0.3, _nonneg, "must be ≥ 0")
     churn_leave: float = _rule(0.0, _prob, "must be in [0, 1]")
     churn_join: float = _rule(0.5, _prob, "must be in [0, 1]")
+    stragglers: Literal["drop", "partial"] = "drop"  # with deadline_s: drop late clients, or send partial work
 
 
 @dataclass(frozen=True, slots=True)

@@ -196,3 +196,41 @@ def test_every_registered_plugin_runs_on_text_or_refuses_in_one_line(tmp_path: P
     for name in ("sign_flip", "alie", "ipm", "min_max", "trigger_phrase", "outer_push", "outer_replacement"):
         assert name not in refused, refused.get(name)
     assert "pixel pattern needs float image inputs" in refused["backdoor"]
+
+
+def test_partial_straggler_policy_by_hand() -> None:
+    # upload = 400,000 B at 8 Mbit/s (1 MB/s) + 100 ms RTT = 0.5 s; deadline 2 s leaves
+    # 1.5 s of compute: ⌊1.5/0.1⌋ = 15 → capped at H = 10; ⌊1.5/0.3⌋ = 5; ⌊1.5/2⌋ = 0
+    from redteam.transport.network import Network, NetworkConfig
+
+    def steps(policy: str) -> list[int]:
+        net = Network(NetworkConfig(deadline_s=2.0, stragglers=policy), 3, np.random.default_rng(0),
+                      bandwidth_mbps=[8, 8, 8], latency_ms=[100, 100, 100], compute_s_per_step=[0.1, 0.3, 2.0])
+        return net.steps_by_deadline([0, 1, 2], 10, 400_000).tolist()
+
+    assert steps("partial") == [10, 5, 0] and steps("drop") == [10, 10, 10]
+    with pytest.raises(InvalidParameter, match="stragglers = 'late'"):
+        NetworkConfig(stragglers="late")
+
+
+def test_partial_stragglers_send_what_they_finished(tmp_path: Path) -> None:
+    # a deadline that half the clients miss with all H = 10 steps: "drop" loses them,
+    # "partial" gets their shorter pseudo-gradients in time
+    wl = {"text_dir": str(_equal_groups(tmp_path / "c", 8, 200)), "context": 8, "width": 16, "layers": 1, "heads": 2}
+
+    def stragglers(policy: str) -> int:
+        sc = parse_scenario({
+            "scenario": {"name": "deadline", "seed": 1}, "workload": {"name": "text", **wl},
+            "federation": {"clients": 6, "rounds": 2, "partition": "by_group", "local_steps": 10, "batch_size": 4,
+                           "lr": 0.003, "local_optimizer": "adamw", "server_optimizer": "nesterov"},
+            "transport": {"codec": "none", "network": {
+                "deadline_s": 1.0, "compute_s_per_step": 0.1, "compute_sigma": 0.5, "bandwidth_mbps": 1000.0,
+                "latency_ms": 10.0, "stragglers": policy}}})
+        fed = Federation(sc)
+        records = fed.run().records
+        if policy == "partial":
+            assert fed._client_steps is not None and min(fed._client_steps.values()) < 10
+        return sum("straggler" in why for r in records for why in r.dropped.values())
+
+    assert stragglers("drop") > 0
+    assert stragglers("partial") < stragglers("drop")

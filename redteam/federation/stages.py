@@ -100,8 +100,22 @@ def train(fed: "Federation", part_t: torch.Tensor, params: torch.Tensor, hook: T
     its delta (local − global), or its worker momentum of deltas (:func:`~.state.apply_momentum`).
     A malicious client's momentum runs over its own honestly computed deltas; what the attack
     then sends instead (``craft``) does not feed back into it."""
+    # the "partial" straggler policy: each client runs the steps it can finish before the
+    # deadline (one that cannot finish a step runs them all and arrives late, as under "drop")
+    fed._client_steps = None
+    steps_t = None
+    if fed.network.config.stragglers == "partial" and fed.network.config.deadline_s is not None:
+        h = fed.local.steps
+        payload = fed.compressor.codec.payload_size(fed.spec.dim)
+        n_chunks = -(-payload // fed.scenario.transport.chunk_size)
+        # upload estimate: the payload plus a generous allowance for the (signed) header's digests
+        k = fed.network.steps_by_deadline(part_t.tolist(), h, payload + 1024 + 200 * n_chunks)
+        k = np.where(k >= 1, k, h)
+        fed._client_steps = dict(zip(part_t.tolist(), k.tolist()))
+        steps_t = torch.as_tensor(k, dtype=torch.int64, device=part_t.device)
     local = fed.trainer.train(params, fed.data, part_t, fed.local, fed._torch["train"], states=fed.states,
-                              hook=hook, hook_rows=hook_rows, hook_generator=fed._torch["attack"])
+                              hook=hook, hook_rows=hook_rows, hook_generator=fed._torch["attack"],
+                              client_steps=steps_t)
     deltas = local - params
     fedspec = fed.scenario.federation
     return apply_momentum(fed.states, part_t, deltas, fedspec.client_momentum, fedspec.momentum_form)

@@ -136,6 +136,7 @@ class BatchedTrainer:
         hook: TrainingHook | None = None,
         hook_rows: list[int] | None = None,
         hook_generator: torch.Generator | None = None,
+        client_steps: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Return the local parameters ``(len(clients), d)`` after local training.
 
@@ -143,7 +144,8 @@ class BatchedTrainer:
         ``states`` holds per-client state (AdamW moments, the sampler's position) read and
         written for ``clients``; it is required for ``optimizer="adamw"`` and
         ``sampling="without_replacement"``. ``hook`` applies to the rows ``hook_rows``
-        (positions among ``clients``).
+        (positions among ``clients``). ``client_steps`` (``(len(clients),)`` int): how many
+        of the ``cfg.steps`` local steps each client runs (partial work before a deadline).
         """
         n = int(clients.shape[0])
         device = global_params.device
@@ -162,6 +164,8 @@ class BatchedTrainer:
         else:
             steps_each = None
             total = cfg.steps
+            if client_steps is not None:
+                steps_each = client_steps.to(device=device, dtype=torch.int64).clamp(0, cfg.steps)
         hooked = _Hooked.build(hook, hook_rows, n, cfg, steps_each, total, device) if hook is not None else None
         if hooked is not None:
             steps_each = hooked.steps_each

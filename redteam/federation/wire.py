@@ -109,6 +109,7 @@ def transport(fed: "Federation", rnd: int, ch: Chunked, actx: AttackContext | No
         rnd, uploads, sc.federation.local_steps, fed._np["network"], tamper,
         parent_digest=digest, headers=headers, open_header=open_header if verifier is not None else None,
         max_payload_len=fed.compressor.codec.payload_size(fed.spec.dim),
+        client_steps=getattr(fed, "_client_steps", None),
     )
     if keep:
         history[rnd] = tuple(

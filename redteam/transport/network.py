@@ -94,7 +94,12 @@ class NetworkConfig:
     * ``deadline_s``: round deadline (``None``: wait for everyone);
     * ``compute_s_per_step`` / ``compute_sigma``: median seconds per local step, σ of log;
     * ``churn_leave`` / ``churn_join``: per-round probability that an online client goes
-      offline / that an offline client comes back.
+      offline / that an offline client comes back;
+    * ``stragglers``: with a deadline, ``"drop"`` (default) trains every client for all its
+      local steps and drops the late ones; ``"partial"`` lets each client stop after the
+      steps it can finish in time (:meth:`Network.steps_by_deadline`) and send that
+      partial update (heterogeneous compute as in DiLoCo-style volunteer training); a
+      client that cannot finish one step is still dropped.
     """
 
     bandwidth_mbps: float = 10.0
@@ -109,8 +114,11 @@ class NetworkConfig:
     compute_sigma: float = 0.5
     churn_leave: float = 0.0
     churn_join: float = 0.0
+    stragglers: str = "drop"
 
     def __post_init__(self) -> None:
+        if self.stragglers not in ("drop", "partial"):
+            raise InvalidParameter(f"NetworkConfig.stragglers = {self.stragglers!r}: must be 'drop' or 'partial'")
         for name in ("bandwidth_mbps",):
             v = getattr(self, name)
             if not (_num(v) and v > 0):
@@ -235,6 +243,23 @@ class Network:
         """When each client's update is ready: steps·c_i."""
         return local_steps * self.compute_s[np.asarray(clients, dtype=np.int64)]
 
+    def steps_by_deadline(self, clients: Sequence[int], local_steps: int, payload_bytes: int) -> np.ndarray:
+        """Local steps each client can finish and still deliver by the deadline, for the
+        ``"partial"`` straggler policy: ⌊(deadline − upload_i)/c_i⌋ capped at
+        ``local_steps``, with upload_i = payload_bytes/bw_i + RTT_i (a direct upload, no
+        loss; relays and re-fetches can still make it late). ``local_steps`` for every
+        client without a deadline or under ``"drop"``; 0 = cannot finish one step in time."""
+        ids = np.asarray(clients, dtype=np.int64)
+        full = np.full(len(ids), int(local_steps), dtype=np.int64)
+        cfg = self.config
+        if cfg.deadline_s is None or cfg.stragglers != "partial":
+            return full
+        upload = payload_bytes / self.bytes_per_s[ids] + self.latency_s[ids]
+        spare = np.maximum(cfg.deadline_s - upload, 0.0)
+        c = self.compute_s[ids]
+        fit = np.where(c > 0, np.floor(spare / np.where(c > 0, c, 1.0)), float(local_steps))
+        return np.minimum(fit, full).astype(np.int64)
+
     # -- one round --------------------------------------------------------------------
     def transmit(
         self,
@@ -248,6 +273,7 @@ class Network:
         headers: Mapping[int, bytes] | None = None,
         open_header: HeaderOpener | None = None,
         max_payload_len: int | None = None,
+        client_steps: Mapping[int, int] | None = None,
     ) -> TransmitResult:
         """Send every client's manifest and chunks to the aggregator; see the module docstring.
 
@@ -289,7 +315,10 @@ class Network:
             mlens = [len(headers[c]) for c in ids]
         else:
             mlens = [len(uploads[c][0].to_json()) if isinstance(uploads[c][0], UpdateManifest) else 0 for c in ids]
-        done_all = self.ready_s(ids, local_steps) + np.asarray(mlens, dtype=np.float64) / self.bytes_per_s[ids_arr]
+        ready = self.ready_s(ids, local_steps)
+        if client_steps is not None:  # partial work: ready after the steps each client ran
+            ready = np.array([client_steps.get(c, local_steps) for c in ids], dtype=np.float64) * self.compute_s[ids_arr]
+        done_all = ready + np.asarray(mlens, dtype=np.float64) / self.bytes_per_s[ids_arr]
         manifest_done = dict(zip(ids, done_all.tolist()))
         finish: dict[int, float] = dict(zip(ids, (done_all + self.latency_s[ids_arr]).tolist()))
         res.client_bytes = dict(zip(ids, mlens))
