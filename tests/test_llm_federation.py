@@ -234,3 +234,22 @@ def test_partial_stragglers_send_what_they_finished(tmp_path: Path) -> None:
 
     assert stragglers("drop") > 0
     assert stragglers("partial") < stragglers("drop")
+
+
+def test_pseudo_gradients_take_topk_error_feedback_signed_chunks_and_a_hierarchy(tmp_path: Path) -> None:
+    # the LM's pseudo-gradients go through the same wire as any update: top-k with error
+    # feedback, signed chunks, a two-level merge; the run learns and every update is accepted
+    wl = {"text_dir": str(_equal_groups(tmp_path / "c", 10, 400)), "context": 16, "width": 16, "layers": 1, "heads": 2}
+    sc = parse_scenario({
+        "scenario": {"name": "wire", "seed": 0}, "workload": {"name": "text", **wl},
+        "federation": {"clients": 8, "rounds": 3, "partition": "by_group", "local_steps": 5, "batch_size": 4,
+                       "lr": 0.003, "local_optimizer": "adamw", "server_optimizer": "nesterov"},
+        "transport": {"codec": "topk", "codec_params": {"fraction": 0.2}, "error_feedback": True, "chunk_size": 2048},
+        "hierarchy": {"fan_out": 2, "depth": 2},
+        "defense": {"pipeline": [{"name": "signed_chunks"}, {"name": "mean"}]},
+    })
+    fed = Federation(sc)
+    records = fed.run().records
+    assert all(all(r.accepted) and not r.rejected for r in records)
+    assert records[-1].loss < records[0].loss
+    assert fed.states.has("residual")  # error feedback kept per client
