@@ -271,6 +271,10 @@ class OuterReplacement(Attack):
         eta = float(ctx.server_lr)
         if not (math.isfinite(eta) and eta > 0):
             raise param_error(self, "horizon", self.horizon, f"needs a server learning rate η > 0, got {eta}")
+        if ctx.server_optimizer not in ("nesterov", "fedavg"):
+            raise param_error(self, "horizon", self.horizon,
+                              f"scales for the Nesterov or FedAvg outer step; the server's is {ctx.server_optimizer!r}, "
+                              "whose step is not linear in the aggregate")
         mu = self.momentum if ctx.server_optimizer == "nesterov" else 0.0
         g = ctx.n_clients / (eta * (1 + mu)) if self.horizon == "immediate" else ctx.n_clients * (1 - mu) / eta
         return g / ctx.n_malicious if (self.share and ctx.n_malicious > 1) else g

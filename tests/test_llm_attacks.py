@@ -112,6 +112,8 @@ def test_outer_replacement_boost_by_hand() -> None:
     assert OuterReplacement(horizon="eventual").gamma(_ctx(own, n=8)) == pytest.approx(0.8 / 0.7 / 2)
     # FedAvg server: no momentum, n/η = 8 / 0.7 / 2
     assert OuterReplacement().gamma(_ctx(own, n=8, server_optimizer="fedavg")) == pytest.approx(8 / 0.7 / 2)
+    with pytest.raises(InvalidParameter, match="'fedadam', whose step is not linear"):
+        OuterReplacement().gamma(_ctx(own, n=8, server_optimizer="fedadam"))
 
 
 def test_outer_replacement_lands_on_the_target_in_one_nesterov_step() -> None:
