@@ -391,9 +391,10 @@ class Network:
             sent = [k for k in (pending.tolist() if wave > 0 else range(len(keys))) if data[k] is not None]
             if sent:  # each attempt's bytes on each hop, per author (whole bytes: exact sums)
                 nbytes = size[sent] * hops[sent]
-                per = np.bincount(author[sent], weights=nbytes, minlength=self.n_clients)
-                for c in np.unique(author[sent]).tolist():
-                    res.client_bytes[c] += int(per[c])
+                who = np.unique(author[sent])
+                per = np.bincount(author[sent], weights=nbytes, minlength=self.n_clients)[who]
+                for c, b in zip(who.tolist(), per.astype(np.int64).tolist()):
+                    res.client_bytes[c] += b
                 res.bytes_on_wire += int(nbytes.sum())
             lost_l, relay_l = lost.tolist(), relay.tolist()
             if tamper is None:  # what arrives is what was sent: check each attempt where it lands
