@@ -26,7 +26,8 @@ the paper's attack. The boost:
   - ``"defense"`` (default): follow the server's rule. The attack is white-box
     (``adaptive``: it is told the defense, as the paper's attacker knows the aggregation
     rule): a sample-weighted mean — ``mean`` with ``weighted = true``, or a pipeline
-    whose aggregation is the default weighted mean — gives ``"samples"``; an unweighted
+    whose aggregation is the default weighted mean, or a filter used alone — gives
+    ``"samples"``; an unweighted
     mean or a robust rule that ignores sample counts gives ``"uniform"``. With no
     defense in the context (a bare call) it is ``"samples"`` when ``ctx.weights`` is
     given and ``"uniform"`` otherwise.
@@ -57,7 +58,8 @@ def defense_weighting(defense: Any) -> str:
     """``"samples"`` if ``defense`` averages by sample count, else ``"uniform"``.
 
     A defense with a ``weighted`` field (``mean``) says so itself; a pipeline follows its
-    aggregator stage, or — without one — its default sample-weighted mean; every other
+    aggregator stage, or — without one — its default sample-weighted mean, and so does a
+    filter, pre- or post-stage used alone (``norm_bound``, ``fldetector``); every other
     rule (median, Krum, clipping, …) ignores the claimed sample counts.
     """
     stages = getattr(defense, "stages", None)
@@ -66,6 +68,8 @@ def defense_weighting(defense: Any) -> str:
         if not aggs:
             return "samples"
         defense = aggs[0]
+    elif getattr(defense, "kind", "aggregator") != "aggregator":
+        return "samples"  # a filter / pre / post stage alone aggregates with the default weighted mean
     return "samples" if bool(getattr(defense, "weighted", False)) else "uniform"
 
 

@@ -203,3 +203,28 @@ def test_model_replacement_errors():
         redteam.attack("model_replacement", boost=-1.0)
     with pytest.raises(InvalidParameter, match=r"ModelReplacement\.weighting = 'samples': needs ctx\.weights"):
         redteam.attack("model_replacement", weighting="samples").craft_updates(mr_ctx([[1.0]], 4))
+
+
+def test_model_replacement_follows_a_lone_filters_weighted_mean():
+    from redteam.federation.server_opt import FedAvg
+    from redteam.types import ServerContext
+
+    # A filter used alone (norm_bound here, bound high enough to accept everyone) aggregates
+    # what it accepts with the default sample-weighted mean, as a pipeline without an
+    # aggregator does. Same setting as above: weights (10, 20, 30, 40), attacker client 1
+    # with X − G = (1, −2), honest deltas 0, η = 0.5. By hand: its share is 20/100, so
+    # γ = W/(w_a·η) = 10, row (10, −20), aggregate 0.2·(10, −20) = (2, −4), and the FedAvg
+    # step lands on G + 0.5·(2, −4) = (1, −2) = X. Taking the filter for a rule that ignores
+    # sample counts sent n/η = 8 and landed at 0.8·X.
+    w = torch.tensor([10.0, 20.0, 30.0, 40.0])
+    own = torch.tensor([[1.0, -2.0]])
+    nb = redteam.defense("norm_bound", bound=100.0)
+    ctx = AttackContext(round=0, n_clients=4, malicious=(1,), own_updates=own, visible_updates=torch.zeros(3, 2),
+                        global_params=torch.zeros(2), generator=gen(), server_lr=0.5, weights=w, defense=nb)
+    row = redteam.attack("model_replacement").craft_updates(ctx)
+    assert torch.allclose(row, torch.tensor([[10.0, -20.0]]))
+    updates = torch.zeros(4, 2)
+    updates[1] = row[0]
+    agg = nb(updates, ServerContext.default(updates, weights=w)).aggregate
+    landed, _ = FedAvg(lr=0.5).step(torch.zeros(2), agg, {})
+    assert torch.allclose(landed, own[0])
