@@ -218,3 +218,48 @@ def test_hierarchy_messages(kw, msg):
         Hierarchy(**kw)
     assert str(ei.value) == msg
     assert Hierarchy(depth=8).n_groups == 4 ** 7
+
+
+class _NaNAbove(Aggregator):
+    """Mean of the children, NaN when any child's first coordinate exceeds 100."""
+
+    def decide(self, updates, ctx):
+        w = ctx.weights / ctx.weights.sum()
+        agg = w @ updates
+        if bool((updates[:, 0] > 100).any()):
+            agg = torch.full_like(agg, float("nan"))
+        return Decision(aggregate=agg, accepted=torch.ones(updates.shape[0], dtype=torch.bool))
+
+
+def test_upper_rejection_without_a_reason_names_the_rule_and_drops_its_weight():
+    # four single-row groups, fan-out 2. Level 1 rejects g1 (‖[0,9]‖ = 9 > 5):
+    #   A = g0 = [3, 0] with weight 1 (g1's weight is dropped), B = mean(g2, g3) = [0, 1.5], w 2
+    # root: (1·[3,0] + 2·[0,1.5]) / 3 = [1, 1]
+    x = torch.tensor([[3.0, 0.0], [0.0, 9.0], [0.0, 3.0], [0.0, 0.0]])
+    res = _merge(x.tolist(), [[0], [1], [2], [3]], MEAN,
+                 redteam.defense("norm_bound", bound=5.0, mode="reject"))
+    assert res.accepted.tolist() == [True, False, True, True]
+    torch.testing.assert_close(res.aggregate, torch.tensor([1.0, 1.0]))
+    # a rule that gives no reason is named by its class
+    res = hierarchical_merge(x, torch.ones(4), [[0, 1], [2, 3]], MEAN, _RejectOdd(), 2, _ctx)
+    assert res.reasons[2] == res.reasons[3] == "its group was rejected at merge level 1: _RejectOdd"
+
+
+def test_a_non_finite_upper_aggregate_is_refused_below_the_root_and_kept_at_the_root():
+    # four groups, fan-out 2: node 1.1 (g2, g3) sees a first coordinate > 100 and returns NaN:
+    # refused, with the rows it covers; the root averages node 1.0 alone: [0.5, 0.5]
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [200.0, 0.0], [0.0, 1.0]])
+    res = hierarchical_merge(x, torch.ones(4), [[0], [1], [2], [3]], MEAN, _NaNAbove(), 2, _ctx)
+    assert res.refused == {"1.1": {"reason": "non-finite sub-aggregate", "rows": [2, 3]}}
+    torch.testing.assert_close(res.aggregate, torch.tensor([0.5, 0.5]))
+    # at the root itself nothing is refused: the NaN goes to the server step, which refuses it
+    # (group {2, 3} averages to [100, 0.5]: its row 2 is doubled so the mean exceeds 100)
+    x[2, 0] = 400.0
+    res = hierarchical_merge(x, torch.ones(4), [[0, 1], [2, 3]], MEAN, _NaNAbove(), 2, _ctx)
+    assert res.refused == {} and bool(torch.isnan(res.aggregate).all())
+
+
+def test_empty_merge_keeps_the_dtype():
+    res = hierarchical_merge(torch.zeros(0, 2, dtype=torch.float64), torch.zeros(0, dtype=torch.float64),
+                             [], MEAN, MEAN, 2, _ctx)
+    assert res.aggregate.dtype == torch.float64
