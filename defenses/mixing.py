@@ -56,7 +56,7 @@ def neighbour_weights(pd: PairwiseDistances, k: int) -> "torch.Tensor":
 
     n = pd.approx.shape[0]
     eye = torch.eye(n, dtype=torch.bool, device=pd.approx.device)
-    for _ in range(2):  # bounds → refine the undecided pairs → exact values
+    for _ in range(3):  # bounds → (float64 Gram) → refine the undecided pairs → exact values
         lo = pd.lower.masked_fill(eye, -1.0)  # a row is always its own first neighbour
         hi = pd.upper.masked_fill(eye, -1.0)
         lo_sorted = torch.sort(lo, dim=1).values
@@ -68,7 +68,13 @@ def neighbour_weights(pd: PairwiseDistances, k: int) -> "torch.Tensor":
         undecided = ~surely_in & ~surely_out
         if not bool(undecided.any()):
             break
-        pd = pd.refine(undecided)
+        if int(undecided.sum()) > n and pd.passes == 0:
+            # many pairs near the cuts: one float64 Gram centred on the row nearest the others
+            total = torch.where(torch.isfinite(pd.approx), pd.approx, torch.zeros_like(pd.approx)).sum(dim=1)
+            total = torch.where(pd.finite, total, torch.full_like(total, float("inf")))
+            pd = pd.recentred(int(torch.argmin(total)))
+            continue
+        pd = pd.refine(undecided & (pd.error > 1e-9 * pd.approx))
     w = surely_in.to(torch.float64)
     if bool(undecided.any()):
         # exact ties at the cut: share the remaining slots equally
@@ -96,15 +102,18 @@ def nearest_neighbour_mixing(updates: "torch.Tensor", k: int) -> "torch.Tensor":
     group = pd.group.to(w.device)
     canon = torch.zeros_like(w).index_add_(1, group, w)
     uniq, inverse = torch.unique(canon, dim=0, return_inverse=True)
+    if uniq.shape[0] == n:  # every neighbour multiset distinct: keep the rows' order, no gather
+        uniq, inverse = canon, None
     used = (uniq != 0).any(dim=0).nonzero().flatten()
-    coeff = uniq.index_select(1, used).to(updates.dtype)
-    rows = updates.index_select(0, used.to(updates.device))
+    every = int(used.numel()) == n
+    coeff = (uniq if every else uniq.index_select(1, used)).to(updates.dtype)
+    rows = updates if every else updates.index_select(0, used.to(updates.device))
     mixed = coeff @ rows
     ok = pd.finite.index_select(0, used)
     if not bool(torch.isfinite(mixed).all()) and bool(ok.all()):
         mixed = torch.stack([safe_sum(uniq[r, used], rows, convex=True, what="an NNM row")
                              for r in range(uniq.shape[0])])
-    return mixed.index_select(0, inverse.to(updates.device))
+    return mixed if inverse is None else mixed.index_select(0, inverse.to(updates.device))
 
 
 @dataclass(frozen=True, slots=True)
