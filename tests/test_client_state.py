@@ -257,3 +257,39 @@ def test_sgd_weight_decay_is_coupled_l2():
     cfg = LocalTraining(steps=1, batch_size=1, lr=0.1, weight_decay=0.2)
     w = trainer.train(torch.tensor([0.5]), data, _ids(0), cfg, torch.Generator())
     assert w.item() == pytest.approx(0.54)
+
+
+def _epoch_trainer():
+    from redteam.federation.params import ParamSpec
+    from redteam.federation.training import BatchedTrainer, StackedData
+    from redteam.types import ClientData
+    from _toy import ToyWorkload
+
+    model = torch.nn.Linear(1, 1, bias=False)
+    data = StackedData.stack([ClientData(torch.arange(10.0).reshape(10, 1), torch.ones(10, 1)) for _ in range(2)])
+    return BatchedTrainer(ToyWorkload(), model, ParamSpec.of(model)), data
+
+
+def test_epoch_sampler_advances_only_for_steps_a_client_runs():
+    # Two clients of 10 items, batch 4, 2 local steps, epoch-style sampling. By hand: a
+    # client that runs 2 steps has taken 8 items of its first permutation, so its position
+    # is 8 and its permutation unchanged — whether or not the attacker's training hook
+    # gives client 1 four steps (steps 3–4 are the attacker's alone: the honest stream must
+    # be the same as in the baseline run). A straggler that runs only 1 step (partial work,
+    # client_steps) has taken 4 items: position 4. Before the fix every client's sampler
+    # moved on every step of the longest client (position 6 in a fresh permutation).
+    from redteam.types import TrainingHook
+
+    trainer, data = _epoch_trainer()
+    cfg = LocalTraining(steps=2, batch_size=4, lr=0.01, sampling="without_replacement")
+    got = {}
+    for name, kw in (("plain", {}), ("hooked", {"hook": TrainingHook(steps=4), "hook_rows": [1],
+                                              "hook_generator": torch.Generator().manual_seed(9)})):
+        st_ = ClientStates(2, torch.device("cpu"))
+        trainer.train(torch.zeros(1), data, _ids(0, 1), cfg, torch.Generator().manual_seed(0), states=st_, **kw)
+        got[name] = (int(st_.tensors["sampler_pos"][0]), st_.tensors["sampler_perm"][0].tolist())
+    assert got["plain"][0] == 8 and got["hooked"] == got["plain"]
+    st_ = ClientStates(2, torch.device("cpu"))
+    trainer.train(torch.zeros(1), data, _ids(0, 1), cfg, torch.Generator().manual_seed(0), states=st_,
+                  client_steps=torch.tensor([1, 2]))
+    assert st_.tensors["sampler_pos"].tolist() == [4, 8]

@@ -14,6 +14,8 @@ the explicit generator. ``sampling`` names how:
   independent random permutations of its data, one per epoch; a step takes the next B
   items of the stream (a batch may straddle two epochs), and the position in the stream is
   client state that carries over to the next round (as a data loader's iterator does).
+  A client takes items only on the steps it runs (one that finished its own steps while
+  others, or an attacker's hook, run more keeps its place).
 
 The local optimizer (``optimizer``) is SGD, with an optional FedProx proximal term (Li et
 al., "Federated Optimization in Heterogeneous Networks", MLSys 2020: the gradient gains
@@ -175,8 +177,8 @@ class BatchedTrainer:
         adam = _AdamW(cfg, states, clients, params) if cfg.optimizer == "adamw" else None
         for step in range(last):
             gen = generator if step < total or hook_generator is None else hook_generator
-            if sampler is not None:
-                pos = sampler.next(gen)
+            if sampler is not None:  # only the clients that run this step take items from their stream
+                pos = sampler.next(gen, (step < steps_each) if steps_each is not None else None)
             else:
                 # per-client batch indices into the pooled data, drawn on CPU for determinism
                 u = torch.rand((n, b), generator=gen, dtype=torch.float64).to(device)
@@ -329,7 +331,9 @@ class _Sampler:
         keys = torch.where(cols[None, :] < self.sizes[:, None], keys, torch.full_like(keys, 2.0))
         return torch.argsort(keys, dim=1)  # the first sizes[c] entries: a permutation of 0..sizes[c]-1
 
-    def next(self, gen: torch.Generator) -> torch.Tensor:
+    def next(self, gen: torch.Generator, active: torch.Tensor | None = None) -> torch.Tensor:
+        """The next batch positions ``(n, B)``; rows not ``active`` (a client that has
+        finished its steps) get positions but keep their place in the stream."""
         fresh = self._permutations(gen)
         if not bool(self.init.all()):
             self.perm = torch.where(self.init[:, None], self.perm, fresh)
@@ -344,8 +348,12 @@ class _Sampler:
         out = torch.where(at < size, mine, nxt)
         end = self.pos + self.b
         rolled = end >= self.sizes
+        moved = torch.where(rolled, (end - self.sizes) % self.sizes, end)
+        if active is not None:
+            rolled = rolled & active
+            moved = torch.where(active, moved, self.pos)
         self.perm = torch.where(rolled[:, None], fresh, self.perm)
-        self.pos = torch.where(rolled, (end - self.sizes) % self.sizes, end)
+        self.pos = moved
         return out
 
     def save(self) -> None:
