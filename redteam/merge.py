@@ -316,7 +316,7 @@ def _is_per_client(state: Mapping[str, Any], key: str) -> bool:
     if k is None:
         return False
     names = _declared(state)
-    return key in names if names is not None else _rows_of(state.get(key), k)
+    return key in names and key in state if names is not None else _rows_of(state.get(key), k)
 
 
 def _rows_of(value: Any, k: int) -> bool:
@@ -339,7 +339,7 @@ def _gather_rows(out: dict[str, Any], member_states: list[Mapping[str, Any]], me
         return
     names = {key for s, _ in picks for key in s if key != "ids" and _is_per_client(s, key)}
     for key in sorted(names):
-        if all(isinstance(s.get(key), Mapping) for s, _ in picks):  # keyed by client id
+        if all(isinstance(s.get(key), Mapping) for s, _ in picks if key in s):  # keyed by client id
             out[key] = {c: s[key][c] for c, s in zip(members, member_states)
                         if isinstance(s.get(key), Mapping) and c in s[key]}
             continue

@@ -178,3 +178,16 @@ def test_fldetector_history_survives_churn_in_a_flat_merge():
         kept[rnd] = dict(fl.decide(upd, ctx).state)
         mem.record({"0.0": kept[rnd]}, [ids])
     assert kept[5]["ids"] == [0, 1, 2] and kept[4]["ids"] == [0, 1, 2, 3]
+
+
+def test_a_declared_key_missing_from_one_members_state_is_not_a_crash():
+    # Node 0.0's state has no "flagged" dict (an older state); node 0.1's flagged client 3.
+    # Regrouped {0, 3}: by hand, flagged = {3: 1} (what is known), rows from both nodes.
+    per = ["rows", "flagged"]
+    mem = DefenseMemory(regrouped=True)
+    mem.record({"0.0": {"ids": [0], "rows": torch.zeros(1, 2), "per_client": per},
+                "0.1": {"ids": [3], "rows": torch.ones(1, 2), "per_client": per, "flagged": {3: 1}}},
+               [[0], [3]])
+    got = mem.start("0.0", [0, 3])
+    assert got["ids"] == [0, 3] and got["flagged"] == {3: 1}
+    assert torch.equal(got["rows"], torch.tensor([[0.0, 0.0], [1.0, 1.0]]))
