@@ -252,10 +252,12 @@ class Federation:
         self.excluded: dict[int, str] = {}
         self.admission: Any = None
         if self.gate is not None:
-            self.admission = self._admit(clean, clients, scenario.workload.name)
+            self.admission = self._admit(clean, clients, scenario.workload.name,
+                                         ds.corpus, [pool[p] for p in parts])
             self.excluded = dict(self.admission.excluded)
 
-    def _admit(self, clean: list[ClientData], actual: list[ClientData], dataset: str) -> Any:
+    def _admit(self, clean: list[ClientData], actual: list[ClientData], dataset: str,
+               corpus: Any = None, rows: list[np.ndarray] | None = None) -> Any:
         from .provenance import admit
 
         forgers: dict[int, AttackContext] = {}
@@ -278,6 +280,8 @@ class Federation:
             origin=f"redteam.federation/seed-{self.scenario.seed}",
             forgers=forgers,
             attack=self.attack,
+            corpus=corpus,  # documents (text): the manifests list the files the windows came from
+            rows=dict(enumerate(rows)) if rows is not None else None,
         )
 
     # ------------------------------------------------------------------ one run

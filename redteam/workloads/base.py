@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, ClassVar
 if TYPE_CHECKING:
     import torch
 
+    from .corpus import CorpusIndex
+
 __all__ = ["Dataset", "Workload"]
 
 
@@ -34,7 +36,10 @@ class Dataset:
 
     ``groups`` (optional, ``(N,)`` int64): a group id per training sample (for text, the
     document's package), used by the ``by_group`` partition; ``source``: what the data is,
-    with a digest of exactly the bytes used where the workload computes one.
+    with a digest of exactly the bytes used where the workload computes one; ``corpus``
+    (optional): per training sample, the document it came from (text:
+    :class:`~redteam.workloads.corpus.CorpusIndex`), which the provenance gate's dataset
+    manifests list instead of the raw tensors.
     """
 
     train_x: "torch.Tensor"
@@ -44,6 +49,7 @@ class Dataset:
     num_classes: int
     groups: "torch.Tensor | None" = None
     source: str = ""
+    corpus: "CorpusIndex | None" = None
 
     def to(self, device: "torch.device | str") -> "Dataset":
         return Dataset(
@@ -54,6 +60,7 @@ class Dataset:
             self.num_classes,
             self.groups,
             self.source,
+            self.corpus,
         )
 
 

@@ -20,7 +20,10 @@ cap, and which are held out, is decided by the SHA-256 of each document's *name*
 choice does not depend on the seed, the file system's order or the other documents.
 The standard library differs slightly between Python patch versions; :func:`digest`
 hashes exactly the bytes used (names and contents), and the dataset manifest of the
-provenance gate covers those documents.
+provenance gate covers those documents: :class:`CorpusIndex` says, per training window,
+which document it was cut from and at which byte offset, and each :class:`Document`
+keeps the file's whole bytes as read (``file_bytes``, also when ``data`` was truncated)
+and the path it was read from (``origin``; ``""`` for a pydoc topic).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import numpy as np
 from ..errors import InvalidParameter
 
 __all__ = [
+    "CorpusIndex",
     "Document",
     "stdlib_documents",
     "directory_documents",
@@ -51,11 +55,23 @@ _SKIP_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__", "test",
 
 @dataclass(frozen=True, slots=True)
 class Document:
-    """One document: a stable name, the group it belongs to, and its bytes."""
+    """One document: a stable name, the group it belongs to, and its bytes.
+
+    ``data`` are the bytes used (after the ``max_doc_bytes`` cap); ``whole`` the bytes as
+    read when the cap cut them (``None``: ``data`` is the whole document); ``origin`` the
+    absolute path of the file it was read from (``""``: not a file, e.g. a pydoc topic).
+    """
 
     name: str
     group: str
     data: bytes
+    origin: str = ""
+    whole: bytes | None = None
+
+    @property
+    def file_bytes(self) -> bytes:
+        """The document as read (what its file holds), of which ``data`` is a prefix."""
+        return self.whole if self.whole is not None else self.data
 
     @property
     def key(self) -> int:
@@ -90,7 +106,7 @@ def _stdlib_cached(root: str) -> tuple[Document, ...]:
         if any(part in _SKIP_DIRS for part in rel.parts[:-1]) or not path.is_file():
             continue
         group = rel.parts[0] if len(rel.parts) > 1 else rel.stem
-        docs.append(Document(f"stdlib/{rel.as_posix()}", group, path.read_bytes()))
+        docs.append(Document(f"stdlib/{rel.as_posix()}", group, path.read_bytes(), str(path.resolve())))
     try:
         from pydoc_data.topics import topics
     except ImportError:  # pragma: no cover - every CPython ships it
@@ -111,7 +127,7 @@ def directory_documents(text_dir: str | Path) -> list[Document]:
             continue
         rel = path.relative_to(base)
         group = rel.parts[0] if len(rel.parts) > 1 else rel.as_posix()
-        docs.append(Document(rel.as_posix(), group, path.read_bytes()))
+        docs.append(Document(rel.as_posix(), group, path.read_bytes(), str(path.resolve())))
     if not docs:
         raise InvalidParameter(f"text_dir = {str(text_dir)!r}: contains no files")
     return docs
@@ -128,7 +144,8 @@ def select(docs: list[Document], max_bytes: int, max_doc_bytes: int) -> list[Doc
             continue
         if total + len(data) > max_bytes:
             continue
-        kept.append(Document(doc.name, doc.group, data))
+        whole = doc.whole if doc.whole is not None else (doc.data if len(data) < len(doc.data) else None)
+        kept.append(Document(doc.name, doc.group, data, doc.origin, whole))
         total += len(data)
     return sorted(kept, key=lambda d: d.name)
 
@@ -162,6 +179,32 @@ def windows(docs: list[Document], context: int) -> tuple[np.ndarray, np.ndarray]
     if not chunks:
         return np.zeros((0, context + 1), dtype=np.uint8), np.zeros(0, dtype=np.int64)
     return np.concatenate(chunks), np.concatenate(owner)
+
+
+@dataclass(frozen=True, slots=True)
+class CorpusIndex:
+    """Where each training window came from (the provenance of a text workload's samples).
+
+    ``documents``: the training documents, in the order :func:`windows` numbered them;
+    ``doc`` / ``offset``: ``(N,)`` int64, per training window its document's index and the
+    byte offset where the window starts in that document (window ``i`` is
+    ``documents[doc[i]].data[offset[i] : offset[i] + context + 1]``); ``root``: the
+    ``text_dir`` the documents were read from (absolute), ``""`` for the standard library.
+    """
+
+    documents: tuple[Document, ...]
+    doc: np.ndarray
+    offset: np.ndarray
+    context: int
+    root: str = ""
+
+    @classmethod
+    def of(cls, docs: list[Document], owner: np.ndarray, context: int, root: str = "") -> "CorpusIndex":
+        """The index of ``windows(docs, context)``'s windows, given its ``owner`` array."""
+        owner = np.asarray(owner, dtype=np.int64)
+        first = np.searchsorted(owner, owner, side="left")  # owner is sorted (windows go doc by doc)
+        offset = (np.arange(len(owner), dtype=np.int64) - first) * context
+        return cls(tuple(docs), owner, offset, context, root)
 
 
 def digest(docs: list[Document]) -> str:

@@ -21,7 +21,9 @@ of the seed) and training documents, and cut into windows of ``context + 1`` byt
 ``x = w[:-1]``, ``y = w[1:]`` (next-byte targets). The dataset carries each training
 window's **group** (its document's package), for the ``by_group`` partition: clients then
 hold whole packages, a natural non-IID split. The held-out set keeps at most
-``eval_windows`` windows, evenly spaced over the held-out documents.
+``eval_windows`` windows, evenly spaced over the held-out documents. It also carries,
+per training window, the document and byte offset it was cut from (``Dataset.corpus``):
+the provenance gate's manifests list those documents' files.
 
 Scoring (``correct``): per-byte next-byte accuracy for ordinary targets; when the targets
 mask positions with −100 (the ``ignore_index`` of the cross-entropy), a *sequence* counts
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -200,6 +203,8 @@ class TextLM(Workload):
             num_classes=VOCAB,
             groups=torch.from_numpy(doc_group[owner]),
             source=f"{where}, sha256 {_corpus.digest(train_docs + test_docs)}",
+            corpus=_corpus.CorpusIndex.of(train_docs, owner, self.context,
+                                          str(Path(self.text_dir).resolve()) if self.text_dir else ""),
         )
 
     def build_model(self, generator: torch.Generator) -> torch.nn.Module:
