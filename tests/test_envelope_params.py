@@ -1,15 +1,17 @@
-"""Parameters of the envelope attacks (attacks/envelope.py): exact one-line errors, and the
-edges of every accepted range (found by mutation testing: the messages and the range ends
-were not pinned anywhere)."""
+"""Envelope attacks (attacks/envelope.py): exact one-line errors, the edges of every accepted
+range, cosine evasion's reference choices and the adaptive search's view of the round —
+what mutation testing found unpinned."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
+import torch
 
 from attacks.envelope import Adaptive, CosineEvasion, NormEvasion, NormHug
 from redteam.errors import InvalidParameter
+from redteam.types import AttackContext, Decision
 
 BAD = [
     (NormHug, {"bound": 0}, "NormHug.bound = 0: must be a finite number > 0"),
@@ -78,3 +80,97 @@ def test_adaptive_hash_depends_on_its_parameters():
     assert hash(a) == hash(Adaptive(params={"scale": 2.0}))
     assert len({hash(a), hash(Adaptive(params={"scale": 3.0})), hash(Adaptive(anchor="own")),
                 hash(Adaptive(steps=5)), hash(Adaptive(max_scale=10.0)), hash(Adaptive())}) == 6
+
+
+# -- behaviour the mutants showed untested ------------------------------------------------------------
+def _actx(own, visible, *, previous=None, rows=(), n=None, weights=None, defense=None):
+    own = torch.tensor(own, dtype=torch.float64)
+    visible = torch.tensor(visible, dtype=torch.float64)
+    n = n if n is not None else own.shape[0] + visible.shape[0]
+    return AttackContext(round=3, n_clients=n, malicious=tuple(rows) or tuple(range(own.shape[0])),
+                         malicious_rows=tuple(rows), own_updates=own, visible_updates=visible,
+                         global_params=torch.zeros(own.shape[1], dtype=torch.float64),
+                         generator=torch.Generator().manual_seed(0), weights=weights,
+                         previous_update=previous, defense=defense)
+
+
+VISIBLE = [[1.0, 0.0], [3.0, 0.0], [2.0, 6.0]]  # mean [2, 2]; coordinate (lower) median [2, 0]
+
+
+@pytest.mark.parametrize("against, previous, ref", [
+    ("mean", None, [2.0, 2.0]),
+    ("median", None, [2.0, 0.0]),
+    ("previous", [0.0, 5.0], [0.0, 5.0]),
+    ("previous", None, [2.0, 0.0]),  # round 0: no previous update, falls back to the median
+    ("median", [0.0, 5.0], [2.0, 0.0]),  # a previous update is ignored unless asked for
+])
+def test_cosine_evasion_reference(against, previous, ref):
+    ctx = _actx([[1.0, 1.0]], VISIBLE, previous=None if previous is None else torch.tensor(previous))
+    got = CosineEvasion(against=against).ref_vector(ctx)
+    assert got.tolist() == ref
+
+
+def test_cosine_evasion_without_a_reference_keeps_its_target():
+    # all-zero honest rows: the reference is 0, nothing to evade: target "own" [0.3, 0.4]
+    # comes back unchanged (direction [0.6, 0.8] times its length 0.5)
+    ctx = _actx([[0.3, 0.4]], [[0.0, 0.0], [0.0, 0.0]])
+    out = CosineEvasion(target="own").craft_updates(ctx)
+    torch.testing.assert_close(out, torch.tensor([[0.3, 0.4]], dtype=torch.float64))
+    # "reverse" of a zero reference is a zero row
+    assert CosineEvasion().craft_updates(ctx).abs().sum() == 0
+
+
+class _Spy:
+    """A reject-mode norm bound M = 2 that records the matrices and contexts it is shown."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, full, ctx):
+        self.calls.append((full.clone(), ctx))
+        ok = torch.linalg.vector_norm(full, dim=1) <= 2.0
+        return Decision(aggregate=full.mean(dim=0), accepted=ok)
+
+
+def test_adaptive_search_sees_the_round_as_the_server_would():
+    # two malicious clients at rows 1 and 3 of 4; own rows [0.3, 0.4] (norm 0.5): sign_flip
+    # sends −[0.3, 0.4]; the largest accepted strength under ‖·‖ ≤ 2 is s = 4 (2 / 0.5),
+    # reached by doubling 1 → 2 → 4 (accepted) → 8 (rejected), then bisection in [4, 8].
+    spy = _Spy()
+    w = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
+    ctx = _actx([[0.3, 0.4], [0.3, 0.4]], [[1.0, 0.0], [0.0, 1.0]], rows=(1, 3), weights=w, defense=spy,
+                previous=torch.tensor([0.5, 0.5], dtype=torch.float64))
+    out = Adaptive(attack="sign_flip").craft_updates(ctx)
+    torch.testing.assert_close(out, torch.tensor([[-1.2, -1.6], [-1.2, -1.6]], dtype=torch.float64))
+    strengths = [float(torch.linalg.vector_norm(full[1])) / 0.5 for full, _ in spy.calls]
+    assert strengths[:4] == pytest.approx([1.0, 2.0, 4.0, 8.0])
+    assert len(spy.calls) == 4 + 30  # then 30 bisection steps (the default)
+    full, sctx = spy.calls[0]
+    # honest rows at their own positions, the malicious rows at theirs
+    assert full[0].tolist() == [1.0, 0.0] and full[2].tolist() == [0.0, 1.0]
+    assert sctx.round == 3 and sctx.client_ids == (0, 1, 2, 3) and sctx.n_clients == 4
+    assert torch.equal(sctx.weights, w) and torch.equal(sctx.global_params, ctx.global_params)
+    assert torch.equal(sctx.previous_update, ctx.previous_update) and sctx.generator is not None
+    # every probe of one round sees the same randomness
+    assert len({c.generator.initial_seed() for _, c in spy.calls}) == 1
+
+
+def test_adaptive_appends_malicious_rows_when_positions_are_unknown():
+    # 3 rows in the round but the malicious client's position (7) is outside it: honest
+    # rows first, then the malicious one; weights of the wrong length are not passed on
+    spy = _Spy()
+    ctx = _actx([[0.3, 0.4]], [[1.0, 0.0], [0.0, 1.0]], rows=(7,), weights=torch.ones(5, dtype=torch.float64),
+                defense=spy)
+    Adaptive(attack="sign_flip", steps=1).craft_updates(ctx)
+    full, sctx = spy.calls[0]
+    assert full[:2].tolist() == [[1.0, 0.0], [0.0, 1.0]] and full[2].tolist() == pytest.approx([-0.3, -0.4])
+    assert sctx.weights.tolist() == [1.0, 1.0, 1.0]  # the default equal weights
+
+
+def test_adaptive_max_scale_caps_the_doubling():
+    # nothing is ever rejected (M = 2 ≫ 1e-3 · 8): doubling stops at max_scale = 5 (1 → 2 → 4 → 5)
+    spy = _Spy()
+    ctx = _actx([[0.0003, 0.0004]], [[1.0, 0.0]], rows=(1,), defense=spy)
+    out = Adaptive(attack="sign_flip", max_scale=5.0).craft_updates(ctx)
+    torch.testing.assert_close(out, torch.tensor([[-0.0015, -0.002]], dtype=torch.float64))
+    assert len(spy.calls) == 4
