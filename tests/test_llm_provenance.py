@@ -24,11 +24,10 @@ from provenance import dsse
 from provenance.errors import VerificationFailed
 from provenance.manifest import DatasetManifest
 from redteam.federation.loop import Federation
-from redteam.federation.provenance import UNATTRIBUTED, corpus_manifest, corpus_shards
+from redteam.federation.provenance import UNATTRIBUTED, corpus_shards
 from redteam.scenario import parse_scenario
 from redteam.types import ClientData
 from redteam.workloads.corpus import CorpusIndex, Document, windows
-from redteam.workloads.text import TextLM
 
 # notes.txt is held out (the smallest name hash of the three, heldout_fraction 0.1 → 1 of 3);
 # docs/guide.md and code.py are the training documents, one group each ("docs", "code.py")
@@ -45,12 +44,13 @@ def _corpus(root: Path) -> Path:
     return root
 
 
-def _scenario(text_dir: Path, attack: dict[str, Any] | None = None, **workload: Any) -> Any:
+def _scenario(text_dir: Path, attack: dict[str, Any] | None = None, partition: str = "by_group",
+              **workload: Any) -> Any:
     return parse_scenario({
         "scenario": {"name": "llm-provenance", "seed": 3},
         "workload": {"name": "text", "text_dir": str(text_dir), "context": 16, "width": 8, "layers": 1,
                      "heads": 2, "heldout_fraction": 0.1, "eval_windows": 8, **workload},
-        "federation": {"clients": 2, "rounds": 1, "partition": "by_group", "local_steps": 1, "batch_size": 2,
+        "federation": {"clients": 2, "rounds": 1, "partition": partition, "local_steps": 1, "batch_size": 2,
                        "lr": 0.01, "malicious_fraction": 0.5, "root_samples": 0},
         "transport": {"codec": "none"},
         "attack": attack or {"name": "none"},
@@ -159,6 +159,27 @@ def test_each_clients_manifest_lists_exactly_its_files(tmp_path: Path) -> None:
         ms[by_file["docs/guide.md"]].verify_directory(root)
 
 
+def test_iid_clients_list_every_file_their_windows_come_from(tmp_path: Path) -> None:
+    # iid over windows: guide.md gives (324 − 1) // 16 = 20 windows, code.py (160 − 1) // 16 = 9;
+    # each client's manifest lists exactly the files one of its windows is a slice of (at a
+    # multiple of 16: the stride), found here by searching the file contents
+    root = _corpus(tmp_path / "corpus")
+    fed = Federation(_scenario(root, partition="iid"))
+    files = {"docs/guide.md": GUIDE, "code.py": CODE}
+    total = 0
+    for c, m in _manifests(fed).items():
+        x = fed.data.client(c).x
+        total += len(x)
+        want = set()
+        for row in x.tolist():
+            w = bytes(row)
+            want |= {n for n, b in files.items() if any(b[o:o + 16] == w for o in range(0, len(b) - 16, 16))}
+        assert [f.name for f in m.files] == sorted(want, key=lambda n: tuple(n.split("/")))
+        assert {f.name: f.sha256 for f in m.files} == {n: _sha(files[n]) for n in want}
+        m.verify_directory(root)
+    assert total == 20 + 9
+
+
 def test_a_truncated_file_is_listed_as_it_is_on_disk(tmp_path: Path) -> None:
     # max_doc_bytes 100: the windows come from the first 100 bytes of each file, and the
     # manifests still list the files on disk (324 and 160 bytes): the used bytes are a
@@ -184,8 +205,8 @@ def test_symlinks_and_unused_files_are_outside_the_manifest(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("attack, reason", [
-    ("manifest_mismatch", "provenance gate: attestation: the shards trained on do not match the manifest: "
-                          f"extra shard '{UNATTRIBUTED}' is not in the manifest"),
+    ("manifest_mismatch", ("provenance gate: attestation: the shards trained on do not match the manifest: "
+                           f"extra shard '{UNATTRIBUTED}' is not in the manifest")),
     ("stolen_key", None),  # the poisoned windows, signed with the stolen key: the gate cannot tell
 ])
 def test_the_gate_attests_text_clients(tmp_path: Path, attack: str, reason: str | None) -> None:
@@ -204,10 +225,20 @@ def test_the_gate_attests_text_clients(tmp_path: Path, attack: str, reason: str 
 
 
 def test_classifier_manifests_are_unchanged() -> None:
-    # digits keeps its two tensor shards (x.f32, y.i64): no corpus on that dataset
-    from redteam.workloads.digits import Digits
-
-    assert Digits().load(0).corpus is None
+    # digits has no corpus: each manifest still lists its two tensor shards, x as float32 LE
+    # and y as int64 LE, hashed here from the client's clean tensors
+    sc = parse_scenario({
+        "scenario": {"seed": 1}, "workload": {"name": "digits"},
+        "federation": {"clients": 2, "rounds": 1, "partition": "iid", "local_steps": 1},
+        "defense": {"pipeline": [{"name": "provenance_gate"}, {"name": "mean"}]},
+    })
+    fed = Federation(sc)
+    for c, m in fed.admission.manifests.items():
+        cd = fed.data.client(c)
+        x = cd.x.float().numpy().astype("<f4").tobytes()
+        y = cd.y.long().numpy().astype("<i8").tobytes()
+        assert [(f.name, f.size, f.sha256) for f in m.files] == [("x.f32", len(x), _sha(x)), ("y.i64", len(y), _sha(y))]
+        assert m.ignore_paths == ()
 
 
 def test_signed_text_manifest_round_trips(tmp_path: Path) -> None:
