@@ -9,7 +9,13 @@ import math
 import pytest
 import torch
 
-from attacks.envelope import Adaptive, CosineEvasion, NormEvasion, NormHug
+from attacks.envelope import (
+    Adaptive,
+    CosineEvasion,
+    NormEvasion,
+    NormHug,
+    cone_direction,
+)
 from redteam.errors import InvalidParameter
 from redteam.types import AttackContext, Decision
 
@@ -174,3 +180,31 @@ def test_adaptive_max_scale_caps_the_doubling():
     out = Adaptive(attack="sign_flip", max_scale=5.0).craft_updates(ctx)
     torch.testing.assert_close(out, torch.tensor([[-0.0015, -0.002]], dtype=torch.float64))
     assert len(spy.calls) == 4
+
+
+def test_cone_direction_by_hand():
+    # r = e₁, c = 0.5 (√(1 − c²) = √3/2).
+    # targets inside the cone come back as their own unit vectors, whatever their length:
+    #   [3, 4, 0] and [0.3, 0.4, 0] (cos 0.6 ≥ 0.5) → [0.6, 0.8, 0]
+    # targets outside land on the cone in their own plane with r:
+    #   [−1, 1, 0] → 0.5·e₁ + (√3/2)·e₂;  [−1, 0, 2] → 0.5·e₁ + (√3/2)·e₃
+    h = 3 ** 0.5 / 2
+    r = torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64)
+    t = torch.tensor([[3.0, 4.0, 0.0], [0.3, 0.4, 0.0], [-1.0, 1.0, 0.0], [-1.0, 0.0, 2.0]],
+                     dtype=torch.float64)
+    want = torch.tensor([[0.6, 0.8, 0.0], [0.6, 0.8, 0.0], [0.5, h, 0.0], [0.5, 0.0, h]], dtype=torch.float64)
+    torch.testing.assert_close(cone_direction(t, r, 0.5), want)
+
+
+@pytest.mark.parametrize("fallback, want_dir", [
+    ([1.0, 0.5, 0.0], [0.0, 1.0, 0.0]),  # its part ⊥ r, [0, 0.5, 0], normalised
+    ([1.0, 2.0, 0.0], [0.0, 1.0, 0.0]),
+    ([3.0, 0.0, 0.0], [0.0, 0.0, 0.0]),  # parallel to r: no orthogonal part, stays on r
+])
+def test_cone_direction_reverse_target_uses_the_fallback(fallback, want_dir):
+    # target exactly −r: every direction ⊥ r is optimal; the fallback's orthogonal part is
+    # used, so the row is 0.6·e₁ + 0.8·(that unit direction) for c = 0.6
+    r = torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64)
+    got = cone_direction(-r[None, :], r, 0.6, torch.tensor(fallback, dtype=torch.float64))
+    want = 0.6 * r + 0.8 * torch.tensor(want_dir, dtype=torch.float64)
+    torch.testing.assert_close(got[0], want)
