@@ -249,3 +249,25 @@ def test_signed_text_manifest_round_trips(tmp_path: Path) -> None:
     env = dsse.sign_json(m.to_json(), fed.enrollment.keys[0])
     back = DatasetManifest.from_statement(dsse.verify(dsse.Envelope.from_json(env), fed.enrollment.public[0]).payload)
     assert back.files == m.files and back.ignore_paths == m.ignore_paths
+
+
+def test_cli_verifies_a_text_clients_signed_manifest_against_the_directory(tmp_path: Path, capsys: Any) -> None:
+    # the auditor's command line: `redteam provenance verify ENVELOPE --pub KEY --data DIR`
+    from provenance.cli import main
+
+    root = _corpus(tmp_path / "corpus")
+    fed = Federation(_scenario(root))
+    for c, m in _manifests(fed).items():
+        env, pub = tmp_path / f"client-{c}.dsse.json", tmp_path / f"client-{c}.pub"
+        env.write_bytes(dsse.sign_json(m.to_json(), fed.enrollment.keys[c]))
+        fed.enrollment.public[c].save(pub)
+        assert main(["provenance", "verify", str(env), "--pub", str(pub), "--data", str(root)]) == 0
+        out = capsys.readouterr().out
+        assert "data matches the manifest (1 file(s), dataset 'text' '1')" in out
+    # one changed byte in a listed file: that client's check fails (exit 1, one line)
+    c = next(c for c, m in _manifests(fed).items() if m.files[0].name == "code.py")
+    (root / "code.py").write_bytes(b"#" + CODE[1:])
+    code = main(["provenance", "verify", str(tmp_path / f"client-{c}.dsse.json"), "--pub",
+                 str(tmp_path / f"client-{c}.pub"), "--data", str(root)])
+    err = capsys.readouterr().err
+    assert code == 1 and "file 'code.py': sha256 differs from the manifest" in err and err.count("\n") == 1
