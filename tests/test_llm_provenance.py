@@ -271,3 +271,28 @@ def test_cli_verifies_a_text_clients_signed_manifest_against_the_directory(tmp_p
                  str(tmp_path / f"client-{c}.pub"), "--data", str(root)])
     err = capsys.readouterr().err
     assert code == 1 and "file 'code.py': sha256 differs from the manifest" in err and err.count("\n") == 1
+
+
+def test_stdlib_manifest_lists_the_interpreters_files() -> None:
+    # default corpus: every listed stdlib/<path> is the file <stdlib>/<path> on disk, every
+    # pydoc_topics/<topic> the topic's text in UTF-8; hashed here independently
+    import sysconfig
+
+    from pydoc_data.topics import topics
+
+    from redteam.federation.provenance import corpus_manifest
+    from redteam.workloads.text import TextLM
+
+    ds = TextLM(max_bytes=60_000, max_doc_bytes=4096).load(0)
+    assert ds.corpus is not None and ds.corpus.root == ""
+    rows = np.arange(0, len(ds.train_x), 3)
+    m = corpus_manifest(0, corpus_shards(ClientData(ds.train_x[rows], ds.train_y[rows]), ds.corpus, rows),
+                        "text", ds.corpus)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    assert m.license == "PSF-2.0" and str(stdlib) in m.source and len(m.files) >= 2
+    for f in m.files:
+        top, rest = f.name.split("/", 1)
+        data = (stdlib / rest).read_bytes() if top == "stdlib" else topics[rest].encode("utf-8")
+        assert (f.size, f.sha256) == (len(data), _sha(data)), f.name
+    # exactly the documents of the sampled windows
+    assert {f.name for f in m.files} == {ds.corpus.documents[d].name for d in set(ds.corpus.doc[rows].tolist())}

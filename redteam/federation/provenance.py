@@ -189,7 +189,13 @@ def corpus_manifest(client: int, shards: Mapping[str, bytes], dataset: str, corp
     With a ``text_dir`` corpus (``corpus.root``) its ``ignore_paths`` are every other path
     under the directory, so verifying the directory checks exactly these files."""
     lic, where = _STDLIB_LICENSE if not corpus.root else ("NOASSERTION", corpus.root)
-    what = f"text_dir {corpus.root}" if corpus.root else "the Python standard library's sources and pydoc topics"
+    if corpus.root:
+        what = f"text_dir {corpus.root}"
+    else:
+        import sysconfig
+
+        what = (f"the Python standard library (stdlib/<path>: {sysconfig.get_paths()['stdlib']}/<path>; "
+                "pydoc_topics/<topic>: pydoc_data.topics, UTF-8)")
     names = [n for n in shards if n != UNATTRIBUTED]
     m = DatasetManifest.from_shards(
         shards, client=f"client-{client}", dataset=dataset, version="1", license=lic, license_source=where,
