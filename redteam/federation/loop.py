@@ -185,6 +185,7 @@ class Federation:
             clean.append(cd)
             if self.is_malicious[i] and Surface.DATA in self.attack.surfaces:
                 cd = self.attack.poison_data(cd, i, self._torch["attack"])
+                _check_poisoned_labels(self.attack_spec.name, self.attack, cd, i, ds.num_classes)
             clients.append(cd)
         self.data = StackedData.stack(clients).to(self.device)
         self.weights = self.data.sizes.to(torch.float32).to(self.device)
@@ -383,4 +384,21 @@ class Federation:
             malicious=list(self.malicious),
             params={"attack": dict(self.attack_spec.params), "defense": repr(self.defense)},
             wall_time_s=time.perf_counter() - t_run,
+        )
+
+
+def _check_poisoned_labels(name: str, attack: Any, data: ClientData, client: int, num_classes: int) -> None:
+    """A data attack must keep a classifier's labels among the workload's classes: a label
+    out of range would otherwise crash deep inside the loss (e.g. ``label_flip``'s default
+    ``num_classes = 10`` on a 4-class workload)."""
+    y = data.y
+    if num_classes <= 0 or y.dtype.is_floating_point or y.ndim != 1 or not y.numel():
+        return
+    lo, hi = int(y.min()), int(y.max())
+    if lo < 0 or hi >= num_classes:
+        hint = (f"; set num_classes = {num_classes} in [attack]" if getattr(attack, "num_classes", num_classes)
+                != num_classes else "")
+        raise InvalidParameter(
+            f"attack {name!r}: poison_data gave client {client} labels in [{lo}, {hi}], outside the "
+            f"workload's {num_classes} classes [0, {num_classes}){hint}"
         )
