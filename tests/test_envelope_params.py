@@ -208,3 +208,30 @@ def test_cone_direction_reverse_target_uses_the_fallback(fallback, want_dir):
     got = cone_direction(-r[None, :], r, 0.6, torch.tensor(fallback, dtype=torch.float64))
     want = 0.6 * r + 0.8 * torch.tensor(want_dir, dtype=torch.float64)
     torch.testing.assert_close(got[0], want)
+
+
+def test_adaptive_anchor_own_interpolates_from_the_honest_rows():
+    # anchor "own": rows own + s·(crafted − own) = own·(1 − 2s) for a sign flip; the probe at
+    # s = 2 is −3·own (norm 1.5; with anchor "zero" it would be −2·own, norm 1.0). The search
+    # ends on the bound: |1 − 2s|·0.5 = 2 → s = 2.5 → −4·own = [−1.2, −1.6].
+    spy = _Spy()
+    ctx = _actx([[0.3, 0.4]], [[1.0, 0.0]], rows=(1,), defense=spy)
+    out = Adaptive(attack="sign_flip", anchor="own").craft_updates(ctx)
+    torch.testing.assert_close(out, torch.tensor([[-1.2, -1.6]], dtype=torch.float64))
+    assert float(torch.linalg.vector_norm(spy.calls[1][0][1])) == pytest.approx(1.5)
+
+
+def test_adaptive_bisects_between_one_and_two():
+    # own norm 1.5: s = 1 accepted (1.5 ≤ 2), s = 2 rejected (3 > 2) → bisection in [1, 2]
+    # ends at s = 2/1.5 = 4/3: the row −(4/3)·[0.9, 1.2] = [−1.2, −1.6]
+    ctx = _actx([[0.9, 1.2]], [[1.0, 0.0]], rows=(1,), defense=_Spy())
+    out = Adaptive(attack="sign_flip").craft_updates(ctx)
+    torch.testing.assert_close(out, torch.tensor([[-1.2, -1.6]], dtype=torch.float64))
+
+
+def test_adaptive_wraps_a_non_omniscient_attack_with_its_own_view():
+    # sign_flip(mean) is not omniscient: inside Adaptive it sees only the malicious rows'
+    # own updates, mean([0.1, 0], [0.3, 0]) = [0.2, 0] → −[0.2, 0] each (not −mean(visible))
+    ctx = _actx([[0.1, 0.0], [0.3, 0.0]], [[5.0, 5.0]], rows=(1, 2), defense=None)
+    out = Adaptive(attack="sign_flip", params={"variant": "mean"}).craft_updates(ctx)
+    torch.testing.assert_close(out, torch.tensor([[-0.2, 0.0], [-0.2, 0.0]], dtype=torch.float64))
