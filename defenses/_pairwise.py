@@ -237,6 +237,7 @@ class PairwiseDistances:
         if idx.numel() == 0:
             return self
         sub = idx if rows is None else rows[ok[rows]]
+        every = rows is None
         pos = torch.full((n,), -1, dtype=torch.long, device=idx.device)
         pos[idx] = torch.arange(idx.numel(), device=idx.device)
         c = x[centre].to(torch.float64)
@@ -251,8 +252,13 @@ class PairwiseDistances:
                 b = b - c[start:start + step]  # out of place: b may be the caller's rows
             else:
                 b = b.to(torch.float64).sub_(c[start:start + step])  # a fresh float64 copy
-            sq += torch.linalg.vector_norm(b, dim=1).square()
-            g.addmm_(b.index_select(0, pos[sub]), b.T)
+            if every:  # all rows: the squared norms are the Gram diagonal
+                g.addmm_(b, b.T)
+            else:
+                sq += torch.linalg.vector_norm(b, dim=1).square()
+                g.addmm_(b.index_select(0, pos[sub]), b.T)
+        if every:
+            sq = torch.diagonal(g).clamp_min(0.0).clone()
         dist = (sq[pos[sub]][:, None] + sq[None, :] - 2.0 * g).clamp_min_(0.0)
         norm = sq.sqrt()
         err = 1.5 * (_gamma(max(d, 1), U64) + 4 * U64) * (norm[pos[sub]][:, None] + norm[None, :]).square()

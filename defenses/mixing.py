@@ -110,7 +110,7 @@ def nearest_neighbour_mixing(updates: "torch.Tensor", k: int) -> "torch.Tensor":
     rows = updates if every else updates.index_select(0, used.to(updates.device))
     mixed = coeff @ rows
     ok = pd.finite.index_select(0, used)
-    if not bool(torch.isfinite(mixed).all()) and bool(ok.all()):
+    if not bool(torch.isfinite(mixed.sum(dim=1)).all()) and bool(ok.all()):  # a cheap screen
         mixed = torch.stack([safe_sum(uniq[r, used], rows, convex=True, what="an NNM row")
                              for r in range(uniq.shape[0])])
     return mixed if inverse is None else mixed.index_select(0, inverse.to(updates.device))
