@@ -43,6 +43,7 @@ def test_group_rejected_at_level_one_rejects_its_clients():
     res = _merge([[1, 0], [0, 1], [10, 0], [10, 0]], [[0, 1], [2, 3]], MEAN,
                  redteam.defense("norm_bound", bound=2.0, mode="reject"))
     assert res.accepted.tolist() == [True, True, False, False]
+    assert res.groups == [[0, 1], [2, 3]] and res.refused == {}
     for c in (2, 3):
         assert res.reasons[c] == "its group was rejected at merge level 1: norm 10 > bound 2"
     assert 0 not in res.reasons and 1 not in res.reasons
@@ -95,6 +96,14 @@ def test_every_group_rejected_gives_a_zero_aggregate_and_no_accepted_client():
                  redteam.defense("norm_bound", bound=2.0, mode="reject"))
     assert res.accepted.tolist() == [False] * 4
     torch.testing.assert_close(res.aggregate, torch.zeros(2))
+    # the record is complete: why each client went, the groups, each node's state
+    assert res.reasons == {c: "its group was rejected at merge level 1: norm 9 > bound 2" for c in range(4)}
+    assert res.groups == [[0, 1], [2, 3]] and set(res.state) == {"0.0", "0.1", "1.0"}
+    assert res.state["1.0"] == {"bound": 2.0} and res.refused == {}
+    x64 = torch.tensor([[9.0, 0.0], [0.0, 9.0]], dtype=torch.float64)
+    res = hierarchical_merge(x64, torch.ones(2, dtype=torch.float64), [[0], [1]], MEAN,
+                             redteam.defense("norm_bound", bound=2.0, mode="reject"), 2, _ctx)
+    assert res.aggregate.dtype == torch.float64 and res.aggregate.tolist() == [0.0, 0.0]
 
 
 # -- the rest of the merge's public behaviour (each pinned by hand) ---------------------------------
