@@ -226,6 +226,10 @@ class FangKrum(Attack):
         s = _sign(x)
         m = h + f  # rows in the simulated Krum
         lam = self.lambda0(x, n, f)
+        if not math.isfinite(lam):  # halving ∞ (or NaN) never reaches the threshold
+            raise InvalidParameter(
+                f"FangKrum: λ₀ = {lam} is not finite: the benign updates' distances overflow float64 "
+                f"(largest |value| {float(x.abs().max()):.3g})")
         if m - f - 2 < 1:
             raise InvalidParameter(
                 f"FangKrum: the simulated Krum over {h} benign and f = {f} crafted rows needs "

@@ -226,3 +226,14 @@ def test_fang_krum_errors():
     ctx = make_ctx([[1.0], [2.0]], [[0.0], [0.0]])
     with pytest.raises(InvalidParameter, match=r"FangKrum: f = 2 malicious of n = 4: λ₀ needs n − 2f − 1 ≥ 1"):
         redteam.attack("fang_krum").craft_updates(ctx)
+
+
+def test_fang_krum_refuses_distances_that_overflow_instead_of_halving_forever():
+    # Benign rows of size ~10³⁰⁰: their squared distances (~10⁶⁰⁰) overflow float64, so λ₀
+    # is not finite; λ ← λ/2 never reaches the threshold and the search looped forever.
+    x = torch.randn(6, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 1e300
+    ctx = AttackContext(round=0, n_clients=6, malicious=(0,), malicious_rows=(0,), own_updates=x[:1],
+                        visible_updates=x[1:], global_params=torch.zeros(3, dtype=torch.float64),
+                        generator=torch.Generator().manual_seed(0), num_classes=10)
+    with pytest.raises(InvalidParameter, match=r"FangKrum: λ₀ = .* is not finite"):
+        redteam.attack("fang_krum").craft_updates(ctx)
