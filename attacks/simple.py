@@ -46,6 +46,9 @@ def top_direction(honest: "torch.Tensor") -> "torch.Tensor":
     c = x - x.mean(dim=0, keepdim=True)
     if x.shape[0] < 2:
         return torch.zeros(x.shape[1], dtype=x.dtype, device=x.device)
+    top = float(c.abs().max())
+    if top > 1e150:  # the Gram would overflow: z is scale-free, so rescale by an exact power of two
+        c = c * math.ldexp(1.0, -math.frexp(top)[1])
     gram = (c @ c.T).to(torch.float64)
     evals, evecs = torch.linalg.eigh(gram)  # ascending
     lam = float(evals[-1])

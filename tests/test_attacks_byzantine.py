@@ -248,3 +248,16 @@ def test_sybil_one_update_many_identities():
     assert not torch.equal(jittered[0], jittered[1])
     with pytest.raises(InvalidParameter, match=r"Sybil\.jitter = -0\.1"):
         redteam.attack("sybil", jitter=-0.1)
+
+
+def test_mimic_direction_of_rows_near_the_float64_limit():
+    # Honest rows s·(0, 0), s·(1, 0), s·(3, 0): μ = s·(4/3, 0), centred s·(−4/3, 0), s·(−1/3, 0),
+    # s·(5/3, 0); the top direction is ±(1, 0), its sign set so that the farthest row
+    # (row 2, 5/3) projects positively, so z = (1, 0) and the victim is row 2 — for s = 1
+    # and for s = 10³⁰⁰, where the Gram (~10⁶⁰⁰) overflowed and eigh raised LinAlgError.
+    from attacks.simple import mimic_target, top_direction
+
+    base = torch.tensor([[0.0, 0.0], [1.0, 0.0], [3.0, 0.0]], dtype=torch.float64)
+    for s in (1.0, 1e300):
+        assert torch.allclose(top_direction(base * s), torch.tensor([1.0, 0.0], dtype=torch.float64))
+        assert mimic_target(base * s) == 2
