@@ -103,6 +103,27 @@ def test_parsed_rows_apply_to_the_cells_they_name():
     assert sorted(hit) == ["mean[ipm,malicious_fraction=0.4]", "median[ipm,malicious_fraction=0.4]"]
     assert all(second.matches(c) for c in m.cells) and second.index == 1
     assert isinstance(first.max, float)
+    assert (second.metric, second.min, second.max, second.attack, second.defense) == ("recall", 0.0, None, None, None)
+    assert isinstance(second.min, float)
+
+
+def test_parsed_bounds_and_filters_are_all_kept():
+    # a row with both bounds and every kind of filter: nothing is dropped on the way
+    m = _matrix([{"metric": "fpr", "min": 0.25, "max": 1, "attack": "sign_flip", "defense": "median",
+                  "federation.malicious_fraction": 0.2}])
+    (e,) = m.expectations
+    assert (e.min, e.max, e.attack, e.defense) == (0.25, 1.0, "sign_flip", "median")
+    assert e.settings == (("federation.malicious_fraction", 0.2),)
+    assert [c.id for c in m.cells if e.matches(c)] == ["median[sign_flip,malicious_fraction=0.2]"]
+    assert e.check(0.2) == "fpr = 0.2 < min 0.25" and e.check(1.5) == "fpr = 1.5 > max 1"
+
+
+@pytest.mark.parametrize("bound", ["min", "max"])
+def test_a_nan_bound_is_an_error(bound):
+    # a NaN bound would hold for every value: a check that cannot fail
+    with pytest.raises(InvalidScenario) as ei:
+        _matrix([{"metric": "asr", bound: math.nan}])
+    assert str(ei.value) == f"x.toml: [[expect]] #1: {bound} = nan: must be a number, not nan"
 
 
 @pytest.mark.parametrize("expect, msg", [
