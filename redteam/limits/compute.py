@@ -117,6 +117,7 @@ def bandwidth_section(cfg: LimitsConfig) -> dict[str, Any]:
             payload, segs = payload_bytes(codec, m.params, tp.segment_params)
             header = _header_total(codec.spec, payload, segs, codec.payload_size(tp.segment_params),
                                    tp.chunk_size, tp.signed)
+            download = _download_bytes(codec, m, tp)
             total = payload + header
             rows.append({
                 "model": m.name, "params": m.params, "codec": _label(name, params), "payload_bytes": payload,
@@ -124,8 +125,8 @@ def bandwidth_section(cfg: LimitsConfig) -> dict[str, Any]:
                 "ratio_vs_fp32": total / F.raw_payload_bytes(m.params, 32),
                 "upload_s_median": F.upload_seconds(total, up_med, rtt),
                 "upload_s_slow10": F.upload_seconds(total, up_p90, rtt),
-                "download_bytes": _download_bytes(codec, m, tp),
-                "broadcast_s": broadcast_seconds(cfg, _download_bytes(codec, m, tp), max(pe.counts)),
+                "download_bytes": download,
+                "broadcast_s": broadcast_seconds(cfg, download, max(pe.counts)),
             })
     return {"rows": rows, "measured": measured, "signed": tp.signed, "chunk_size": tp.chunk_size,
             "peers_for_broadcast": max(pe.counts)}

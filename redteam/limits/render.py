@@ -137,20 +137,29 @@ def _fig(w: float = 6.4, h: float = 3.6) -> tuple[Any, Any]:
     return fig, fig.add_subplot(1, 1, 1)
 
 
+def _finish(fig: Any, ax: Any, xlabel: str, ylabel: str, *, logx: bool = True, logy: bool = False,
+            grid: bool = True) -> Any:
+    """Axis labels, scales, grid and legend shared by the limits plots."""
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if grid:
+        ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def _bandwidth_fig(res: dict[str, Any]) -> Any:
     fig, ax = _fig()
     rows = res["bandwidth"]["rows"]
     for codec in dict.fromkeys(r["codec"] for r in rows):
         pts = sorted((r["params"], r["bytes"]) for r in rows if r["codec"] == codec)
         ax.plot([p for p, _ in pts], [b for _, b in pts], marker="o", label=codec)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("parameters")
-    ax.set_ylabel("bytes per peer per round")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, "parameters", "bytes per peer per round", logy=True)
 
 
 def _straggler_fig(res: dict[str, Any]) -> Any:
@@ -163,13 +172,7 @@ def _straggler_fig(res: dict[str, Any]) -> Any:
     first = [r for r in rows if r["model"] == rows[0]["model"]]
     ax.plot([r["peers"] for r in first], [r["max_compute_median_analytic"] / r["compute_s_median"] for r in first],
             linestyle="--", color="black", label="compute only: m·exp(σ·Φ⁻¹(0.5^{1/n}))/m")
-    ax.set_xscale("log")
-    ax.set_xlabel("peers")
-    ax.set_ylabel("round time ÷ median compute time")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, "peers", "round time ÷ median compute time")
 
 
 def _vram_fig(res: dict[str, Any]) -> Any:
@@ -183,12 +186,8 @@ def _vram_fig(res: dict[str, Any]) -> Any:
     for c in vr["cards"]:
         ax.axhline(c["memory_gb"], linestyle="--", linewidth=0.8, color="grey")
         ax.text(len(names) - 0.5, c["memory_gb"], f" {c['gpu']}", fontsize=7, va="bottom", ha="right")
-    ax.set_yscale("log")
     ax.set_xticks(list(x), names)
-    ax.set_ylabel("training memory (GB)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, "model", "training memory (GB)", logx=False, logy=True, grid=False)
 
 
 def _cost_fig(res: dict[str, Any]) -> Any:
@@ -200,14 +199,7 @@ def _cost_fig(res: dict[str, Any]) -> Any:
         pts = sorted((r["params"], r["federated"]["usd"]) for r in rows if r["peers"] == n and "usd" in r["federated"])
         if pts:
             ax.plot([p for p, _ in pts], [u for _, u in pts], marker="o", label=f"federated, {n} peers")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("parameters")
-    ax.set_ylabel(f"USD for {human_count(res['cost']['target_tokens'])} tokens")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, "parameters", f"USD for {human_count(res['cost']['target_tokens'])} tokens", logy=True)
 
 
 def _noniid_fig(res: dict[str, Any]) -> Any | None:
@@ -217,12 +209,7 @@ def _noniid_fig(res: dict[str, Any]) -> Any | None:
     fig, ax = _fig(6.4, 3.0)
     for label, r in runs.items():
         ax.plot(range(1, len(r["accuracy"]) + 1), r["accuracy"], label=label)
-    ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, "round", "test accuracy", logx=False)
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
