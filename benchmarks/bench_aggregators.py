@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import gc
+import json
 import os
 import statistics
 import subprocess
@@ -167,19 +168,26 @@ class WarmFLDetector:
         return self.detector(x, dataclasses.replace(ctx, **self.extra))
 
 
-def bench(names: list[str] | None, ns: list[int], ds: list[int], repeats_small: int, repeats_large: int) -> None:
+GRAM = "float32 Gram x·xᵀ (one matmul: the distance rules' floor)"
+
+
+def bench(names: list[str] | None, ns: list[int], ds: list[int], repeats_small: int, repeats_large: int
+          ) -> dict[str, dict[tuple[int, int], float]]:
+    """Print the table; return the median seconds per (label, (n, d))."""
     gen = torch.Generator().manual_seed(0)
     cols = [(n, d) for d in ds for n in ns]
     rows: dict[str, dict[tuple[int, int], str]] = {}
+    secs: dict[str, dict[tuple[int, int], float]] = {}
     for d in ds:
         for n in ns:
             x = torch.randn(n, d, generator=gen)
             g0 = x.mean(dim=0) + 0.1 * torch.randn(d, generator=gen)
             ctx = ServerContext.default(x, root_update=lambda g0=g0: g0)
             repeats = repeats_small if d < 10**6 else repeats_large
-            for label, dfn in defenses_for(n):
+            gram = (GRAM, lambda x, ctx: x @ x.T)
+            for label, dfn in [gram, *defenses_for(n)]:
                 key = label.split(" ")[0]
-                if names and key not in names:
+                if names and key not in names and label != GRAM:
                     continue
                 call = lambda dfn=dfn, x=x, ctx=ctx: dfn(x, ctx)  # noqa: E731
                 if d >= 10**6:
@@ -197,6 +205,7 @@ def bench(names: list[str] | None, ns: list[int], ds: list[int], repeats_small: 
                 if peak is not None:
                     cell += f" / {peak:.0f} MiB"
                 rows.setdefault(label, {})[(n, d)] = cell
+                secs.setdefault(label, {})[(n, d)] = med
                 print(f"# {label} n={n} d={d}: {cell}", file=sys.stderr, flush=True)
             del x
     header = "| defense | " + " | ".join(f"n={n}, d=10^{len(str(d)) - 1}" for n, d in cols) + " |"
@@ -206,6 +215,11 @@ def bench(names: list[str] | None, ns: list[int], ds: list[int], repeats_small: 
     print("|" + "---|" * (len(cols) + 1))
     for label, cells in rows.items():
         print(f"| {label} | " + " | ".join(cells.get(c, "") for c in cols) + " |")
+    return secs
+
+
+def _fmt(sec: float) -> str:
+    return f"{sec * 1e3:.1f} ms" if sec < 1 else f"{sec:.2f} s"
 
 
 REFERENCE = "/work/shared/reference-bench"
@@ -214,19 +228,65 @@ BYZFL_NAMES = {"mean": "Average", "median": "Median", "trimmed_mean": "TrMean", 
                "centered_clipping": "CenteredClipping", "nnm": "NNM"}
 
 
-def run_byzfl(names: list[str] | None, ns: list[int], ds: list[int]) -> None:
+#: our label's first word → (ByzFL aggregator name, a substring its variant must contain)
+BYZFL_PAIRS = {"mean": ("Average", ""), "median": ("Median", ""), "trimmed_mean": ("TrMean", ""),
+               "krum": ("Krum", ""), "multi_krum": ("MultiKrum", ""),
+               "geometric_median": ("GeometricMedian", "T=3"), "centered_clipping": ("CenteredClipping", "L=1"),
+               "nnm": ("NNM", "")}
+#: which of our rows a ByzFL figure stands beside (same iterations / same L)
+BYZFL_ROW = {"geometric_median": "geometric_median (3 iterations)", "centered_clipping": "centered_clipping (L = 1)"}
+
+
+def run_byzfl(names: list[str] | None, ns: list[int], ds: list[int]) -> list[dict] | None:
     """The reference library's timings for the same cells, from its own venv (if built)."""
     venv = os.environ.get("PA_VENV", os.path.join(tempfile.gettempdir(), "pa-venv"))
     python = os.path.join(venv, "bin", "python")
     if not os.path.exists(python):
         print(f"\n(ByzFL: no venv at {venv}; build it with `bash {REFERENCE}/setup.sh`)")
-        return
+        return None
     aggs = sorted({BYZFL_NAMES[k] for k in (names or BYZFL_NAMES) if k in BYZFL_NAMES})
-    cmd = [python, "bench_byzfl.py", "--backends", "torch", "--n", *map(str, ns), "--d", *map(str, ds)]
-    if aggs:
-        cmd += ["--aggs", *aggs]
-    print("\nByzFL, same machine, just after (f = n // 5 there):\n", flush=True)
-    subprocess.run(cmd, cwd=REFERENCE, check=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "byzfl.json")
+        cmd = [python, "bench_byzfl.py", "--backends", "torch", "--n", *map(str, ns), "--d", *map(str, ds),
+               "--json", out]
+        if aggs:
+            cmd += ["--aggs", *aggs]
+        print("\nByzFL, same machine, just after (its own venv, a subprocess; f = n // 5 there):\n", flush=True)
+        subprocess.run(cmd, cwd=REFERENCE, check=False, stdout=subprocess.DEVNULL)
+        if not os.path.exists(out):
+            print("(ByzFL's timing script wrote no results)")
+            return None
+        with open(out) as fh:
+            return json.load(fh).get("results", [])
+
+
+def side_by_side(secs: dict[str, dict[tuple[int, int], float]], byzfl: list[dict] | None,
+                 cols: list[tuple[int, int]]) -> None:
+    """One table per (n, d): our rule, ByzFL's, their ratio, and our time over the Gram's."""
+    for n, d in cols:
+        gram = secs.get(GRAM, {}).get((n, d))
+        print(f"\nn = {n}, d = {d:,}: side by side (float32 Gram x·xᵀ = {_fmt(gram) if gram else '-'})\n")
+        print("| rule | redteam | ByzFL | ByzFL / redteam | redteam / Gram |")
+        print("|---|---|---|---|---|")
+        for label, cells in secs.items():
+            if label == GRAM or (n, d) not in cells:
+                continue
+            ours = cells[(n, d)]
+            key = label.split(" ")[0]
+            ref = "-"
+            ratio = "-"
+            if byzfl is not None and key in BYZFL_PAIRS and BYZFL_ROW.get(key, label) == label:
+                name, variant = BYZFL_PAIRS[key]
+                for cell in byzfl:
+                    if (cell.get("agg", "").split("(")[0] == name and variant in cell.get("agg", "")
+                            and cell.get("n") == n and cell.get("d") == d):
+                        if "median" in cell:
+                            ref, ratio = _fmt(cell["median"]), f"{cell['median'] / ours:.1f}×"
+                        else:
+                            ref = str(cell.get("error", "-"))[:60]
+                        break
+            over = f"{ours / gram:.2f}×" if gram else "-"
+            print(f"| {label} | {_fmt(ours)} | {ref} | {ratio} | {over} |")
 
 
 def main() -> None:
@@ -244,9 +304,9 @@ def main() -> None:
     ds = [10**4] if args.quick else [int(v) for v in args.d.split(",")]
     names = [s for s in args.only.split(",") if s] or None
     ns = [int(v) for v in args.n.split(",")]
-    bench(names, ns, ds, 7, args.repeats)
-    if args.byzfl:
-        run_byzfl(names, ns, ds)
+    secs = bench(names, ns, ds, 7, args.repeats)
+    byzfl = run_byzfl(names, ns, ds) if args.byzfl else None
+    side_by_side(secs, byzfl, [(n, d) for d in ds for n in ns if d >= 10**6] or [(ns[-1], ds[-1])])
 
 
 if __name__ == "__main__":

@@ -11,16 +11,20 @@ needs:
 1. **Approximate stage** (:func:`pairwise`). Columns are taken in blocks of
    ``BLOCK`` = 256; within each block the rows are centred on the block's mean (a
    translation, so distances do not change, but the norms that bound the rounding
-   shrink from ‖xᵢ‖ to the spread), multiplied in float32 (batched, many blocks per
-   call) and the per-block products summed in float64. A block whose float32 product
-   overflows is redone in float64. Then Dᵢⱼ = Gᵢᵢ + Gⱼⱼ − 2Gᵢⱼ in float64.
+   shrink from ‖xᵢ‖ to the spread), multiplied in float32 (batched, up to ``GROUP``
+   blocks per call), the call's block products summed in float32 by halving (a
+   bounded number of roundings, ``TREE_DEPTH``) and the calls' sums in float64. If
+   anything overflowed float32, the groups are redone with an overflowing group in
+   float64. Then Dᵢⱼ = Gᵢᵢ + Gⱼⱼ − 2Gᵢⱼ in float64.
 2. **Error bound**, per pair, rigorous for any summation order the BLAS picks: a
    float32 dot product of c terms is off by at most γ_c·Σ|aₖbₖ| ≤ γ_c‖a‖‖b‖
    (γ_c = c·u/(1 − c·u), u = 2⁻²⁴; Higham, *Accuracy and Stability of Numerical
-   Algorithms*, 2nd ed., §3.1), the centring rounds every entry by at most u, and
-   underflow adds at most 2⁻¹⁴⁹ per product. So
+   Algorithms*, 2nd ed., §3.1), the halving sum of the block products adds at most
+   t = ``TREE_DEPTH`` roundings (γ_t times the sum of their magnitudes), the centring
+   rounds every entry by at most u, and underflow adds at most 2⁻¹⁴⁹ per product. So
 
-       |Dᵢⱼ − D̂ᵢⱼ| ≤ Eᵢⱼ = κ·(‖aᵢ‖ + ‖aⱼ‖)² + A,   κ = 1.5·(γ_256 + 2.1u + 10⁻¹²),
+       |Dᵢⱼ − D̂ᵢⱼ| ≤ Eᵢⱼ = κ·(‖aᵢ‖ + ‖aⱼ‖)² + A,
+       κ = 1.5·(γ_256 + γ_t·(1 + γ_256) + 2.1u + 10⁻¹²),
 
    with aᵢ the centred rows and A the (tiny) underflow term. Eᵢⱼ depends on rows i and
    j only (and on the block means, which far rows can move: that costs refinement
@@ -81,8 +85,11 @@ def _gamma(k: int, u: float) -> float:
     return k * u / (1.0 - k * u)
 
 
+#: float32 roundings on any entry's way through the halving sum of a group's block
+#: products (≤ 2 per level: the pairwise add, and the odd one folded into the first)
+TREE_DEPTH = 2 * math.ceil(math.log2(GROUP)) + 2
 #: relative factor of the approximate stage's bound (see the module docstring)
-KAPPA = 1.5 * (_gamma(BLOCK, U32) + 2.1 * U32 + 1e-12)
+KAPPA = 1.5 * (_gamma(BLOCK, U32) + _gamma(TREE_DEPTH, U32) * (1 + _gamma(BLOCK, U32)) + 2.1 * U32 + 1e-12)
 
 
 def _finite_rows(x: "torch.Tensor") -> "torch.Tensor":
@@ -116,11 +123,32 @@ def _worth_centring(x: "torch.Tensor") -> bool:
     return mean_sq > 0.1 * total
 
 
-def _centred_gram(x: "torch.Tensor") -> tuple["torch.Tensor", float]:
+def _tree_sum(prod: "torch.Tensor") -> "torch.Tensor":
+    """Σ over the first dimension of ``prod`` (nb, n, n), in place, by halving: float32
+    additions, at most ``TREE_DEPTH`` roundings on any entry's way (so its error is
+    ≤ γ_TREE_DEPTH·Σ|terms|, folded into ``KAPPA``), returned widened to float64."""
+    import torch
+
+    m = prod.shape[0]
+    while m > 1:
+        h = m // 2
+        prod[:h] += prod[h:2 * h]
+        if m % 2:
+            prod[0] += prod[m - 1]
+        m = h
+    return prod[0].to(torch.float64)
+
+
+def _centred_gram(x: "torch.Tensor", careful: bool = False) -> tuple["torch.Tensor", float]:
     """Σ over column blocks of (block − block mean)(block − block mean)ᵀ, float64.
 
     Returns the Gram matrix of the centred rows and the absolute underflow term A.
-    ``x`` has finite entries only. float64 input is multiplied in float64.
+    float64 input is multiplied in float64.
+
+    Without ``careful``, nothing is checked: a non-finite entry of ``x`` or a float32
+    overflow leaves a non-finite entry in the result (a row's own Gram entry sums the
+    squares of its entries), and the caller redoes the work ``careful``-ly on finite
+    rows: a group whose float32 product overflows is then redone in float64.
     """
     import torch
 
@@ -145,16 +173,16 @@ def _centred_gram(x: "torch.Tensor") -> tuple["torch.Tensor", float]:
         blk = x[:, start:stop].reshape(n, nb, BLOCK).transpose(0, 1)  # (nb, n, BLOCK) view
         a = blk - blk.mean(dim=1, keepdim=True) if centre else blk
         prod = torch.bmm(a, a.transpose(1, 2))
-        if not bool(torch.isfinite(prod).all()):  # float32 overflow: this group in float64
+        if careful and not bool(torch.isfinite(prod).all()):  # float32 overflow: this group in float64
             a64 = blk.to(torch.float64)
             a64 = a64 - a64.mean(dim=1, keepdim=True)
             prod = torch.bmm(a64, a64.transpose(1, 2))
-        g += prod.sum(dim=0, dtype=torch.float64)
+        g += prod.to(torch.float64).sum(dim=0) if careful else _tree_sum(prod)
     if full < d:
         b = x[:, full:]
         a = b - b.mean(dim=0) if centre else b
         prod = a @ a.T
-        if not bool(torch.isfinite(prod).all()):
+        if careful and not bool(torch.isfinite(prod).all()):
             a64 = b.to(torch.float64)
             a64 = a64 - a64.mean(dim=0)
             prod = a64 @ a64.T
@@ -345,18 +373,27 @@ def pairwise(x: "torch.Tensor") -> PairwiseDistances:
 
     n, d = x.shape
     dev = x.device
-    finite = _finite_rows(x)
-    all_ok = bool(finite.all())
-    rows = x if all_ok else x[finite]
-    if x.dtype == torch.float64 and rows.numel():
-        # float64 rows past ~1e154 overflow their own squares: work on rows scaled by a
-        # power of two (exact), so distances and decisions are those of x, in scaled units
-        peak = float(torch.aminmax(rows).max.abs().max(torch.aminmax(rows).min.abs()))
-        if peak > 2.0 ** 500:
-            shift = 2.0 ** -(math.frexp(peak)[1] - 400)
-            x = x * shift
-            rows = x if all_ok else x[finite]
-    g, absolute = _centred_gram(rows)
+    g = None
+    if x.dtype == torch.float32:  # the usual case: one unchecked pass, checked once at the end
+        g, absolute = _centred_gram(x)
+        if bool(torch.isfinite(g).all()):
+            finite = torch.ones(n, dtype=torch.bool, device=dev)
+            all_ok, rows = True, x
+        else:
+            g = None
+    if g is None:
+        finite = _finite_rows(x)
+        all_ok = bool(finite.all())
+        rows = x if all_ok else x[finite]
+        if x.dtype == torch.float64 and rows.numel():
+            # float64 rows past ~1e154 overflow their own squares: work on rows scaled by a
+            # power of two (exact), so distances and decisions are those of x, in scaled units
+            peak = float(torch.aminmax(rows).max.abs().max(torch.aminmax(rows).min.abs()))
+            if peak > 2.0 ** 500:
+                shift = 2.0 ** -(math.frexp(peak)[1] - 400)
+                x = x * shift
+                rows = x if all_ok else x[finite]
+        g, absolute = _centred_gram(rows, careful=True)
     sq = torch.diagonal(g).clamp_min(0.0)
     dist = (sq[:, None] + sq[None, :] - 2.0 * g).clamp_min_(0.0)
     dist = 0.5 * (dist + dist.T)
@@ -412,7 +449,7 @@ def gram(x: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
                 if not bool(torch.isfinite(prod).all()) and bool(torch.isfinite(blk).all()):
                     b64 = blk.to(torch.float64)
                     prod = torch.bmm(b64, b64.transpose(1, 2))
-                g += prod.sum(dim=0, dtype=torch.float64)
+                g += prod.to(torch.float64).sum(dim=0)
             if nb * BLOCK < width:
                 rest = b[:, nb * BLOCK:]
                 prod = rest @ rest.T

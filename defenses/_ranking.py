@@ -45,13 +45,16 @@ def k_smallest_sum_bounds(pd: PairwiseDistances, k: int, alive: "torch.Tensor | 
 
 
 def resolve_k_smallest_sums(pd: PairwiseDistances, k: int, rows: "torch.Tensor",
-                            alive: "torch.Tensor | None" = None) -> tuple[PairwiseDistances, "torch.Tensor", "torch.Tensor"]:
+                            alive: "torch.Tensor | None" = None, every_row: bool = False
+                            ) -> tuple[PairwiseDistances, "torch.Tensor", "torch.Tensor"]:
     """Make the k-smallest sums of ``rows`` (indices) exact up to float64 rounding.
 
     The pairs (i, j) that may be among row i's k nearest (lower end ≤ the k-th smallest
     upper end) are refined. Returns the refined distances and, for every row, the
     score and its error bound (only meaningful for ``rows``; others keep their
-    approximate score and bound)."""
+    approximate score and bound). When many pairs need it, one float64 Gram pass
+    refines them: of ``rows`` only, or of every row with ``every_row`` (for callers that
+    will ask again about other rows, as iterative Krum does: one pass instead of two)."""
     import torch
 
     n = pd.approx.shape[0]
@@ -70,7 +73,7 @@ def resolve_k_smallest_sums(pd: PairwiseDistances, k: int, rows: "torch.Tensor",
             best = rows[int(torch.argmin(torch.topk(mid[rows], k, dim=1, largest=False).values.sum(dim=1)))]
             # the candidates' rows only, the first time; every row once that did not suffice
             # (Bulyan's iterative steps meet new candidates at every step)
-            pd = pd.recentred(int(best), None if pd.passes else rows)
+            pd = pd.recentred(int(best), None if pd.passes or every_row else rows)
             hi = pd.upper.masked_fill(off, math.inf)
             cut = torch.topk(hi, k, dim=1, largest=False).values[:, -1]
             need = (pd.lower <= cut[:, None]) & ~off & sel[:, None]

@@ -85,7 +85,7 @@ def content_keys(updates: "torch.Tensor", rows: "torch.Tensor | None" = None) ->
     return keys
 
 
-def _lowest(pd: PairwiseDistances, k: int, alive: "torch.Tensor", m: int
+def _lowest(pd: PairwiseDistances, k: int, alive: "torch.Tensor", m: int, every_row: bool = False
             ) -> tuple[list[int], PairwiseDistances, "torch.Tensor"]:
     """The ``m`` alive, finite rows with the lowest Krum scores (``k`` nearest alive others).
 
@@ -94,6 +94,7 @@ def _lowest(pd: PairwiseDistances, k: int, alive: "torch.Tensor", m: int
     neighbours' distances recomputed in float64). Exact ties, each score taken with
     its own error bound only, go to the smaller content keys, then the lower position.
     Returns the chosen indices (best first), the refined distances and the scores.
+    ``every_row``: see :func:`~defenses._pairwise.resolve_k_smallest_sums`.
     """
     import torch
 
@@ -116,7 +117,7 @@ def _lowest(pd: PairwiseDistances, k: int, alive: "torch.Tensor", m: int
     chosen = sure[torch.argsort(score[sure], stable=True)].tolist()
     if len(chosen) < m:
         amb = idx[~surely_in & ~surely_out]
-        pd, exact, err = resolve_k_smallest_sums(pd, k, amb, alive)
+        pd, exact, err = resolve_k_smallest_sums(pd, k, amb, alive, every_row)
         s, e = exact[amb], err[amb]
         cls = tie_classes(s, e)
         cols = [cls.to(torch.float64)]
@@ -244,7 +245,7 @@ def _iterative_krum(pd: PairwiseDistances, f: int, count: int, clamp: bool) -> l
         if clamp:
             k = max(k, 1)
         k = min(k, r - 1)
-        pick, pd, _ = _lowest(pd, k, alive, 1)
+        pick, pd, _ = _lowest(pd, k, alive, 1, every_row=True)
         if not pick:
             break
         chosen.append(pick[0])

@@ -264,3 +264,56 @@ def test_gram_and_cosine_bounds_hold(seed, n, d, kind, scale):
     cos = torch.where(denom > 0, exact / denom.clamp_min(1e-300), torch.zeros_like(exact))
     cos.diagonal().copy_((norms > 0).to(cos.dtype))
     assert bool(((cosine_similarities(x) - cos).abs() <= 1e-4).all())
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+@pytest.mark.parametrize("scale, checked", [(1.0, False), (5e18, True), (3e38, True)])
+def test_pairwise_bound_holds_when_many_blocks_are_summed_in_float32(monkeypatch, groups, scale, checked):
+    # The float32 stage sums a call's block products by halving in float32 (TREE_DEPTH
+    # roundings folded into KAPPA). Odd block counts (13 = 6 + 6 + 1, then 3 …) take the
+    # fold-in branch. At scale 5e18 the centred entries are ~6e17: one block product
+    # (256 terms, ~1e38) fits float32 but the halving sum of 13 (~1.4e39) overflows it,
+    # though the float64 sum of the groups would not; at 3e38 the products themselves
+    # overflow. Both must fall back to the checked path and keep the promise.
+    import defenses._pairwise as pw
+
+    monkeypatch.setattr(pw, "_group", lambda n: 13)
+    calls: list[bool] = []
+    unchecked = pw._centred_gram
+
+    def spy(x, careful=False):
+        calls.append(careful)
+        return unchecked(x, careful)
+
+    monkeypatch.setattr(pw, "_centred_gram", spy)
+    n, d = 7, pw.BLOCK * 13 * groups + 5
+    g = torch.Generator().manual_seed(groups)
+    x = (torch.randn(n, d, generator=g, dtype=torch.float64) * 0.3 + 1.0)
+    x[3] = x[2]  # a copy: distance exactly 0, one group
+    x = (x * (scale / float(x.abs().max()))).to(torch.float32)
+    pd = pw.pairwise(x)
+    exact = _exact_distances(x)
+    slack = exact * (d + 3) * 2.0 ** -53
+    assert bool(torch.isfinite(pd.approx).all())
+    assert bool(((pd.approx - exact).abs() <= pd.error + slack).all())
+    assert int(pd.group[3]) == 2 and float(pd.approx[2, 3]) == 0.0
+    assert calls == ([False, True] if checked else [False])
+
+
+def test_pairwise_nonfinite_row_is_found_after_the_unchecked_pass():
+    # The usual float32 path checks only its result; a NaN or an inf entry in one row
+    # makes the Gram non-finite, and the rows are then screened: that row is infinitely
+    # far from every other, the others' distances are exact to the bound.
+    from defenses._pairwise import pairwise
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 3 * 256 + 7, generator=g)
+    x[4, 100] = float("nan")
+    x[1, 5] = float("inf")
+    pd = pairwise(x)
+    assert pd.finite.tolist() == [True, False, True, True, False, True]
+    assert bool(torch.isinf(pd.approx[1, [0, 2, 3, 5]]).all()) and bool(torch.isinf(pd.approx[4, [0, 2, 3, 5]]).all())
+    keep = [0, 2, 3, 5]
+    exact = _exact_distances(x[keep])
+    sub = pd.approx[keep][:, keep]
+    assert bool(((sub - exact).abs() <= pd.error[keep][:, keep] + exact * 1e-12).all())
