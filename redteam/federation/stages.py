@@ -48,7 +48,7 @@ def attack_context(fed: "Federation", rnd: int, part: np.ndarray, own: torch.Ten
                    visible_clients: tuple[int, ...], params: torch.Tensor,
                    prev_update: torch.Tensor | None) -> AttackContext:
     """The attack's view of a round (its memory ``attack_state`` is the run's one dict)."""
-    mal_pos = [k for k, c in enumerate(part) if fed.is_malicious[c]]
+    mal_pos = np.flatnonzero(fed.is_malicious[part]).tolist()
     return AttackContext(
         round=rnd,
         n_clients=len(part),
@@ -72,12 +72,12 @@ def attack_context(fed: "Federation", rnd: int, part: np.ndarray, own: torch.Ten
 def training_hook(fed: "Federation", rnd: int, part: np.ndarray, params: torch.Tensor,
                   prev_update: torch.Tensor | None) -> tuple[TrainingHook | None, list[int]]:
     """Ask a ``Surface.TRAINING`` attack how its clients train this round (previous round's view)."""
-    mal_pos = [k for k, c in enumerate(part) if fed.is_malicious[c]]
+    mal_pos = np.flatnonzero(fed.is_malicious[part]).tolist()
     if not mal_pos or Surface.TRAINING not in fed.attack.surfaces:
         return None, []
     d = fed.spec.dim
     sent = fed.states.ensure("last_sent", (d,))
-    honest = [int(c) for c in part if not fed.is_malicious[c]]
+    honest = np.asarray(part)[~fed.is_malicious[part]].tolist()
     mal = torch.as_tensor([int(part[k]) for k in mal_pos], dtype=torch.long, device=fed.device)
     own = sent[mal]
     visible = sent[torch.as_tensor(honest, dtype=torch.long, device=fed.device)] if (fed.omniscient and honest) else own
@@ -127,10 +127,11 @@ def craft(fed: "Federation", rnd: int, part: np.ndarray, sent: torch.Tensor, par
     """The malicious rows replaced by the attack's (``Surface.UPDATES``); also the round's context."""
     if Surface.TRAINING in fed.attack.surfaces:
         fed.states.put("last_sent", torch.as_tensor(part, dtype=torch.long, device=fed.device), sent)
-    mal_pos = [k for k, c in enumerate(part) if fed.is_malicious[c]]
-    honest_pos = [k for k, c in enumerate(part) if not fed.is_malicious[c]]
+    roles = fed.is_malicious[part]
+    mal_pos = np.flatnonzero(roles).tolist()
     if not (mal_pos and fed.attack.surfaces):
         return sent, None
+    honest_pos = np.flatnonzero(~roles).tolist()
     own = sent[mal_pos]
     omni = fed.omniscient and bool(honest_pos)
     visible = sent[honest_pos] if omni else own
@@ -187,17 +188,22 @@ def receive(fed: "Federation", rnd: int, part: np.ndarray, tx: Any) -> Received:
             if fed.signed_chunks.ban:
                 out.banned[c] = f"banned in round {rnd}: {why}"
     d = fed.spec.dim
-    present = [int(c) for c in part if int(c) in tx.payloads]
+    payloads = tx.payloads
+    present = [c for c in np.asarray(part).tolist() if c in payloads]
     if present:  # one batched decode (the same checks and messages as decoding row by row)
-        decoded, errors = fed.compressor.codec.decode_many([tx.payloads[c] for c in present], d)
+        decoded, errors = fed.compressor.codec.decode_many([payloads[c] for c in present], d)
         decoded = decoded.to(fed.device)
-        for k, (c, err) in enumerate(zip(present, errors)):
-            if err is None:
-                out.rows.append(decoded[k])
-                out.clients.append(c)
-            else:
-                out.dropped[c] = f"undecodable update: {err}"
-                out.rejected[c] = out.dropped[c]
+        if errors.count(None) == len(errors):  # every row decoded: the rows are views of the batch
+            out.rows = list(decoded.unbind(0))
+            out.clients = present
+        else:
+            for k, (c, err) in enumerate(zip(present, errors)):
+                if err is None:
+                    out.rows.append(decoded[k])
+                    out.clients.append(c)
+                else:
+                    out.dropped[c] = f"undecodable update: {err}"
+                    out.rejected[c] = out.dropped[c]
     return out
 
 
@@ -263,11 +269,16 @@ def defend(fed: "Federation", rnd: int, rec: Received, tx: Any, params: torch.Te
     accepted: dict[int, bool] = {}
     rejected: dict[int, str] = {}
     accepted_rows = [bool(x) for x in merged.accepted.tolist()]
-    for pos, c in enumerate(row_clients):
-        ok = accepted_rows[pos]
-        accepted[c] = accepted.get(c, False) or ok
-        if not ok and pos < primary:
-            rejected[c] = merged.reasons.get(pos, "rejected")
+    if len(row_clients) == primary:  # one row per client (no equivocation copies): row = client
+        accepted = dict(zip(row_clients, accepted_rows))
+        for pos in [p for p, ok in enumerate(accepted_rows) if not ok]:
+            rejected[row_clients[pos]] = merged.reasons.get(pos, "rejected")
+    else:
+        for pos, c in enumerate(row_clients):
+            ok = accepted_rows[pos]
+            accepted[c] = accepted.get(c, False) or ok
+            if not ok and pos < primary:
+                rejected[c] = merged.reasons.get(pos, "rejected")
     refused = [{"stage": "merge", "node": key, "reason": ev["reason"],
                 "clients": sorted({row_clients[r] for r in ev["rows"]})} for key, ev in merged.refused.items()]
     extra.update(envelope_telemetry(upd, row_clients, groups, merged.state))

@@ -50,7 +50,7 @@ def chunk(fed: "Federation", rnd: int, part: np.ndarray, comp: Any, params: torc
     digest = params_digest(params)
     keys = fed.enrollment.keys if signed else None
     headers: dict[int, bytes] = {}
-    clients = [int(c) for c in part]
+    clients = np.asarray(part).tolist()
     # one nonce draw and one manifest builder call for the round (the same bytes, in the
     # same stream order, as one new_nonce/build_manifest per client)
     nonces = new_nonces(fed._np["network"], len(clients))

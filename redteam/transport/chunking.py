@@ -219,7 +219,7 @@ class UpdateManifest:
 
     def validate(self) -> "UpdateManifest":
         """Check every field and the digest/root consistency; return ``self``."""
-        if _BUILT.get(id(self)) is self or _valid_fast(self):
+        if known_valid(self) or _valid_fast(self):
             return self
         return self._validate_slow()
 
@@ -266,6 +266,12 @@ class UpdateManifest:
     @classmethod
     def from_json(cls, data: bytes) -> "UpdateManifest":
         """Parse and validate canonical manifest JSON (untrusted bytes)."""
+        if cls is UpdateManifest and type(data) is bytes:
+            # the exact text a builder wrote for a manifest it made: that manifest is the
+            # parse (byte equality, not trust: any other bytes are parsed in full)
+            known = _RECENT.by_text(data)
+            if known is not None:
+                return known
         fast = _from_json_fast(cls, data)
         if fast is not None:
             return fast
@@ -473,8 +479,13 @@ def build_manifests(
     built: list[tuple[UpdateManifest, list[bytes]]] = []
     texts: list[bytes] = []
     template = None
+    # the per-client fields checked for the whole batch at once; a batch that fails is
+    # checked client by client below (the first bad one is named, as before)
+    batch_ok = _ids_and_nonces_ok(clients, nonces)
+    new = UpdateManifest
+    manifests: list[UpdateManifest] = []
     for payload, client, nonce in zip(payloads, clients, nonces):
-        if isinstance(nonce, (bytes, bytearray)):
+        if not batch_ok and isinstance(nonce, (bytes, bytearray)):
             nonce = bytes(nonce).hex()
         if len(payload) <= chunk_size:  # the common case: one chunk, its own Merkle root
             chunks = [bytes(payload)]
@@ -485,27 +496,94 @@ def build_manifests(
             digests = [sha(c).digest() for c in chunks]
             hexes = tuple(d.hex() for d in digests)
             root = merkle_root(digests).hex()
-        manifest = UpdateManifest(round, client, parent_digest, codec, len(payload), chunk_size, hexes, root, nonce)
+        manifest = new(round, client, parent_digest, codec, len(payload), chunk_size, hexes, root, nonce)
         if template is None:  # the shared fields, checked in full once
             try:
                 manifest.validate()
             except ManifestError as exc:
                 raise InvalidParameter(f"build_manifests: {exc}") from None
             template = _json_template(manifest)
-        elif not (type(client) is int and 0 <= client <= _MAX_INT and type(nonce) is str and len(nonce) == 32
-                  and _HEX.fullmatch(nonce)):
+        elif not batch_ok and not (type(client) is int and 0 <= client <= _MAX_INT and type(nonce) is str
+                                   and len(nonce) == 32 and _HEX.fullmatch(nonce)):
             try:
                 manifest.validate()
             except ManifestError as exc:
                 raise InvalidParameter(f"build_manifests: {exc}") from None
-        _BUILT[id(manifest)] = manifest
+        manifests.append(manifest)
         built.append((manifest, chunks))
         texts.append((template % ('","'.join(hexes), client, root, nonce, len(payload))).encode("ascii"))
+    _RECENT.add(manifests, texts)
     return built, texts
 
 
-#: manifests made by the builders (valid by construction, and frozen), by id
+def _ids_and_nonces_ok(clients: Sequence[Any], nonces: Sequence[Any]) -> bool:
+    """True only if every client id is an ``int`` in [0, 2⁵³] and every nonce 32 lowercase
+    hex characters (``str``): what the per-client check of :func:`build_manifests` demands."""
+    try:
+        if not all(type(c) is int for c in clients) or not all(type(x) is str for x in nonces):
+            return False
+        if clients and not (0 <= min(clients) and max(clients) <= _MAX_INT):
+            return False
+        joined = "".join(nonces)
+        return len(joined) == 32 * len(nonces) and all(len(x) == 32 for x in nonces) \
+            and _HEX.fullmatch(joined) is not None
+    except Exception:  # noqa: BLE001 - odd sequences: the per-client check names the problem
+        return False
+
+
+#: manifests made by :func:`build_manifest` (valid by construction, and frozen), by id
 _BUILT: "weakref.WeakValueDictionary[int, UpdateManifest]" = weakref.WeakValueDictionary()
+
+
+class _Recent:
+    """What the last :attr:`KEEP` calls of :func:`build_manifests` made, held strongly, one
+    pair of plain dicts per call (a weak registry costs more per client than the rest of
+    the builder; an old call's pair is dropped whole):
+
+    * by id: id → manifest (valid by construction, and frozen; held, so the id is its own);
+    * by text: the canonical JSON the builder wrote → the manifest it is the text of, i.e.
+      :meth:`UpdateManifest.from_json`'s answer for those exact bytes.
+
+    Only speed depends on it: a manifest or text no longer here takes the full check."""
+
+    KEEP = 2
+
+    def __init__(self) -> None:
+        # newest first; replaced whole (a tuple), so a reader never sees it change
+        self.ids: tuple[dict[int, UpdateManifest], ...] = ()
+        self.texts: tuple[dict[bytes, UpdateManifest], ...] = ()
+
+    def add(self, manifests: list[UpdateManifest], texts: list[bytes]) -> None:
+        self.ids = (dict(zip(map(id, manifests), manifests)), *self.ids[: self.KEEP - 1])
+        self.texts = (dict(zip(texts, manifests)), *self.texts[: self.KEEP - 1])
+
+    def by_id(self, m: object) -> bool:
+        key = id(m)
+        for ids in self.ids:
+            if ids.get(key) is m:
+                return True
+        return False
+
+    def by_text(self, data: bytes) -> UpdateManifest | None:
+        for texts in self.texts:
+            m = texts.get(data)
+            if m is not None:
+                return m
+        return None
+
+
+_RECENT = _Recent()
+
+
+def known_text(data: bytes) -> UpdateManifest | None:
+    """The manifest whose canonical JSON :func:`build_manifests` wrote as exactly ``data``
+    (what :meth:`UpdateManifest.from_json` returns for it), or ``None``."""
+    return _RECENT.by_text(data)
+
+
+def known_valid(m: object) -> bool:
+    """True if ``m`` is a manifest a builder made (so :meth:`UpdateManifest.validate` passes)."""
+    return _RECENT.by_id(m) or _BUILT.get(id(m)) is m
 
 
 def _json_template(m: UpdateManifest) -> str:
