@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from .loop import Federation
 
 __all__ = ["train", "craft", "encode", "chunk", "transport", "receive", "defend", "server_step", "evaluate",
-           "Received", "Merged", "Chunked"]
+           "Received", "RowView", "Merged", "Chunked"]
 
 
 # ------------------------------------------------------------------ train
@@ -150,14 +150,36 @@ def craft(fed: "Federation", rnd: int, part: np.ndarray, sent: torch.Tensor, par
 
 
 # ------------------------------------------------------------------ verify / decode
+class RowView(Sequence[torch.Tensor]):
+    """The rows of a matrix ``(m, d)`` as a read-only sequence (each row a view, made
+    when read): a round's decoded updates without one tensor object per client."""
+
+    __slots__ = ("matrix",)
+
+    def __init__(self, matrix: torch.Tensor) -> None:
+        self.matrix = matrix
+
+    def __len__(self) -> int:
+        return int(self.matrix.shape[0])
+
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, slice):
+            return [self.matrix[j] for j in range(len(self))[k]]
+        return self.matrix[k]
+
+
 @dataclass
 class Received:
-    rows: list[torch.Tensor] = field(default_factory=list)
+    """What arrived. ``rows`` (one decoded update per client of ``clients``); ``matrix``,
+    when set, holds those rows stacked ``(m, d)`` and ``rows`` is its :class:`RowView`."""
+
+    rows: Sequence[torch.Tensor] = field(default_factory=list)
     clients: list[int] = field(default_factory=list)
     dropped: dict[int, str] = field(default_factory=dict)
     rejected: dict[int, str] = field(default_factory=dict)
     banned: dict[int, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    matrix: torch.Tensor | None = None
 
 
 def receive(fed: "Federation", rnd: int, part: np.ndarray, tx: Any) -> Received:
@@ -193,13 +215,16 @@ def receive(fed: "Federation", rnd: int, part: np.ndarray, tx: Any) -> Received:
     if present:  # one batched decode (the same checks and messages as decoding row by row)
         decoded, errors = fed.compressor.codec.decode_many([payloads[c] for c in present], d)
         decoded = decoded.to(fed.device)
-        if errors.count(None) == len(errors):  # every row decoded: the rows are views of the batch
-            out.rows = list(decoded.unbind(0))
+        if errors.count(None) == len(errors):  # every row decoded: the rows are the batch's
+            out.matrix = decoded
+            out.rows = RowView(decoded)
             out.clients = present
         else:
+            rows: list[torch.Tensor] = []
+            out.rows = rows
             for k, (c, err) in enumerate(zip(present, errors)):
                 if err is None:
-                    out.rows.append(decoded[k])
+                    rows.append(decoded[k])
                     out.clients.append(c)
                 else:
                     out.dropped[c] = f"undecodable update: {err}"
@@ -223,14 +248,18 @@ def defend(fed: "Federation", rnd: int, rec: Received, tx: Any, params: torch.Te
     from .telemetry import envelope_telemetry, place_alternates
 
     d, dev, n = fed.spec.dim, fed.device, fed.scenario.federation.clients
-    rows, row_clients = list(rec.rows), list(rec.clients)
+    row_clients = list(rec.clients)
     extra: dict[str, Any] = {}
-    if not rows:
+    if not len(rec.rows):
         return Merged(torch.zeros(d, dtype=torch.float32, device=dev), {}, {}, extra, [])
-    primary = len(rows)
+    primary = len(rec.rows)
     groups = assign_groups(row_clients, n, fed.hierarchy, fed._np["merge"], fed.identities)
-    place_alternates(fed, tx, rows, row_clients, groups, d, extra)
-    upd = torch.stack(rows)
+    if rec.matrix is not None and (tx is None or not tx.alternates):
+        upd = rec.matrix.clone()  # what stacking its rows gives (no equivocation copies to place)
+    else:
+        rows = list(rec.rows)
+        place_alternates(fed, tx, rows, row_clients, groups, d, extra)
+        upd = torch.stack(rows)
     w = fed.weights[torch.as_tensor(row_clients, device=dev)]
 
     # one server-data oracle per round: every merge node sees the same root update
@@ -314,7 +343,7 @@ def _root_update(fed: "Federation", params: torch.Tensor) -> Callable[[], torch.
 
 # ------------------------------------------------------------------ server step, evaluate
 def server_step(fed: "Federation", params: torch.Tensor, aggregate: torch.Tensor, opt_state: Any,
-                contributors: list[int], rows: list[torch.Tensor], row_clients: list[int],
+                contributors: list[int], rows: Sequence[torch.Tensor], row_clients: list[int],
                 ) -> tuple[torch.Tensor, Any, torch.Tensor, dict[str, Any] | None]:
     """The server optimizer's step, refused when the aggregate or the new model is not finite.
 
@@ -355,7 +384,7 @@ def _outputs_finite(fed: "Federation", params: torch.Tensor) -> bool:
     return bool(torch.isfinite(out).all())
 
 
-def _suspects(contributors: list[int], rows: list[torch.Tensor], row_clients: list[int]) -> list[int]:
+def _suspects(contributors: list[int], rows: Sequence[torch.Tensor], row_clients: list[int]) -> list[int]:
     """Accepted clients whose row is non-finite or whose float32 norm overflows; all accepted if none."""
     used = set(contributors)
     bad = sorted({c for r, c in zip(rows, row_clients)

@@ -53,7 +53,7 @@ def envelope_telemetry(
     (``bound``; ``cosine`` with the ``_rows`` a pipeline stage saw).
     """
     norms = torch.linalg.vector_norm(updates.to(torch.float64), dim=1).tolist()
-    out: dict[str, Any] = {"norms": {c: norms[k] for k, c in enumerate(clients)}}
+    out: dict[str, Any] = {"norms": dict(zip(clients, norms))}
     bounds: dict[int, float] = {}
     cosines: dict[int, float] = {}
     for gi, rows in enumerate(groups):

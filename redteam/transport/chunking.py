@@ -482,7 +482,7 @@ def build_manifests(
     # the per-client fields checked for the whole batch at once; a batch that fails is
     # checked client by client below (the first bad one is named, as before)
     batch_ok = _ids_and_nonces_ok(clients, nonces)
-    new = UpdateManifest
+    new = _fresh
     manifests: list[UpdateManifest] = []
     for payload, client, nonce in zip(payloads, clients, nonces):
         if not batch_ok and isinstance(nonce, (bytes, bytearray)):
@@ -514,6 +514,28 @@ def build_manifests(
         texts.append((template % ('","'.join(hexes), client, root, nonce, len(payload))).encode("ascii"))
     _RECENT.add(manifests, texts)
     return built, texts
+
+
+_object_new = object.__new__
+(_set_round, _set_client, _set_parent, _set_codec, _set_plen, _set_csize, _set_digests, _set_root,
+ _set_nonce) = (getattr(UpdateManifest, name).__set__ for name in _FIELD_NAMES)
+
+
+def _fresh(rnd: int, client: int, parent: str, codec: str, plen: int, csize: int, digests: tuple[str, ...],
+           root: str, nonce: str) -> UpdateManifest:
+    """``UpdateManifest(...)`` with the slots written directly (the frozen dataclass's
+    ``__init__`` goes through ``object.__setattr__`` once per field): an equal object."""
+    m = _object_new(UpdateManifest)
+    _set_round(m, rnd)
+    _set_client(m, client)
+    _set_parent(m, parent)
+    _set_codec(m, codec)
+    _set_plen(m, plen)
+    _set_csize(m, csize)
+    _set_digests(m, digests)
+    _set_root(m, root)
+    _set_nonce(m, nonce)
+    return m
 
 
 def _ids_and_nonces_ok(clients: Sequence[Any], nonces: Sequence[Any]) -> bool:

@@ -174,6 +174,11 @@ class Codec:
         """Decode the body (header already checked); raise DecodeError on any problem."""
         raise NotImplementedError
 
+    def _body_rows(self, parts: Any) -> np.ndarray | None:
+        """Optional: every row's body at once, ``uint8 (n, body size)``, where each row's
+        :meth:`_body` is ``(0, that row's bytes)``; ``None`` where not provided."""
+        return None
+
     def _parse_rows(self, bodies: np.ndarray, flags: int, d: int, count: int) -> "torch.Tensor | None":
         """Optional: :meth:`_parse` of many bodies at once (``uint8 (n, body size)``, every
         row's header the same and checked), the same values; ``None`` where not provided."""
@@ -201,6 +206,15 @@ class Codec:
         sent, parts = self._compress(rows, generator)
         n, d = rows.shape
         count = self.expected_count(d)
+        bodies = self._body_rows(parts) if n > 1 else None
+        if bodies is not None:  # one body width, flags 0: every payload is the header + its row
+            head = np.frombuffer(HEADER.pack(MAGIC, VERSION, self.codec_id, self.dtype_code, 0, d, count), np.uint8)
+            width = head.size + bodies.shape[1]
+            buf = np.empty((n, width), np.uint8)
+            buf[:, : head.size] = head
+            buf[:, head.size:] = bodies
+            blob = buf.tobytes()
+            return [blob[i : i + width] for i in range(0, n * width, width)], sent.to(x.device)
         payloads = []
         for i in range(n):
             flags, body = self._body(parts, i)
@@ -391,6 +405,9 @@ class Dense(Codec):
     def _body(self, parts, i):
         return 0, parts[i].tobytes()
 
+    def _body_rows(self, parts):
+        return np.ascontiguousarray(parts).view(np.uint8)
+
     def _parse(self, view, flags, d, count):
         import torch
 
@@ -415,6 +432,9 @@ class _TwoByte(Codec):
 
     def _body(self, parts, i):
         return 0, parts[i].tobytes()
+
+    def _body_rows(self, parts):
+        return np.ascontiguousarray(parts).view(np.uint8)
 
     def _body_size(self, d, flags):
         return 2 * d
