@@ -139,55 +139,64 @@ def _tree_sum(prod: "torch.Tensor") -> "torch.Tensor":
     return prod[0].to(torch.float64)
 
 
-def _centred_gram(x: "torch.Tensor", careful: bool = False) -> tuple["torch.Tensor", float]:
-    """Σ over column blocks of (block − block mean)(block − block mean)ᵀ, float64.
-
-    Returns the Gram matrix of the centred rows and the absolute underflow term A.
-    float64 input is multiplied in float64.
+def _block_gram(x: "torch.Tensor", centre: bool, careful: bool) -> "torch.Tensor":
+    """Σ over column blocks of ``BLOCK`` of (block − its row mean, if ``centre``)·(…)ᵀ, in
+    float32 products of one block each, summed as the module docstring says; float64.
 
     Without ``careful``, nothing is checked: a non-finite entry of ``x`` or a float32
-    overflow leaves a non-finite entry in the result (a row's own Gram entry sums the
-    squares of its entries), and the caller redoes the work ``careful``-ly on finite
-    rows: a group whose float32 product overflows is then redone in float64.
+    overflow (in a product or in the halving sum) leaves a non-finite entry in the
+    result (a row's own Gram entry sums the squares of its entries), and the caller
+    redoes the work ``careful``-ly: a group whose float32 product overflows while its
+    entries are finite is then redone in float64, and groups are summed in float64.
     """
     import torch
 
     n, d = x.shape
     g = torch.zeros(n, n, dtype=torch.float64, device=x.device)
     if n == 0 or d == 0:
-        return g, 0.0
-    if x.dtype != torch.float32:
-        # float64 (or lower-precision) input: float64 blocks, centred the same way
-        step = BLOCK * GROUP
-        for start in range(0, d, step):
-            b = x[:, start:start + step].to(torch.float64)
-            b = b - b.mean(dim=0)
-            g.addmm_(b, b.T)
-        return g, 0.0
+        return g
     step = BLOCK * _group(n)
     full = (d // BLOCK) * BLOCK
-    centre = _worth_centring(x)
     for start in range(0, full, step):
         stop = min(start + step, full)
         nb = (stop - start) // BLOCK
         blk = x[:, start:stop].reshape(n, nb, BLOCK).transpose(0, 1)  # (nb, n, BLOCK) view
         a = blk - blk.mean(dim=1, keepdim=True) if centre else blk
         prod = torch.bmm(a, a.transpose(1, 2))
-        if careful and not bool(torch.isfinite(prod).all()):  # float32 overflow: this group in float64
-            a64 = blk.to(torch.float64)
-            a64 = a64 - a64.mean(dim=1, keepdim=True)
+        if careful and not bool(torch.isfinite(prod).all()) and bool(torch.isfinite(blk).all()):
+            a64 = blk.to(torch.float64)  # float32 overflow: this group in float64
+            a64 = a64 - a64.mean(dim=1, keepdim=True) if centre else a64
             prod = torch.bmm(a64, a64.transpose(1, 2))
         g += prod.to(torch.float64).sum(dim=0) if careful else _tree_sum(prod)
     if full < d:
         b = x[:, full:]
         a = b - b.mean(dim=0) if centre else b
         prod = a @ a.T
-        if careful and not bool(torch.isfinite(prod).all()):
+        if careful and not bool(torch.isfinite(prod).all()) and bool(torch.isfinite(b).all()):
             a64 = b.to(torch.float64)
-            a64 = a64 - a64.mean(dim=0)
+            a64 = a64 - a64.mean(dim=0) if centre else a64
             prod = a64 @ a64.T
         g += prod.to(torch.float64)
-    return g, 4.0 * d * ETA32
+    return g
+
+
+def _centred_gram(x: "torch.Tensor", careful: bool = False) -> tuple["torch.Tensor", float]:
+    """The Gram matrix of the rows centred block by block (float64), and the absolute
+    underflow term A. float32 input: :func:`_block_gram` (``careful`` as there); float64
+    input is multiplied in float64."""
+    import torch
+
+    n, d = x.shape
+    if x.dtype != torch.float32:
+        # float64 (or lower-precision) input: float64 blocks, centred the same way
+        g = torch.zeros(n, n, dtype=torch.float64, device=x.device)
+        step = BLOCK * GROUP
+        for start in range(0, d, step):
+            b = x[:, start:start + step].to(torch.float64)
+            b = b - b.mean(dim=0)
+            g.addmm_(b, b.T)
+        return g, 0.0
+    return _block_gram(x, _worth_centring(x), careful), 4.0 * d * ETA32
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,39 +438,27 @@ def sq_distances(x: "torch.Tensor", rtol: float = 1e-9) -> "torch.Tensor":
 def gram(x: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
     """Inner products ⟨xᵢ, xⱼ⟩ ``(n, n)`` float64 and a bound on their error.
 
-    Uncentred (cosines need the origin), float32 blocks of ``BLOCK`` columns summed in
-    float64; the bound is 1.5·(γ_BLOCK + 10⁻¹²)·‖xᵢ‖‖xⱼ‖ + A. Non-finite rows give
-    NaN entries in their row and column (callers screen rows first).
+    Uncentred (cosines need the origin). float32 rows: :func:`_block_gram`, whose bound
+    is 1.5·(γ_BLOCK + γ_t·(1 + γ_BLOCK) + 10⁻¹²)·‖xᵢ‖‖xⱼ‖ + A (t = ``TREE_DEPTH``); other
+    rows in float64. Non-finite rows give non-finite entries in their row and column
+    (callers screen rows first).
     """
     import torch
 
     n, d = x.shape
-    g = torch.zeros(n, n, dtype=torch.float64, device=x.device)
     step = BLOCK * _group(n)
-    for start in range(0, d, step):
-        b = x[:, start:start + step]
-        if b.dtype == torch.float32:
-            width = b.shape[1]
-            nb = width // BLOCK
-            if nb:
-                blk = b[:, :nb * BLOCK].reshape(n, nb, BLOCK).transpose(0, 1)
-                prod = torch.bmm(blk, blk.transpose(1, 2))
-                if not bool(torch.isfinite(prod).all()) and bool(torch.isfinite(blk).all()):
-                    b64 = blk.to(torch.float64)
-                    prod = torch.bmm(b64, b64.transpose(1, 2))
-                g += prod.to(torch.float64).sum(dim=0)
-            if nb * BLOCK < width:
-                rest = b[:, nb * BLOCK:]
-                prod = rest @ rest.T
-                if not bool(torch.isfinite(prod).all()) and bool(torch.isfinite(rest).all()):
-                    r64 = rest.to(torch.float64)
-                    prod = r64 @ r64.T
-                g += prod.to(torch.float64)
-        else:
-            b64 = b.to(torch.float64)
+    if x.dtype == torch.float32:
+        g = _block_gram(x, centre=False, careful=False)
+        if not bool(torch.isfinite(g).all()):
+            g = _block_gram(x, centre=False, careful=True)
+        u = _gamma(BLOCK, U32) + _gamma(TREE_DEPTH, U32) * (1 + _gamma(BLOCK, U32))
+    else:
+        g = torch.zeros(n, n, dtype=torch.float64, device=x.device)
+        for start in range(0, d, step):
+            b64 = x[:, start:start + step].to(torch.float64)
             g.addmm_(b64, b64.T)
+        u = _gamma(step, U64)
     norm = torch.diagonal(g).clamp_min(0.0).sqrt()
-    u = _gamma(BLOCK, U32) if x.dtype == torch.float32 else _gamma(step, U64)
     err = 1.5 * (u + 1e-12) * norm[:, None] * norm[None, :] + 2.0 * d * ETA32
     return g, err
 

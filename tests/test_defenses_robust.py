@@ -298,6 +298,13 @@ def test_pairwise_bound_holds_when_many_blocks_are_summed_in_float32(monkeypatch
     assert bool(((pd.approx - exact).abs() <= pd.error + slack).all())
     assert int(pd.group[3]) == 2 and float(pd.approx[2, 3]) == 0.0
     assert calls == ([False, True] if checked else [False])
+    # the uncentred inner products (cosine rules) keep their bound the same way: exact
+    # float64 products of float32 values (48 bits), summed with relative error ≤ d·2⁻⁵³
+    g, err = pw.gram(x)
+    x64 = x.to(torch.float64)
+    exact = x64 @ x64.T
+    slack = (x64.abs() @ x64.abs().T) * d * 2.0 ** -53
+    assert bool(torch.isfinite(g).all()) and bool(((g - exact).abs() <= err + slack).all())
 
 
 def test_pairwise_nonfinite_row_is_found_after_the_unchecked_pass():
