@@ -199,3 +199,119 @@ def test_batched_decode_equals_row_by_row(kinds, codec_name, max_abs):
             assert errors[i] == str(exc) and not rows[i].any()
         else:
             assert errors[i] is None and torch.equal(rows[i], want)
+
+
+# -- the round's fast lanes against the general paths (issue 13 §3, second pass) ---------------
+
+def _identity(deliveries):
+    # a tamper hook that changes nothing: it sends transmit down its general path (every
+    # delivery through the hook, grouped and checked one by one), the oracle for the lanes
+    # that run without a hook
+    return list(deliveries)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 40), min_size=1, max_size=7),
+    chunk_size=st.sampled_from([16, 64]),
+    loss=st.sampled_from([0.0, 0.3]),
+    relay=st.sampled_from([0.0, 0.5]),
+    retries=st.integers(0, 2),
+    deadline=st.sampled_from([None, 0.5]),
+    faults=st.lists(st.sampled_from(["ok", "swap", "stale", "withhold", "corrupt", "big"]), min_size=7, max_size=7),
+    seed=st.integers(0, 2**16),
+)
+def test_transmit_without_hook_equals_the_general_path(sizes, chunk_size, loss, relay, retries, deadline, faults,
+                                                        seed):
+    from redteam.transport import Network, NetworkConfig
+
+    n = len(sizes)
+    clients = list(range(n))
+    payloads_ = [bytes((7 * c + j) % 256 for j in range(s)) for c, s in enumerate(sizes)]
+    built, texts = build_manifests(payloads_, round=3, clients=clients, parent_digest=PARENT, codec="none()",
+                                   chunk_size=chunk_size, nonces=new_nonces(np.random.default_rng(seed), n))
+    uploads = {c: (m, list(chunks)) for c, (m, chunks) in zip(clients, built)}
+    headers = dict(zip(clients, texts))
+    for c, fault in zip(clients, faults):
+        m, chunks = uploads[c]
+        if fault == "swap" and n > 1:  # another client's header (names the wrong client)
+            headers[c] = texts[(c + 1) % n]
+        elif fault == "stale":  # a header for another round (its text is no builder's)
+            headers[c] = dataclasses.replace(m, round=2).to_json()
+        elif fault == "withhold":
+            uploads[c] = (m, chunks[:-1])
+        elif fault == "corrupt" and chunks[0]:
+            uploads[c] = (m, [bytes([chunks[0][0] ^ 1]) + chunks[0][1:], *chunks[1:]])
+    limit = 30 if "big" in faults else None  # a payload over 30 bytes is refused before any fetch
+    cfg = NetworkConfig(loss=loss, relay_fraction=relay, retries=retries, deadline_s=deadline,
+                        bandwidth_sigma=0.0, latency_sigma=0.0, compute_sigma=0.0)
+    net = Network(cfg, n, np.random.default_rng(seed))
+
+    def run(hook, hdrs):
+        return net.transmit(3, uploads, 2, np.random.default_rng(seed + 1), hook, parent_digest=PARENT,
+                            headers=hdrs, max_payload_len=limit)
+
+    lane = run(None, headers)
+    assert lane == run(_identity, headers)
+    # the same header texts rebuilt (equal bytes, other objects) open to the same result
+    assert lane == run(None, {c: bytes(bytearray(h)) for c, h in headers.items()})
+    # manifests sent directly (no headers): the lane's direct landing against the hook's path
+    direct = net.transmit(3, uploads, 2, np.random.default_rng(seed + 1), None, parent_digest=PARENT,
+                          max_payload_len=limit)
+    assert direct == net.transmit(3, uploads, 2, np.random.default_rng(seed + 1), _identity,
+                                  parent_digest=PARENT, max_payload_len=limit)
+
+
+def test_known_header_texts_parse_like_any_other_and_are_forgotten_after_two_batches():
+    # build_manifests remembers the text it wrote for each manifest (from_json's answer for
+    # those bytes); a text from three batches back is parsed in full, to an equal manifest
+    first, texts = build_manifests([b"abc", b"de"], round=1, clients=[0, 1], parent_digest=PARENT, codec="c",
+                                   nonces=[NONCE, NONCE])
+    assert UpdateManifest.from_json(texts[0]) is first[0][0]
+    for r in (2, 3):
+        build_manifests([b"x"], round=r, clients=[0], parent_digest=PARENT, codec="c", nonces=[NONCE])
+    again = UpdateManifest.from_json(texts[0])
+    assert again == first[0][0] and again is not first[0][0]
+    # a manifest equal to a built one but not made by a builder is validated in full
+    forged = dataclasses.replace(first[1][0], merkle_root="0" * 64)
+    with pytest.raises(ManifestError, match="merkle_root"):
+        forged.validate()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from(["ok", "nan", "inf", "big"]), min_size=2, max_size=6),
+       st.sampled_from(["none", "fp16", "bf16"]), st.sampled_from([None, 10.0]))
+def test_uniform_batch_encode_and_decode_equal_row_by_row(kinds, codec_name, max_abs):
+    # every payload one length with one header: the batched encode and decode lanes
+    params = {"max_abs": max_abs} if max_abs is not None else {}
+    codec = make_codec(codec_name, **params)
+    d = 6
+    x = torch.stack([torch.linspace(-2.0, 2.0, d) * (k + 1) for k in range(len(kinds))])
+    for k, kind in enumerate(kinds):
+        if kind != "ok":
+            x[k, 3] = {"nan": float("nan"), "inf": float("inf"), "big": 40.0}[kind]
+    payloads_, sent = codec.encode_many(x)
+    for k in range(len(kinds)):
+        one, one_sent = codec.encode_many(x[k : k + 1])
+        assert payloads_[k] == one[0] and type(payloads_[k]) is bytes
+        assert torch.equal(sent[k], one_sent[0]) or kinds[k] == "nan"
+    rows, errors = codec.decode_many(payloads_, d)
+    for k, p in enumerate(payloads_):
+        try:
+            want = codec.decode(p, d)
+        except Exception as exc:  # noqa: BLE001 - the message is what is compared
+            assert errors[k] == str(exc) and not rows[k].any()
+        else:
+            assert errors[k] is None and torch.equal(rows[k], want)
+
+
+def test_row_view_reads_the_matrix_rows():
+    from redteam.federation.stages import RowView
+
+    m = torch.arange(12.0).reshape(4, 3)
+    v = RowView(m)
+    assert len(v) == 4 and torch.equal(v[2], m[2]) and torch.equal(v[-1], m[3])
+    assert [r.tolist() for r in v] == m.tolist()
+    assert [r.tolist() for r in v[1:3]] == m[1:3].tolist()
+    with pytest.raises(IndexError):
+        v[4]
