@@ -220,7 +220,8 @@ def test_federation_rounds_agree(cell):
     sections, tol = CELLS[cell]
     sc = scenario(**sections)
     cpu, cuda = run_trace(sc, "cpu"), run_trace(sc, "cuda")
-    assert set(cuda.param_devices) == {"cuda"} and set(cpu.param_devices) == {"cpu"}
+    assert set(cuda.param_devices) == {"cuda"}, f"the CUDA run's global model lived on {set(cuda.param_devices)}"
+    assert set(cpu.param_devices) == {"cpu"}, f"the CPU run's global model lived on {set(cpu.param_devices)}"
     assert_same_run(cpu, cuda, tol)
     if cell == "alie-vs-krum":  # a real decision is compared: Krum keeps the ALIE copies' tie group only
         assert all(0 < sum(acc) < 20 for acc in cuda.accepted), cuda.accepted
