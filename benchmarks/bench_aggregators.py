@@ -18,17 +18,23 @@ Reference figures from DESIGN.md (a widely used library, n = 100, d = 10⁶, thi
 machine): mean 27 ms, coordinate median 2.3 s, trimmed mean 2.3 s, Krum 0.72 s,
 geometric median (3 iterations) 1.3 s, centered clipping 0.29 s; NNM ~31 GiB.
 
+The first row, the float32 Gram matrix x·xᵀ (one matmul), is the floor of every rule that
+needs all pairwise distances: they cannot be faster than it without skipping pairs.
+
 ``--byzfl`` also runs that library's timing script (``/work/shared/reference-bench/
 bench_byzfl.py``) in its own virtual environment (``$PA_VENV``, default ``pa-venv`` in
 the temp dir; built by ``setup.sh`` there) as a subprocess, right after our cells, and
-prints its table: the two sets of figures come from the same minutes of the same
-machine. This project never imports it.
+prints, per (n, d) at d = 10⁶, one side-by-side table: our rule, ByzFL's, their ratio, and
+our time over the Gram's. The two sets of figures come from the same minutes of the same
+machine. This project never imports it. (ByzFL's script uses f = n // 5; for the rules
+timed here the work does not depend on f.)
 
 Distance rules (Krum, Multi-Krum, Bulyan, NNM, FoolsGold) share ``defenses/_pairwise``:
 float32 Gram blocks with a per-pair rounding bound, exact float64 work only for the
 rows a decision cannot settle, so their time depends on how close the decision is
 (Gaussian rows at d = 10⁶ put Multi-Krum's m-th and (m+1)-th scores ~1e-5 apart:
-one float64 pass over the candidates' rows).
+one float64 pass over the candidates' rows; Bulyan's iterative Krum and NNM's neighbour
+sets need one float64 pass over every row).
 """
 
 from __future__ import annotations
