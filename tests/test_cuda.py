@@ -15,7 +15,8 @@ same seed on ``device="cpu"`` and on ``device="cuda"``:
   input's device. Distance rules share ``defenses/_pairwise``, whose decisions are exact for
   the given float32 input whatever the BLAS, so they must pick the same rows;
 * **the CLI**: ``redteam run scenarios/smoke.toml --device cuda`` exits 0, reports device
-  ``cuda`` and agrees with ``--device cpu`` on every reported metric but the wall times.
+  ``cuda`` and agrees with ``--device cpu`` on every reported metric but the wall times;
+* **TF32 stays off** after a CUDA run (the pairwise kernel's rounding bound assumes float32).
 
 Each comparison is a plain function of the two results (:func:`assert_same_run`,
 :func:`assert_same_decisions`, :func:`assert_same_metrics`), so it can be exercised on the
