@@ -307,6 +307,8 @@ def run_defense(defense: Any, device: str, rounds: int = DEFENSE_ROUNDS, dtype: 
                                   client_ids="positions", round=t, state=state)
         ctx = dataclasses.replace(ctx, global_params=theta)
         dec = defense(x, ctx)
+        assert dec.aggregate.device == x.device, \
+            f"{defense!r}, round {t}: aggregate on {dec.aggregate.device}, input on {x.device}"
         out.append((dec, x))
         state = dict(dec.state)
         prev = dec.aggregate
