@@ -482,6 +482,8 @@ def build_manifests(
     # the per-client fields checked for the whole batch at once; a batch that fails is
     # checked client by client below (the first bad one is named, as before)
     batch_ok = _ids_and_nonces_ok(clients, nonces)
+    if batch_ok and all(type(p) is bytes for p in payloads) and max(map(len, payloads)) <= chunk_size:
+        return _build_one_chunk_each(payloads, round, list(clients), parent_digest, codec, chunk_size, nonces)
     new = _fresh
     manifests: list[UpdateManifest] = []
     for payload, client, nonce in zip(payloads, clients, nonces):
@@ -514,6 +516,28 @@ def build_manifests(
         texts.append((template % ('","'.join(hexes), client, root, nonce, len(payload))).encode("ascii"))
     _RECENT.add(manifests, texts)
     return built, texts
+
+
+def _build_one_chunk_each(payloads: Sequence[bytes], rnd: int, clients: list[int], parent_digest: str, codec: str,
+                          chunk_size: int, nonces: Sequence[str]) -> tuple[list[tuple[UpdateManifest, list[bytes]]],
+                                                                        list[bytes]]:
+    """:func:`build_manifests` where every payload is ``bytes`` that fits one chunk (its
+    digest is the Merkle root) and the ids and nonces passed the batch check: the same
+    manifests, chunks and texts, the batch in comprehensions."""
+    sha = hashlib.sha256
+    hexes = [sha(p).hexdigest() for p in payloads]
+    lens = [len(p) for p in payloads]
+    first = _fresh(rnd, clients[0], parent_digest, codec, lens[0], chunk_size, (hexes[0],), hexes[0], nonces[0])
+    try:  # the shared fields, checked in full once
+        first.validate()
+    except ManifestError as exc:
+        raise InvalidParameter(f"build_manifests: {exc}") from None
+    template = _json_template(first)
+    manifests = [first] + [_fresh(rnd, c, parent_digest, codec, n, chunk_size, (h,), h, x)
+                           for c, n, h, x in zip(clients[1:], lens[1:], hexes[1:], nonces[1:])]
+    texts = [(template % (h, c, h, x, n)).encode("ascii") for c, n, h, x in zip(clients, lens, hexes, nonces)]
+    _RECENT.add(manifests, texts)
+    return [(m, [p]) for m, p in zip(manifests, payloads)], texts
 
 
 _object_new = object.__new__
@@ -606,6 +630,15 @@ def known_text(data: bytes) -> UpdateManifest | None:
 def known_valid(m: object) -> bool:
     """True if ``m`` is a manifest a builder made (so :meth:`UpdateManifest.validate` passes)."""
     return _RECENT.by_id(m) or _BUILT.get(id(m)) is m
+
+
+def known_valid_many(ms: Sequence[object]) -> list[bool]:
+    """:func:`known_valid` of each of ``ms`` (the newest builder call looked up first, at once)."""
+    newest = _RECENT.ids[0] if _RECENT.ids else {}
+    out = [newest.get(id(m)) is m for m in ms]
+    if not all(out):
+        out = [ok or known_valid(m) for ok, m in zip(out, ms)]
+    return out
 
 
 def _json_template(m: UpdateManifest) -> str:

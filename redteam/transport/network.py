@@ -70,7 +70,7 @@ import numpy as np
 from redteam.errors import InvalidParameter, RedteamError
 from redteam.types import ChunkDelivery
 
-from .chunking import ManifestError, UpdateManifest, check_chunk, known_text, known_valid
+from .chunking import ManifestError, UpdateManifest, check_chunk, known_text, known_valid_many
 
 __all__ = ["NetworkConfig", "Network", "TransmitResult", "TamperHook", "HeaderOpener", "HEADER_INDEX"]
 
@@ -296,7 +296,8 @@ class Network:
                                    "must be an integer ≥ 0 (or None)")
         if isinstance(local_steps, bool) or not isinstance(local_steps, int) or local_steps < 0:
             raise InvalidParameter(f"Network.transmit: local_steps = {local_steps!r}: must be an integer ≥ 0")
-        if not _plain_ids(uploads, self.n_clients):  # the batch check failed: name the first bad key
+        plain = _plain_ids(uploads, self.n_clients)
+        if not plain:  # the batch check failed: name the first bad key
             for c in uploads:
                 if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= c < self.n_clients:
                     raise InvalidParameter(
@@ -308,7 +309,7 @@ class Network:
                 raise InvalidParameter(
                     f"Network.transmit: headers must give bytes for every uploading client (missing {missing})"
                 )
-        ids = sorted(int(c) for c in uploads)
+        ids = sorted(uploads) if plain else sorted(int(c) for c in uploads)
         cfg, res = self.config, TransmitResult()
         finish: dict[int, float] = {}
         ids_arr = np.asarray(ids, dtype=np.int64)
@@ -323,17 +324,19 @@ class Network:
         done_all = ready + np.asarray(mlens, dtype=np.float64) / self.bytes_per_s[ids_arr]
         manifest_done = dict(zip(ids, done_all.tolist()))
         finish: dict[int, float] = dict(zip(ids, (done_all + self.latency_s[ids_arr]).tolist()))
-        res.client_bytes = dict(zip(ids, mlens))
+        sent_bytes = np.asarray(mlens, dtype=np.int64)  # per client of ids; res.client_bytes at the end
         res.bytes_on_wire += sum(mlens)
         valid: list[int] = []
         parent_check = parent_digest if headers is None else None
-        for c in ids:
-            m = uploads[c][0]
-            # a builder's manifest (valid, frozen) for this client, round, parent and size needs
-            # no further look; anything else gets the full check, which names the problem
-            if (type(m) is UpdateManifest and m.client == c and m.round == round and known_valid(m)
-                    and (parent_check is None or m.parent_digest == parent_check)
-                    and (max_payload_len is None or m.payload_len <= max_payload_len)):
+        sent_ms = [uploads[c][0] for c in ids]
+        # a builder's manifest (valid, frozen) for this client, round, parent and size needs
+        # no further look; anything else gets the full check, which names the problem
+        fine = [ok and type(m) is UpdateManifest and m.client == c and m.round == round
+                and (parent_check is None or m.parent_digest == parent_check)
+                and (max_payload_len is None or m.payload_len <= max_payload_len)
+                for ok, c, m in zip(known_valid_many(sent_ms), ids, sent_ms)]
+        for c, m, ok in zip(ids, sent_ms, fine):
+            if ok:
                 valid.append(c)
                 continue
             problem = self._manifest_problem(c, m, round, parent_check, max_payload_len)
@@ -348,7 +351,8 @@ class Network:
         if counts and min(counts) == max(counts) == 1:  # one chunk each (a small model): keys by client
             keys = [(c, 0) for c in valid]
             author = np.array(valid, dtype=np.int64)
-            data = [_first_sent(uploads[c][1]) for c in valid]
+            firsts = [uploads[c][1] for c in valid]
+            data = [ch[0] if len(ch) and type(ch[0]) is bytes else _first_sent(ch) for ch in firsts]
         else:
             keys = [(c, i) for c, n_c in zip(valid, counts) for i in range(n_c)]
             author = np.array([c for c, _ in keys], dtype=np.int64)
@@ -410,15 +414,14 @@ class Network:
             sent = [k for k in (pending.tolist() if wave > 0 else range(len(keys))) if data[k] is not None]
             if sent:  # each attempt's bytes on each hop, per author (whole bytes: exact sums)
                 nbytes = size[sent] * hops[sent]
-                who = np.unique(author[sent])
-                per = np.bincount(author[sent], weights=nbytes, minlength=self.n_clients)[who]
-                for c, b in zip(who.tolist(), per.astype(np.int64).tolist()):
-                    res.client_bytes[c] += b
+                per = np.bincount(author[sent], weights=nbytes, minlength=self.n_clients)[ids_arr]
+                sent_bytes += per.astype(np.int64)
                 res.bytes_on_wire += int(nbytes.sum())
             lost_l, relay_l = lost.tolist(), relay.tolist()
             if tamper is None:  # what arrives is what was sent: check each attempt where it lands
-                self._land_direct(pending.tolist(), keys, data, lost_l, relay_l, when, wave, manifests, got, got_at,
-                                  failure, mismatch_log, res)
+                if self._land_direct(pending.tolist(), keys, data, lost_l, relay_l, when, wave, manifests, got,
+                                     got_at, failure, mismatch_log, res):
+                    break  # every pending chunk verified: no re-fetch wave has anything to do
                 continue
             deliveries = [
                 ChunkDelivery(author=keys[k][0], index=keys[k][1], relay=relay_l[k], data=data[k], round=round)
@@ -524,6 +527,7 @@ class Network:
                     res.alternates.setdefault(c, []).append(b"".join(parts[i] for i in range(alt.n_chunks)))
         if headers is not None:
             res.manifests = {c: manifests[c] for c in valid}
+        res.client_bytes = dict(zip(ids, sent_bytes.tolist()))
         res.arrival_s = {c: float(finish[c]) for c in ids}
         end = max(finish.values(), default=0.0)
         res.round_time_s = float(min(end, cfg.deadline_s) if cfg.deadline_s is not None else end)
@@ -639,10 +643,10 @@ class Network:
     def _land_direct(pending: list[int], keys: list[tuple[int, int]], data: list[bytes | None], lost: list[bool],
                      relay: list[int], when: np.ndarray, wave: int, manifests: Mapping[int, UpdateManifest],
                      got: dict[int, dict[int, bytes]], got_at: np.ndarray, failure: dict[int, tuple[str, float]],
-                     mismatch_log: dict[int, list[tuple[int, int]]], res: TransmitResult) -> None:
+                     mismatch_log: dict[int, list[tuple[int, int]]], res: TransmitResult) -> bool:
         """One wave without a tamper hook: each attempt that is sent and not lost arrives
         once, as sent, and is checked against the opened manifest (as :meth:`transmit`'s
-        general path does with the hook's deliveries)."""
+        general path does with the hook's deliveries). True if every pending chunk verified."""
         sha = hashlib.sha256
         at = [keys[k] for k in pending]
         chunks = [data[k] for k in pending]
@@ -657,7 +661,7 @@ class Network:
             for (c, i), chunk in zip(at, chunks):
                 got[c][i] = chunk  # type: ignore[assignment]
             got_at[pending] = when[pending]
-            return
+            return True
         when_l = when.tolist()
         for j, k in enumerate(pending):
             c, i = at[j]
@@ -680,6 +684,7 @@ class Network:
             else:
                 reason = f"withheld: missing chunk {i}"
             failure[k] = (reason, when_l[k])
+        return False
 
     @staticmethod
     def _match_alternate(key: tuple[int, int], d: ChunkDelivery, alternates: Mapping[int, list[UpdateManifest]],
