@@ -313,7 +313,9 @@ class Federation:
             t0 = time.perf_counter()
             if rnd > 0:
                 online = self.network.churn(online, self._np["network"])
-            part = np.array([c for c in np.flatnonzero(online) if int(c) not in banned], dtype=np.int64)
+            part = np.flatnonzero(online).astype(np.int64)
+            if banned:
+                part = part[~np.isin(part, np.fromiter(banned, dtype=np.int64, count=len(banned)))]
             part_t = torch.as_tensor(part, dtype=torch.long, device=self.device)
             dropped: dict[int, str] = {c: why for c, why in banned.items() if online[c]}
             rejected: dict[int, str] = dict(dropped)

@@ -118,7 +118,7 @@ def transport(fed: "Federation", rnd: int, ch: Chunked, actx: AttackContext | No
         )
         for old in [r for r in history if r <= rnd - keep]:
             del history[old]
-    header_bytes = sum(len(h) for h in headers.values())
+    header_bytes = sum(map(len, headers.values()))
     timing: dict[str, Any] = {"header_bytes": header_bytes}
     if keys is not None:
         plain = sum(len(m.to_json()) for m, _ in uploads.values())

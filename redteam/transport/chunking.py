@@ -482,7 +482,7 @@ def build_manifests(
     # the per-client fields checked for the whole batch at once; a batch that fails is
     # checked client by client below (the first bad one is named, as before)
     batch_ok = _ids_and_nonces_ok(clients, nonces)
-    if batch_ok and all(type(p) is bytes for p in payloads) and max(map(len, payloads)) <= chunk_size:
+    if batch_ok and set(map(type, payloads)) == {bytes} and max(map(len, payloads)) <= chunk_size:
         return _build_one_chunk_each(payloads, round, list(clients), parent_digest, codec, chunk_size, nonces)
     new = _fresh
     manifests: list[UpdateManifest] = []
@@ -566,7 +566,7 @@ def _ids_and_nonces_ok(clients: Sequence[Any], nonces: Sequence[Any]) -> bool:
     """True only if every client id is an ``int`` in [0, 2⁵³] and every nonce 32 lowercase
     hex characters (``str``): what the per-client check of :func:`build_manifests` demands."""
     try:
-        if not all(type(c) is int for c in clients) or not all(type(x) is str for x in nonces):
+        if (clients and set(map(type, clients)) != {int}) or (nonces and set(map(type, nonces)) != {str}):
             return False
         if clients and not (0 <= min(clients) and max(clients) <= _MAX_INT):
             return False
@@ -625,6 +625,15 @@ def known_text(data: bytes) -> UpdateManifest | None:
     """The manifest whose canonical JSON :func:`build_manifests` wrote as exactly ``data``
     (what :meth:`UpdateManifest.from_json` returns for it), or ``None``."""
     return _RECENT.by_text(data)
+
+
+def known_texts(texts: Sequence[bytes]) -> list[UpdateManifest | None]:
+    """:func:`known_text` of each of ``texts`` (the newest builder call looked up first, at once)."""
+    newest = _RECENT.texts[0] if _RECENT.texts else {}
+    out = [newest.get(t) for t in texts]
+    if None in out:
+        out = [m if m is not None else known_text(t) for m, t in zip(out, texts)]
+    return out
 
 
 def known_valid(m: object) -> bool:

@@ -387,6 +387,11 @@ def _decode_error(codec: Codec, data: Any, d: int) -> str:
     raise AssertionError("decode_many: a payload refused in the batch was accepted alone")
 
 
+def _copied(rows: np.ndarray) -> np.ndarray:
+    """A C-contiguous, writable copy of ``rows`` (a view into payload bytes is neither)."""
+    return np.array(rows, order="C", copy=True)
+
+
 def _le(arr: np.ndarray, dtype: str) -> np.ndarray:
     return arr.astype(dtype, copy=False)
 
@@ -416,7 +421,7 @@ class Dense(Codec):
     def _parse_rows(self, bodies, flags, d, count):
         import torch
 
-        return torch.from_numpy(np.ascontiguousarray(bodies).view("<f4").astype(np.float32))
+        return torch.from_numpy(_copied(bodies).view("<f4").astype(np.float32, copy=False))
 
 
 def _saturate(x: "torch.Tensor", limit: float) -> "torch.Tensor":
@@ -464,7 +469,7 @@ class Float16(_TwoByte):
     def _parse_rows(self, bodies, flags, d, count):
         import torch
 
-        return torch.from_numpy(np.ascontiguousarray(bodies).view("<f2").astype(np.float32))
+        return torch.from_numpy(_copied(bodies).view("<f2").astype(np.float32))
 
 
 _BF16_MAX = float(np.frombuffer(np.uint32(0x7F7F0000).tobytes(), np.float32)[0])
@@ -495,7 +500,7 @@ class BFloat16(_TwoByte):
     def _parse_rows(self, bodies, flags, d, count):
         import torch
 
-        hi = np.ascontiguousarray(bodies).view("<u2").astype(np.uint32) << np.uint32(16)
+        hi = _copied(bodies).view("<u2").astype(np.uint32) << np.uint32(16)
         return torch.from_numpy(hi.view(np.float32))
 
 

@@ -70,7 +70,7 @@ import numpy as np
 from redteam.errors import InvalidParameter, RedteamError
 from redteam.types import ChunkDelivery
 
-from .chunking import ManifestError, UpdateManifest, check_chunk, known_text, known_valid_many
+from .chunking import ManifestError, UpdateManifest, check_chunk, known_text, known_texts, known_valid_many
 
 __all__ = ["NetworkConfig", "Network", "TransmitResult", "TamperHook", "HeaderOpener", "HEADER_INDEX"]
 
@@ -304,8 +304,9 @@ class Network:
                         f"Network.transmit: upload key {c!r} is not a client id in [0, {self.n_clients})"
                     )
         if headers is not None:
-            missing = sorted(int(c) for c in uploads if c not in headers)
-            if missing or not all(isinstance(h, (bytes, bytearray)) for h in headers.values()):
+            missing = [] if headers.keys() >= uploads.keys() else sorted(int(c) for c in uploads if c not in headers)
+            if missing or not (set(map(type, headers.values())) <= {bytes, bytearray}
+                               or all(isinstance(h, (bytes, bytearray)) for h in headers.values())):
                 raise InvalidParameter(
                     f"Network.transmit: headers must give bytes for every uploading client (missing {missing})"
                 )
@@ -553,11 +554,11 @@ class Network:
             # for this client, round and parent within the size limit (the tests below are
             # default_open's and the size check), its manifest is the parse: all at once
             sent_h = [bytes(headers[c]) for c in valid]
-            opened = [known_text(h) for h in sent_h]
-            if all(m is not None and m.client == c and m.round == round
-                   and (parent_digest is None or m.parent_digest == parent_digest)
-                   and (max_payload_len is None or m.payload_len <= max_payload_len)
-                   for c, m in zip(valid, opened)):
+            opened = known_texts(sent_h)
+            if all([m is not None and m.client == c and m.round == round
+                    and (parent_digest is None or m.parent_digest == parent_digest)
+                    and (max_payload_len is None or m.payload_len <= max_payload_len)
+                    for c, m in zip(valid, opened)]):
                 res.headers.update(zip(valid, ([h] for h in sent_h)))
                 return dict(zip(valid, opened)), {}  # type: ignore[arg-type]
 
@@ -758,7 +759,7 @@ def _first_sent(chunks: Sequence[bytes]) -> bytes | None:
 
 def _plain_ids(uploads: Mapping[object, object], n_clients: int) -> bool:
     """True only if every key of ``uploads`` is an ``int`` (not a bool) in [0, n_clients)."""
-    if not all(type(c) is int for c in uploads):
+    if uploads and set(map(type, uploads)) != {int}:
         return False
     return not uploads or (min(uploads) >= 0 and max(uploads) < n_clients)  # type: ignore[type-var]
 
