@@ -206,7 +206,9 @@ class Codec:
         sent, parts = self._compress(rows, generator)
         n, d = rows.shape
         count = self.expected_count(d)
-        bodies = self._body_rows(parts) if n > 1 else None
+        # small rows (where per-row calls cost more than the bytes): every payload at once; a
+        # large row is written on its own, so the batch is never held twice over in memory
+        bodies = self._body_rows(parts) if n > 1 and self._body_size(d, 0) <= _BATCH_ROW_BYTES else None
         if bodies is not None:  # one body width, flags 0: every payload is the header + its row
             head = np.frombuffer(HEADER.pack(MAGIC, VERSION, self.codec_id, self.dtype_code, 0, d, count), np.uint8)
             width = head.size + bodies.shape[1]
@@ -385,6 +387,10 @@ def _decode_error(codec: Codec, data: Any, d: int) -> str:
     except DecodeError as exc:
         return str(exc)
     raise AssertionError("decode_many: a payload refused in the batch was accepted alone")
+
+
+#: rows up to this many body bytes are encoded as one batch (see Codec.encode_many)
+_BATCH_ROW_BYTES = 1 << 16
 
 
 def _copied(rows: np.ndarray) -> np.ndarray:
