@@ -19,8 +19,10 @@ every full round, from the second on (the first includes lazy initialisation), o
 round** is timed from the on-round callback, as ``benchmarks/bench_scale.py`` does:
 ``BatchedTrainer.train`` of every client (from the initial model: the cost does not depend on
 the values), the sample-weighted mean of the deltas and the step, nothing else (no evaluation:
-~0.1 ms here). Figures are
-medians over rounds 2..R; "full ÷ bare" is the median of the per-round ratios.
+~0.1 ms here). Our side runs twice, before and after the references, so that a change of the
+machine's load while they ran shows as a gap between the two (both are printed); the table
+pools the two: medians over rounds 2..R of both runs; "full ÷ bare" is the median of the
+per-round ratios (each full round and the bare round right after it see the same load).
 
 **The references**, right after ours, from their own virtual environment (``$PA_VENV``,
 default ``pa-venv`` in the temp dir, built by ``bash /work/shared/reference-bench/setup.sh``)
@@ -113,14 +115,20 @@ def ours(clients: int, rounds: int, seed: int) -> dict:
         bare.append(bare_round(fed.params0))
 
     res = fed.run(on_round=on_round)
+    return {"clients": clients, "rounds": rounds, "build_s": build_s, "round1_s": res.records[0].wall_time_s,
+            "full_rounds_s": full, "bare_rounds_s": bare, "acc": res.records[-1].accuracy,
+            "sizes": [int(s) for s in fed.data.sizes.tolist()]}
+
+
+def pooled(runs: list[dict]) -> dict:
+    """Medians over the timed rounds of every run of one size (before and after the references)."""
+    full = [s for r in runs for s in r["full_rounds_s"]]
+    bare = [s for r in runs for s in r["bare_rounds_s"]]
     return {
-        "clients": clients, "rounds": rounds, "build_s": build_s,
-        "round1_s": res.records[0].wall_time_s,
+        "clients": runs[0]["clients"], "rounds": runs[0]["rounds"], "acc": runs[0]["acc"],
         "full_s": statistics.median(full), "bare_s": statistics.median(bare),
         "full_over_bare": statistics.median(f / b for f, b in zip(full, bare)),
-        "full_rounds_s": full, "bare_rounds_s": bare,
-        "acc": res.records[-1].accuracy,
-        "sizes": [int(s) for s in fed.data.sizes.tolist()],
+        "per_run": [(statistics.median(r["full_rounds_s"]), statistics.median(r["bare_rounds_s"])) for r in runs],
     }
 
 
@@ -169,11 +177,13 @@ def references(python: str, clients: list[int], rounds: int, reps: int, env: dic
 def _ms(s: float | None) -> str:
     if s is None:
         return "—"
-    return f"{s * 1e3:.1f} ms" if s < 10 else f"{s:.1f} s"
+    return f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.2f} s"
 
 
 def _x(a: float | None, b: float | None) -> str:
-    return f"{a / b:.2f}×" if a and b else "—"
+    if not (a and b):
+        return "—"
+    return f"{a / b:.2f}×" if a / b < 100 else f"{a / b:,.0f}×"
 
 
 def table(o: dict, torch_cells: dict, flower_runs: list[dict] | None, absent: str) -> None:
@@ -203,7 +213,9 @@ def table(o: dict, torch_cells: dict, flower_runs: list[dict] | None, absent: st
         ("Flower start-up (run_simulation → first client call, once)",
          _ms(fl_start) if fl_start else absent, _x(fl_start, full), "—"),
     ]
-    print(f"\n{n} clients, median of rounds 2..{o['rounds']}\n")
+    runs = " and ".join(f"full {_ms(f)} / bare {_ms(b)}" for f, b in o["per_run"])
+    where = "before and after the references, pooled" if len(o["per_run"]) > 1 else "one run"
+    print(f"\n{n} clients, medians of rounds 2..{o['rounds']} (redteam: {where}: {runs})\n")
     print(f"| | per round | ÷ redteam full | accuracy after {o['rounds']} rounds |")
     print("|---|---|---|---|")
     for r in rows:
@@ -238,11 +250,16 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     print(f"cores {os.cpu_count()}, {args.threads} intra-op thread(s) per process, torch {torch.__version__}, "
           f"load average {os.getloadavg()[0]:.1f} at start", flush=True)
-    mine = []
-    for n in args.clients:
-        o = ours(n, args.rounds, args.seed)
-        mine.append(o)
-        print(f"  redteam {n} clients: full {_ms(o['full_s'])}, bare {_ms(o['bare_s'])}", file=sys.stderr, flush=True)
+    mine: dict[int, list[dict]] = {n: [] for n in args.clients}
+
+    def our_side(when: str) -> None:
+        for n in args.clients:
+            o = ours(n, args.rounds, args.seed)
+            mine[n].append(o)
+            print(f"  redteam {n} clients ({when}): full {_ms(statistics.median(o['full_rounds_s']))}, "
+                  f"bare {_ms(statistics.median(o['bare_rounds_s']))}", file=sys.stderr, flush=True)
+
+    our_side("before the references")
     load_ours = os.getloadavg()[0]
 
     torch_cells: dict = {}
@@ -258,14 +275,18 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             torch_cells, flower_runs = references(python, args.clients, args.rounds, args.reps, env, tmp,
                                                   args.timeout)
-    after = f", {os.getloadavg()[0]:.1f} after the references" if have_ref else ""
+        after = f", {os.getloadavg()[0]:.1f} after the references"
+        our_side("after the references")  # brackets the references: a load change shows as a gap
+        after += f", {os.getloadavg()[0]:.1f} after our second pass"
+    else:
+        after = ""
     print(f"load average {load_ours:.1f} after our side{after}")
     absent = "failed" if have_ref else "not run" if args.no_reference else "no venv"
-    for o in mine:
-        table(o, torch_cells, flower_runs.get(o["clients"]), absent)
+    for n in args.clients:
+        table(pooled(mine[n]), torch_cells, flower_runs.get(n), absent)
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"redteam": mine, "torch_fl": [dict(c) for c in torch_cells.values()],
+            json.dump({"redteam": [o for n in args.clients for o in mine[n]], "torch_fl": [dict(c) for c in torch_cells.values()],
                        "flower": [r for rs in flower_runs.values() for r in rs]}, fh, indent=1, default=str)
 
 
