@@ -283,22 +283,25 @@ def test_known_header_texts_parse_like_any_other_and_are_forgotten_after_two_bat
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.sampled_from(["ok", "nan", "inf", "big"]), min_size=2, max_size=6),
-       st.sampled_from(["none", "fp16", "bf16"]), st.sampled_from([None, 10.0]))
-def test_uniform_batch_encode_and_decode_equal_row_by_row(kinds, codec_name, max_abs):
-    # every payload one length with one header: the batched encode and decode lanes
+@given(st.lists(st.sampled_from(["ok", "nan", "inf", "big", "magic"]), min_size=2, max_size=6),
+       st.sampled_from(["none", "fp16", "bf16"]), st.sampled_from([None, 10.0]), st.sampled_from([6, 33_000]))
+def test_uniform_batch_encode_and_decode_equal_row_by_row(kinds, codec_name, max_abs, d):
+    # every payload one length with one header: the batched encode and decode lanes, for small
+    # rows (one buffer for the batch) and rows over 64 KiB (33,000 values of 2 or 4 bytes: each
+    # row joined to its header, each body copied into its row)
     params = {"max_abs": max_abs} if max_abs is not None else {}
     codec = make_codec(codec_name, **params)
-    d = 6
     x = torch.stack([torch.linspace(-2.0, 2.0, d) * (k + 1) for k in range(len(kinds))])
     for k, kind in enumerate(kinds):
-        if kind != "ok":
+        if kind in ("nan", "inf", "big"):
             x[k, 3] = {"nan": float("nan"), "inf": float("inf"), "big": 40.0}[kind]
     payloads_, sent = codec.encode_many(x)
     for k in range(len(kinds)):
         one, one_sent = codec.encode_many(x[k : k + 1])
         assert payloads_[k] == one[0] and type(payloads_[k]) is bytes
         assert torch.equal(sent[k], one_sent[0]) or kinds[k] == "nan"
+    # a bad magic (same length, another header) sends the batch down the row-by-row path
+    payloads_ = [b"XX" + p[2:] if kind == "magic" else p for p, kind in zip(payloads_, kinds)]
     rows, errors = codec.decode_many(payloads_, d)
     for k, p in enumerate(payloads_):
         try:

@@ -206,11 +206,13 @@ class Codec:
         sent, parts = self._compress(rows, generator)
         n, d = rows.shape
         count = self.expected_count(d)
-        # small rows (where per-row calls cost more than the bytes): every payload at once; a
-        # large row is written on its own, so the batch is never held twice over in memory
-        bodies = self._body_rows(parts) if n > 1 and self._body_size(d, 0) <= _BATCH_ROW_BYTES else None
+        bodies = self._body_rows(parts) if n > 1 else None
         if bodies is not None:  # one body width, flags 0: every payload is the header + its row
-            head = np.frombuffer(HEADER.pack(MAGIC, VERSION, self.codec_id, self.dtype_code, 0, d, count), np.uint8)
+            packed = HEADER.pack(MAGIC, VERSION, self.codec_id, self.dtype_code, 0, d, count)
+            if bodies.shape[1] > _BATCH_ROW_BYTES:  # a large row: header and row joined, one copy
+                return [b"".join((packed, row)) for row in bodies], sent.to(x.device)
+            # small rows (where per-row calls cost more than the bytes): every payload at once
+            head = np.frombuffer(packed, np.uint8)
             width = head.size + bodies.shape[1]
             buf = np.empty((n, width), np.uint8)
             buf[:, : head.size] = head
@@ -326,13 +328,22 @@ class Codec:
         size = len(payloads[0])
         if size < HEADER.size:
             return None
-        buf = np.frombuffer(b"".join(payloads), np.uint8).reshape(n, size)  # type: ignore[arg-type]
-        head = buf[:, : HEADER.size]
-        if not bool((head == head[0]).all()):
-            return None
+        if size - HEADER.size > _BATCH_ROW_BYTES:  # large rows: each body copied once, into its row
+            head0 = payloads[0][: HEADER.size]  # type: ignore[index]
+            if any(p[: HEADER.size] != head0 for p in payloads):  # type: ignore[index]
+                return None
+            bodies = np.empty((n, size - HEADER.size), np.uint8)
+            for i, p in enumerate(payloads):
+                bodies[i] = np.frombuffer(p, np.uint8, size - HEADER.size, HEADER.size)  # type: ignore[arg-type]
+        else:
+            buf = np.frombuffer(b"".join(payloads), np.uint8).reshape(n, size)  # type: ignore[arg-type]
+            head = buf[:, : HEADER.size]
+            if not bool((head == head[0]).all()):
+                return None
+            bodies = buf[:, HEADER.size:]
         try:
             flags, count = self._check_header(memoryview(payloads[0]).cast("B"), d)  # type: ignore[arg-type]
-            out = self._parse_rows(buf[:, HEADER.size:], flags, d, count)
+            out = self._parse_rows(bodies, flags, d, count)
         except (DecodeError, *_PARSE_ERRORS):
             return None
         if out is None or tuple(out.shape) != (n, d) or out.dtype != torch.float32:
@@ -394,7 +405,10 @@ _BATCH_ROW_BYTES = 1 << 16
 
 
 def _copied(rows: np.ndarray) -> np.ndarray:
-    """A C-contiguous, writable copy of ``rows`` (a view into payload bytes is neither)."""
+    """``rows`` as a C-contiguous, writable array of its own: itself if it already is one (a
+    batch filled row by row), else a copy (a view into payload bytes is neither)."""
+    if rows.flags.c_contiguous and rows.flags.writeable and rows.flags.owndata:
+        return rows
     return np.array(rows, order="C", copy=True)
 
 
