@@ -65,7 +65,7 @@ class TrainTimer:
         self.seconds = 0.0
         timer = self
 
-        def train(self_, *a, **k):  # noqa: ANN001
+        def train(self_, *a, **k):
             t = time.perf_counter()
             try:
                 return timer.orig(self_, *a, **k)
@@ -177,7 +177,7 @@ def main() -> None:
     print(f"| whole round (mean of {len(sample)} runs) | {wall * 1e3:.1f} |")
     print(f"| local training | {train * 1e3:.1f} |")
     print(f"| everything else (attack, wire, defense, server step, evaluation) | {other * 1e3:.1f} |")
-    print(f"\n| clients in one batched gradient step | per client | vs one run |\n|---|---|---|")
+    print("\n| clients in one batched gradient step | per client | vs one run |\n|---|---|---|")
     for r, s in per_client.items():
         print(f"| {r} run{'s' if r > 1 else ''} × {n} = {r * n} | {s * 1e3:.3f} ms | {s / per_client[1]:.2f}× |")
     print(f"\nstacked gradients bitwise equal to one run at a time (R = {max(stacks)}): {same}")
