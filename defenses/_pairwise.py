@@ -85,6 +85,8 @@ def _gamma(k: int, u: float) -> float:
     return k * u / (1.0 - k * u)
 
 
+#: columns per float64 block of :meth:`PairwiseDistances.recentred` (≤ 4 MB per 100 rows)
+RECENTRE_STEP = 1 << 12
 #: float32 roundings on any entry's way through the halving sum of a group's block
 #: products (≤ 2 per level: the pairwise add, and the odd one folded into the first)
 TREE_DEPTH = 2 * math.ceil(math.log2(GROUP)) + 2
@@ -285,19 +287,22 @@ class PairwiseDistances:
         m = int(idx.numel())
         g = torch.zeros(int(sub.numel()), m, dtype=torch.float64, device=x.device)
         sq = torch.zeros(m, dtype=torch.float64, device=x.device)
-        step = 1 << 14
+        # one float64 buffer, reused: a fresh float64 copy per block costs page faults,
+        # and a block that stays in cache is cheap to read again for the product
+        step = RECENTRE_STEP
+        buf = torch.empty(m, min(step, d), dtype=torch.float64, device=x.device)
+        rows_sub = pos[sub]
         for start in range(0, d, step):
-            b = x[:, start:start + step]
-            b = b.index_select(0, idx) if m < n else b
-            if b.dtype == torch.float64:
-                b = b - c[start:start + step]  # out of place: b may be the caller's rows
-            else:
-                b = b.to(torch.float64).sub_(c[start:start + step])  # a fresh float64 copy
+            blk = x[:, start:start + step]
+            blk = blk.index_select(0, idx) if m < n else blk
+            b = buf[:, :blk.shape[1]]
+            b.copy_(blk)  # exact: float32 → float64 (or a float64 copy: the caller's rows stay)
+            b.sub_(c[start:start + step])
             if every:  # all rows: the squared norms are the Gram diagonal
                 g.addmm_(b, b.T)
             else:
                 sq += torch.linalg.vector_norm(b, dim=1).square()
-                g.addmm_(b.index_select(0, pos[sub]), b.T)
+                g.addmm_(b.index_select(0, rows_sub), b.T)
         if every:
             sq = torch.diagonal(g).clamp_min(0.0).clone()
         dist = (sq[pos[sub]][:, None] + sq[None, :] - 2.0 * g).clamp_min_(0.0)
