@@ -189,7 +189,8 @@ def finite_or_refuse(obj: Any, agg: "torch.Tensor", rows: "torch.Tensor") -> "to
 def gram64(x: "torch.Tensor", chunk: int = 8192) -> "torch.Tensor":
     """⟨xᵢ, xⱼ⟩ for all pairs, in float64, accumulated over column blocks.
 
-    Each block is converted to float64 on its own (bounded memory). The rows are
+    Each block is converted to float64 on its own, into one reused buffer (bounded
+    memory). The rows are
     split in two halves and only the upper block triangle (top·allᵀ, bottom·bottomᵀ)
     is multiplied, which saves a quarter of the flops; the lower part is mirrored.
     """
@@ -198,8 +199,13 @@ def gram64(x: "torch.Tensor", chunk: int = 8192) -> "torch.Tensor":
     n, d = x.shape
     g = torch.zeros(n, n, dtype=torch.float64, device=x.device)
     h = n // 2
+    # one reused float64 buffer (a fresh copy per block costs page faults); float64
+    # input is read in place
+    buf = torch.empty(n, min(chunk, d), dtype=torch.float64, device=x.device) if x.dtype != torch.float64 else None
     for start in range(0, d, chunk):
-        block = x[:, start:start + chunk].to(torch.float64)
+        block = x[:, start:start + chunk]
+        if buf is not None:
+            block = buf[:, :block.shape[1]].copy_(block)
         if h == 0:
             g.addmm_(block, block.T)
             continue
