@@ -290,6 +290,7 @@ def _sorted_groups(
     splits: tuple[int, ...],
     reduce: Callable[..., "torch.Tensor"],
     out_dtype: "torch.dtype | None",
+    rows: "torch.Tensor | None" = None,
 ) -> "torch.Tensor":
     """Sort consecutive row groups of sizes ``splits`` per column; reduce chunk by chunk.
 
@@ -300,7 +301,9 @@ def _sorted_groups(
     """
     import torch
 
-    n, d = x.shape
+    if rows is not None and x.device.type != "cpu":
+        x, rows = x.index_select(0, rows), None
+    n, d = (x.shape[0] if rows is None else int(rows.numel())), x.shape[1]
     out = torch.empty(d, dtype=out_dtype or x.dtype, device=x.device)
     bounds = [0]
     for size in splits:
@@ -313,18 +316,23 @@ def _sorted_groups(
             out[start:start + block.shape[1]] = reduce(*parts)
         return out
     group = _pow2(max(splits))
-    rows = group * len(splits)
-    c = _chunk_columns(rows)
-    buf_a = torch.empty(rows, c, dtype=x.dtype)
-    buf_b = torch.empty(rows, c, dtype=x.dtype)
+    height = group * len(splits)
+    c = _chunk_columns(height)
+    buf_a = torch.empty(height, c, dtype=x.dtype)
+    buf_b = torch.empty(height, c, dtype=x.dtype)
     for start in range(0, d, c):
         width = min(c, d - start)
-        a = buf_a if width == c else torch.empty(rows, width, dtype=x.dtype)
-        b = buf_b if width == c else torch.empty(rows, width, dtype=x.dtype)
+        a = buf_a if width == c else torch.empty(height, width, dtype=x.dtype)
+        b = buf_b if width == c else torch.empty(height, width, dtype=x.dtype)
         for g, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
             top = g * group
-            torch.nan_to_num(x[lo:hi, start:start + width], nan=math.inf, posinf=math.inf,
-                             neginf=-math.inf, out=a[top:top + hi - lo])
+            dst = a[top:top + hi - lo]
+            if rows is None:
+                torch.nan_to_num(x[lo:hi, start:start + width], nan=math.inf, posinf=math.inf,
+                                 neginf=-math.inf, out=dst)
+            else:  # gathered straight into the buffer: no copy of the selected rows as a whole
+                torch.index_select(x[:, start:start + width], 0, rows[lo:hi], out=dst)
+                torch.nan_to_num(dst, nan=math.inf, posinf=math.inf, neginf=-math.inf, out=dst)
             if hi - lo < group:
                 a[top + hi - lo:top + group].fill_(math.inf)
         s = _bitonic(a, b, group) if group > 1 else a
@@ -337,14 +345,17 @@ def sorted_reduce(
     x: "torch.Tensor",
     reduce: Callable[["torch.Tensor"], "torch.Tensor"],
     out_dtype: "torch.dtype | None" = None,
+    rows: "torch.Tensor | None" = None,
 ) -> "torch.Tensor":
     """Apply ``reduce`` to the coordinate-wise sorted values, chunk by chunk.
 
     ``reduce`` receives ``s`` of shape ``(n, c)`` whose column j holds coordinate j's
     values in ascending order (NaN sorted as +inf) and returns a ``(c,)`` tensor.
     The result ``(d,)`` is in ``out_dtype`` (default: ``x.dtype``). ``x`` is not changed.
+    ``rows`` (indices): reduce over those rows of ``x`` only, as if ``x[rows]`` were given
+    (without building that copy).
     """
-    return _sorted_groups(x, (x.shape[0],), reduce, out_dtype)
+    return _sorted_groups(x, (x.shape[0] if rows is None else int(rows.numel()),), reduce, out_dtype, rows)
 
 
 def halves_reduce(

@@ -374,8 +374,9 @@ class Bulyan(Aggregator):
                 f"Bulyan: only {len(chosen)} of the {n} updates are finite, fewer than β = θ − 2f = {beta} "
                 f"(n = {n}, f = {f})")
         sel = torch.tensor(chosen, dtype=torch.long, device=updates.device)
-        selected = updates.index_select(0, sel)
-        agg = finite_or_refuse(self, sorted_reduce(selected, lambda s: _closest_to_median_mean(s, beta)), selected)
+        agg = sorted_reduce(updates, lambda s: _closest_to_median_mean(s, beta), rows=sel)  # no copy of the θ rows
+        if not bool(torch.isfinite(agg).all()):
+            agg = finite_or_refuse(self, agg, updates.index_select(0, sel))
         accepted = _credit(pd, chosen, n, len(chosen), updates) > 0
         for j in (~accepted).nonzero().flatten().tolist():
             reasons.setdefault(j, f"not among the θ = {theta} updates selected by Bulyan's iterative Krum")
