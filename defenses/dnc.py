@@ -66,18 +66,26 @@ def dnc_scores(sub: "torch.Tensor") -> "torch.Tensor":
 class DnC(Aggregator):
     """DnC (Shejwalkar & Houmansadr, NDSS 2021): SVD outlier scores on random coordinates.
 
-    * ``f``: the number of malicious updates expected (the paper's m). Unset means the
-      largest an honest majority allows, ⌊(n − 1)/2⌋ (the Krum / trimmed-mean
-      convention of "the largest f the round allows").
+    * ``f``: the number of malicious clients (the paper's m, which Algorithm 2 takes as
+      known to the server). In a scenario run an unset f is **filled with the scenario's
+      malicious count** before the run (``from_malicious_count``; the run's
+      ``params["defense"]`` shows it). A bare call with f unset (no federation, so no
+      count is known) keeps a default rather than refusing: ⌊(n − 1)/2⌋, the largest
+      minority of the round, which removes at least as many updates as any f an honest
+      majority allows (so it never keeps more suspects than the paper would); the f used
+      is in ``Decision.state["f"]``.
     * ``c``: the filtering fraction; ⌊c·f⌋ updates are removed per iteration (paper
-      c = 1); n − ⌊c·f⌋ must be ≥ 1.
+      c = 1). ⌊c·f⌋ must be below the federation's client count (checked at setup,
+      :meth:`DnC.check_capacity`); a round thinned below that (churn, stragglers, a
+      small hierarchy group) removes n − 1 and keeps the single lowest score, and
+      ``Decision.state["short"]`` says so, instead of stopping the run.
     * ``b``: coordinates sampled per iteration (paper 10 000; all of them when d ≤ b).
     * ``niters``: iterations (paper 1); the good set is the intersection.
     * ``weighted``: ``False`` (the paper) averages the good updates plainly;
       ``True`` weights them by the clients' sample counts.
 
-    ``Decision.state``: the f and removal count used, each iteration's scores, the
-    good set.
+    ``Decision.state``: the f and removal count used (and ``short``: whether the round
+    had too few updates for ⌊c·f⌋ removals), each iteration's scores, the good set.
     """
 
     f: int | None = None
@@ -85,6 +93,8 @@ class DnC(Aggregator):
     b: int = 10_000
     niters: int = 1
     weighted: bool = False
+    #: fields that a scenario fills with its malicious count f when left unset
+    from_malicious_count: ClassVar[tuple[str, ...]] = ("f",)
     summary: ClassVar[str] = "DnC: drop the c·f largest squared projections on the top singular vector, mean"
     reference: ClassVar[str] = "Shejwalkar & Houmansadr, NDSS 2021"
 
@@ -101,13 +111,18 @@ class DnC(Aggregator):
         check_count(self, "niters", v, allow_none=False, minimum=1)
 
     def removals(self, n: int) -> tuple[int, int]:
-        """(f, ⌊c·f⌋) for a round of n updates; errors name the bound."""
+        """(f, updates removed) for a round of n updates: ⌊c·f⌋, at most n − 1."""
         f = (n - 1) // 2 if self.f is None else self.f
-        drop = math.floor(self.c * f + 1e-9)
-        if drop >= n:
-            raise param_error(self, "f", self.f, f"removes ⌊c·f⌋ = {drop} of n = {n} updates; "
-                              f"must leave at least one (c = {self.c:g})")
-        return f, drop
+        return f, min(math.floor(self.c * f + 1e-9), max(n - 1, 0))
+
+    def check_capacity(self, most: int) -> None:
+        """Refuse, at setup, an f whose ⌊c·f⌋ removals no round of at most ``most`` updates leaves a survivor of."""
+        if self.f is None:
+            return
+        drop = math.floor(self.c * self.f + 1e-9)
+        if drop >= most:
+            raise param_error(self, "f", self.f, f"removes ⌊c·f⌋ = {drop} updates a round, but a round has at "
+                              f"most {most}; must leave at least one (c = {self.c:g})")
 
     def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
         import torch
@@ -150,5 +165,6 @@ class DnC(Aggregator):
                               f"DnC outlier: among the {drop} highest squared projections in some iteration")
         weights = w / w.sum() if float(w.sum()) > 0 else w
         return Decision(aggregate=agg, accepted=good, weights=weights, reasons=reasons,
-                        state={"f": f, "removed": drop, "scores": all_scores,
+                        state={"f": f, "removed": drop, "short": drop < math.floor(self.c * f + 1e-9),
+                               "scores": all_scores,
                                "good": good.nonzero().flatten().tolist()})

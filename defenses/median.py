@@ -136,6 +136,12 @@ class TrimmedMean(Aggregator):
             raise param_error(self, "b", self.b, f"must satisfy 2b < n (n = {n}, so b ≤ {(n - 1) // 2})")
         return b
 
+    def check_capacity(self, most: int) -> None:
+        """Refuse, at setup, a b that no round of at most ``most`` updates can trim (2b < n)."""
+        if self.b is not None and 2 * self.b >= most:
+            raise param_error(self, "b", self.b, f"must satisfy 2b < n, and a round has at most n = {most} "
+                                                 f"updates (so b ≤ {(most - 1) // 2})")
+
     def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
         import torch
 

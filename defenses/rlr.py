@@ -15,6 +15,13 @@ Here the server step η is the server optimizer's (after the defense), so the
 aggregate is s ⊙ mean with sₖ = ±1. Signs are unweighted (one vote per client);
 sgn(0) = 0. Everyone is accepted except non-finite updates, which neither vote nor
 enter the mean.
+
+A fixed θ meets rounds of different sizes (client churn, stragglers, hierarchy groups).
+A round of n < θ agents is still the paper's rule: |Σᵢ sgn| ≤ n < θ on every coordinate,
+so every coordinate's rate is −η (the step is the negated mean). The round runs and
+``Decision.state`` says so (``theta_above_n``, with ``flipped`` = d); only a θ that no
+round of the federation can reach (θ above its client count) is refused, at setup
+(:meth:`RLR.check_capacity`).
 """
 
 from __future__ import annotations
@@ -53,13 +60,17 @@ def sign_votes(updates: "torch.Tensor") -> "torch.Tensor":
 class RLR(Aggregator):
     """Robust learning rate (Ozdayi et al., AAAI 2021): sign-agreement threshold θ.
 
-    * ``theta``: the threshold θ on |Σ sgn|, 1 ≤ θ ≤ n. The paper tunes it per task
-      and asks for θ larger than the number of corrupt agents; unset means f + 1 for
-      the largest minority f = ⌊(n − 1)/2⌋, i.e. θ = ⌈n/2⌉.
+    * ``theta``: the threshold θ on |Σ sgn|, θ ≥ 1 and at most the federation's client
+      count (checked at setup); a round with fewer than θ updates flips every coordinate.
+      The paper tunes it per task and asks for θ larger than the number of corrupt
+      agents; unset means f + 1 for the largest minority f = ⌊(n − 1)/2⌋, i.e. θ = ⌈n/2⌉.
     * ``weighted``: ``True`` (the paper: FedAvg's sample-weighted mean) or ``False``
       (plain mean).
 
-    ``Decision.state``: θ and how many coordinates had their step flipped.
+    ``Decision.state``: θ, the round's n, whether θ exceeded n (``theta_above_n``: a
+    round thinned by churn or stragglers below θ has every coordinate flipped, as the
+    formula says, instead of stopping the run), and how many coordinates had their
+    step flipped.
     """
 
     theta: int | None = None
@@ -71,12 +82,17 @@ class RLR(Aggregator):
         check_count(self, "theta", v, minimum=1)
 
     def resolve_theta(self, n: int) -> int:
+        """θ for a round of ``n`` updates: the fixed θ (it may exceed a thinned round's n), or ⌈n/2⌉."""
         if self.theta is None:
             return (n + 1) // 2
-        if self.theta > n:
-            raise param_error(self, "theta", self.theta,
-                              f"must be ≤ n = {n} (a larger θ flips every coordinate)")
         return self.theta
+
+    def check_capacity(self, most: int) -> None:
+        """Refuse, at setup, a θ that no round of at most ``most`` updates can reach."""
+        if self.theta is not None and self.theta > most:
+            raise param_error(self, "theta", self.theta,
+                              f"must be ≤ the {most} updates a round can have at most "
+                              f"(a larger θ flips every coordinate of every round)")
 
     def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
         import torch
@@ -94,4 +110,5 @@ class RLR(Aggregator):
         reasons = {i: "non-finite update" for i in (~ok).nonzero().flatten().tolist()}
         total = float(w.sum())
         return Decision(aggregate=agg, accepted=ok, weights=w / total if total > 0 else w, reasons=reasons,
-                        state={"theta": theta, "flipped": int(d - int(agree.sum()))})
+                        state={"theta": theta, "n": n, "theta_above_n": theta > n,
+                               "flipped": int(d - int(agree.sum()))})

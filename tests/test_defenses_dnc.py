@@ -70,8 +70,12 @@ def test_huge_finite_rows_stay_finite():
 
 
 def test_bounds_are_named():
-    with pytest.raises(InvalidParameter, match=r"DnC.f = 5: removes ⌊c·f⌋ = 5 of n = 5 updates"):
-        DnC(f=5)(FIVE)
+    # ⌊c·f⌋ = 5 removals can never leave a survivor of rounds of at most 5: refused at setup
+    with pytest.raises(InvalidParameter, match=r"DnC.f = 5: removes ⌊c·f⌋ = 5 updates a round, but a round "
+                                               r"has at most 5"):
+        DnC(f=5).check_capacity(5)
+    DnC(f=4).check_capacity(5)
+    DnC().check_capacity(1)  # unset f follows the round
     with pytest.raises(InvalidParameter, match=r"DnC.b = 0: must be an integer ≥ 1"):
         DnC(b=0)
     with pytest.raises(InvalidParameter, match=r"DnC.niters = 0"):

@@ -28,7 +28,8 @@ def test_theta_three_flips_weak_coordinates():
     # θ = 3: |4| ≥ 3 keeps +η; |0| and |1| < 3 flip: (1.75, +0.25, −0.5)
     dec = RLR(theta=3)(X)
     assert dec.aggregate.tolist() == pytest.approx([1.75, 0.25, -0.5])
-    assert dec.accepted.all() and dec.reasons == {} and dec.state == {"theta": 3, "flipped": 2}
+    assert dec.accepted.all() and dec.reasons == {} and dec.state == {"theta": 3, "n": 4, "theta_above_n": False,
+                                                                    "flipped": 2}
 
 
 def test_theta_one_and_default():
@@ -54,9 +55,20 @@ def test_nonfinite_rows_neither_vote_nor_average():
     assert dec.aggregate.tolist() == pytest.approx([1.75, 0.25, -0.5])
 
 
+def test_theta_above_the_round_flips_every_coordinate():
+    # θ = 5 > n = 4 (a round thinned by churn): |Σ sgn| ≤ 4 < 5 on every column, so the paper's
+    # rule gives −η everywhere: the aggregate is −mean = (−1.75, +0.25, −0.5), all 3 flipped
+    dec = RLR(theta=5)(X)
+    assert dec.aggregate.tolist() == pytest.approx([-1.75, 0.25, -0.5])
+    assert dec.state == {"theta": 5, "n": 4, "theta_above_n": True, "flipped": 3}
+
+
 def test_theta_bound_is_named():
-    with pytest.raises(InvalidParameter, match=r"RLR.theta = 5: must be ≤ n = 4"):
-        RLR(theta=5)(X)
+    # the bound that can be known: θ above the most updates any round can have, refused at setup
+    with pytest.raises(InvalidParameter, match=r"RLR.theta = 5: must be ≤ the 4 updates a round can have at most"):
+        RLR(theta=5).check_capacity(4)
+    RLR(theta=4).check_capacity(4)
+    RLR().check_capacity(1)  # θ = ⌈n/2⌉ follows the round
     with pytest.raises(InvalidParameter, match=r"RLR.theta = 0: must be an integer ≥ 1"):
         RLR(theta=0)
 
@@ -70,7 +82,7 @@ def test_huge_rows_do_not_overflow():
 @settings(max_examples=40, deadline=None)
 @given(n=st.integers(1, 9), d=st.integers(1, 30), theta=st.integers(1, 9), seed=st.integers(0, 2**16))
 def test_magnitudes_are_the_mean_and_signs_follow_the_vote(n, d, theta, seed):
-    theta = min(theta, n)
+    # θ may exceed n (a thinned round): the same formula, every coordinate flipped
     x = torch.randn(n, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     dec = RLR(theta=theta, weighted=False)(x)
     mean = x.mean(dim=0)
@@ -78,3 +90,4 @@ def test_magnitudes_are_the_mean_and_signs_follow_the_vote(n, d, theta, seed):
     expected = torch.where(votes >= theta, mean, -mean)
     assert torch.allclose(dec.aggregate, expected, atol=1e-12)
     assert dec.state["flipped"] == int((votes < theta).sum())
+    assert dec.state["theta_above_n"] == (theta > n)

@@ -10,29 +10,62 @@ from ..registry import ATTACKS, DEFENSES, WORKLOADS
 from ..types import Attack, Defense
 
 if TYPE_CHECKING:
-    from ..scenario import PluginSpec, TransportSpec
+    from ..scenario import HierarchySpec, PluginSpec, TransportSpec
 
-__all__ = ["build_defense", "build_attack", "build_workload", "build_compressor", "needs_server_data"]
+__all__ = ["build_defense", "build_upper_defense", "build_attack", "build_workload", "build_compressor",
+           "needs_server_data"]
 
 # built-ins that read the server's root data (ServerContext.evaluate_loss / root_update)
 _SERVER_DATA_RULES = {"FLTrust": None, "LossCheck": None, "CosineFilter": ("against", "root")}
 
 
-def build_defense(specs: "Sequence[PluginSpec] | PluginSpec", n_malicious: int | None = None) -> Defense:
+def build_defense(specs: "Sequence[PluginSpec] | PluginSpec", n_malicious: int | None = None,
+                  most_updates: int | None = None) -> Defense:
     """One spec → that defense; several → a :class:`~redteam.pipeline.Pipeline`.
 
     A defense class may list in ``from_malicious_count`` the fields that default to the
-    scenario's malicious count (trimmed mean's ``b``); when ``n_malicious`` is given,
-    each such field the spec leaves unset is filled with it before the defense is built."""
+    scenario's malicious count (trimmed mean's ``b``, DnC's ``f``); when ``n_malicious`` is
+    given, each such field the spec leaves unset is filled with it before the defense is built.
+
+    ``most_updates`` is the most updates one call can ever see (the federation's client
+    count; an upper merge node's fan-out). A stage with a ``check_capacity(most)`` method
+    is asked whether its parameters can be met by any such round, so that a setting no
+    round can satisfy (RLR's θ above the client count) is refused before the run starts,
+    not half-way through it; rounds smaller than that (churn, stragglers) are the
+    defense's to handle."""
     if not isinstance(specs, (list, tuple)):
         specs = (specs,)
     stages = [DEFENSES.create(s.name, _with_malicious_count(s, n_malicious)) for s in specs]
     for s, st in zip(specs, stages):
         if not isinstance(st, Defense):
             raise InvalidParameter(f"defense {s.name!r} is not a redteam.Defense (got {type(st).__name__})")
+        check = getattr(st, "check_capacity", None)
+        if most_updates is not None and callable(check):
+            check(int(most_updates))
     if len(stages) == 1:
         return stages[0]
     return Pipeline(tuple(stages))
+
+
+def build_upper_defense(hierarchy: "HierarchySpec", n_malicious: int | None = None) -> Defense:
+    """The defense of the merge levels above the bottom groups (``[hierarchy] upper_defense``).
+
+    An upper node aggregates the sub-aggregates of at most ``fan_out`` children, not
+    clients, so the count that matters to it is how many of its inputs may carry an
+    attacker's influence: at most min(f, fan_out) (each attacker sits in one group, and
+    a node has at most ``fan_out`` children; with depth 2 the root's children are the
+    groups themselves). Fields listed in ``from_malicious_count`` (trimmed mean's ``b``)
+    are filled with that count, and with ``depth > 1`` the stages' ``check_capacity`` is
+    asked about rounds of ``fan_out`` inputs. Errors say they concern the upper level."""
+    f = None if n_malicious is None else min(int(n_malicious), hierarchy.fan_out)
+    if hierarchy.depth <= 1:  # flat merge: the upper level never runs
+        return build_defense(hierarchy.upper_defense, n_malicious=f)
+    try:
+        return build_defense(hierarchy.upper_defense, n_malicious=f, most_updates=hierarchy.fan_out)
+    except InvalidParameter as exc:
+        filled = "" if f is None else f"; unset counts are min(f, fan_out) = {f}"
+        raise InvalidParameter(f"[hierarchy].upper_defense (merges at most fan_out = {hierarchy.fan_out} "
+                               f"sub-aggregates{filled}): {exc}") from None
 
 
 def _with_malicious_count(spec: "PluginSpec", n_malicious: int | None) -> dict:

@@ -62,7 +62,7 @@ from ..scenario import PluginSpec, Scenario
 from ..transport.network import Network, NetworkConfig
 from ..types import AttackContext, ChunkDelivery, ClientData, RoundRecord, Surface
 from . import stages
-from .builders import build_attack, build_compressor, build_defense, build_workload
+from .builders import build_attack, build_compressor, build_defense, build_upper_defense, build_workload
 from .params import ParamSpec
 from .builders import needs_server_data
 from .partition import deal
@@ -143,8 +143,8 @@ class Federation:
         self.is_malicious[self.malicious] = True
 
         self.attack = build_attack(self.attack_spec)
-        self.defense = build_defense(scenario.defense, n_malicious=fed.n_malicious)
-        self.upper_defense = build_defense(scenario.hierarchy.upper_defense)
+        self.defense = build_defense(scenario.defense, n_malicious=fed.n_malicious, most_updates=n)
+        self.upper_defense = build_upper_defense(scenario.hierarchy, n_malicious=fed.n_malicious)
         self.hierarchy = Hierarchy(scenario.hierarchy.fan_out, scenario.hierarchy.depth, scenario.hierarchy.grouping)
 
         pool = np.arange(len(ds.train_y))
@@ -384,7 +384,8 @@ class Federation:
             defense=sc.defense_label(),
             records=records,
             malicious=list(self.malicious),
-            params={"attack": dict(self.attack_spec.params), "defense": repr(self.defense)},
+            params={"attack": dict(self.attack_spec.params), "defense": repr(self.defense),
+                    **({"upper_defense": repr(self.upper_defense)} if self.hierarchy.depth > 1 else {})},
             wall_time_s=time.perf_counter() - t_run,
         )
 

@@ -171,6 +171,33 @@ class Report:
         """Whether any cell has a value for ``metric``."""
         return any(c.value(metric) is not None for c in self.cells)
 
+    def language_model(self) -> bool | None:
+        """Whether the store's workload is a language model (``None``: cannot be told)."""
+        from .applicable import language_model, store_workloads
+
+        return language_model(store_workloads(self.scenario_doc, (c.settings for c in self.cells)))
+
+    def applies(self, metric: str) -> bool:
+        """Whether ``metric`` means something here: language-model metrics (bits per byte,
+        perplexity, …) only for a language-model workload (:mod:`redteam.report.applicable`)."""
+        from .applicable import LANGUAGE_MODEL_METRICS
+
+        return metric not in LANGUAGE_MODEL_METRICS or self.language_model() is not False
+
+    def applicable(self, metrics: Iterable[str]) -> list[str]:
+        """``metrics`` without those that mean nothing for this store's workload."""
+        return [m for m in metrics if self.applies(m)]
+
+    def refuse_inapplicable(self, metrics: Iterable[str], option: str) -> None:
+        """A one-line :class:`ReportError` when a metric asked for by ``option`` means nothing here."""
+        bad = [m for m in metrics if not self.applies(m)]
+        if bad:
+            from .applicable import store_workloads
+
+            names = sorted(str(n) for n in store_workloads(self.scenario_doc, (c.settings for c in self.cells)))
+            raise ReportError(f"{option} {', '.join(bad)}: language-model metric(s); this store's workload "
+                              f"({', '.join(names)}) is not a language model, so the value would mean nothing")
+
 
 # ------------------------------------------------------------------------ helpers
 

@@ -82,7 +82,7 @@ def _default_metrics(fmt: str, report: Any) -> list[str]:
         return [DEFAULT_TABLE_METRIC]
     if fmt in ("md", "html"):
         return default_html_metrics(report)
-    return list(REPORT_METRICS)
+    return report.applicable(REPORT_METRICS)  # all that mean something for the workload
 
 
 def fail_if_cells(report: Any, condition: Any) -> list[tuple[Any, dict[str, float | None]]]:
@@ -122,6 +122,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     condition = parse_fail_if(args.fail_if) if args.fail_if is not None else None
     metrics = resolve_metrics(args.metric) if args.metric else None
     report = load_report(args.dir, accuracy_margin=args.margin, asr_level=args.asr_level)
+    if metrics:
+        report.refuse_inapplicable(metrics, "--metric")
+    if condition is not None:
+        report.refuse_inapplicable(condition.metrics, "--fail-if")
     metrics = metrics or _default_metrics(args.format, report)
 
     if args.format == "table":

@@ -355,7 +355,7 @@ def _envelope(report: Report) -> str:
 
 
 def _all_metrics(report: Report) -> str:
-    ms = list(REPORT_METRICS)
+    ms = report.applicable(REPORT_METRICS)  # not a classifier's "perplexity"
     rows = [[c.cell_id, f"{c.finished}/{c.planned}", *[fmt_stat(m, c.metrics.get(m)) for m in ms]]
             for c in report.cells]
     return ("<details><summary>every metric of every cell</summary>"
