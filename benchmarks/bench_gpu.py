@@ -88,17 +88,13 @@ def one_size(n: int, rounds: int, device: str) -> dict:
     """One federation of ``n`` clients on ``device``: full and bare round times, peaks."""
     import torch
 
+    from bench_scale import scale_doc  # the same scenario as the CPU benchmark
+
     from redteam.federation.loop import Federation
     from redteam.scenario import parse_scenario
 
-    doc = {
-        "workload": {"name": "synthetic", "samples": max(4000, 20 * n)},
-        "federation": {"clients": n, "rounds": rounds, "partition": "iid", "min_samples": 1,
-                       "local_steps": 10, "batch_size": 16},
-        "transport": {"codec": "none"},
-    }
     t_build = time.perf_counter()
-    fed = Federation(parse_scenario(doc), device=device)
+    fed = Federation(parse_scenario(scale_doc(n, rounds)), device=device)
     build_s = time.perf_counter() - t_build
     part_t = torch.arange(n, device=fed.device)
     gen = torch.Generator().manual_seed(1)  # the bare rounds' own stream: the federation's is untouched

@@ -53,6 +53,16 @@ import sys
 import time
 
 
+def scale_doc(n: int, rounds: int) -> dict:
+    """The scenario every size runs (also bench_gpu.py's): synthetic, ~20 samples per client."""
+    return {
+        "workload": {"name": "synthetic", "samples": max(4000, 20 * n)},
+        "federation": {"clients": n, "rounds": rounds, "partition": "iid", "min_samples": 1,
+                       "local_steps": 10, "batch_size": 16},
+        "transport": {"codec": "none"},
+    }
+
+
 def one(n: int, rounds: int) -> dict:
     import torch
 
@@ -60,14 +70,8 @@ def one(n: int, rounds: int) -> dict:
     from redteam.scenario import parse_scenario
 
     torch.set_num_threads(1)
-    doc = {
-        "workload": {"name": "synthetic", "samples": max(4000, 20 * n)},
-        "federation": {"clients": n, "rounds": rounds, "partition": "iid", "min_samples": 1,
-                       "local_steps": 10, "batch_size": 16},
-        "transport": {"codec": "none"},
-    }
     t_build = time.perf_counter()
-    fed = Federation(parse_scenario(doc), device="cpu")
+    fed = Federation(parse_scenario(scale_doc(n, rounds)), device="cpu")
     build_s = time.perf_counter() - t_build
     part_t = torch.arange(n)
     gen = torch.Generator().manual_seed(1)  # the bare rounds' own stream: the federation's is untouched
