@@ -43,10 +43,10 @@ class _Roundings:
     def __init__(self, count: int) -> None:
         self.count = count
 
-    def __add__(self, other: "_Roundings") -> "_Roundings":
+    def __add__(self, other: _Roundings) -> _Roundings:
         return _Roundings(max(self.count, other.count) + 1)
 
-    def to(self, *_: object) -> "_Roundings":
+    def to(self, *_: object) -> _Roundings:
         return self
 
 
@@ -66,7 +66,7 @@ def test_halving_sum_rounds_each_term_at_most_tree_depth_times():
     assert max(seen.values()) <= pw.TREE_DEPTH
     assert {pw._group(n) for n in (1, 2, 10, 100, 323, 1000, 5000)} <= set(range(1, pw.GROUP + 1))
     # KAPPA carries gamma_TREE_DEPTH (a few u32 on top of gamma_256): the tree is not free
-    gamma = lambda k: k * 2.0 ** -24 / (1 - k * 2.0 ** -24)  # noqa: E731
+    gamma = lambda k: k * 2.0 ** -24 / (1 - k * 2.0 ** -24)
     assert pw.KAPPA >= 1.5 * (gamma(pw.BLOCK) + gamma(pw.TREE_DEPTH))
 
 
@@ -182,7 +182,7 @@ def test_transmit_lanes_equal_the_general_path_without_the_builders_memory(
     chunking._Recent.KEEP = 8  # remember every batch below (two are kept in a run)
     chunking._RECENT = chunking._Recent()
     try:
-        kw = dict(clients=clients, codec="none()", chunk_size=chunk_size, nonces=nonces)
+        kw = {"clients": clients, "codec": "none()", "chunk_size": chunk_size, "nonces": nonces}
         prev, prev_t = build_manifests(pays, round=2, parent_digest=PARENT, **kw)
         stale, stale_t = build_manifests(pays, round=3, parent_digest=OTHER_PARENT, **kw)
         alt, alt_t = build_manifests(other, round=3, parent_digest=PARENT, **kw)
@@ -229,7 +229,7 @@ def test_replayed_builder_header_is_dropped_with_the_full_parsers_reason():
     # round 2, this is round 3". The lane must say exactly that, and keep client 1.
     from redteam.transport import Network, NetworkConfig
 
-    kw = dict(clients=[0, 1], codec="none()", chunk_size=64, nonces=["0f" * 16, "1e" * 16])
+    kw = {"clients": [0, 1], "codec": "none()", "chunk_size": 64, "nonces": ["0f" * 16, "1e" * 16]}
     _, old_texts = build_manifests([b"abc", b"de"], round=2, parent_digest=PARENT, **kw)
     built, texts = build_manifests([b"abc", b"de"], round=3, parent_digest=PARENT, **kw)
     assert chunking.known_text(old_texts[0]) is not None  # the replay is a remembered text
