@@ -16,7 +16,9 @@ needs:
    bounded number of roundings, ``TREE_DEPTH``) and the calls' sums in float64. If
    anything overflowed float32, the groups are redone with an overflowing group in
    float64. Then Dᵢⱼ = Gᵢᵢ + Gⱼⱼ − 2Gᵢⱼ in float64.
-2. **Error bound**, per pair, rigorous for any summation order the BLAS picks: a
+2. **Error bound**, per pair, rigorous for any summation order the BLAS picks (with
+   IEEE float32 products: under a reduced-precision matmul mode, TF32 or bf16, float32
+   rows take the float64 tier instead; see ``_float32_products_ieee``): a
    float32 dot product of c terms is off by at most γ_c·Σ|aₖbₖ| ≤ γ_c‖a‖‖b‖
    (γ_c = c·u/(1 − c·u), u = 2⁻²⁴; Higham, *Accuracy and Stability of Numerical
    Algorithms*, 2nd ed., §3.1), the halving sum of the block products adds at most
@@ -92,6 +94,25 @@ RECENTRE_STEP = 1 << 12
 TREE_DEPTH = 2 * math.ceil(math.log2(GROUP)) + 2
 #: relative factor of the approximate stage's bound (see the module docstring)
 KAPPA = 1.5 * (_gamma(BLOCK, U32) + _gamma(TREE_DEPTH, U32) * (1 + _gamma(BLOCK, U32)) + 2.1 * U32 + 1e-12)
+
+
+def _float32_products_ieee(device: "torch.device") -> bool:
+    """Whether float32 matmuls on ``device`` multiply in IEEE float32, as the bound assumes.
+    Not under a reduced-precision mode (``torch.set_float32_matmul_precision("high")`` or
+    ``"medium"``, ``allow_tf32``: TF32 on CUDA, TF32/bf16 through oneDNN on CPU), which
+    rounds the factors to 10 or 7 mantissa bits; then the float64 tier is used. A state
+    that cannot be read counts as not IEEE."""
+    import torch
+
+    try:
+        if device.type == "cuda":
+            return not torch.backends.cuda.matmul.allow_tf32
+        mode = getattr(getattr(getattr(torch.backends, "mkldnn", None), "matmul", None), "fp32_precision", None)
+        if mode is not None and mode != "none":
+            return mode == "ieee"
+        return torch.get_float32_matmul_precision() == "highest"
+    except Exception:  # noqa: BLE001 - e.g. legacy and new precision APIs mixed: be safe
+        return False
 
 
 def _finite_rows(x: "torch.Tensor") -> "torch.Tensor":
@@ -193,8 +214,9 @@ def _centred_gram(x: "torch.Tensor", careful: bool = False) -> tuple["torch.Tens
     import torch
 
     n, d = x.shape
-    if x.dtype != torch.float32:
-        # float64 (or lower-precision) input: float64 blocks, centred the same way
+    if x.dtype != torch.float32 or not _float32_products_ieee(x.device):
+        # float64 (or lower-precision) input, or float32 matmuls in a reduced-precision
+        # mode: float64 blocks (float32 values are exact there), centred the same way
         g = torch.zeros(n, n, dtype=torch.float64, device=x.device)
         step = BLOCK * GROUP
         for start in range(0, d, step):
@@ -392,7 +414,8 @@ def pairwise(x: "torch.Tensor") -> PairwiseDistances:
     n, d = x.shape
     dev = x.device
     g = None
-    if x.dtype == torch.float32:  # the usual case: one unchecked pass, checked once at the end
+    ieee = _float32_products_ieee(dev)
+    if x.dtype == torch.float32 and ieee:  # the usual case: one unchecked pass, checked once at the end
         g, absolute = _centred_gram(x)
         if bool(torch.isfinite(g).all()):
             finite = torch.ones(n, dtype=torch.bool, device=dev)
@@ -416,7 +439,7 @@ def pairwise(x: "torch.Tensor") -> PairwiseDistances:
     dist = (sq[:, None] + sq[None, :] - 2.0 * g).clamp_min_(0.0)
     dist = 0.5 * (dist + dist.T)
     norm = sq.sqrt()
-    kappa = KAPPA if rows.dtype == torch.float32 else 1.5 * (_gamma(BLOCK * GROUP, U64) + 4 * U64)
+    kappa = KAPPA if rows.dtype == torch.float32 and ieee else 1.5 * (_gamma(BLOCK * GROUP, U64) + 4 * U64)
     err = kappa * (norm[:, None] + norm[None, :]).square() + absolute
     if not all_ok:
         full_d = torch.full((n, n), math.inf, dtype=torch.float64, device=dev)
@@ -456,7 +479,7 @@ def gram(x: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
 
     n, d = x.shape
     step = BLOCK * _group(n)
-    if x.dtype == torch.float32:
+    if x.dtype == torch.float32 and _float32_products_ieee(x.device):
         g = _block_gram(x, centre=False, careful=False)
         if not bool(torch.isfinite(g).all()):
             g = _block_gram(x, centre=False, careful=True)

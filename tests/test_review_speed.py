@@ -20,6 +20,7 @@ import dataclasses
 import math
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -241,3 +242,72 @@ def test_replayed_builder_header_is_dropped_with_the_full_parsers_reason():
     assert res.dropped == {0: "bad header: manifest is for round 2, this is round 3 (direct from the author)"}
     assert res.payloads == {1: b"de"} and math.isfinite(res.round_time_s)
     assert dataclasses.asdict(res.manifests[1]) == dataclasses.asdict(built[1][0])
+
+
+# -- reduced-precision float32 matmul modes -----------------------------------------------------
+
+def _tf32(t: torch.Tensor) -> torch.Tensor:
+    # TF32 keeps 10 of float32's 23 mantissa bits (round to nearest even on the 13 dropped)
+    bits = t.contiguous().view(torch.int32)
+    rounded = (bits + 0x0FFF + ((bits >> 13) & 1)) & ~0x1FFF
+    return rounded.view(torch.float32)
+
+
+def test_reduced_precision_matmul_mode_does_not_void_the_float32_bound(monkeypatch):
+    # torch.set_float32_matmul_precision("high") (TF32 on CUDA; "medium": bf16 on oneDNN
+    # CPUs) lets float32 matmuls round their inputs to 10 (or 7) mantissa bits: a product is
+    # then off by ~2⁻¹¹ of its size, ~30x the KAPPA the bound assumes. By hand: rows ±v with
+    # every vᵢ = 1 + 2⁻¹² (exact in float32, 1 in TF32), d = 515: the centred rows are ±v
+    # (mean 0), D = ‖2v‖² = 4·515·(1 + 2⁻¹²)² ≈ 2061.006; TF32 products give 4·515 = 2060,
+    # an error of ≈ 1.0 while E = KAPPA·(2‖v‖)² ≈ 2.5e-5·2061 ≈ 0.05. With such a mode on,
+    # the kernel must not use float32 products: the bound has to hold whatever the mode.
+    # The hardware rounding is simulated (this machine has no TF32 unit): torch.bmm and
+    # torch.matmul on float32 round their inputs as TF32 does while the mode is set.
+    real_bmm, real_mm = torch.bmm, torch.Tensor.__matmul__
+
+    def bmm(a, b, *args, **kw):
+        if a.dtype == torch.float32:
+            a, b = _tf32(a), _tf32(b)
+        return real_bmm(a, b, *args, **kw)
+
+    def mm(a, b):
+        if a.dtype == torch.float32:
+            a, b = _tf32(a), _tf32(b)
+        return real_mm(a, b)
+
+    assert float(_tf32(torch.tensor([1 + 2.0 ** -12]))) == 1.0 and float(_tf32(torch.tensor([1.5]))) == 1.5
+    v = torch.full((2 * pw.BLOCK + 3,), 1 + 2.0 ** -12)
+    x = torch.stack([v, -v])
+    want = float((2 * x[0].double()).square().sum())
+    prev = torch.get_float32_matmul_precision()
+    assert prev == "highest" and pw._float32_products_ieee(x.device)  # the default: the float32 lane
+    monkeypatch.setattr(torch, "bmm", bmm)
+    monkeypatch.setattr(torch.Tensor, "__matmul__", mm)
+    torch.set_float32_matmul_precision("high")
+    try:
+        assert not pw._float32_products_ieee(x.device)
+        pd = pw.pairwise(x)
+        g, gerr = pw.gram(x)
+    finally:
+        torch.set_float32_matmul_precision(prev)
+    assert abs(float(pd.approx[0, 1]) - want) <= float(pd.error[0, 1])
+    exact = x.double() @ x.double().T
+    assert bool(((g - exact).abs() <= gerr).all())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (real TF32 products)")
+def test_tf32_on_cuda_keeps_the_bound():
+    # the example above on real TF32 hardware: allow_tf32 on, the bound must still hold
+    v = torch.full((2 * pw.BLOCK + 3,), 1 + 2.0 ** -12)
+    x = torch.stack([v, -v]).cuda()
+    want = float((2 * v.double()).square().sum())
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        pd = pw.pairwise(x)
+        g, gerr = pw.gram(x)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+    assert abs(float(pd.approx[0, 1]) - want) <= float(pd.error[0, 1])
+    exact = x.double() @ x.double().T
+    assert bool(((g - exact).abs() <= gerr).all())
