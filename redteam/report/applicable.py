@@ -16,7 +16,8 @@ metrics are kept: a report hides a metric only when it knows the metric is meani
 from __future__ import annotations
 
 import functools
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 __all__ = ["LANGUAGE_MODEL_METRICS", "language_model", "store_workloads", "workload_is_language_model"]
 
@@ -30,11 +31,12 @@ LANGUAGE_MODEL_METRICS: frozenset[str] = frozenset({
 @functools.lru_cache(maxsize=64)
 def workload_is_language_model(name: str) -> bool | None:
     """``True``/``False`` from the registered workload's ``input_kind``; ``None`` if unknown."""
+    from ..errors import RedteamError
     from ..registry import WORKLOADS
 
     try:
         cls = WORKLOADS.get(name)
-    except Exception:  # an unknown or broken plugin: its kind cannot be told
+    except RedteamError:  # an unknown or broken plugin (the registry says which): kind unknown
         return None
     kind = getattr(cls, "input_kind", None)
     return kind == "tokens" if isinstance(kind, str) else None
