@@ -51,15 +51,29 @@ def _scenario(**sections):
 CHURN = {"network": {"churn_leave": 0.5, "churn_join": 0.2}}
 
 
-def test_rlr_theta_above_a_churned_rounds_n_runs_to_the_end():
+def test_rlr_theta_above_a_churned_rounds_n_runs_to_the_end(monkeypatch):
     # Pins: a round with fewer participants than θ no longer stops the run. With seed 0 the
     # participants per round are 8, 5, 3, 3 (churn_leave 0.5), so θ = 7 exceeds the last three
     # rounds' n; before the fix round 2 raised "RLR.theta = 7: must be ≤ n = 5".
+    from defenses.rlr import RLR
+
+    states, decide = [], RLR.decide
+
+    def spy(self, updates, ctx):
+        dec = decide(self, updates, ctx)
+        states.append((tuple(updates.shape), dec.state))
+        return dec
+
+    monkeypatch.setattr(RLR, "decide", spy)
     sc = _scenario(transport=CHURN, defense={"name": "rlr", "theta": 7})
     res = Federation(sc).run()
     sizes = [sum(r.participating) for r in res.records]
     assert len(res.records) == 4 and min(sizes) < 7, sizes
     assert all(torch.isfinite(torch.tensor(r.loss)) for r in res.records)
+    # each round's decision says whether θ exceeded its n; when it did, all d coordinates flipped
+    assert [st["n"] for _, st in states] == [shape[0] for shape, _ in states]
+    short = [(shape, st) for shape, st in states if shape[0] < 7]
+    assert short and all(st["theta_above_n"] and st["flipped"] == shape[1] for shape, st in short)
 
 
 def test_rlr_theta_no_round_can_reach_is_refused_at_setup():
