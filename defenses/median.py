@@ -127,14 +127,15 @@ class TrimmedMean(Aggregator):
         check_count(self, "b", v)
 
     def resolve_b(self, n: int) -> int:
-        """The count per side used for a round of ``n`` updates; errors name the bound."""
+        """The count per side used for a round of ``n`` updates: ``b``, or the most a round
+        that small can drop (⌊(n − 1)/2⌋, the median) when churn or screening thinned it
+        below 2b + 1 — the run goes on and ``Decision.state`` says so. An unset b is refused;
+        a b that no round of the federation could hold is refused at setup
+        (:meth:`check_capacity`)."""
         if self.b is None:
             raise param_error(self, "b", None, "is unset: give the count dropped per side (Yin et al. need "
                                                "b ≥ f); in a scenario it defaults to the malicious count")
-        b = self.b
-        if 2 * b >= n:
-            raise param_error(self, "b", self.b, f"must satisfy 2b < n (n = {n}, so b ≤ {(n - 1) // 2})")
-        return b
+        return min(self.b, max((n - 1) // 2, 0))
 
     def check_capacity(self, most: int) -> None:
         """Refuse, at setup, a b that no round of at most ``most`` updates can trim (2b < n)."""
@@ -145,12 +146,14 @@ class TrimmedMean(Aggregator):
     def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
         import torch
 
-        b = self.resolve_b(int(updates.shape[0]))
+        self.resolve_b(int(updates.shape[0]))  # refuses an unset b
         rows, ok, reasons = _screen(updates)
         if rows.shape[0] == 0:
             return Decision(aggregate=torch.zeros(updates.shape[1], dtype=updates.dtype, device=updates.device),
                             accepted=ok, reasons=reasons, state={"b": 0})
-        b = min(b, (int(rows.shape[0]) - 1) // 2)
+        b = self.resolve_b(int(rows.shape[0]))
         state: dict[str, Any] = {"b": b}
+        if b < int(self.b or 0):  # a round thinned by churn or by screening: as much trimming as it holds
+            state["b_reduced_from"] = int(self.b or 0)
         agg = finite_or_refuse(self, trimmed_mean(rows, b), rows)
         return Decision(aggregate=agg, accepted=ok, reasons=reasons, state=state)

@@ -71,10 +71,23 @@ def test_trimmed_mean_huge_values_do_not_cancel_honest_ones():
     assert TrimmedMean(b=1)(x).aggregate.tolist() == [2.0]
 
 
+@pytest.mark.parametrize("n, b, kept", [(4, 2, 1), (5, 3, 2), (2, 1, 0), (1, 1, 0)])
+def test_trimmed_mean_in_a_round_too_small_for_b_trims_what_it_can(n, b, kept):
+    # A round thinned by churn (or by screening) below 2b + 1 updates must not kill the
+    # run: it drops ⌊(n − 1)/2⌋ per side (the median, for odd n) and says so. By hand:
+    # rows 1, 2, 30, 40, 50 (first n of them): n = 4, b → 1: mean(2, 30) = 16; n = 5, b → 2:
+    # the median 30; n = 2, b → 0: mean(1, 2) = 1.5; n = 1: the row itself.
+    x = t([[1], [2], [30], [40], [50]])[:n]
+    dec = TrimmedMean(b=b)(x)
+    assert dec.state["b"] == kept and dec.state["b_reduced_from"] == b
+    assert dec.aggregate.tolist() == [{4: 16.0, 5: 30.0, 2: 1.5, 1: 1.0}[n]]
+
+
 @pytest.mark.parametrize("n, b", [(4, 2), (5, 3), (2, 1), (1, 1)])
-def test_trimmed_mean_rejects_2b_ge_n(n, b):
-    with pytest.raises(InvalidParameter, match=r"TrimmedMean\.b = %d: must satisfy 2b < n \(n = %d" % (b, n)):
-        TrimmedMean(b=b)(torch.zeros(n, 3))
+def test_trimmed_mean_refuses_at_setup_a_b_no_round_can_hold(n, b):
+    with pytest.raises(InvalidParameter, match=r"TrimmedMean\.b = %d: must satisfy 2b < n, and a round has at most "
+                                               r"n = %d" % (b, n)):
+        TrimmedMean(b=b).check_capacity(n)
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "2"])

@@ -76,6 +76,30 @@ def test_rlr_theta_above_a_churned_rounds_n_runs_to_the_end(monkeypatch):
     assert short and all(st["theta_above_n"] and st["flipped"] == shape[1] for shape, st in short)
 
 
+def test_trimmed_mean_in_churned_rounds_runs_to_the_end(monkeypatch):
+    # Pins: the scenario's b = f = 2 cannot be trimmed from a 3-client round (2b < n fails);
+    # before the fix that round stopped the run ("TrimmedMean.b = 2: must satisfy 2b < n
+    # (n = 3 …)"). Now it drops ⌊(3 − 1)/2⌋ = 1 per side (the median) and says so.
+    from defenses.median import TrimmedMean
+
+    states, decide = [], TrimmedMean.decide
+
+    def spy(self, updates, ctx):
+        dec = decide(self, updates, ctx)
+        states.append((int(updates.shape[0]), dec.state))
+        return dec
+
+    monkeypatch.setattr(TrimmedMean, "decide", spy)
+    sc = _scenario(transport=CHURN, federation={"malicious_fraction": 0.25}, attack={"name": "sign_flip"},
+                   defense={"name": "trimmed_mean"})
+    res = Federation(sc).run()
+    assert len(res.records) == 4 and all(torch.isfinite(torch.tensor(r.loss)) for r in res.records)
+    short = [(n, st) for n, st in states if 2 * 2 >= n]
+    assert short, states
+    assert all(st["b"] == (n - 1) // 2 and st["b_reduced_from"] == 2 for n, st in short)
+    assert all(st["b"] == 2 and "b_reduced_from" not in st for n, st in states if 2 * 2 < n)
+
+
 def test_rlr_theta_no_round_can_reach_is_refused_at_setup():
     # θ = 9 > 8 clients: no round can ever reach it, so the Federation refuses it before
     # any training (one line naming θ and the bound)
