@@ -109,7 +109,9 @@ class TrimmedMean(Aggregator):
 
     * ``b``: how many values are dropped **per side** of every coordinate (a count,
       not a fraction); the mean is over the n − 2b values left. It must satisfy
-      2b < n. Yin et al. require b ≥ f (the reference code uses b = f). In a scenario
+      2b < n for the federation's size (refused at setup otherwise); a round thinned by
+      churn below that drops ⌊(n − 1)/2⌋ per side and records ``b_reduced_from`` in
+      ``Decision.state``. Yin et al. require b ≥ f (the reference code uses b = f). In a scenario
       run an unset b is **derived from the scenario's malicious count**: b = f (the
       builder fills it in before the run, so the run's parameters show the value; see
       ``from_malicious_count``). A bare call with b unset is refused: the rule never
