@@ -323,6 +323,17 @@ def gram_variants(n: int, d: int, repeats: int = 5) -> None:
         k = parts * (parts + 1) // 2
         print(f"| rows in {parts} part{'s' if parts > 1 else ''} ({k} product{'s' if k > 1 else ''}) | "
               f"{share:.0%} | {_fmt(best)} |")
+    # Krum against the Gram, interleaved call by call (both see the same moments of the machine)
+    ctx = ServerContext.default(x)
+    krum = Krum(f=n // 10)
+    krum(x, ctx)
+    gram_t, krum_t = [], []
+    for _ in range(repeats):
+        gram_t.append(_timed(lambda: x @ x.T))
+        krum_t.append(_timed(lambda: krum(x, ctx)))
+    g, k = statistics.median(gram_t), statistics.median(krum_t)
+    print(f"\ninterleaved, medians of {repeats}: Gram {_fmt(g)}, Krum (f = n/10) {_fmt(k)}: {k / g:.2f}× the Gram "
+          f"(load {os.getloadavg()[0]:.1f})")
 
 
 def _timed(call: Callable[[], object]) -> float:
