@@ -48,6 +48,11 @@ to the clients it describes, not to the merge node that happened to hold them:
   the node's members, of the tensor of the node each member was last in; anything else
   is taken from the lowest-id member's last node. Pipelines (stage states under
   ``"0"``, ``"1"`` …) are handled stage by stage. Upper levels keep their node keys.
+
+Degradation notes (:func:`degradation_notes`). A robust rule that a round thinned by
+churn or screening cannot run as configured goes on with what it can do and says so in
+its ``Decision.state``; the merge turns those flags into one line each, naming the rule
+and the node, in ``MergeResult.notes`` (the round record's ``defense_notes``).
 """
 
 from __future__ import annotations
@@ -62,8 +67,8 @@ import torch
 from .errors import InvalidParameter
 from .types import Decision, Defense, ServerContext
 
-__all__ = ["Hierarchy", "MergeResult", "DefenseMemory", "assign_groups", "group_of_identity",
-           "hierarchical_merge"]
+__all__ = ["Hierarchy", "MergeResult", "DefenseMemory", "assign_groups", "degradation_notes",
+           "group_of_identity", "hierarchical_merge"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,10 +100,73 @@ class MergeResult:
     groups: list[list[int]] = field(default_factory=list)  # bottom groups, as row positions
     state: dict[str, dict] = field(default_factory=dict)
     refused: dict[str, dict[str, Any]] = field(default_factory=dict)  # node key → reason, rows
+    notes: list[str] = field(default_factory=list)  # what a defense gave up, one line each
 
 
 def _finite(x: torch.Tensor) -> bool:
     return bool(torch.isfinite(x).all())
+
+
+def _label(defense: Any) -> str:
+    """The registry name a defense was built from (``trimmed_mean``); its class name otherwise."""
+    from .registry import DEFENSES
+
+    cls = type(defense)
+    for table in (getattr(DEFENSES, "_extra", {}), getattr(DEFENSES, "_loaded", {})):
+        for name, c in table.items():
+            if c is cls:
+                return str(name)
+    return cls.__name__
+
+
+def _flag_note(state: Mapping[str, Any], accepted: "torch.Tensor | int") -> str | None:
+    """The one-line note of a degraded decision's state; ``None`` if it ran as configured.
+
+    Flags read (each rule sets its own; see its docstring):
+
+    * ``b_reduced_from`` (coordinate trimmed mean, Yin et al. 2018): the round had fewer
+      than 2b + 1 updates, so ``b`` = ⌊(n − 1)/2⌋ per side were trimmed; n is the number of
+      updates the rule accepted (it accepts every finite update it trims over);
+    * ``theta_above_n`` (RLR, Ozdayi et al. 2021): the learning-rate threshold θ exceeds the
+      round's n, so no coordinate can reach it and ``flipped`` coordinates had their sign flipped;
+    * ``short`` (DnC, Shejwalkar & Houmansadr 2021): ⌊c·f⌋ removals would leave no update, so
+      ``removed`` = n − 1 were removed and the lowest-scored update kept;
+    * ``degraded`` (any rule): a string the rule words itself.
+    """
+    if isinstance(state.get("degraded"), str) and state["degraded"]:
+        return str(state["degraded"])
+    if state.get("b_reduced_from") is not None and "b" in state:
+        n = int(accepted) if isinstance(accepted, int) else int(accepted.sum())
+        return f"b reduced from {state['b_reduced_from']} to {state['b']} ({n} updates)"
+    if state.get("theta_above_n") is True:
+        return (f"θ = {state.get('theta')} is above the round's n = {state.get('n')} updates: "
+                f"the sign of all {state.get('flipped')} coordinates flipped")
+    if state.get("short") is True and isinstance(state.get("removed"), int):
+        removed = int(state["removed"])
+        return (f"⌊c·f⌋ removals with f = {state.get('f')} would leave none of the {removed + 1} updates: "
+                f"removed {removed}, kept the lowest-scored one")
+    return None
+
+
+def degradation_notes(defense: Any, state: Mapping[str, Any], accepted: "torch.Tensor | int",
+                      where: str = "") -> list[str]:
+    """One line per rule (a pipeline's stages each) whose ``state`` says it could not run as
+    configured: ``"trimmed_mean: b reduced from 2 to 1 (3 updates)"``. ``accepted`` is the
+    node's accepted mask (or its count); ``where`` names the node (empty for a flat merge)."""
+    stages = getattr(defense, "stages", None)
+    if isinstance(stages, tuple) and stages and any(isinstance(state.get(str(i)), Mapping)
+                                                    for i in range(len(stages))):
+        out: list[str] = []
+        for i, st in enumerate(stages):
+            sub = state.get(str(i))
+            if isinstance(sub, Mapping):
+                inner = f"pipeline stage {i}" + (f", {where}" if where else "")
+                out.extend(degradation_notes(st, sub, accepted, inner))
+        return out
+    note = _flag_note(state, accepted)
+    if note is None:
+        return []
+    return [f"{_label(defense)}{f' ({where})' if where else ''}: {note}"]
 
 
 def group_of_identity(identity: str, n_groups: int) -> int:
@@ -155,6 +223,7 @@ def hierarchical_merge(
     reasons: dict[int, str] = {}
     state: dict[str, dict] = {}
     refused: dict[str, dict[str, Any]] = {}
+    notes: list[str] = []
     if m == 0:
         return MergeResult(torch.zeros(updates.shape[1], dtype=updates.dtype, device=updates.device),
                            accepted, reasons, groups, state)
@@ -168,6 +237,8 @@ def hierarchical_merge(
         dec: Decision = defense(updates[idx], make_ctx(w, rows, key))
         state[key] = dict(dec.state)
         acc = dec.accepted.to(torch.bool)
+        if state[key]:
+            notes.extend(degradation_notes(defense, state[key], acc, f"group {gi}" if len(groups) > 1 else ""))
         accepted[idx[acc]] = True
         for local, why in dec.reasons.items():
             reasons[rows[local]] = why
@@ -175,7 +246,7 @@ def hierarchical_merge(
             reasons.setdefault(rows[local], f"rejected by {type(defense).__name__}")
         total = (w * acc.to(w.dtype)).sum()
         if len(groups) == 1:
-            return MergeResult(dec.aggregate, accepted, reasons, groups, state)
+            return MergeResult(dec.aggregate, accepted, reasons, groups, state, notes=notes)
         agg = dec.aggregate
         if tamper_group is not None:
             agg = tamper_group(gi, list(rows), agg)
@@ -203,6 +274,9 @@ def hierarchical_merge(
             key = f"{level}.{pi // fan_out}"
             dec = upper(aggs, make_ctx(cw, rows, key))
             state[key] = dict(dec.state)
+            if state[key]:
+                notes.extend(degradation_notes(upper, state[key], dec.accepted.to(torch.bool),
+                                               f"merge level {level}, node {pi // fan_out}"))
             kept_rows: list[int] = []
             for ci, child in enumerate(children):
                 if bool(dec.accepted[ci]):
@@ -223,8 +297,8 @@ def hierarchical_merge(
         level += 1
     if not nodes:
         return MergeResult(torch.zeros(updates.shape[1], dtype=updates.dtype, device=updates.device),
-                           accepted, reasons, groups, state, refused)
-    return MergeResult(nodes[0][0], accepted, reasons, groups, state, refused)
+                           accepted, reasons, groups, state, refused, notes)
+    return MergeResult(nodes[0][0], accepted, reasons, groups, state, refused, notes)
 
 
 class DefenseMemory:

@@ -260,7 +260,10 @@ class RoundRecord:
     ``accepted`` and ``malicious`` are per client (``len == n_clients``). A client whose
     update never reached aggregation (straggler, churned out, bad chunk, undecodable)
     appears in ``dropped`` with its reason and is not accepted. ``detections`` lists
-    the clients some check flagged in this round, with the reason.
+    the clients some check flagged in this round, with the reason. ``extra["defense_notes"]``
+    (read as :attr:`defense_notes`) lists, in plain words, what a defense had to give up in
+    this round — a trimmed mean trimming fewer than b per side, RLR's θ above the round's
+    n, DnC removing fewer than ⌊c·f⌋ — as :func:`redteam.merge.degradation_notes` words it.
     """
 
     round: int
@@ -276,6 +279,12 @@ class RoundRecord:
     wall_time_s: float = 0.0
     defense_time_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def defense_notes(self) -> list[str]:
+        """What a defense said it gave up in this round (empty: it ran as configured)."""
+        notes = self.extra.get("defense_notes", ())
+        return [str(n) for n in notes] if isinstance(notes, (list, tuple)) else []
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (client-keyed dicts get string keys; see :meth:`from_dict`)."""

@@ -311,6 +311,8 @@ def defend(fed: "Federation", rnd: int, rec: Received, tx: Any, params: torch.Te
     refused = [{"stage": "merge", "node": key, "reason": ev["reason"],
                 "clients": sorted({row_clients[r] for r in ev["rows"]})} for key, ev in merged.refused.items()]
     extra.update(envelope_telemetry(upd, row_clients, groups, merged.state))
+    if merged.notes:  # a rule that could not run as configured this round says so (RoundRecord.defense_notes)
+        extra["defense_notes"] = list(merged.notes)
     return Merged(merged.aggregate, accepted, rejected, extra, refused)
 
 
