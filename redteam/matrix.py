@@ -17,6 +17,16 @@ state what must hold for them.
     metric = "accuracy_drop"   # see redteam.scoring.METRICS
     max = 0.05                 # and/or min
 
+A row naming a language-model metric (``final_bits_per_byte``, ``final_perplexity``, their
+increases, ``false_trigger_rate``: :data:`redteam.scoring.LANGUAGE_MODEL_METRICS`) is judged
+per cell: it is refused when loading the file if any cell it applies to runs a workload
+that is not a language model (``input_kind`` other than ``"tokens"``, e.g. ``digits``),
+since the number it would check means nothing there; with a ``workload.name`` axis,
+narrow the row to the language-model cells (``"workload.name" = "text"``). A workload
+whose kind cannot be told (a plugin that does not load) is not refused. The check needs
+the workload classes, so it runs with ``check_plugins`` (``redteam matrix``, and the pytest
+plugin's first run of the file; collection stays torch-free).
+
 A **cell** is one (attack, defense, settings) combination; it runs once per seed
 (replicate). A cell's seed is derived from the scenario seed, its settings and the
 replicate index — not from its attack or defense — so every attack and defense of the
@@ -32,7 +42,7 @@ import hashlib
 import itertools
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .errors import InvalidScenario
 from .scenario_limits import Limits, shown
@@ -290,12 +300,46 @@ def expand(
             f"{where}: [[expect]] has {len(rows)} rows, more than the cap of {limits.max_expectations} "
             "(REDTEAM_MAX_EXPECTATIONS raises it)"
         )
-    exps = parse_expectations(rows, where, cells)
+    kind_of = None
+    if check_plugins:
+        from .report.applicable import workload_is_language_model as kind_of
+    exps = parse_expectations(rows, where, cells, workload_is_language_model=kind_of)
     return Matrix(tuple(cells), seeds, exps)
 
 
-def parse_expectations(rows: Any, where: str, cells: Sequence[Cell]) -> tuple[Expectation, ...]:
-    from .scoring import METRICS
+def _workload_of(cell: Cell) -> Any:
+    wl = cell.doc.get("workload")
+    if wl is None:
+        from .scenario import WorkloadSpec
+
+        return WorkloadSpec().name
+    return wl if isinstance(wl, str) else wl.get("name") if isinstance(wl, Mapping) else None
+
+
+def _refuse_classifier_cells(exp: "Expectation", loc: str, cells: Sequence[Cell],
+                             is_lm: Callable[[str], bool | None]) -> None:
+    """A language-model metric row must not apply to a cell whose workload is known not to be one."""
+    for cell in cells:
+        if not exp.matches(cell):
+            continue
+        name = _workload_of(cell)
+        if isinstance(name, str) and is_lm(name) is False:
+            axis = any(k == "workload.name" for c in cells for k, _ in c.settings)
+            hint = ('narrow the row to the language-model cells ("workload.name" = "text") or name another metric'
+                    if axis else "name another metric (final_loss, accuracy_drop, rounds_to_target_loss …)")
+            raise InvalidScenario(
+                f"{loc}: metric = {exp.metric!r} is a language-model metric, but the row applies to cell "
+                f"{cell.id} whose workload {name!r} is not a language model (input_kind is not \"tokens\"), "
+                f"where it means nothing; {hint}")
+
+
+def parse_expectations(rows: Any, where: str, cells: Sequence[Cell], *,
+                       workload_is_language_model: Callable[[str], bool | None] | None = None,
+                       ) -> tuple[Expectation, ...]:
+    """The ``[[expect]]`` rows, validated against the cells. ``workload_is_language_model``
+    (a workload name → ``True``/``False``/``None`` if unknown), when given, refuses a row
+    naming a language-model metric that applies to a cell whose workload is not one."""
+    from .scoring import LANGUAGE_MODEL_METRICS, METRICS
 
     if not isinstance(rows, list):
         raise InvalidScenario(f"{where}: [[expect]] must be an array of tables")
@@ -354,6 +398,8 @@ def parse_expectations(rows: Any, where: str, cells: Sequence[Cell]) -> tuple[Ex
                           attack, defense, tuple(settings), i)
         if not any(exp.matches(c) for c in cells):
             raise InvalidScenario(f"{loc}: matches no cell of the matrix")
+        if workload_is_language_model is not None and metric in LANGUAGE_MODEL_METRICS:
+            _refuse_classifier_cells(exp, loc, cells, workload_is_language_model)
         out.append(exp)
     return tuple(out)
 

@@ -116,7 +116,9 @@ def _label(defense: Any) -> str:
         for name, c in table.items():
             if c is cls:
                 return str(name)
-    return cls.__name__
+    target = f"{cls.__module__}:{cls.__qualname__}"  # built directly: its entry point, found without loading any
+    names = sorted(n for n, ep in DEFENSES._entry_points().items() if ep.value == target)
+    return names[0] if names else cls.__name__
 
 
 def _flag_note(state: Mapping[str, Any], accepted: "torch.Tensor | int") -> str | None:

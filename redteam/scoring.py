@@ -28,6 +28,9 @@ Definitions (also in the README's "Metrics" section):
   by default the baseline's final loss, so it counts the rounds the attacked run needs to
   get as far as the clean run did (``None``: never). ``false_trigger_rate``: a
   trigger-phrase backdoor's share of clean held-out prompts continued with its target.
+  These (:data:`LANGUAGE_MODEL_METRICS`; not ``rounds_to_target_loss``, which any loss
+  has) are functions of the loss that mean nothing for a classifier: :func:`summarize`
+  leaves them out when told the workload is not a language model.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from .types import RoundRecord
 
 __all__ = [
     "METRICS",
+    "LANGUAGE_MODEL_METRICS",
     "attack_success_rate",
     "envelope",
     "mean_ci",
@@ -266,17 +270,27 @@ METRICS: dict[str, str] = {
 }
 
 
+#: Metrics defined only for language models (workload ``input_kind == "tokens"``).
+LANGUAGE_MODEL_METRICS: frozenset[str] = frozenset({
+    "final_bits_per_byte", "final_perplexity", "bits_per_byte_increase", "perplexity_increase",
+    "false_trigger_rate",
+})
+
+
 def summarize(
     records: Sequence[RoundRecord],
     baseline: Sequence[RoundRecord] | None = None,
     *,
     target_accuracy: float = 0.9,
     last_k: int = 1,
+    is_language_model: bool | None = None,
 ) -> dict[str, Any]:
     """The metrics of one run (and its comparison with a baseline run, if given).
 
     Keys are those of :data:`METRICS` (flat), plus the detection counts
-    ``tp``, ``fp``, ``tn``, ``fn`` and ``target_accuracy``.
+    ``tp``, ``fp``, ``tn``, ``fn`` and ``target_accuracy``. ``is_language_model=False``
+    (a classifier workload) leaves out :data:`LANGUAGE_MODEL_METRICS`; ``True`` or
+    ``None`` (the kind is not known) keeps them.
     """
     det = detection(records)
     n = max(len(records), 1)
@@ -306,6 +320,9 @@ def summarize(
         out["accuracy_drop"] = accuracy_drop(records, baseline)
         b_rtt = rounds_to_target(baseline, target_accuracy)
         out["slowdown_rounds"] = (rtt - b_rtt) if (rtt is not None and b_rtt is not None) else None
+    if is_language_model is False:
+        for key in LANGUAGE_MODEL_METRICS:
+            out.pop(key, None)
     return out
 
 

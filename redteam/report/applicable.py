@@ -19,13 +19,9 @@ import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["LANGUAGE_MODEL_METRICS", "language_model", "store_workloads", "workload_is_language_model"]
+from ..scoring import LANGUAGE_MODEL_METRICS  # metrics defined only for language models (README, Metrics)
 
-#: Metrics defined only for language models (README, Metrics).
-LANGUAGE_MODEL_METRICS: frozenset[str] = frozenset({
-    "final_bits_per_byte", "final_perplexity", "bits_per_byte_increase", "perplexity_increase",
-    "false_trigger_rate",
-})
+__all__ = ["LANGUAGE_MODEL_METRICS", "language_model", "store_workloads", "workload_is_language_model"]
 
 
 @functools.lru_cache(maxsize=64)

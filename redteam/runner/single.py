@@ -15,6 +15,14 @@ The JSON document this module produces is a stable, documented interface (README
         {"attack": "sign_flip", ... "baseline": false, ...}
       ]
     }
+
+Language-model metrics (:data:`~redteam.scoring.LANGUAGE_MODEL_METRICS`: bits per byte,
+perplexity, their increases, the false-trigger rate) are in ``metrics`` only when the
+workload is a language model (its class says ``input_kind = "tokens"``, e.g. ``text``);
+a classifier's run (``digits``, ``synthetic``) leaves them out: they would be functions of
+a cross-entropy over classes, not bits per byte of anything. Each round lists ``notes``:
+what a defense said it had to give up in that round (:func:`redteam.merge.degradation_notes`,
+e.g. a trimmed mean trimming less in a round thinned by churn); empty in most rounds.
 """
 
 from __future__ import annotations
@@ -58,6 +66,7 @@ def _round_dict(r: RoundRecord) -> dict[str, Any]:
         "sim_time_s": r.sim_time_s,
         "wall_time_s": r.wall_time_s,
         "defense_time_s": r.defense_time_s,
+        "notes": r.defense_notes,
     }
 
 
@@ -88,10 +97,12 @@ def run_scenario(
                 attacked_res = fed.run(on_round=(lambda r: on_round("attacked", r)) if on_round else None)
             runs.append(("attacked", attacked_res))
 
+    kind_of_input = getattr(baseline.workload, "input_kind", None)
+    is_lm = kind_of_input == "tokens" if isinstance(kind_of_input, str) else None
     out_runs = []
     for kind, res in runs:
         metrics = summarize(res.records, b_res.records, target_accuracy=target,
-                            last_k=scenario.federation.last_k)
+                            last_k=scenario.federation.last_k, is_language_model=is_lm)
         out_runs.append(
             {
                 "attack": res.attack,
