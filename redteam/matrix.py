@@ -300,10 +300,12 @@ def expand(
             f"{where}: [[expect]] has {len(rows)} rows, more than the cap of {limits.max_expectations} "
             "(REDTEAM_MAX_EXPECTATIONS raises it)"
         )
-    kind_of = None
-    if check_plugins:
-        from .report.applicable import workload_is_language_model as kind_of
-    exps = parse_expectations(rows, where, cells, workload_is_language_model=kind_of)
+    def kind_of(name: str) -> bool | None:  # imported only when a row names a language-model metric
+        from .report.applicable import workload_is_language_model
+
+        return workload_is_language_model(name)
+
+    exps = parse_expectations(rows, where, cells, workload_is_language_model=kind_of if check_plugins else None)
     return Matrix(tuple(cells), seeds, exps)
 
 
