@@ -20,6 +20,8 @@ from pathlib import Path
 import hypothesis  # noqa: F401  (before pytester's in-process run: see tests/test_pytest_plugin.py)
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import redteam.report.applicable  # noqa: F401
 import redteam.runner.matrix_run  # noqa: F401
@@ -32,7 +34,8 @@ from redteam.federation.loop import Federation
 from redteam.matrix import expand
 from redteam.merge import degradation_notes
 from redteam.scenario import PluginSpec, load_matrix, parse_scenario
-from redteam.scoring import LANGUAGE_MODEL_METRICS
+from redteam.scoring import LANGUAGE_MODEL_METRICS, summarize
+from redteam.types import RoundRecord
 
 pytest_plugins = ["pytester"]
 
@@ -279,3 +282,24 @@ def test_hierarchical_churned_run_notes_name_the_group():
         m = re.fullmatch(r"trimmed_mean \(group (\d)\): b reduced from 2 to (\d) \((\d) updates\)", note)
         assert m and int(m[3]) < 5 and int(m[2]) == (int(m[3]) - 1) // 2, note
     assert res.records[0].defense_notes == []  # round 0: all 20 online, 5 per group
+
+
+# ------------------------------------------------------------ summarize, as a property
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 1), st.floats(0.01, 20)), min_size=1, max_size=5),
+       st.lists(st.tuples(st.floats(0, 1), st.floats(0.01, 20)), min_size=1, max_size=5))
+def test_a_classifier_summary_is_the_full_one_less_the_language_model_metrics(attacked, clean):
+    # whatever the records: the classifier's summary drops exactly LANGUAGE_MODEL_METRICS and
+    # every other value is the same as when the kind is unknown (None keeps everything)
+    def recs(pairs):
+        return [RoundRecord(i, a, loss, [True, True], [False, True], [True, True]) for i, (a, loss) in enumerate(pairs)]
+
+    full = summarize(recs(attacked), recs(clean))
+    lm = summarize(recs(attacked), recs(clean), is_language_model=True)
+    cls = summarize(recs(attacked), recs(clean), is_language_model=False)
+    assert set(full) - set(cls) == LANGUAGE_MODEL_METRICS and set(cls) <= set(full)
+    assert lm.keys() == full.keys()
+    for k, v in cls.items():
+        assert v == full[k] or (v != v and full[k] != full[k]), k
