@@ -318,7 +318,7 @@ def _workload_of(cell: Cell) -> Any:
     return wl if isinstance(wl, str) else wl.get("name") if isinstance(wl, Mapping) else None
 
 
-def _refuse_classifier_cells(exp: "Expectation", loc: str, cells: Sequence[Cell],
+def _refuse_classifier_cells(exp: Expectation, loc: str, cells: Sequence[Cell],
                              is_lm: Callable[[str], bool | None]) -> None:
     """A language-model metric row must not apply to a cell whose workload is known not to be one."""
     for cell in cells:

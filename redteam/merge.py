@@ -121,7 +121,7 @@ def _label(defense: Any) -> str:
     return names[0] if names else cls.__name__
 
 
-def _flag_note(state: Mapping[str, Any], accepted: "torch.Tensor | int") -> str | None:
+def _flag_note(state: Mapping[str, Any], accepted: torch.Tensor | int) -> str | None:
     """The one-line note of a degraded decision's state; ``None`` if it ran as configured.
 
     Flags read (each rule sets its own; see its docstring):
@@ -150,7 +150,7 @@ def _flag_note(state: Mapping[str, Any], accepted: "torch.Tensor | int") -> str 
     return None
 
 
-def degradation_notes(defense: Any, state: Mapping[str, Any], accepted: "torch.Tensor | int",
+def degradation_notes(defense: Any, state: Mapping[str, Any], accepted: torch.Tensor | int,
                       where: str = "") -> list[str]:
     """One line per rule (a pipeline's stages each) whose ``state`` says it could not run as
     configured: ``"trimmed_mean: b reduced from 2 to 1 (3 updates)"``. ``accepted`` is the

@@ -19,7 +19,8 @@ import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..scoring import LANGUAGE_MODEL_METRICS  # metrics defined only for language models (README, Metrics)
+# metrics defined only for language models (README, Metrics), defined once in scoring
+from ..scoring import LANGUAGE_MODEL_METRICS
 
 __all__ = ["LANGUAGE_MODEL_METRICS", "language_model", "store_workloads", "workload_is_language_model"]
 
