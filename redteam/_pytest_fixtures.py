@@ -147,6 +147,7 @@ def _run_cell(state: _State, doc: dict[str, Any], seeds: int | Sequence[int], de
               settings: Mapping[str, Any]) -> CellMetrics:
     from .matrix import derive_seed
     from .scenario import parse_scenario
+    from .report.applicable import workload_is_language_model
     from .scoring import summarize
 
     reps = range(seeds) if isinstance(seeds, int) else seeds
@@ -160,7 +161,8 @@ def _run_cell(state: _State, doc: dict[str, Any], seeds: int | Sequence[int], de
         base = state.records(bsc, device)
         rec = base if sc.digest() == bsc.digest() else state.records(sc, device)
         per_seed.append(summarize(rec, base, target_accuracy=sc.federation.target_accuracy,
-                                  last_k=sc.federation.last_k))
+                                  last_k=sc.federation.last_k,
+                                  is_language_model=workload_is_language_model(sc.workload.name)))
     label = f"{_label(doc.get('defense', 'mean'))}[{_label(doc.get('attack', 'none'))}]"
     return CellMetrics(_means(per_seed), per_seed, label)
 

@@ -234,3 +234,18 @@ def test_settings_under_attack_and_defense_really_sweep():
 def test_malicious_fraction_that_rounds_to_no_client_is_an_error():
     with pytest.raises(InvalidScenario, match="gives no malicious client among 4"):
         expand(_doc(federation={"clients": 4, "malicious_fraction": 0.1}), "x.toml")
+
+
+def test_a_classifier_matrix_stores_no_language_model_metrics(tmp_path):
+    # bits per byte and perplexity are functions of a language model's loss: a synthetic
+    # (classifier) run's store must not hold them (a report hid them, the store kept them)
+    from redteam.scoring import LANGUAGE_MODEL_METRICS
+
+    f = tmp_path / "m.toml"
+    f.write_text(MATRIX_TOML.replace('["sign_flip", "ipm", { name = "gaussian", std = 3.0 }]', '["ipm"]')
+                 .replace("seeds = 2", "seeds = 1").replace('["mean", "median"]', '["mean"]'))
+    run_matrix(f, tmp_path / "out")
+    with ResultsStore(tmp_path / "out") as st:
+        rows = st.results()
+    assert rows and all("final_loss" in r["metrics"] for r in rows)
+    assert all(not (set(r["metrics"]) & set(LANGUAGE_MODEL_METRICS)) for r in rows)

@@ -340,8 +340,14 @@ def _record(store: ResultsStore, unit: Unit, result: dict[str, Any]) -> None:
     else:
         b = store.baseline_of(unit.run_key)
         baseline = [RoundRecord.from_dict(r) for r in b["rounds"]] if b else None
+    from ..report.applicable import workload_is_language_model
+
+    from ..scenario import WorkloadSpec
+
+    name = unit.doc.get("workload", {}).get("name", WorkloadSpec().name)  # the scenario's default when unset
     metrics = summarize(records, baseline, target_accuracy=unit.target_accuracy,
-                        last_k=int(unit.doc.get("federation", {}).get("last_k", 1)))
+                        last_k=int(unit.doc.get("federation", {}).get("last_k", 1)),
+                        is_language_model=workload_is_language_model(name) if isinstance(name, str) else None)
     store.put_run(
         run_key=unit.run_key,
         baseline=unit.baseline,
