@@ -190,9 +190,9 @@ def gram64(x: "torch.Tensor", chunk: int = 8192) -> "torch.Tensor":
     """⟨xᵢ, xⱼ⟩ for all pairs, in float64, accumulated over column blocks.
 
     Each block is converted to float64 on its own, into one reused buffer (bounded
-    memory). The rows are
-    split in two halves and only the upper block triangle (top·allᵀ, bottom·bottomᵀ)
-    is multiplied, which saves a quarter of the flops; the lower part is mirrored.
+    memory). The rows are split in two halves and only the upper block triangle
+    (top·allᵀ, bottom·bottomᵀ) is multiplied, which saves a quarter of the flops; the
+    lower part is mirrored.
     """
     import torch
 
