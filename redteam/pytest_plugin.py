@@ -270,15 +270,16 @@ class CellItem(pytest.Item):
         exc = excinfo.value
         if isinstance(exc, ExpectationFailed):
             return exc.outcome.render() + "\n" + self.reproduce()
-        if isinstance(exc, RedteamError):
-            return f"{type(exc).__name__}: {exc}\n\n" + self.reproduce()
+        if isinstance(exc, RedteamError):  # nothing ran (a bad file or plugin parameter): nothing is stored
+            return f"{type(exc).__name__}: {exc}\n\n" + self.reproduce(stored=False)
         return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return self.path, None, f"{self.path.name}::{self.name}"
 
-    def reproduce(self) -> str:
-        """The commands that rerun this cell, and the whole matrix with a report."""
+    def reproduce(self, stored: bool = True) -> str:
+        """The commands that rerun this cell, and the whole matrix with a report
+        (``stored``: whether this cell's runs reached the store)."""
         state = self.config.stash[_STATE]
         here = self.config.invocation_params.dir
         try:
@@ -287,10 +288,10 @@ class CellItem(pytest.Item):
             rel = str(self.path)
         store = state.stores.get(state.display(self.path)) or state.store_dir(self.path)
         q = shlex.quote
+        why = "# this cell's runs are in the store already" if stored else "# once the error above is fixed"
         return ("reproduce:\n"
                 f"  pytest {q(f'{rel}::{self.name}')}\n"
-                f"  redteam matrix {q(rel)} --out {q(str(store))} --resume   "
-                "# this cell's runs are in the store already\n"
+                f"  redteam matrix {q(rel)} --out {q(str(store))} --resume   {why}\n"
                 f"  redteam report {q(str(store))}")
 
 

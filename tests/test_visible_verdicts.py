@@ -229,6 +229,8 @@ def test_pytest_item_of_a_refused_row_fails_with_the_one_line_error(pytester):
     line = ("InvalidScenario: lmrow.toml: [[expect]] #1: metric = 'final_perplexity' is a language-model metric, "
             "but the row applies to cell mean[sign_flip] whose workload 'digits' is not a language model")
     assert line in res.stdout.str()
+    # nothing ran, so the reproduce block must not say the cell's runs are stored
+    assert "in the store already" not in res.stdout.str() and "once the error above is fixed" in res.stdout.str()
 
 
 # ------------------------------------------------------------ 2. notes, by hand
