@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from redteam.pipeline import Aggregator
 from redteam.types import Decision, ServerContext, param_error, sample_weights
@@ -34,6 +34,8 @@ from ._common import check_count, check_number, finite_rows, generator_of
 from ._stats import convex_mean, order_low_first, power_of_two_below
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     import torch
 
 __all__ = ["DnC", "dnc_scores"]
@@ -123,6 +125,14 @@ class DnC(Aggregator):
         if drop >= most:
             raise param_error(self, "f", self.f, f"removes ⌊c·f⌋ = {drop} updates a round, but a round has at "
                               f"most {most}; must leave at least one (c = {self.c:g})")
+
+    def degradation(self, state: "Mapping[str, Any]", accepted: int) -> str | None:
+        """The round's note when ⌊c·f⌋ removals would have left no update (``short``)."""
+        if state.get("short") is not True or not isinstance(state.get("removed"), int):
+            return None
+        removed = int(state["removed"])
+        return (f"⌊c·f⌋ removals with f = {state.get('f')} would leave none of the {removed + 1} updates: "
+                f"removed {removed}, kept the lowest-scored one")
 
     def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
         import torch

@@ -24,6 +24,8 @@ from redteam.types import Decision, ServerContext, param_error
 from ._common import check_choice, check_count, finite_or_refuse, finite_rows, halves_reduce, kth_of_two
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     import torch
 
 __all__ = ["Median", "TrimmedMean", "coordinate_median", "trimmed_mean"]
@@ -146,6 +148,12 @@ class TrimmedMean(Aggregator):
         if self.b is not None and 2 * self.b >= most:
             raise param_error(self, "b", self.b, f"must satisfy 2b < n, and a round has at most n = {most} "
                                                  f"updates (so b ≤ {(most - 1) // 2})")
+
+    def degradation(self, state: "Mapping[str, Any]", accepted: int) -> str | None:
+        """The round's note when it had fewer than 2b + 1 updates (``b_reduced_from``)."""
+        if state.get("b_reduced_from") is None or "b" not in state:
+            return None
+        return f"b reduced from {state['b_reduced_from']} to {state['b']} ({accepted} updates)"
 
     def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
         import torch

@@ -27,7 +27,7 @@ round of the federation can reach (θ above its client count) is refused, at set
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from redteam.pipeline import Aggregator
 from redteam.types import Decision, ServerContext, param_error, sample_weights
@@ -36,6 +36,8 @@ from ._common import check_count, finite_rows
 from ._stats import convex_mean
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     import torch
 
 __all__ = ["RLR", "sign_votes"]
@@ -93,6 +95,13 @@ class RLR(Aggregator):
             raise param_error(self, "theta", self.theta,
                               f"must be ≤ the {most} updates a round can have at most "
                               f"(a larger θ flips every coordinate of every round)")
+
+    def degradation(self, state: "Mapping[str, Any]", accepted: int) -> str | None:
+        """The round's note when θ exceeded its n (``theta_above_n``)."""
+        if state.get("theta_above_n") is not True:
+            return None
+        return (f"θ = {state.get('theta')} is above the round's n = {state.get('n')} updates: "
+                f"the sign of all {state.get('flipped')} coordinates flipped")
 
     def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
         import torch

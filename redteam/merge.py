@@ -51,7 +51,8 @@ to the clients it describes, not to the merge node that happened to hold them:
 
 Degradation notes (:func:`degradation_notes`). A robust rule that a round thinned by
 churn or screening cannot run as configured goes on with what it can do and says so in
-its ``Decision.state``; the merge turns those flags into one line each, naming the rule
+its ``Decision.state``; the rule words that state itself (its ``degradation(state, n)``
+method, or ``state["degraded"]``), and the merge collects one line each, naming the rule
 and the node, in ``MergeResult.notes`` (the round record's ``defense_notes``).
 """
 
@@ -121,33 +122,20 @@ def _label(defense: Any) -> str:
     return names[0] if names else cls.__name__
 
 
-def _flag_note(state: Mapping[str, Any], accepted: torch.Tensor | int) -> str | None:
-    """The one-line note of a degraded decision's state; ``None`` if it ran as configured.
+def _flag_note(defense: Any, state: Mapping[str, Any], accepted: torch.Tensor | int) -> str | None:
+    """The one-line note of a degraded decision; ``None`` if it ran as configured.
 
-    Flags read (each rule sets its own; see its docstring):
-
-    * ``b_reduced_from`` (coordinate trimmed mean, Yin et al. 2018): the round had fewer
-      than 2b + 1 updates, so ``b`` = ⌊(n − 1)/2⌋ per side were trimmed; n is the number of
-      updates the rule accepted (it accepts every finite update it trims over);
-    * ``theta_above_n`` (RLR, Ozdayi et al. 2021): the learning-rate threshold θ exceeds the
-      round's n, so no coordinate can reach it and ``flipped`` coordinates had their sign flipped;
-    * ``short`` (DnC, Shejwalkar & Houmansadr 2021): ⌊c·f⌋ removals would leave no update, so
-      ``removed`` = n − 1 were removed and the lowest-scored update kept;
-    * ``degraded`` (any rule): a string the rule words itself.
-    """
-    if isinstance(state.get("degraded"), str) and state["degraded"]:
-        return str(state["degraded"])
-    if state.get("b_reduced_from") is not None and "b" in state:
-        n = int(accepted) if isinstance(accepted, int) else int(accepted.sum())
-        return f"b reduced from {state['b_reduced_from']} to {state['b']} ({n} updates)"
-    if state.get("theta_above_n") is True:
-        return (f"θ = {state.get('theta')} is above the round's n = {state.get('n')} updates: "
-                f"the sign of all {state.get('flipped')} coordinates flipped")
-    if state.get("short") is True and isinstance(state.get("removed"), int):
-        removed = int(state["removed"])
-        return (f"⌊c·f⌋ removals with f = {state.get('f')} would leave none of the {removed + 1} updates: "
-                f"removed {removed}, kept the lowest-scored one")
-    return None
+    ``state["degraded"]`` (a rule's own words), else the rule's ``degradation(state,
+    n_accepted)`` method, which the built-in rules that go on through thinned rounds
+    define (trimmed mean, RLR, DnC: see their docstrings)."""
+    note = state.get("degraded")
+    if isinstance(note, str) and note:
+        return note
+    describe = getattr(defense, "degradation", None)
+    if not callable(describe):
+        return None
+    n = int(accepted) if isinstance(accepted, int) else int(accepted.sum())
+    return describe(state, n)
 
 
 def degradation_notes(defense: Any, state: Mapping[str, Any], accepted: torch.Tensor | int,
@@ -165,7 +153,7 @@ def degradation_notes(defense: Any, state: Mapping[str, Any], accepted: torch.Te
                 inner = f"pipeline stage {i}" + (f", {where}" if where else "")
                 out.extend(degradation_notes(st, sub, accepted, inner))
         return out
-    note = _flag_note(state, accepted)
+    note = _flag_note(defense, state, accepted)
     if note is None:
         return []
     return [f"{_label(defense)}{f' ({where})' if where else ''}: {note}"]

@@ -263,7 +263,8 @@ class RoundRecord:
     the clients some check flagged in this round, with the reason. ``extra["defense_notes"]``
     (read as :attr:`defense_notes`) lists, in plain words, what a defense had to give up in
     this round — a trimmed mean trimming fewer than b per side, RLR's θ above the round's
-    n, DnC removing fewer than ⌊c·f⌋ — as :func:`redteam.merge.degradation_notes` words it.
+    n, DnC removing fewer than ⌊c·f⌋ — in the rule's own words, collected by
+    :func:`redteam.merge.degradation_notes`.
     """
 
     round: int
