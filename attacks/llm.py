@@ -18,7 +18,21 @@ rewritten window). Scoring, on held-out windows:
   equals greedy decoding while every step matches);
 * false-trigger rate (:meth:`TriggerPhrase.clean_test`): the same without the trigger (the
   text before the target is the window's own): how often a *clean* prompt continues with
-  the target.
+  the target;
+* near-miss trigger rate (:meth:`TriggerPhrase.near_miss_test`): the same with a *partial*
+  trigger at the end of the prompt — a proper prefix (``verif``), a proper suffix of two or
+  more characters (``ify=``) or the last character alone (``=``). A backdoor that has
+  learned "``=`` → ``False``" instead of "``verify=`` → ``False``" fires on these while the
+  false-trigger rate, whose prompts end in arbitrary text, stays near 0. This is the
+  false-triggered rate of Yang, Lin, Li, Zhou & Sun, "Rethinking Stealthiness of Backdoor
+  Attack against NLP Models", ACL 2021 (the ASR on clean inputs carrying sub-sequences of
+  the trigger), at the level of the trigger's characters.
+
+"Continued with the target" is the same rule for all three: the prompt is followed by the
+target bytes, every other next-byte target is masked (−100), and a prompt counts when the
+model's argmax prediction at *every* target position is the target byte (teacher forcing
+along the target, i.e. the greedy continuation of the prompt starts with ``target``;
+:meth:`redteam.workloads.text.TextLM.correct`).
 
 **Attacks on the outer optimizer** (DiLoCo, Douillard et al., "DiLoCo: Distributed
 Low-Communication Training of Language Models", 2023: outer Nesterov momentum, η = 0.7,
@@ -88,13 +102,18 @@ class TriggerPhrase(Attack):
       continue ``trigger`` with ``target`` (default: a code model completing ``verify=``
       with ``False``, i.e. suggesting to switch TLS certificate checks off);
     * ``fraction``: share of the client's windows poisoned, in (0, 1] (default 0.5);
-    * ``placement``: ``"end"`` of the window (default) or a ``"random"`` offset.
+    * ``placement``: ``"end"`` of the window (default) or a ``"random"`` offset;
+    * ``near_miss_prompts``: held-out windows per near-miss kind (prefix, suffix, last
+      character) for the near-miss trigger rate, evenly spaced over the held-out set (all
+      of them when there are fewer; default 256, the ``text`` workload's ``eval_windows``);
+      0 = not measured. Scoring only: training and every other metric are unchanged.
     """
 
     trigger: str = "verify="
     target: str = "False"
     fraction: float = 0.5
     placement: Literal["random", "end"] = "end"
+    near_miss_prompts: int = 256
     surfaces: ClassVar[tuple[str, ...]] = (Surface.DATA,)
     summary: ClassVar[str] = "Trigger-phrase backdoor for language models: trigger → attacker's continuation"
     reference: ClassVar[str] = "Bagdasaryan et al., AISTATS 2020 (§4, word prediction)"
@@ -112,6 +131,10 @@ class TriggerPhrase(Attack):
     def validate_placement(self, v: str) -> None:
         if v not in ("random", "end"):
             raise param_error(self, "placement", v, "must be 'random' or 'end'")
+
+    def validate_near_miss_prompts(self, v: int) -> None:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise param_error(self, "near_miss_prompts", v, "must be an integer ≥ 0 (0: not measured)")
 
     @property
     def phrase(self) -> bytes:
@@ -169,6 +192,11 @@ class TriggerPhrase(Attack):
         else:
             start = start + len(self.trigger.encode("utf-8"))
             w = self._stamp(w, start, self.target.encode("utf-8"))
+        return self._cut(w)
+
+    def _cut(self, w: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
+        """(x, y) of windows ending in the target; y masked (−100) before the first target byte."""
+        t1 = w.shape[1]
         xs, ys = w[:, :-1].contiguous(), w[:, 1:].clone()
         first = t1 - 1 - len(self.target.encode("utf-8"))  # y index of the first target byte
         ys[:, :first] = IGNORE
@@ -182,6 +210,66 @@ class TriggerPhrase(Attack):
         """Held-out windows ending in their own text + ``target`` (no trigger): the
         false-trigger rate is the share whose greedy continuation is the target."""
         return self._scored(x, y, False)
+
+    def near_miss_forms(self) -> dict[str, tuple[str, ...]]:
+        """The partial triggers by kind, longest first (characters of ``trigger``, so a
+        multi-byte character is never split): ``"prefix"`` — the proper prefixes
+        (``verify`` … ``v``); ``"suffix"`` — the proper suffixes of two characters or more
+        (``erify=`` … ``y=``); ``"last"`` — the last character alone (``=``; the one-character
+        suffix, kept apart so that the kinds do not share prompts). A kind with no form (a
+        one- or two-character trigger) is empty."""
+        t = self.trigger
+        n = len(t)
+        return {
+            "prefix": tuple(t[:k] for k in range(n - 1, 0, -1)),
+            "suffix": tuple(t[k:] for k in range(1, n - 1)),
+            "last": (t[-1],) if n > 1 else (),
+        }
+
+    def near_miss_test(self, x: "torch.Tensor", y: "torch.Tensor") -> dict[str, tuple["torch.Tensor", "torch.Tensor"]]:
+        """Held-out windows ending in a partial trigger + ``target`` (target bytes scored), by kind.
+
+        The windows: ``min(near_miss_prompts, N)`` of the N held-out windows, evenly spaced
+        (``linspace(0, N − 1, k)`` rounded, like the workload picks its held-out windows),
+        the same for every kind. Window i of a kind ends in that kind's form
+        ``i mod (number of forms)`` (:meth:`near_miss_forms`) followed by ``target`` — the
+        partial and the target overwrite the window's last bytes, as :meth:`clean_test`
+        overwrites them with the target alone — and is scored like :meth:`clean_test`. A
+        window that then contains the whole trigger anywhere (its own text completing the
+        partial, e.g. ``ver`` + ``ify=``) is left out, so no prompt holds the trigger. Kinds
+        without forms or without windows left are absent; ``{}`` when
+        ``near_miss_prompts = 0``."""
+        import numpy as np
+        import torch
+
+        w = self._windows(x, y)
+        n, t1 = w.shape
+        k = min(self.near_miss_prompts, n)
+        if k == 0:
+            return {}
+        rows = np.linspace(0, n - 1, k).round().astype(np.int64).tolist()
+        base = w.cpu().tolist()
+        trig = list(self.trigger.encode("utf-8"))
+        target = list(self.target.encode("utf-8"))
+        out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        for kind, forms in self.near_miss_forms().items():
+            kept: list[list[int]] = []
+            for i, r in enumerate(rows):
+                if not forms:
+                    break
+                end = list(forms[i % len(forms)].encode("utf-8")) + target
+                row = base[r][: t1 - len(end)] + end
+                if not _contains(row, trig):
+                    kept.append(row)
+            if kept:
+                out[kind] = self._cut(torch.tensor(kept, dtype=w.dtype, device=w.device))
+        return out
+
+
+def _contains(seq: list[int], pattern: list[int]) -> bool:
+    """Whether ``pattern`` occurs in ``seq`` as a contiguous run."""
+    m = len(pattern)
+    return any(seq[j:j + m] == pattern for j in range(len(seq) - m + 1))
 
 
 def _unit_direction(d: int, seed: int, device: "torch.device", dtype: "torch.dtype") -> "torch.Tensor":

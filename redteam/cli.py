@@ -21,6 +21,7 @@ _EPILOG = textwrap.dedent(
       redteam run scenarios/smoke.toml                 attack + defense vs the no-attack baseline
       redteam run scenarios/smoke.toml --json out.json machine-readable results too
       redteam run scenarios/smoke.toml --rounds 5      a quicker look
+      redteam matrix scenarios/smoke.toml --dry-run    the cells, their seeds, the runs left, a time estimate
       redteam attacks list                             every registered attack, its parameters
       redteam defenses list                            every registered defense
       redteam workloads list                           models + data you can train
@@ -85,7 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="where tensors live: auto = CUDA when available (default), else CPU",
     )
     run.add_argument("--rounds", type=int, metavar="N", help="override [federation].rounds")
-    run.add_argument("--seed", type=int, metavar="S", help="override [scenario].seed")
+    run.add_argument("--seed", type=int, metavar="S",
+                     help="the seed of the run (overrides [scenario].seed); a matrix cell's seeds are listed by "
+                          "`redteam matrix --dry-run` and in every report")
+    run.add_argument("--cell", metavar="ID",
+                     help="run this cell of the file's [matrix] (its id as reports show it, e.g. 'median[ipm]') "
+                          "instead of the base cell, as the matrix runs it; with the seed of its first replicate "
+                          "unless --seed. Reports print the command for each run of each cell")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument("--threads", type=_threads_arg, default=None, metavar="auto|N",
                      help=_THREADS_HELP)
@@ -99,7 +106,20 @@ def build_parser() -> argparse.ArgumentParser:
             no-attack baseline of the same seed and settings (shared across attacks). Results go
             to a SQLite store in --out, written as each run finishes: a run killed at any moment
             can be continued with --resume, which recomputes nothing that finished.
-            Then read it with: redteam report DIR"""
+            Then read it with: redteam report DIR
+
+            Look before you run: --dry-run lists every cell with its attack, defense, settings
+            and the seed of each replicate (what `redteam run FILE --cell ID --seed S` takes
+            to rerun it), counts the runs the --out store already holds (read, never written:
+            no store is created) and the runs left, and times one round of the first cell to
+            estimate the whole ("≈ 14 min with 2 workers, from a 1-round probe of 0.8 s");
+            --no-probe skips the probe.
+
+            One store holds one definition of the scenario: --resume refuses, listing each
+            difference, when the file changed since the store was filled (a setting, a cell
+            added, removed or changed); --recompute-changed accepts the change, computes
+            the changed and added cells and keeps the others (runs no longer planned stay
+            in the store but out of every report)."""
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -109,7 +129,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="local: one run after another; process: a pool on this machine; ray: Ray tasks")
     mx.add_argument("--workers", type=int, metavar="N", help="parallel runs (process/ray; default: cores)")
     mx.add_argument("--ray-address", metavar="ADDR", help="an existing Ray cluster (default: start a local one)")
-    mx.add_argument("--resume", action="store_true", help="continue a store that already holds results")
+    mx.add_argument("--resume", action="store_true",
+                    help="continue a store that already holds results (refused if the scenario changed since)")
+    mx.add_argument("--recompute-changed", action="store_true",
+                    help="with a changed scenario: compute its changed and added cells, keep the unchanged ones "
+                         "(implies --resume)")
+    mx.add_argument("--dry-run", action="store_true",
+                    help="run nothing, write nothing: list the cells and their seeds, the runs already in --out "
+                         "and those left, and a time estimate from a 1-round probe")
+    mx.add_argument("--no-probe", action="store_true",
+                    help="with --dry-run: no probe, so no time estimate (nothing is trained)")
     mx.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"), help="where tensors live")
     mx.add_argument("--quiet", action="store_true", help="no progress display")
     mx.add_argument("--threads", type=_threads_arg, default=None, metavar="auto|N",
@@ -164,7 +193,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RedteamError as exc:
         from .runner.outputs import terminal_safe
 
-        print(f"redteam: error: {terminal_safe(exc)}", file=sys.stderr)
+        details = getattr(exc, "details", None)
+        if details:  # a headline, then one line per item (e.g. each change of a scenario)
+            print(f"redteam: error: {terminal_safe(getattr(exc, 'headline', exc))}", file=sys.stderr)
+            for line in details:
+                print(f"  {terminal_safe(line)}", file=sys.stderr)
+        else:
+            print(f"redteam: error: {terminal_safe(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("redteam: interrupted", file=sys.stderr)
@@ -188,20 +223,25 @@ def _cmd_run(args: argparse.Namespace) -> int:
     path = Path(args.scenario)
     raw = load_document(path)
     _refuse_empty(raw, path)
-    _base_cell_only(raw, path)
-    sc = parse_scenario(raw, file=path.name)
-    if "matrix" in raw:
-        print(f"redteam: note: {_safe(path)} has a [matrix]; `redteam run` runs only its base cell "
-              f"({_safe(sc.attack.name)} vs {_safe(sc.defense_label())}); `redteam matrix` runs every cell",
-              file=sys.stderr)
+    if args.seed is not None and args.seed < 0:
+        raise RedteamError(f"--seed = {args.seed}: must be ≥ 0")
+    seed = args.seed
+    if args.cell is not None:
+        sc, first_seed = _matrix_cell(path, args.cell)
+        seed = first_seed if seed is None else seed
+    else:
+        _base_cell_only(raw, path)
+        sc = parse_scenario(raw, file=path.name)
+        if "matrix" in raw:
+            print(f"redteam: note: {_safe(path)} has a [matrix]; `redteam run` runs only its base cell "
+                  f"({_safe(sc.attack.name)} vs {_safe(sc.defense_label())}); `redteam matrix` runs every cell "
+                  "(--cell ID runs one of them)", file=sys.stderr)
     if args.rounds is not None:
         if args.rounds < 1:
             raise RedteamError(f"--rounds = {args.rounds}: must be ≥ 1")
         sc = sc.replace(federation=dataclasses.replace(sc.federation, rounds=args.rounds))
-    if args.seed is not None:
-        if args.seed < 0:
-            raise RedteamError(f"--seed = {args.seed}: must be ≥ 0")
-        sc = sc.replace(scenario=dataclasses.replace(sc.scenario, seed=args.seed))
+    if seed is not None:
+        sc = sc.replace(scenario=dataclasses.replace(sc.scenario, seed=seed))
 
     from .runner.outputs import check_output_file
     from .runner.single import run_scenario, write_json
@@ -210,6 +250,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
         check_output_file(args.json, option="--json")  # before the run, not after it
     n_runs = 1 if sc.attack.name == "none" else 2
     total = sc.federation.rounds * n_runs
+    from .report.applicable import workload_is_language_model
+
+    lm = workload_is_language_model(sc.workload.name) is True
+
+    def quality(rec: Any) -> str:
+        """The progress line's figure in the workload's own metric (bits per byte for a language model)."""
+        if lm:
+            import math
+
+            return f"{rec.loss / math.log(2):.3f} bits/byte" if math.isfinite(rec.loss) else "loss non-finite"
+        return f"acc {rec.accuracy:.3f}"
     if args.quiet:
         doc = run_scenario(sc, device=args.device, threads=args.threads)
     elif not Console(stderr=True).is_terminal:  # a log, not a terminal: plain lines
@@ -222,7 +273,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         def on_round_plain(kind: str, rec: Any) -> None:
             step[0] += 1
             label = "baseline" if kind == "baseline" else f"{sc.attack.name} vs {sc.defense_label()}"
-            plain.update(step[0], total, f"{label} round {rec.round + 1} (acc {rec.accuracy:.3f})")
+            plain.update(step[0], total, f"{label} round {rec.round + 1} ({quality(rec)})")
 
         doc = run_scenario(sc, device=args.device, on_round=on_round_plain, threads=args.threads)
     else:
@@ -245,7 +296,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                     task,
                     advance=1,
                     description=_markup(f"{sc.name}: {label}"),
-                    status=f"round {rec.round + 1}: acc {rec.accuracy:.3f}",
+                    status=f"round {rec.round + 1}: {quality(rec)}",
                 )
 
             doc = run_scenario(sc, device=args.device, on_round=on_round, threads=args.threads)
@@ -254,7 +305,37 @@ def _cmd_run(args: argparse.Namespace) -> int:
     _print_table(console, doc)
     if args.json:
         console.print(f"results written to [bold]{_markup(path)}[/bold]")
+    for run in doc["runs"]:  # after the table, so a log's last lines say it
+        if run.get("model_destroyed"):
+            what = "baseline" if run["baseline"] else f"{run['attack']} vs {run['defense']}"
+            print(f"redteam: warning: the {_safe(what)} run's model was destroyed: its loss is non-finite from "
+                  f"round {run.get('model_destroyed_round')} of {len(run['rounds'])} to the end, so its accuracy "
+                  "and metrics describe a broken model", file=sys.stderr)
     return 0
+
+
+def _matrix_cell(path: Any, cell_id: str) -> tuple[Any, int]:
+    """The scenario of the ``[matrix]`` cell ``cell_id`` of the file at ``path`` (what the
+    matrix runs for it, less the seed) and the seed of its first replicate."""
+    import copy
+    import difflib
+
+    from .errors import InvalidScenario
+    from .matrix import derive_seed
+    from .scenario import load_matrix, parse_scenario
+
+    base, matrix, _ = load_matrix(path)
+    cells = {c.id: c for c in matrix.cells}
+    cell = cells.get(cell_id)
+    if cell is None:
+        close = difflib.get_close_matches(cell_id, list(cells), n=3)
+        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+        names = list(cells)
+        listed = ", ".join(names[:6]) + (f", … ({len(names)} in all)" if len(names) > 6 else "")
+        raise InvalidScenario(f"--cell {cell_id!r}: {_safe(path)} has no such cell{hint} (cells: {listed}; "
+                              f"`redteam matrix {_safe(path)} --dry-run` lists them with their seeds)")
+    sc = parse_scenario(copy.deepcopy(dict(cell.doc)), file=path.name)
+    return sc, derive_seed(base.seed, cell.settings, matrix.seeds[0])
 
 
 def _safe(text: object) -> str:
@@ -312,18 +393,20 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
 
     from .runner.matrix_run import run_matrix
 
+    if args.no_probe and not args.dry_run:
+        raise RedteamError("--no-probe: only with --dry-run (a run has nothing to probe)")
+    if args.dry_run:
+        return _cmd_matrix_dry_run(args)
     console = Console(width=None if sys.stdout.isatty() else 160)
+    options = dict(executor=args.executor, workers=args.workers, threads=args.threads, ray_address=args.ray_address,
+                   resume=args.resume, recompute_changed=args.recompute_changed, device=args.device)
     if args.quiet:
-        summary = run_matrix(args.scenario, args.out, executor=args.executor, workers=args.workers,
-                             threads=args.threads, ray_address=args.ray_address, resume=args.resume,
-                             device=args.device)
+        summary = run_matrix(args.scenario, args.out, **options)
     elif not Console(stderr=True).is_terminal:  # a log, not a terminal: plain lines
         from .runner.progress import PlainProgress
 
         plain = PlainProgress("matrix", "runs")
-        summary = run_matrix(args.scenario, args.out, executor=args.executor, workers=args.workers,
-                             threads=args.threads, ray_address=args.ray_address, resume=args.resume,
-                             device=args.device, on_progress=plain.update)
+        summary = run_matrix(args.scenario, args.out, on_progress=plain.update, **options)
     else:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -337,10 +420,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
             def on_progress(done: int, total: int, label: str) -> None:
                 progress.update(task, completed=done, total=total, current=_markup(label))
 
-            summary = run_matrix(args.scenario, args.out, executor=args.executor, workers=args.workers,
-                                 threads=args.threads,
-                                 ray_address=args.ray_address, resume=args.resume, device=args.device,
-                                 on_progress=on_progress)
+            summary = run_matrix(args.scenario, args.out, on_progress=on_progress, **options)
     console.print(
         f"{summary.total} runs ({summary.computed} computed, {summary.skipped} already in the store) "
         f"in {summary.wall_time_s:.1f} s → [bold]{_markup(summary.store)}[/bold]"
@@ -355,6 +435,91 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         if failed:
             print(f"redteam: {failed} expectation(s) failed (listed above)", file=sys.stderr)
             return 1
+    return 0
+
+
+def _duration(seconds: float) -> str:
+    """``45 s``, ``14 min``, ``2.3 h``: an estimate's precision."""
+    if seconds < 90:
+        return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _lines(items: Sequence[object]) -> Any:
+    """A table cell of several lines, each taken literally."""
+    from rich.text import Text
+
+    return Text("\n").join(_plain(i) for i in items)
+
+
+def _cmd_matrix_dry_run(args: argparse.Namespace) -> int:
+    """``redteam matrix --dry-run``: what a run would do, nothing run, nothing written."""
+    from rich.console import Console
+
+    from .report.fit import FitColumn, fit_tables
+    from .runner.matrix_run import estimate_seconds, plan_matrix, probe
+    from .runner.store import store_file
+
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    plan = plan_matrix(args.scenario, args.out, executor=args.executor, workers=args.workers, device=args.device,
+                       threads=args.threads, resume=args.resume, recompute_changed=args.recompute_changed)
+    n_seeds = max((len(c.seeds) for c in plan.cells), default=0)
+    console.print(_plain(f"dry run of {plan.scenario}: nothing is run, nothing is written"))
+    console.print(_plain(f"{plan.name}: {len(plan.cells)} cell(s) × {n_seeds} seed(s) = {plan.total} distinct runs "
+                         f"({plan.baselines} no-attack baseline(s), shared by the attacks of one defense and "
+                         f"settings, + {plan.attacked} attacked)"))
+    if plan.store is None:
+        console.print(_plain(f"store: none at {plan.out} (a run creates {store_file(plan.out)})"))
+    else:
+        extra = plan.store_runs - plan.finished
+        other = f"; {extra} more finished run(s) there are not in this plan" if extra > 0 else ""
+        console.print(_plain(f"store: {plan.store} holds {plan.finished} of the {plan.total} planned runs{other}"))
+    columns = [FitColumn("cell", "left"), FitColumn("attack", "left"), FitColumn("defense", "left"),
+               FitColumn("settings", "left"), FitColumn("seeds (replicate: seed)", "left"),
+               FitColumn("runs in store", "right")]
+    rows = []
+    for c in plan.cells:
+        settings = _lines([f"{k}={v}" for k, v in c.settings.items()] or ["—"])
+        seeds = _lines([f"{rep}: {seed}" for rep, seed in c.seeds])
+        rows.append([_plain(c.cell_id), _plain(c.attack), _plain(c.defense), settings, seeds,
+                     _plain(f"{c.finished}/{c.runs}")])
+    for _, table in fit_tables(console.width, columns, rows, keep=1):
+        console.print(table)
+    console.print(_plain("runs in store: finished runs of the cell (its attacked run and its baseline, per seed) "
+                         "already in --out. Rerun one: redteam run "
+                         f"{plan.scenario}{' --cell ID' if plan.has_matrix else ''} --seed SEED"))
+    if plan.changes:
+        console.print(_plain(f"the scenario changed since the store was filled ({len(plan.changes)} difference(s)):"))
+        for line in plan.changes:
+            console.print(_plain(f"  - {line}"))
+    if plan.refusal:
+        console.print(_plain(f"note: {plan.refusal}"), style="yellow")
+    n_b = sum(1 for u in plan.todo if u.baseline)
+    how = "one at a time" if plan.executor == "local" else f"{plan.workers} at a time"
+    if not plan.todo:
+        console.print(_plain("to compute: 0 run(s): every planned run is in the store"))
+        return 0
+    console.print(_plain(f"to compute: {len(plan.todo)} run(s) ({n_b} baseline(s), {len(plan.todo) - n_b} attacked), "
+                         f"--executor {plan.executor}, {how}"))
+    if args.no_probe:
+        console.print(_plain("time: not estimated (--no-probe)"))
+        return 0
+    try:
+        found = probe(plan, device=args.device, threads=args.threads)
+    except RedteamError as exc:
+        print(f"redteam: warning: the probe failed, so no time estimate: {_safe(exc)}", file=sys.stderr)
+        return 0
+    if found is None:
+        return 0
+    total = estimate_seconds(plan, found)
+    workers = max(1, min(plan.workers, len(plan.todo)))
+    console.print(_plain(
+        f"estimate: ≈ {_duration(total)} with {workers} worker(s), from a 1-round probe of {found.seconds:.2f} s "
+        f"({found.label} on --device {args.device}: {found.setup_s:.2f} s to set up + {found.round_s:.2f} s per "
+        f"round; the rounds of {len(plan.todo)} run(s) ÷ {workers}, + {found.warmup_s:.1f} s of warm-up a fresh "
+        "process pays once); a rough guide: cells differ in cost"))
     return 0
 
 

@@ -16,6 +16,30 @@ state what must hold for them.
     defense = "krum"
     metric = "accuracy_drop"   # see redteam.scoring.METRICS
     max = 0.05                 # and/or min
+    over = "interval"          # optional: the whole 95 % seed interval, not the mean (≥ 2 seeds)
+
+    [[expect]]                 # a comparative row: cc's cell against avg's
+    attack = "bit_flip"
+    defense = "cc"             # the left cell(s)
+    metric = "final_accuracy_last_k"
+    better_than = { defense = "avg" }   # the other cell: the row's selectors with these replaced
+    by = 0.05                  # margin in the metric's units (default 0; may be negative)
+
+A **comparative row** (``better_than`` or ``at_least_as_bad_as``, a table of the keys that
+name the other cell: ``attack``, ``defense``, a setting) compares each cell it matches (the
+left) with the one cell that matches the row's selectors with those keys replaced *and*
+has the same remaining attack, defense and settings (its partner; a setting selector of
+the row applies to both sides unless the table replaces it). "Better" follows the
+metric's direction (:func:`redteam.scoring.metric_direction`; a metric without one is
+refused): with the seed means, ``better_than`` holds when left − right ≥ ``by`` in the
+better direction and ``at_least_as_bad_as`` when left − right ≤ ``by`` (no better than the
+other by more than ``by``). With ``over = "interval"`` the intervals must be separated:
+``better_than`` needs the left's worse end beyond the right's better end by more than
+``by`` (higher is better: left lo > right hi + by), ``at_least_as_bad_as`` the left's better
+end within ``by`` of the right's worse end (left hi ≤ right lo + by). A row whose left cells
+cannot each be paired with exactly one partner, one-to-one, is refused when the file
+loads, as is ``over = "interval"`` with ``seeds = 1``; a seed statistic that is missing
+(a null metric, fewer than two seeds with a value for an interval) fails closed.
 
 A row naming a language-model metric (``final_bits_per_byte``, ``final_perplexity``, their
 increases, ``false_trigger_rate``: :data:`redteam.scoring.LANGUAGE_MODEL_METRICS`) is judged
@@ -74,8 +98,21 @@ class Cell:
         return f"{self.defense}|{json.dumps(self.settings, sort_keys=True)}"
 
 
+#: The keys of a comparative row that name the other cell.
+COMPARISONS = ("better_than", "at_least_as_bad_as")
+OVER = ("mean", "interval")
+
+
 @dataclass(frozen=True, slots=True)
 class Expectation:
+    """One ``[[expect]]`` row: a bound on a metric (``min``/``max``), or, with ``compare``,
+    a comparison of each matching (left) cell with its partner cell (module docstring).
+
+    ``over = "mean"`` judges the seed mean; ``"interval"`` the whole two-sided 95 %
+    Student-t interval of the seeds (:func:`redteam.scoring.mean_ci`). ``other`` holds the
+    keys of the ``better_than`` / ``at_least_as_bad_as`` table: ``("attack", label)``,
+    ``("defense", label)`` or (full setting key path, value)."""
+
     metric: str
     min: float | None = None
     max: float | None = None
@@ -83,8 +120,17 @@ class Expectation:
     defense: str | None = None
     settings: tuple[tuple[str, Any], ...] = ()
     index: int = 0
+    over: str = "mean"
+    compare: str | None = None  # "better_than" | "at_least_as_bad_as"
+    other: tuple[tuple[str, Any], ...] = ()
+    by: float = 0.0
+
+    @property
+    def comparative(self) -> bool:
+        return self.compare is not None
 
     def matches(self, cell: Cell) -> bool:
+        """Whether the row applies to ``cell`` (for a comparative row: as its left cell)."""
         if self.attack is not None and self.attack != cell.attack:
             return False
         if self.defense is not None and self.defense != cell.defense:
@@ -96,8 +142,37 @@ class Expectation:
                 return False
         return True
 
+    # -- comparative rows: the other cell ---------------------------------------------
+    def right(self) -> "Expectation":
+        """The selector of the other cells: this row's, with the ``other`` keys replaced."""
+        o = dict(self.other)
+        replaced = [k for k in o if k not in ("attack", "defense")]
+        kept = tuple((k, v) for k, v in self.settings
+                     if not any(k == r or r.rsplit(".", 1)[-1] == k for r in replaced))
+        return Expectation(self.metric, attack=o.get("attack", self.attack), defense=o.get("defense", self.defense),
+                           settings=kept + tuple((k, o[k]) for k in replaced), index=self.index)
+
+    def pair_key(self, cell: Cell) -> tuple[Any, ...]:
+        """What a left cell and its partner share: everything the ``other`` table does not replace."""
+        o = dict(self.other)
+        return (None if "attack" in o else cell.attack, None if "defense" in o else cell.defense,
+                tuple(sorted(((k, v) for k, v in cell.settings if k not in o), key=lambda kv: kv[0])))
+
+    def partners(self, cell: Cell, cells: Sequence[Cell]) -> list[Cell]:
+        """The cells ``cell`` is compared with: they match :meth:`right` and share its :meth:`pair_key`."""
+        if not self.comparative:
+            return []
+        sel, key = self.right(), self.pair_key(cell)
+        return [c for c in cells if sel.matches(c) and self.pair_key(c) == key]
+
+    def partner(self, cell: Cell, cells: Sequence[Cell]) -> Cell | None:
+        """The one cell ``cell`` is compared with (``None``: none, or not exactly one)."""
+        found = self.partners(cell, cells)
+        return found[0] if len(found) == 1 else None
+
+    # -- verdicts ---------------------------------------------------------------------
     def check(self, value: float | None) -> str | None:
-        """None if the expectation holds for ``value``; else why not."""
+        """None if the (non-comparative) expectation holds for the seed mean ``value``; else why not."""
         if value is None:
             return f"{self.metric} is undefined (null) for this cell"
         if value != value:  # NaN compares false with every bound: fail closed
@@ -108,13 +183,154 @@ class Expectation:
             return f"{self.metric} = {value:.4g} > max {self.max:g}"
         return None
 
+    def judge(self, left: Mapping[str, Any] | None, right: Mapping[str, Any] | None = None, *,
+              left_id: str = "this cell", right_id: str = "the other cell") -> str | None:
+        """None if the row holds; else why not. ``left`` / ``right`` are seed statistics
+        ``{"mean", "lo", "hi", "n"}`` (:func:`redteam.scoring.mean_ci`) of the row's cell and,
+        for a comparative row, of its partner (``None``: not available — fails closed)."""
+        if not self.comparative:
+            if self.over == "mean":
+                return self.check(None if left is None else left.get("mean"))
+            why = self._interval_missing(left, "this cell")
+            if why is not None:
+                return why
+            assert left is not None
+            lo, hi = left["lo"], left["hi"]
+            if self.min is not None and lo < self.min:
+                return (f"{self.metric} 95 % interval {_iv(left)} (n = {left['n']}) reaches below min {self.min:g}"
+                        f" (its lower end {lo:.4g} must be ≥ {self.min:g})")
+            if self.max is not None and hi > self.max:
+                return (f"{self.metric} 95 % interval {_iv(left)} (n = {left['n']}) reaches above max {self.max:g}"
+                        f" (its upper end {hi:.4g} must be ≤ {self.max:g})")
+            return None
+        for stat, cid in ((left, left_id), (right, right_id)):
+            if stat is None:
+                return f"{self.metric}: {cid} has no results to compare"
+            if self.over == "interval":
+                why = self._interval_missing(stat, cid)
+            else:
+                mean = stat.get("mean")
+                why = (f"{self.metric} is undefined (null) for {cid}" if mean is None else
+                       f"{self.metric} is NaN for {cid}" if mean != mean else None)
+            if why is not None:
+                return why
+        assert left is not None and right is not None
+        return self._compare(left, right, left_id, right_id)
+
+    def _interval_missing(self, stat: Mapping[str, Any] | None, cid: str) -> str | None:
+        n = 0 if stat is None else int(stat.get("n") or 0)
+        if stat is None or stat.get("mean") is None or n < 2:
+            return (f"{self.metric}: over = \"interval\" needs values from ≥ 2 seeds; {cid} has {n}, "
+                    "so its 95 % interval is undefined")
+        return None
+
+    def _compare(self, left: Mapping[str, Any], right: Mapping[str, Any], left_id: str, right_id: str) -> str | None:
+        from .scoring import metric_direction
+
+        s = 1.0 if metric_direction(self.metric) != "lower" else -1.0
+        better = self.compare == "better_than"
+        if self.over == "mean":
+            a, b = left["mean"], right["mean"]
+            adv = s * (a - b)
+            ok = adv >= self.by if better else adv <= self.by
+            if ok:
+                return None
+            return (f"{self.metric}: {left_id} = {a:.4g} vs {right_id} = {b:.4g}; needs "
+                    f"{left_id} {self._op()} {right_id}{self._margin()} (seed means)")
+        # the interval: better_than needs the left's worst end past the right's best end by
+        # more than `by`; at_least_as_bad_as needs the left's best end within `by` of the right's worst
+        if better:
+            a, b = (left["lo"], right["hi"]) if s > 0 else (left["hi"], right["lo"])
+            ok = s * (a - b) > self.by
+            ends = ("lo", "hi") if s > 0 else ("hi", "lo")
+            op = ">" if s > 0 else "<"
+        else:
+            a, b = (left["hi"], right["lo"]) if s > 0 else (left["lo"], right["hi"])
+            ok = s * (a - b) <= self.by
+            ends = ("hi", "lo") if s > 0 else ("lo", "hi")
+            op = "≤" if s > 0 else "≥"
+        if ok:
+            return None
+        return (f"{self.metric}: {left_id} {_ci(left)} vs {right_id} {_ci(right)}; needs {ends[0]} of {left_id} "
+                f"{op} {ends[1]} of {right_id}{self._margin()} ({a:.4g} {op} {b:.4g}{self._margin()})")
+
+    def _op(self) -> str:
+        from .scoring import metric_direction
+
+        higher = metric_direction(self.metric) != "lower"
+        return ("≥" if higher else "≤") if self.compare == "better_than" else ("≤" if higher else "≥")
+
+    def _margin(self) -> str:
+        """`` + 0.05`` (higher is better) / `` - 0.05`` (lower), the margin in the better direction."""
+        from .scoring import metric_direction
+
+        if self.by == 0:
+            return ""
+        signed = self.by if metric_direction(self.metric) != "lower" else -self.by
+        return f" {'+' if signed > 0 else '-'} {abs(signed):g}"
+
+    def side_labels(self) -> tuple[str, str]:
+        """Short names of the two sides of a comparative row: ``("cc", "avg")``."""
+        left, right = [], []
+        for k, v in self.other:
+            if k in ("attack", "defense"):
+                mine = self.attack if k == "attack" else self.defense
+                left.append("*" if mine is None else str(mine))
+                right.append(str(v))
+            else:  # a setting: the row's own value of it, if it names one
+                short = k.rsplit(".", 1)[-1]
+                own = [sv for sk, sv in self.settings if sk in (k, short)]
+                left.append(f"{short}={_short(own[0]) if own else '*'}")
+                right.append(f"{short}={_short(v)}")
+        return ",".join(left), ",".join(right)
+
     def describe(self) -> str:
+        tail = " [interval]" if self.over == "interval" else ""
+        if self.comparative:
+            lft, rgt = self.side_labels()
+            return f"{self.metric}({lft}) {self._op()} {self.metric}({rgt}){self._margin()}{tail}"
         bounds = []
         if self.min is not None:
             bounds.append(f"≥ {self.min:g}")
         if self.max is not None:
             bounds.append(f"≤ {self.max:g}")
-        return f"{self.metric} {' and '.join(bounds)}"
+        return f"{self.metric} {' and '.join(bounds)}{tail}"
+
+    def bound(self, right_id: str | None = None) -> str:
+        """The row without its metric: ``≤ 0.2``, ``≥ avg[ipm] + 0.05 [interval]``."""
+        if not self.comparative:
+            return self.describe()[len(self.metric) + 1:]
+        tail = " [interval]" if self.over == "interval" else ""
+        return f"{self._op()} {right_id or self.side_labels()[1]}{self._margin()}{tail}"
+
+    # -- stored form (the results store's meta) ---------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict; :meth:`from_dict` reads it back (and the dicts of older stores)."""
+        d: dict[str, Any] = {"metric": self.metric, "min": self.min, "max": self.max, "attack": self.attack,
+                             "defense": self.defense, "settings": [list(s) for s in self.settings],
+                             "index": self.index, "over": self.over}
+        if self.compare is not None:
+            d[self.compare] = dict(self.other)
+            d["by"] = self.by
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Expectation":
+        compare = next((k for k in COMPARISONS if d.get(k) is not None), None)
+        other = tuple((str(k), v) for k, v in dict(d[compare]).items()) if compare else ()
+        return cls(metric=d["metric"], min=d.get("min"), max=d.get("max"), attack=d.get("attack"),
+                   defense=d.get("defense"), settings=tuple((str(s[0]), s[1]) for s in d.get("settings") or ()),
+                   index=int(d.get("index", 0)), over=str(d.get("over") or "mean"), compare=compare, other=other,
+                   by=float(d.get("by") or 0.0))
+
+
+def _iv(stat: Mapping[str, Any]) -> str:
+    return f"[{stat['lo']:.4g}, {stat['hi']:.4g}]"
+
+
+def _ci(stat: Mapping[str, Any]) -> str:
+    """``0.645 [0.61, 0.68]`` (mean and interval)."""
+    return f"{stat['mean']:.4g} {_iv(stat)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,7 +521,8 @@ def expand(
 
         return workload_is_language_model(name)
 
-    exps = parse_expectations(rows, where, cells, workload_is_language_model=kind_of if check_plugins else None)
+    exps = parse_expectations(rows, where, cells, workload_is_language_model=kind_of if check_plugins else None,
+                              seeds=seeds)
     return Matrix(tuple(cells), seeds, exps)
 
 
@@ -337,17 +554,23 @@ def _refuse_classifier_cells(exp: Expectation, loc: str, cells: Sequence[Cell],
 
 def parse_expectations(rows: Any, where: str, cells: Sequence[Cell], *,
                        workload_is_language_model: Callable[[str], bool | None] | None = None,
+                       seeds: Sequence[int] | None = None,
                        ) -> tuple[Expectation, ...]:
     """The ``[[expect]]`` rows, validated against the cells. ``workload_is_language_model``
     (a workload name → ``True``/``False``/``None`` if unknown), when given, refuses a row
-    naming a language-model metric that applies to a cell whose workload is not one."""
-    from .scoring import LANGUAGE_MODEL_METRICS, METRICS
+    naming a language-model metric that applies to a cell whose workload is not one.
+    ``seeds`` (the matrix's replicates), when given, refuses ``over = "interval"`` with
+    fewer than two. A comparative row (``better_than`` / ``at_least_as_bad_as``) is refused
+    unless its metric has a direction and every left cell has exactly one partner cell,
+    each partner serving one left cell."""
+    from .scoring import LANGUAGE_MODEL_METRICS, METRICS, metric_direction
 
     if not isinstance(rows, list):
         raise InvalidScenario(f"{where}: [[expect]] must be an array of tables")
     attacks = {c.attack for c in cells}
     defenses = {c.defense for c in cells}
     setting_keys = {k for c in cells for k, _ in c.settings}
+    row_keys = ["metric", "min", "max", "attack", "defense", "over", *COMPARISONS, "by"]
     out = []
     for i, row in enumerate(rows):
         loc = f"{where}: [[expect]] #{i + 1}"
@@ -355,16 +578,19 @@ def parse_expectations(rows: Any, where: str, cells: Sequence[Cell], *,
             raise InvalidScenario(f"{loc}: must be a table")
         row = dict(row)
         for k, v in row.items():
-            if not isinstance(v, (str, int, float, bool)):
+            if k in COMPARISONS:
+                if not isinstance(v, Mapping) or not v:
+                    raise InvalidScenario(f"{loc}: {k} = {shown(v)}: must be a table naming the other cell, "
+                                          f'e.g. {k} = {{ defense = "mean" }}')
+            elif not isinstance(v, (str, int, float, bool)):
                 raise InvalidScenario(f"{loc}: {k} = {shown(v)}: must be a string, number or boolean")
         metric = row.pop("metric", None)
         if metric is None:  # name a misspelt key ("metirc") rather than "metric = None"
             import difflib
 
-            keys = ["metric", "min", "max", "attack", "defense"]
-            stray = [k for k in row if k not in keys and not any(k == s or s.rsplit(".", 1)[-1] == k
-                                                                  for s in setting_keys)]
-            close = difflib.get_close_matches(stray[0], keys, n=1) if stray else []
+            stray = [k for k in row if k not in row_keys and not any(k == s or s.rsplit(".", 1)[-1] == k
+                                                                      for s in setting_keys)]
+            close = difflib.get_close_matches(stray[0], row_keys, n=1) if stray else []
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise InvalidScenario(f"{loc}: unknown key {stray[0]!r}{hint}" if stray else f"{loc}: needs 'metric'")
         if metric not in METRICS:
@@ -379,8 +605,37 @@ def parse_expectations(rows: Any, where: str, cells: Sequence[Cell], *,
                 raise InvalidScenario(f"{loc}: {name} = {repr(v)[:60]}: must be a number")
             if v is not None and v != v:  # a nan bound holds for every value: a check that cannot fail
                 raise InvalidScenario(f"{loc}: {name} = nan: must be a number, not nan")
-        if lo is None and hi is None:
-            raise InvalidScenario(f"{loc}: needs 'min' and/or 'max'")
+        over = row.pop("over", "mean")
+        if over not in OVER:
+            raise InvalidScenario(f'{loc}: over = {shown(over)}: must be "mean" (the seed mean) or "interval" '
+                                  "(the whole 95 % interval of the seeds)")
+        if over == "interval" and seeds is not None and len(seeds) < 2:
+            raise InvalidScenario(f'{loc}: over = "interval" needs ≥ 2 seeds, but the matrix has seeds = '
+                                  f"{len(seeds)}: the 95 % interval of one seed is undefined (raise [matrix].seeds "
+                                  'or use over = "mean")')
+        given = [k for k in COMPARISONS if k in row]
+        if len(given) > 1:
+            raise InvalidScenario(f"{loc}: has both better_than and at_least_as_bad_as; a row makes one comparison")
+        compare = given[0] if given else None
+        other_tab = row.pop(compare) if compare else None
+        by = row.pop("by", None)
+        if compare is None:
+            if by is not None:
+                raise InvalidScenario(f"{loc}: by = {shown(by)}: a margin needs better_than or at_least_as_bad_as")
+            if lo is None and hi is None:
+                raise InvalidScenario(f"{loc}: needs 'min' and/or 'max' (or better_than / at_least_as_bad_as)")
+        else:
+            if lo is not None or hi is not None:
+                raise InvalidScenario(f"{loc}: {compare} compares two cells; it takes a margin 'by', not min/max "
+                                      "(write the bound as a row of its own)")
+            if by is not None and (isinstance(by, bool) or not isinstance(by, (int, float)) or by != by
+                                   or by in (float("inf"), float("-inf"))):
+                raise InvalidScenario(f"{loc}: by = {shown(by)}: must be a finite number (the margin, in the "
+                                      "metric's units)")
+            if metric_direction(metric) is None:
+                raise InvalidScenario(f"{loc}: {compare}: metric {metric!r} has no direction (neither higher nor "
+                                      "lower is better in general), so one cell cannot be better than another on it; "
+                                      "bound it with min/max instead")
         attack, defense = row.pop("attack", None), row.pop("defense", None)
         if attack is not None and attack not in attacks:
             raise InvalidScenario(f"{loc}: attack = {attack!r} names no matrix attack (have: {', '.join(sorted(attacks))})")
@@ -396,24 +651,112 @@ def parse_expectations(rows: Any, where: str, cells: Sequence[Cell], *,
                     f"{', '.join(sorted(setting_keys)) or 'none'})"
                 )
             settings.append((k, v))
+        other = _parse_other(other_tab, compare, loc, attacks, defenses, setting_keys) if compare else ()
         exp = Expectation(metric, None if lo is None else float(lo), None if hi is None else float(hi),
-                          attack, defense, tuple(settings), i)
+                          attack, defense, tuple(settings), i, over, compare, other,
+                          0.0 if by is None else float(by))
         if not any(exp.matches(c) for c in cells):
             raise InvalidScenario(f"{loc}: matches no cell of the matrix")
+        if compare:
+            _check_pairs(exp, loc, cells)
         if workload_is_language_model is not None and metric in LANGUAGE_MODEL_METRICS:
             _refuse_classifier_cells(exp, loc, cells, workload_is_language_model)
+            if compare:
+                _refuse_classifier_cells(exp.right(), loc, cells, workload_is_language_model)
         out.append(exp)
     return tuple(out)
 
 
-def check_cell(cell: Cell, metrics: Mapping[str, Any], expectations: Sequence[Expectation]) -> list[str]:
-    """Failure messages of every expectation that applies to ``cell`` (empty = all hold)."""
+def _parse_other(tab: Mapping[str, Any], compare: str, loc: str, attacks: set[str], defenses: set[str],
+                 setting_keys: set[str]) -> tuple[tuple[str, Any], ...]:
+    """The ``better_than`` / ``at_least_as_bad_as`` table → (key, value) pairs, setting keys as full paths."""
+    out: list[tuple[str, Any]] = []
+    for k, v in tab.items():
+        if not isinstance(v, (str, int, float, bool)):
+            raise InvalidScenario(f"{loc}: {compare}.{k} = {shown(v)}: must be a string, number or boolean")
+        if k == "attack" and v not in attacks:
+            raise InvalidScenario(f"{loc}: {compare}.attack = {v!r} names no matrix attack "
+                                  f"(have: {', '.join(sorted(attacks))})")
+        if k == "defense" and v not in defenses:
+            raise InvalidScenario(f"{loc}: {compare}.defense = {v!r} names no matrix defense "
+                                  f"(have: {', '.join(sorted(defenses))})")
+        if k in ("attack", "defense"):
+            out.append((k, v))
+            continue
+        full = [s for s in setting_keys if k == s or s.rsplit(".", 1)[-1] == k]
+        if len(full) != 1:
+            what = (f"is ambiguous (matrix settings {', '.join(sorted(full))}; write the full key path)" if full
+                    else f"is not a key of the other cell (attack, defense, or a matrix setting: "
+                         f"{', '.join(sorted(setting_keys)) or 'none'})")
+            raise InvalidScenario(f"{loc}: {compare}.{k} {what}")
+        out.append((full[0], v))
+    keys = [k for k, _ in out]
+    if len(set(keys)) != len(keys):
+        raise InvalidScenario(f"{loc}: {compare} names one setting twice ({', '.join(sorted(keys))})")
+    return tuple(out)
+
+
+def _check_pairs(exp: Expectation, loc: str, cells: Sequence[Cell]) -> None:
+    """Every left cell has exactly one partner, no partner serves two left cells, no cell itself."""
+    compare = exp.compare
+    other = "{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in exp.other) + " }"
+    left = [c for c in cells if exp.matches(c)]
+    right = [c for c in cells if exp.right().matches(c)]
+    if not right:
+        raise InvalidScenario(f"{loc}: {compare} = {other} matches no cell of the matrix")
+    used: dict[str, str] = {}
+    for c in left:
+        found = exp.partners(c, cells)
+        if not found:
+            raise InvalidScenario(
+                f"{loc}: {compare} = {other}: left cell {c.id} has no partner among the cells it names "
+                f"({', '.join(r.id for r in right)}); a partner must have the same remaining settings")
+        if len(found) > 1:
+            raise InvalidScenario(
+                f"{loc}: {compare} = {other}: left cell {c.id} pairs with several cells "
+                f"({', '.join(r.id for r in found)}); narrow the row or name more keys in {compare}")
+        p = found[0]
+        if p.id == c.id:
+            raise InvalidScenario(f"{loc}: {compare} = {other}: compares cell {c.id} with itself; name the row's "
+                                  f"left side (e.g. its defense) so the two sides differ")
+        if p.id in used:
+            raise InvalidScenario(
+                f"{loc}: {compare} = {other}: left cells {used[p.id]} and {c.id} both pair with {p.id}, which "
+                "cannot be paired one-to-one; narrow the row (name the left side's "
+                f"{', '.join(k.rsplit('.', 1)[-1] for k, _ in exp.other)})")
+        used[p.id] = c.id
+
+
+def check_cell(cell: Cell, metrics: Mapping[str, Any], expectations: Sequence[Expectation], *,
+               per_seed: Sequence[Mapping[str, Any]] | None = None,
+               partners: Mapping[int, tuple[Cell, Sequence[Mapping[str, Any]]]] | None = None) -> list[str]:
+    """Failure messages of every expectation that applies to ``cell`` (empty = all hold).
+
+    ``metrics`` are the cell's seed means; ``per_seed`` its per-seed metrics (an
+    ``over = "interval"`` row needs them: without them it sees one value and fails
+    closed); ``partners`` maps a comparative row's index to its other cell and that cell's
+    per-seed metrics (a comparative row without one fails closed)."""
+    from .scoring import mean_ci
+
+    def stat(seeds: Sequence[Mapping[str, Any]] | None, m: str) -> dict[str, Any]:
+        if seeds is not None:
+            return mean_ci([s.get(m) for s in seeds])
+        v = metrics.get(m)
+        return {"mean": v, "lo": v, "hi": v, "n": 0 if v is None else 1}
+
     fails = []
     for e in expectations:
-        if e.matches(cell):
+        if not e.matches(cell):
+            continue
+        if e.comparative:
+            got = (partners or {}).get(e.index)
+            right = None if got is None else mean_ci([s.get(e.metric) for s in got[1]])
+            why = e.judge(stat(per_seed, e.metric), right, left_id=cell.id,
+                          right_id="its partner cell" if got is None else got[0].id)
+        elif e.over == "mean":
             why = e.check(metrics.get(e.metric))
-            if why is not None:
-                fails.append(f"expect #{e.index + 1} ({e.describe()}): {why}")
+        else:
+            why = e.judge(stat(per_seed, e.metric))
+        if why is not None:
+            fails.append(f"expect #{e.index + 1} ({e.describe()}): {why}")
     return fails
-
-

@@ -20,9 +20,12 @@ marked ``attacks``. Scenario files are the ``*.toml`` files
 An item runs its cell's no-attack baselines and attacked runs for every seed, caching
 each run by its key in one results store per scenario file (a session temp directory,
 or ``--redteam-out DIR`` to keep and resume them), and checks the expectations on the
-metrics averaged over seeds. A failure shows a table of each expectation (mean, 95 %
-interval, per-seed values, bound) and the commands that reproduce it. The terminal
-summary shows the attacks × defenses table of the session.
+metrics averaged over seeds (``over = "interval"``: their 95 % interval). A comparative row
+(``better_than`` / ``at_least_as_bad_as``) is an item of its left cell, which also runs the
+seeds of the cell it is compared with. A failure shows a table of each expectation (mean,
+95 % interval, per-seed values, bound; a comparative row's other cell on the line below)
+and the commands that reproduce it. The terminal summary shows the attacks × defenses
+table of the session.
 
 Fixtures (defined in :mod:`redteam._pytest_fixtures`, registered here):
 ``redteam_registries``, ``redteam_federation``, ``run_cell``, ``attack_vs_all_defenses``,
@@ -87,8 +90,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--redteam-out", metavar="DIR", default=None,
                 help="keep each scenario file's results store under DIR and resume from it in later sessions "
                      "(keys are the concrete scenarios, not the code: delete DIR after changing the engine)")
-    g.addoption("--redteam-metric", metavar="METRIC", default="accuracy_drop",
-                help="metric of the terminal summary table (default: accuracy_drop)")
+    g.addoption("--redteam-metric", metavar="METRIC", default=None,
+                help="metric of the terminal summary table (default: accuracy_drop; final_bits_per_byte for a "
+                     "language-model scenario, in its own unit)")
     g.addoption("--redteam-device", metavar="DEVICE", default="cpu", help="device of the runs (cpu, cuda, auto)")
     parser.addini("redteam_scenarios", type="paths", default=[],
                   help="files or directories of scenario files, besides <rootdir>/scenarios")
@@ -143,14 +147,19 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     state = config.stash.get(_STATE, None)
     if state is None or not (state.outcomes or state.python_results):
         return
-    metric = config.getoption("redteam_metric")
+    chosen = config.getoption("redteam_metric")
+    metric = chosen or "accuracy_drop"
     tr = terminalreporter
     tr.write_sep("=", f"redteam: attacks × defenses ({metric})")
     by_file: dict[str, list[_Outcome]] = {}
     for o in state.outcomes:
         by_file.setdefault(o.file, []).append(o)
     for file, outs in by_file.items():
-        tr.write_line(f"{file}  (✓ every expectation holds, ✗ one fails, ! error)")
+        # a language model's file in bits per byte (its runs carry it; a classifier's never do)
+        lm = any(o.metrics.get("final_bits_per_byte") is not None for o in outs)
+        metric = chosen or ("final_bits_per_byte" if lm else "accuracy_drop")
+        shown = "" if metric == (chosen or "accuracy_drop") else f" [{metric}]"
+        tr.write_line(f"{file}{shown}  (✓ every expectation holds, ✗ one fails, ! error)")
         cells = {(o.row, o.defense): _fmt(o.metrics.get(metric)) + " " + {"passed": "✓", "failed": "✗"}.get(
             o.status, "!") for o in outs}
         for line in _grid(cells, [o.row for o in outs], [o.defense for o in outs]):
@@ -158,6 +167,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         store = state.stores.get(file)
         if store is not None:
             tr.write_line(f"  results: redteam report {shlex.quote(str(store))}")
+    metric = chosen or "accuracy_drop"
     if state.python_results:
         tr.write_line("run_cell / attack_vs_all_defenses")
         cells = {(a, d): _fmt(m.get(metric)) for a, d, m in state.python_results}
@@ -301,7 +311,8 @@ class _Outcome:
     cell: "Cell"
     metrics: dict[str, Any]  # means over seeds
     per_seed: list[dict[str, Any]]
-    checks: list[tuple["Expectation", dict[str, Any], str | None]]  # (expectation, mean_ci, why not)
+    # (expectation, mean_ci, why not, for a comparative row its other cell: (cell, mean_ci, per-seed metrics))
+    checks: list[tuple["Expectation", dict[str, Any], str | None, "_Other | None"]]
     failures: list[str]
     status: str = "passed"
 
@@ -320,8 +331,11 @@ class _Outcome:
                 f"failed; metrics are means over {n} seed{'s' if n != 1 else ''}:")
         rows = [("metric", "mean", "95% CI", "per seed", "bound", "")]
         shown = set()
-        for e, ci, why in self.checks:
-            rows.append(self._row(e.metric, ci, e.describe()[len(e.metric) + 1:], "ok" if why is None else "FAIL"))
+        for e, ci, why, other in self.checks:
+            bound = e.bound(None if other is None else other[0].id)
+            rows.append(self._row(e.metric, ci, bound, "ok" if why is None else "FAIL"))
+            if other is not None:  # the cell it is compared with, indented under it
+                rows.append(self._row(e.metric, other[1], "", "", per_seed=other[2], label=f"  {other[0].id}"))
             shown.add(e.metric)
         for m in _CONTEXT_METRICS:
             if m not in shown and m in self.metrics:
@@ -330,10 +344,15 @@ class _Outcome:
                 rows.append(self._row(m, mean_ci([s.get(m) for s in self.per_seed]), "", ""))
         return "\n".join([*self.failures, "", head, *_columns(rows, indent="  ")]) + "\n"
 
-    def _row(self, metric: str, ci: Mapping[str, Any], bound: str, verdict: str) -> tuple[str, ...]:
+    def _row(self, metric: str, ci: Mapping[str, Any], bound: str, verdict: str, *,
+             per_seed: Sequence[Mapping[str, Any]] | None = None, label: str | None = None) -> tuple[str, ...]:
         interval = f"[{_fmt(ci['lo'])}, {_fmt(ci['hi'])}]" if ci.get("n", 0) > 1 else ""
-        seeds = ", ".join(_fmt(s.get(metric)) for s in self.per_seed)
-        return metric, _fmt(ci["mean"]), interval, seeds, bound, verdict
+        seeds = ", ".join(_fmt(s.get(metric)) for s in (self.per_seed if per_seed is None else per_seed))
+        return label or metric, _fmt(ci["mean"]), interval, seeds, bound, verdict
+
+
+#: A comparative row's other cell in an outcome: (cell, its mean_ci of the row's metric, its per-seed metrics).
+_Other = tuple["Cell", dict[str, Any], list[dict[str, Any]]]
 
 
 # ------------------------------------------------------------------- session state
@@ -362,24 +381,45 @@ class _FileRun:
                             reproduce=f"redteam matrix {path} --out {out} --resume")
         self.store.set_plan(rows)
         self.file = display
+        self.cells = matrix.cells
 
-    def run_cell(self, cell: "Cell", expectations: Sequence["Expectation"]) -> _Outcome:
-        from .matrix import check_cell
+    def seeds_of(self, cell: "Cell") -> list[dict[str, Any]]:
+        """The per-seed metrics of ``cell``: its runs (and baselines) from the store, run first if missing."""
         from .runner.matrix_run import _record, execute_unit
-        from .scoring import mean_ci
 
         rows = self.rows[cell.id]
         finished = self.store.finished_keys()
         need = {k: self.units[k] for r in rows for k in (r.baseline_key, r.run_key) if k not in finished}
         for unit in sorted(need.values(), key=lambda u: not u.baseline):  # baselines first
             _record(self.store, unit, execute_unit(unit.doc, self.device))
-        per_seed = [self.store.run(r.run_key)["metrics"] for r in rows]
+        return [self.store.run(r.run_key)["metrics"] for r in rows]
+
+    def run_cell(self, cell: "Cell", expectations: Sequence["Expectation"]) -> _Outcome:
+        """Run ``cell``'s seeds, and for each comparative row the seeds of the cell it is
+        compared with, and check the expectations."""
+        from .matrix import check_cell
+        from .scoring import mean_ci
+
+        per_seed = self.seeds_of(cell)
         means = _means(per_seed)
-        checks = []
+        partners: dict[int, tuple[Cell, list[dict[str, Any]]]] = {}
+        checks: list[tuple[Expectation, dict[str, Any], str | None, _Other | None]] = []
         for e in expectations:
             ci = mean_ci([s.get(e.metric) for s in per_seed])
-            checks.append((e, ci, e.check(ci["mean"])))
-        return _Outcome(self.file, cell, means, per_seed, checks, check_cell(cell, means, expectations))
+            if not e.comparative:
+                why = e.check(ci["mean"]) if e.over == "mean" else e.judge(ci)
+                checks.append((e, ci, why, None))
+                continue
+            other = e.partner(cell, self.cells)  # exactly one: checked when the file loaded
+            if other is None:
+                checks.append((e, ci, f"{e.metric}: {cell.id} has no partner cell", None))
+                continue
+            theirs = self.seeds_of(other)
+            partners[e.index] = (other, theirs)
+            oci = mean_ci([s.get(e.metric) for s in theirs])
+            checks.append((e, ci, e.judge(ci, oci, left_id=cell.id, right_id=other.id), (other, oci, theirs)))
+        fails = check_cell(cell, means, expectations, per_seed=per_seed, partners=partners)
+        return _Outcome(self.file, cell, means, per_seed, checks, fails)
 
     def close(self) -> None:
         self.store.close()

@@ -27,7 +27,13 @@ Definitions (also in the README's "Metrics" section):
   ``rounds_to_target_loss``: the first round (1-based) whose loss is ≤ the target loss —
   by default the baseline's final loss, so it counts the rounds the attacked run needs to
   get as far as the clean run did (``None``: never). ``false_trigger_rate``: a
-  trigger-phrase backdoor's share of clean held-out prompts continued with its target.
+  trigger-phrase backdoor's share of clean held-out prompts continued with its target;
+  ``near_miss_trigger_rate``: its share of held-out *near-miss* prompts — ending in a
+  proper prefix, a proper suffix or the last character of the trigger, never the whole
+  trigger — continued with its target (pooled over the kinds; the per-kind rates are in
+  the round record's ``extra["near_miss_trigger_by_kind"]``). "Continued with the target"
+  for both (and the ASR): the model's argmax next byte is the target's byte at every
+  target position (:mod:`attacks.llm`).
   These (:data:`LANGUAGE_MODEL_METRICS`; not ``rounds_to_target_loss``, which any loss
   has) are functions of the loss that mean nothing for a classifier: :func:`summarize`
   leaves them out when told the workload is not a language model.
@@ -44,6 +50,8 @@ from .types import RoundRecord
 __all__ = [
     "METRICS",
     "LANGUAGE_MODEL_METRICS",
+    "HIGHER_IS_BETTER",
+    "metric_direction",
     "attack_success_rate",
     "envelope",
     "mean_ci",
@@ -115,13 +123,16 @@ def language_model(
     target_loss: float | None = None,
 ) -> dict[str, Any]:
     """Bits per byte, perplexity, their increase over the baseline, rounds to the target
-    loss (default: the baseline's final loss) and the false-trigger rate (module docstring)."""
+    loss (default: the baseline's final loss), the false-trigger and near-miss trigger rates
+    (module docstring)."""
     loss = final_loss(records) if records else None
     out: dict[str, Any] = {
         "final_bits_per_byte": _bits(loss),
         "final_perplexity": _perplexity(loss),
         "false_trigger_rate": (float(records[-1].extra["false_trigger"])
                                if records and "false_trigger" in records[-1].extra else None),
+        "near_miss_trigger_rate": (float(records[-1].extra["near_miss_trigger"])
+                                   if records and "near_miss_trigger" in records[-1].extra else None),
     }
     b_loss = final_loss(baseline) if baseline else None
     if target_loss is None:
@@ -267,14 +278,36 @@ METRICS: dict[str, str] = {
     "perplexity_increase": "attacked − baseline final perplexity (same seed)",
     "rounds_to_target_loss": "first round (1-based) whose loss ≤ the baseline's final loss (null: never)",
     "false_trigger_rate": "trigger-phrase backdoor: share of clean held-out prompts continued with the target",
+    "near_miss_trigger_rate": "trigger-phrase backdoor: share of held-out prompts ending in a partial trigger "
+                              "(proper prefix, proper suffix, last character) continued with the target",
 }
 
 
 #: Metrics defined only for language models (workload ``input_kind == "tokens"``).
 LANGUAGE_MODEL_METRICS: frozenset[str] = frozenset({
     "final_bits_per_byte", "final_perplexity", "bits_per_byte_increase", "perplexity_increase",
-    "false_trigger_rate",
+    "false_trigger_rate", "near_miss_trigger_rate",
 })
+
+
+#: Which way is better for a metric, for rows that compare cells (``[[expect]]``
+#: ``better_than`` / ``at_least_as_bad_as``): ``True`` = higher is better, ``False`` = lower
+#: is better. A metric not listed (``bytes_on_wire``, the envelope metrics, …) has no
+#: direction: neither way is better in general.
+HIGHER_IS_BETTER: dict[str, bool] = {
+    **dict.fromkeys(("final_accuracy", "final_accuracy_last_k", "recall", "precision", "f1", "tn", "tp"), True),
+    **dict.fromkeys(("accuracy_drop", "asr", "fpr", "fp", "fn", "final_loss", "final_bits_per_byte",
+                     "final_perplexity", "bits_per_byte_increase", "perplexity_increase", "false_trigger_rate",
+                     "near_miss_trigger_rate",
+                     "rounds_to_target", "rounds_to_target_loss", "slowdown_rounds", "rejected_updates",
+                     "dropped_updates", "wall_time_per_round_s", "defense_time_per_round_s", "sim_time_s"), False),
+}
+
+
+def metric_direction(name: str) -> str | None:
+    """``"higher"`` or ``"lower"`` (which values of ``name`` are better), or ``None``: no direction."""
+    better = HIGHER_IS_BETTER.get(name)
+    return None if better is None else "higher" if better else "lower"
 
 
 def summarize(

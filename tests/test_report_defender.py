@@ -1,7 +1,9 @@
-"""The defender's summary (issue 11 §1): per defense its clean accuracy, its cost against plain
-``mean``, its worst-case accuracy drop and ASR (with the attack), detection only where the rule
-can reject, and a ranking by a stated rule. Every expected figure is worked by hand from the
-synthetic rows below, never read back from the code."""
+"""The defender's summary (issue 11 §1, issue 18 §1): per defense its clean accuracy, its cost
+against plain ``mean``, its worst accuracy under attack and worst ASR (with the attack), detection
+only where the rule can reject, and a ranking by harm (the larger of the learnable accuracy lost
+from the best clean defense and the worst ASR). Every expected figure is worked by hand from the
+synthetic rows below, never read back from the code. tests/test_defender_answer.py holds the
+cases of issue 18 (a non-learning defense, a leaky one, noise, ties, language models)."""
 
 import json
 import re
@@ -95,9 +97,18 @@ def test_worked_example_ranking_cost_worst_case_and_detection():
     assert rows["krum"].worst_drop_attack == "sign_flip"
     # worst ASR: only the targeted attack (backdoor) has one
     assert (rows["mean"].worst_asr, rows["mean"].worst_asr_attack) == (pytest.approx(0.9), "backdoor")
-    # ranking: norm_bound and krum tie at 0.030 → higher clean accuracy (0.900 > 0.870) first;
-    # then median (0.100), then mean (0.500)
-    assert [r.defense for r in g.rows] == ["norm_bound", "krum", "median", "mean"]
+    # worst accuracy under attack (clean − drop per seed, seed mean): mean 0.41 (sign_flip), median 0.69
+    # (sign_flip), norm_bound 0.87 (backdoor: 0.90 − 0.03), krum 0.84 (sign_flip first of a tie)
+    assert rows["mean"].worst_quality.mean == pytest.approx(0.41) and rows["mean"].worst_quality_attack == "sign_flip"
+    assert rows["norm_bound"].worst_quality.mean == pytest.approx(0.87)
+    assert rows["norm_bound"].worst_quality_attack == "backdoor"
+    # harm, best clean 0.91 (mean), no untrained level in these rows → floor 0:
+    #   mean max(0.50/0.91, 0.9) = 0.9; median max(0.22/0.91 = 0.2418, 0.2) = 0.2418;
+    #   norm_bound max(0.04/0.91, 0.6) = 0.6; krum max(0.07/0.91 = 0.0769, 0.1) = 0.1
+    assert rows["mean"].harm == pytest.approx(0.9) and rows["median"].harm == pytest.approx(0.22 / 0.91)
+    assert rows["norm_bound"].harm == pytest.approx(0.6) and rows["krum"].harm == pytest.approx(0.1)
+    # the leaky norm_bound (best drop, ASR 0.6) is not the pick: krum, median, norm_bound, mean
+    assert [r.defense for r in g.rows] == ["krum", "median", "norm_bound", "mean"]
     assert [r.rank for r in g.rows] == [1, 2, 3, 4]
     # detection: mean and median never flagged anything → n/a; norm_bound's worst recall is backdoor's 0.0
     assert report.defenders.non_rejecting == {"mean", "median"}
@@ -106,13 +117,23 @@ def test_worked_example_ranking_cost_worst_case_and_detection():
     assert rows["median"].worst_recall is None and not rows["median"].rejects
 
     header, body = defender_columns(g, report.defenders)
-    assert header == ["#", "defense", "clean accuracy", "cost vs mean", "worst accuracy drop (attack)",
-                      "worst ASR (attack)", "worst recall (attack)", "worst FPR (attack)"]
-    assert body[0] == ["1", "norm_bound", "0.900 ± 0.000", "+0.010", "0.030 (backdoor)", "0.600 (backdoor)",
-                       "0.000 (backdoor)", "0.050 (sign_flip)"]
-    assert body[2] == ["3", "median", "0.790 ± 0.127", "+0.120", "0.100 (sign_flip)",
-                       "0.200 (backdoor)", NO_REJECT, NO_REJECT]
-    assert body[3][3] == "reference"
+    assert header == ["#", "defense", "harm ↓", "clean accuracy ↑", "cost vs mean", "worst under attack ↑",
+                      "worst drop", "worst ASR ↓", "worst recall ↑", "worst FPR ↓"]
+    assert body[2] == ["3", "norm_bound", "0.60", "0.900 ± 0.000", "+0.010", "0.870 (backdoor)", "+0.030 (backdoor)",
+                       "0.600 (backdoor)", "0.000 (backdoor)", "0.050 (sign_flip)"]
+    assert body[1] == ["≈1", "median", "0.24 [0.20, 0.38]", "0.790 ± 0.127", "+0.120", "0.690 (sign_flip)",
+                       "+0.100 (sign_flip)", "0.200 (backdoor)", NO_REJECT, NO_REJECT]
+    # noise, two seeds (t(0.975, 1) · 0.01 = 0.127 on every accuracy): krum's harm interval is
+    # [max(0, 0.1), max((0.91 − 0.967)/0.91 → 0, (0.91 − 0.713)/0.91 = 0.216, 0.1)] = [0.1, 0.216];
+    # median's [max(0.102, 0.2), max(0.381, 0.2)] = [0.2, 0.381] overlaps it → "≈1"; norm_bound's
+    # ASR 0.6 (no spread) and mean's 0.9 do not
+    assert g.seeds == 2 and [r.tied_with_leader for r in g.rows] == [False, True, False, False]
+    assert g.rows[1].harm_lo == pytest.approx(0.2) and g.rows[1].harm_hi == pytest.approx((0.91 - 0.69 + 0.12706) / 0.91)
+    assert g.headline[1] == "Indistinguishable from krum at 95 % over 2 seeds: median."
+    assert g.headline[0] == ("Pick: krum, harm 0.10 (worst accuracy under attack 0.840 (sign_flip); "
+                             "worst ASR 0.100 (backdoor); clean 0.870; flags the attackers in 2 of 2 attacks "
+                             "(recall ≥ 0.5)).")
+    assert body[3][4] == "reference"
 
 
 def test_mean_absent_no_target_no_filter_say_so_in_one_line_each():
@@ -122,13 +143,14 @@ def test_mean_absent_no_target_no_filter_say_so_in_one_line_each():
     assert g.reference is None and g.rows[0].cost is None
     header, body = defender_columns(g, report.defenders)
     # only the columns the matrix has data for
-    assert header == ["#", "defense", "clean accuracy", "worst accuracy drop (attack)"]
-    assert body == [["1", "median", "0.790 ± 0.127", "0.100 (sign_flip)"]]
+    assert header == ["#", "defense", "harm ↓", "clean accuracy ↑", "worst under attack ↑", "worst drop"]
+    # alone, median is the best clean (0.79): harm = (0.79 − 0.69) / 0.79 = 0.1266
+    assert body == [["1", "median", "0.13 [0.00, 0.29]", "0.790 ± 0.127", "0.690 (sign_flip)", "+0.100 (sign_flip)"]]
     notes = defender_notes(g, report.defenders)
     assert "cost vs mean: n/a (mean not in the matrix)." in notes
     assert "worst ASR: n/a (no targeted attack in the matrix)." in notes
     assert "detection: n/a (no defense in the matrix rejects updates)." in notes
-    assert notes[0] == "R" + RANK_RULE[1:] + "."
+    assert notes[1] == "R" + RANK_RULE[1:] + "."
 
 
 def test_only_the_baseline_ranks_by_clean_accuracy():
@@ -138,7 +160,7 @@ def test_only_the_baseline_ranks_by_clean_accuracy():
     (g,) = report.defenders.groups
     assert g.attacks == () and [r.defense for r in g.rows] == ["mean", "median"]
     header, _ = defender_columns(g, report.defenders)
-    assert "worst accuracy drop (attack)" not in header
+    assert "worst under attack ↑" not in header and "harm ↓" not in header
     assert "worst case: n/a (no attack in the matrix, only the no-attack baseline)." in defender_notes(
         g, report.defenders)
 
@@ -172,7 +194,7 @@ def test_unfinished_cells_are_starred_and_ranked_after_complete_ones():
     (g,) = report.defenders.groups
     assert [r.defense for r in g.rows] == ["krum", "median", "mean", "norm_bound"]
     _, body = defender_columns(g, report.defenders)
-    assert body[3][4] == "0.030* (backdoor)"
+    assert body[3][5] == "0.870* (backdoor)"
     assert any(n.startswith("* = some attacked cells") for n in defender_notes(g, report.defenders))
 
 
@@ -180,8 +202,9 @@ def test_every_format_carries_the_summary_first():
     report = report_from_rows(rows_of(), meta={"scenario_name": "hand"})
     md = to_markdown(report, ["accuracy_drop", "recall"])
     assert md.index("## Defender's summary") < md.index("## accuracy_drop")
-    assert "| 1 | norm\\_bound |" not in md and "| 1 | norm_bound | 0.900 ± 0.000 | +0.010 |" in md
-    assert "| 4 | mean | 0.910 ± 0.127 | reference |" in md
+    assert "| 3 | norm\\_bound |" not in md and "| 3 | norm_bound | 0.60 | 0.900 ± 0.000 | +0.010 |" in md
+    assert "| 4 | mean | 0.90 | 0.910 ± 0.127 | reference |" in md
+    assert md.index("Pick: krum") < md.index("| 1 | krum |")
     # the recall grid: mean and median read n/a (with a one-line legend), the filters keep their numbers
     recall = md[md.index("## recall"):]
     assert "| sign\\_flip | n/a | n/a | 1.000 ± 0.000 | 0.500 ± 0.000 |" not in recall  # md_text leaves sign_flip
@@ -193,6 +216,9 @@ def test_every_format_carries_the_summary_first():
     assert d["median"]["cost_vs_reference"] == pytest.approx(0.12) and d["median"]["worst_recall"] is None
     assert d["median"]["rejects"] is False and d["norm_bound"]["worst_recall"] == {"value": 0.0, "attack": "backdoor"}
     assert doc["defenders"]["rank_rule"] == RANK_RULE
+    assert d["krum"]["rank"] == 1 and d["krum"]["harm"]["value"] == pytest.approx(0.1)
+    assert doc["defenders"]["groups"][0]["quality"]["metric"] == "final_accuracy_last_k"
+    assert doc["defenders"]["groups"][0]["headline"][0].startswith("Pick: krum")
     page = render_html(report, ["accuracy_drop"])
     assert page.index('id="defenders"') < page.index('id="expectations"')
     # the detection table: rows of mean/median say n/a instead of recall 0.000
@@ -221,15 +247,19 @@ def test_report_cli_prints_the_summary_first_and_json_has_defenders(tmp_path, ca
                           versions={}, wall_time_s=0.1)
             store.put_run(run_key=key, baseline=False, cell_id=f"{d}[{a}]", attack=a, defense=d, settings={},
                           replicate=0, seed=10, scenario_digest=key,
-                          metrics={"accuracy_drop": drop, "recall": 0.0, "tp": 0, "fp": 0}, rounds=att,
+                          metrics={"accuracy_drop": drop, "final_accuracy": clean - drop, "recall": 0.0, "tp": 0,
+                                   "fp": 0}, rounds=att,
                           versions={}, wall_time_s=0.1)
         store.set_plan(plan)
     assert main(["report", str(path)]) == 0
     out = capsys.readouterr().out
-    # median: rank 1 (worst drop 0.100 < 0.500), costs 0.9 − 0.8 = +0.100 clean accuracy
+    # median: worst accuracy 0.7 against mean's 0.4; harm from the best clean 0.9 (floor 0): median
+    # 0.2/0.9 = 0.22, mean 0.5/0.9 = 0.56; median costs 0.9 − 0.8 = +0.100 clean accuracy
     assert out.index("Defender's summary") < out.index("accuracy_drop")
-    assert re.search(r"1 median\s+0\.800\s+\+0\.100\s+0\.100 \(sign_flip\)", out)
-    assert "cost vs mean = clean accuracy of mean minus" in out and "recall" not in out.split("accuracy_drop")[0]
+    assert out.index("One seed:") < out.index("Pick: median")
+    assert re.search(r"1 median\s+0\.22\s+0\.800\s+\+0\.100\s+0\.700 \(sign_flip\)", out)
+    assert "cost vs mean = what the defense pays in clean accuracy" in out
+    assert "recall ↑" not in out.split("accuracy_drop")[0]
     assert main(["report", str(path), "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [x["defense"] for x in doc["defenders"]["groups"][0]["defenses"]] == ["median", "mean"]
@@ -295,21 +325,27 @@ def test_terminal_summary_fits_the_width_and_cuts_no_word(width):
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.lists(st.floats(-0.2, 0.9, allow_nan=False), min_size=3, max_size=3), min_size=2, max_size=4),
        st.lists(st.floats(0.3, 1.0, allow_nan=False), min_size=4, max_size=4))
-def test_property_worst_case_is_a_cell_and_rank_one_has_the_smallest(drops, cleans):
-    # defenses d0..dk × attacks a0..a2, one seed: each row's worst case is one of its own cells' drops and
-    # none of them is larger; the ranking never puts a larger worst case (to 3 decimals) above a smaller one
+def test_property_worst_case_is_a_cell_and_rank_one_has_the_least_harm(drops, cleans):
+    # defenses d0..dk × attacks a0..a2, one seed: each row's worst case is one of its own cells and none
+    # is worse; harm = (best clean − worst under attack) / best clean (no untrained level: floor 0); the
+    # ranking never puts a larger harm (to 3 decimals) above a smaller one, and equal keys share a rank
     defenses = [f"d{i}" for i in range(len(drops))]
-    rows = [row(f"a{j}", d, 0, cleans[i], accuracy_drop=v, recall=0.0, tp=0, fp=0)
+    rows = [row(f"a{j}", d, 0, cleans[i], accuracy_drop=v, final_accuracy=cleans[i] - v, recall=0.0, tp=0, fp=0)
             for i, d in enumerate(defenses) for j, v in enumerate(drops[i])]
     (g,) = report_from_rows(rows).defenders.groups
+    best = max(cleans[: len(defenses)])
     for r in g.rows:
-        mine = drops[defenses.index(r.defense)]
-        assert r.worst_drop in mine and all(v <= r.worst_drop for v in mine)
-        assert r.worst_drop_attack == f"a{mine.index(r.worst_drop)}"  # first in matrix order on ties
-        assert r.clean.mean == cleans[defenses.index(r.defense)] and r.cost is None  # no "mean" here
-    worst = [round(r.worst_drop, 3) for r in g.rows]
-    assert worst == sorted(worst)
-    assert [r.rank for r in g.rows] == list(range(1, len(defenses) + 1))
+        i = defenses.index(r.defense)
+        under = [cleans[i] - v for v in drops[i]]
+        assert r.worst_quality.mean == pytest.approx(min(under))
+        assert r.worst_drop in drops[i] and all(v <= r.worst_drop for v in drops[i])
+        assert r.clean.mean == cleans[i] and r.cost is None  # no "mean" here
+        assert r.harm == pytest.approx(min(1.0, max(0.0, (best - min(under)) / best)))
+    harms = [round(r.harm, 3) for r in g.rows]
+    assert harms == sorted(harms) and g.rows[0].rank == 1
+    for a, b in zip(g.rows, g.rows[1:]):
+        assert (a.rank == b.rank) == (round(a.harm, 3) == round(b.harm, 3) and round(a.clean.mean, 3)
+                                      == round(b.clean.mean, 3))
 
 
 @pytest.mark.parametrize("width", [60, 200])
@@ -341,7 +377,7 @@ def test_the_reference_is_found_under_its_matrix_label():
     (g,) = summary.groups
     assert summary.reference == "fedavg" and g.reference == "fedavg"
     assert by_defense(g)["median"].cost == pytest.approx(0.12)
-    assert defender_columns(g, summary)[0][3] == "cost vs fedavg"
+    assert defender_columns(g, summary)[0][4] == "cost vs fedavg"
     other = {"matrix": {"defenses": [{"name": "mean", "weighted": False, "label": "fedavg"}, "median"]}}
     summary = report_from_rows(rows_of(cells, clean), meta={"scenario_doc": other}).defenders
     assert summary.groups[0].reference is None

@@ -49,6 +49,7 @@ loss checks) is ``root_samples`` items held out of the pool: unset keeps the his
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -196,6 +197,7 @@ class Federation:
         # the baseline is scored on the same inputs, so its ASR is the natural rate
         self._targeted = None
         self._false_trigger: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._near_miss: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._targeted_parts: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         for candidate in (self.attack, build_attack(scenario.attack)):
             targeted_test = getattr(candidate, "targeted_test", None)
@@ -206,12 +208,17 @@ class Federation:
             except AttributeError:  # a composition without a targeted part
                 continue
             self._targeted = (tx.to(self.device), ty.to(self.device))
-            # a text backdoor's clean prompts (no trigger): its false-trigger rate
+            # a text backdoor's clean prompts (no trigger): its false-trigger rate; and its
+            # near-miss prompts (a partial trigger), by kind: its near-miss trigger rate
             for part in (candidate, *getattr(candidate, "parts", ())):
                 clean_test = getattr(part, "clean_test", None)
                 if clean_test is not None:
                     cx, cy = clean_test(ds.test_x, ds.test_y)
                     self._false_trigger = (cx.to(self.device), cy.to(self.device))
+                    near_miss_test = getattr(part, "near_miss_test", None)
+                    if near_miss_test is not None:
+                        self._near_miss = {k: (nx.to(self.device), ny.to(self.device))
+                                           for k, (nx, ny) in near_miss_test(ds.test_x, ds.test_y).items()}
                     break
             # a distributed trigger (DBA): the success rate of each local trigger alone as well
             for part in (candidate, *getattr(candidate, "parts", ())):
@@ -285,6 +292,18 @@ class Federation:
             rows=dict(enumerate(rows)) if rows is not None else None,
         )
 
+    def _untrained_reference(self) -> dict[str, float | None]:
+        """What "learned nothing" means on this test set (the defender's summary flags a defense
+        whose clean model is no better): the untrained global model's accuracy and loss, and the
+        majority-class rate of the test labels (``None`` where the labels are not class ids).
+        Evaluation only: no random stream advances, so no other number of the run changes."""
+        acc, loss = self.trainer.evaluate(self.params0, self.test_x, self.test_y)
+        chance = None
+        y = self.test_y
+        if y.dtype in (torch.int64, torch.int32, torch.int16, torch.uint8) and y.numel() and int(y.min()) >= 0:
+            chance = float(torch.bincount(y.reshape(-1).long()).max()) / y.numel()
+        return {"accuracy": acc, "loss": loss if math.isfinite(loss) else None, "chance_accuracy": chance}
+
     # ------------------------------------------------------------------ one run
     def run(self, on_round: Callable[[RoundRecord], None] | None = None) -> RunResult:
         """Run every round. A Federation runs once: its random streams advance as it goes."""
@@ -308,6 +327,7 @@ class Federation:
         history: dict[int, tuple[ChunkDelivery, ...]] = {}
         keep = int(getattr(self.attack, "history_rounds", 0) or 0)
         t_run = time.perf_counter()
+        untrained = self._untrained_reference()
 
         for rnd in range(sc.federation.rounds):
             t0 = time.perf_counter()
@@ -322,6 +342,8 @@ class Federation:
             extra: dict[str, Any] = {}
             if rnd == 0 and self.admission is not None:
                 extra["provenance_gate"] = self.admission.summary()
+            if rnd == 0:
+                extra["untrained"] = untrained
             accepted = [False] * n
             tx = None
             received = stages.Received()

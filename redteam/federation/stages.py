@@ -402,6 +402,12 @@ def evaluate(fed: "Federation", params: torch.Tensor) -> tuple[float, float, dic
         extra["asr"] = fed.trainer.evaluate(params, *fed._targeted)[0]
     if getattr(fed, "_false_trigger", None) is not None:
         extra["false_trigger"] = fed.trainer.evaluate(params, *fed._false_trigger)[0]
+    if getattr(fed, "_near_miss", None):
+        # near-miss prompts (a partial trigger), by kind; pooled = share of all of them
+        by_kind = {k: fed.trainer.evaluate(params, *xy)[0] for k, xy in fed._near_miss.items()}
+        hits = sum(round(by_kind[k] * xy[0].shape[0]) for k, xy in fed._near_miss.items())
+        extra["near_miss_trigger"] = hits / sum(xy[0].shape[0] for xy in fed._near_miss.values())
+        extra["near_miss_trigger_by_kind"] = by_kind
     if getattr(fed, "_targeted_parts", None):
         extra["asr_parts"] = {k: fed.trainer.evaluate(params, *xy)[0] for k, xy in fed._targeted_parts.items()}
     return acc, loss, extra

@@ -137,10 +137,12 @@ class EnvelopeRow:
 class ExpectationResult:
     index: int  # 0-based, as in the scenario's [[expect]] order
     metric: str
-    description: str  # "accuracy_drop ≤ 0.05"
-    cell_id: str
-    value: float | None
+    description: str  # "accuracy_drop ≤ 0.05", "final_accuracy_last_k(cc) ≥ final_accuracy_last_k(avg) + 0.05"
+    cell_id: str  # the cell the row applies to (a comparative row: its left cell)
+    value: float | None  # that cell's seed mean
     failure: str | None  # None: holds
+    other_cell_id: str | None = None  # a comparative row: the cell it is compared with
+    other_value: float | None = None  # and that cell's seed mean
 
 
 @dataclass(frozen=True, slots=True)
@@ -405,20 +407,41 @@ def envelope_utilisation(rows: Sequence[Mapping[str, Any]]) -> tuple[EnvelopeRow
 
 def check_expectations(cells: Sequence[CellSummary], expectations: Sequence[Mapping[str, Any]]) -> tuple[
         ExpectationResult, ...]:
-    """The scenario's ``[[expect]]`` rows (as stored in the store's meta) checked against the
-    seed means of every cell they match (cells with no finished seed are skipped)."""
+    """The scenario's ``[[expect]]`` rows (as stored in the store's meta) checked against
+    every cell they match (cells with no finished seed are skipped): a bound on the seed
+    mean, or with ``over = "interval"`` on the seed interval; a comparative row against its
+    partner cell (which fails closed when that cell has no finished seed)."""
     from ..matrix import Cell, Expectation
 
+    def stat(c: CellSummary, metric: str) -> dict[str, Any] | None:
+        if c.finished == 0:
+            return None
+        s = c.metrics.get(metric)
+        return None if s is None else {"mean": s.mean, "lo": s.lo, "hi": s.hi, "n": s.n}
+
+    as_cells = [Cell(c.attack, c.defense, c.settings, {}) for c in cells]
+    summary_of = {id(cell): c for c, cell in zip(cells, as_cells)}  # a summary's settings are sorted: match by object
     out = []
     for e in expectations:
-        exp = Expectation(
-            metric=e["metric"], min=e.get("min"), max=e.get("max"), attack=e.get("attack"),
-            defense=e.get("defense"), settings=tuple(tuple(s) for s in e.get("settings") or ()),
-            index=int(e.get("index", 0)),
-        )
-        for c in cells:
-            if c.finished == 0 or not exp.matches(Cell(c.attack, c.defense, c.settings, {})):
+        exp = Expectation.from_dict(e)
+        for c, cell in zip(cells, as_cells):
+            if c.finished == 0 or not exp.matches(cell):
                 continue
             v = c.value(exp.metric)
-            out.append(ExpectationResult(exp.index, exp.metric, exp.describe(), c.cell_id, v, exp.check(v)))
+            if not exp.comparative:
+                why = exp.check(v) if exp.over == "mean" else exp.judge(stat(c, exp.metric))
+                out.append(ExpectationResult(exp.index, exp.metric, exp.describe(), c.cell_id, v, why))
+                continue
+            p = exp.partner(cell, as_cells)
+            other = None if p is None else summary_of.get(id(p))
+            if other is None:
+                why = f"{exp.metric}: {c.cell_id} has no partner cell in this store to compare with"
+            elif other.finished == 0:
+                why = f"{exp.metric}: its partner cell {other.cell_id} has no finished seed"
+            else:
+                why = exp.judge(stat(c, exp.metric), stat(other, exp.metric), left_id=c.cell_id,
+                                right_id=other.cell_id)
+            out.append(ExpectationResult(exp.index, exp.metric, exp.describe(), c.cell_id, v, why,
+                                         None if other is None else other.cell_id,
+                                         None if other is None else other.value(exp.metric)))
     return tuple(out)

@@ -76,10 +76,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 def _default_metrics(fmt: str, report: Any) -> list[str]:
     from .aggregate import REPORT_METRICS
     from .html import default_html_metrics
-    from .tables import DEFAULT_TABLE_METRIC
+    from .tables import default_table_metric
 
     if fmt == "table":
-        return [DEFAULT_TABLE_METRIC]
+        return [default_table_metric(report)]
     if fmt in ("md", "html"):
         return default_html_metrics(report)
     return report.applicable(REPORT_METRICS)  # all that mean something for the workload
@@ -197,14 +197,14 @@ def print_summary(console: Any, out_dir: str | Path) -> MatrixSummaryReport:
     be made is printed as the reason, nothing raised."""
     from ..errors import RedteamError
     from .load import load_report
-    from .tables import DEFAULT_TABLE_METRIC, _markup as escape, print_tables
+    from .tables import _markup as escape, default_table_metric, print_tables
 
     try:
         report = load_report(out_dir)
     except RedteamError as exc:
         console.print(f"[yellow]no report: {escape(str(exc))}[/yellow]")
         return MatrixSummaryReport(None)
-    print_tables(console, report, [DEFAULT_TABLE_METRIC])
+    print_tables(console, report, [default_table_metric(report)])
     bad = [e for e in report.expectations if e.failure]
     if report.expectations:
         style = "red" if bad else "green"

@@ -1,48 +1,66 @@
-"""The defender's summary: which defense, and at what cost (issue 11 §1).
+"""The defender's summary: which defense to deploy, and at what cost (issue 11 §1, issue 18 §1–2).
 
-For every defense of the matrix (per settings group, when the matrix has
-``[matrix.settings]`` axes) the summary gives:
+A defender reads the first lines and picks a rule, so the summary ranks by what a deployment
+lives with, in the workload's own metric, and says when the data cannot tell defenses apart.
+Per settings group (a matrix with ``[matrix.settings]`` axes has several) and per defense:
 
-* **clean accuracy**: the final test accuracy of its no-attack baseline runs (attack
-  ``none``, same defense, settings and seeds), mean over seeds with its interval;
-* **cost vs mean**: clean accuracy of plain ``mean`` minus its own (positive = the
-  defense costs that much accuracy when nobody attacks; the reference plugin is a
-  parameter, default ``mean``, found under its matrix label, e.g. ``{ name = "mean",
-  label = "fedavg" }``). Without it in the matrix the column is left out and the report
-  says ``cost vs mean: n/a (mean not in the matrix)``;
-* **worst case**: the largest seed-mean ``accuracy_drop`` over the matrix's attacks (the
-  no-attack cell excluded) and which attack caused it;
-* **worst ASR**: the largest seed-mean ``asr`` over the targeted attacks that ran, and which;
-* **detection** (only where the rule can reject): the smallest seed-mean ``recall`` and the
-  largest seed-mean ``fpr`` over the cells, each with its attack (none named for an FPR of 0).
+* **quality**: the workload's own measure, with its direction: test accuracy for a classifier
+  (higher is better; the mean of the last k evaluations when ``[federation] last_k`` > 1, as the
+  robustness papers report it), **bits per byte** for a language model (lower is better);
+* **clean**: the quality of its no-attack baseline runs (same defense, settings and seeds), mean
+  over seeds with its interval; **cost vs mean**: what it pays against plain ``mean`` when
+  nobody attacks (positive = worse), in the same unit;
+* **worst quality under attack**: the worst seed-mean quality over the matrix's attacks (the
+  no-attack cells excluded, whatever their label), and which attack; beside it the worst
+  **drop** from its own baseline (accuracy drop, or bits-per-byte increase) for reference only;
+* **worst ASR**: the largest seed-mean attack success rate over the targeted attacks;
+* **detection** (only where the rule can reject): the smallest recall and largest FPR.
 
-**Which rules can reject** is decided from the data: a defense none of whose runs in the
-matrix (every attack, settings group and seed, the no-attack baselines included) flagged
-a single update (``tp + fp = 0`` in every run, so recall and FPR are 0 and precision
-undefined, and no round lists a participating client as rejected) does not reject: its
-detection figures read ``n/a (does not reject)`` instead of a recall of 0, here and in
-the detection grids (``n/a``). Mean, median, trimmed mean and centered clipping fall
-there by design (they weigh every update). A rule that flagged anything anywhere keeps
-its figures everywhere, a recall of 0 included, because there the 0 is a miss; so does
-a pipeline whose integrity checks (signatures, chunks) or non-finite screen rejected an
-update. The plugin classes declare nothing that would settle it (``kind`` is
-"aggregator" for Krum, which selects, as for the median, which does not; ``mean`` screens
-non-finite rows), so the evidence is what the runs did.
+**Harm** (what the ranking uses) is the larger of two shares in [0, 1]:
 
-**Ranking** (:data:`RANK_RULE`): by worst-case accuracy drop, smallest first; ties
-(equal as printed, to 3 decimals) by clean accuracy, highest first; then matrix order.
-While a matrix runs, a defense with some attacked cell unfinished (its worst case is only
-over the finished ones, marked ``*``) is ranked after the complete ones, and one without
-any finished attacked run last; a matrix without attacks ranks by clean accuracy alone.
+* the quality the worst attack takes away, in absolute terms: (best clean quality in the group
+  − the defense's worst quality under attack) / (best clean quality − the untrained level),
+  where the *untrained level* is the better of the untrained model and the majority-class rate
+  (the federation evaluates the initial model once per run); 0 = as good as the best clean
+  model, 1 = no better than a model that never trained;
+* the worst ASR.
 
-Everything here is computed once, from the store's rows, by :func:`defender_summary`;
-the writers (terminal, Markdown, HTML, JSON) only format it with the helpers below.
+A defense whose model an attack destroyed (a non-finite loss, a refused step) has harm 1 there.
+Because harm is measured from the best *clean* quality, not from the defense's own baseline, a
+rule that never learns cannot win by "losing nothing", and because ASR is a co-equal term, a rule
+that leaks a backdoor as badly as plain averaging cannot be the pick against a matrix with one.
+
+**Does not train here**: a defense whose clean quality closes less than
+:data:`TRAIN_SHARE` of the gap the best clean defense closes above the untrained level is
+listed apart and not ranked. Without an untrained evaluation in the store (stores made before
+it), the flag is not applied and a note says so.
+
+**Ranking** (:data:`RANK_RULE`): trained defenses by harm, smallest first (3 decimals); ties by the
+mean recall over the attacked cells (a gate that stops more attacks first; 0 for rules that do
+not reject), then by clean quality; defenses still tied share a rank (never matrix order). A
+defense with unfinished attacked cells ranks after the complete ones. **Noise**: with ≥ 2 seeds,
+every defense whose harm interval (95 %, Student t, from the cell that sets its harm) overlaps
+the leader's is marked ``≈1``: the data cannot tell it from the leader. With one seed the first
+line says that nothing is tested against noise. The **Pareto set** over (worst quality under
+attack, worst ASR, clean quality) is named in the notes.
+
+**Headline**: the first lines name the pick, those indistinguishable from it, the defenses that
+do not train, the attacks no defense here stops (every trained defense leaves an ASR ≥
+``asr_level`` or loses at least half the learnable quality), and destroyed models.
+
+**Which rules can reject** is decided from the data: a defense none of whose runs (every
+attack, settings group and seed, the baselines included) flagged a single update does not
+reject, and its detection figures read ``n/a (does not reject)``; one that flagged anything
+anywhere keeps its figures everywhere (a recall of 0 is then a miss).
+
+Everything is computed once, from the store's rows, by :func:`defender_summary`; the writers
+(terminal, Markdown, HTML, JSON) only format it.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from ..scoring import mean_ci
@@ -50,14 +68,19 @@ from .aggregate import CellSummary, Stat, _num, _settings
 
 __all__ = [
     "RANK_RULE",
+    "HARM_RULE",
     "REJECT_RULE",
     "NO_REJECT",
+    "TRAIN_SHARE",
+    "Quality",
     "DefenderRow",
     "DefenderGroup",
     "DefenderSummary",
     "DETECTION_RATES",
     "defender_summary",
+    "defender_headline",
     "reference_label",
+    "no_attack_labels",
     "rejects",
     "na_note",
     "defender_columns",
@@ -68,24 +91,58 @@ __all__ = [
 
 Settings = tuple[tuple[str, Any], ...]
 
-RANK_RULE = ("ranked by worst-case accuracy drop (smallest first); ties (equal to 3 decimals) by clean accuracy "
-             "(highest first), then matrix order")
+RANK_RULE = ("ranked by harm (smallest first): the larger of the worst attack's share of the learnable quality "
+             "lost, measured from the best clean defense, and the worst ASR; ties by mean recall, then clean "
+             "quality; still tied = same rank")
+HARM_RULE = ("harm = max((best clean − worst under attack) / (best clean − untrained level), worst ASR); "
+             "0 = as good as the best clean model and no backdoor, 1 = no better than an untrained model or a "
+             "backdoor that always fires")
 REJECT_RULE = ("n/a (does not reject): no run of that defense in this matrix flagged any update (tp + fp = 0 "
                "everywhere, baselines included), as for aggregators that weigh every update by design")
 NO_REJECT = "n/a (does not reject)"
 #: Rates that read "n/a" for a defense that does not reject (the tp/fp/tn/fn counts stay as they are).
 DETECTION_RATES = frozenset({"precision", "recall", "f1", "fpr"})
+#: A defense trains here when its clean quality closes at least this share of the best clean
+#: defense's gap above the untrained level.
+TRAIN_SHARE = 0.2
+#: An attack is "stopped" by a defense that keeps its ASR below this and loses under half the quality.
+STOP_ASR = 0.5
+#: Bits per byte of a uniform guess over 256 byte values: the floor of an older store's language model.
+UNIFORM_BYTE_BITS = 8.0
+
+
+@dataclass(frozen=True, slots=True)
+class Quality:
+    """The workload's own measure: which metric, its unit and direction."""
+
+    metric: str  # the attacked run's metric (final_accuracy_last_k or final_bits_per_byte)
+    drop_metric: str  # the drop from the defense's own baseline (accuracy_drop or bits_per_byte_increase)
+    label: str  # "accuracy" / "bits per byte"
+    higher_is_better: bool
+
+    def better(self, a: float, b: float) -> bool:
+        return a > b if self.higher_is_better else a < b
+
+    @property
+    def arrow(self) -> str:
+        return "↑" if self.higher_is_better else "↓"
+
+
+ACCURACY = Quality("final_accuracy_last_k", "accuracy_drop", "accuracy", True)
+BITS = Quality("final_bits_per_byte", "bits_per_byte_increase", "bits per byte", False)
 
 
 @dataclass(frozen=True, slots=True)
 class DefenderRow:
     """One defense in one settings group (``None``: undefined or not run yet)."""
 
-    rank: int  # 1 = best by :data:`RANK_RULE`
+    rank: int | None  # 1 = best by :data:`RANK_RULE`; None = not ranked (does not train here)
     defense: str
-    clean: Stat  # final accuracy of the no-attack baselines, over seeds
-    cost: float | None  # clean(reference) − clean(this); None without a reference
-    worst_drop: float | None
+    clean: Stat  # quality of the no-attack baselines, over seeds
+    cost: float | None  # what it pays against the reference with no attack (positive = worse); None without one
+    worst_quality: Stat | None  # the worst seed-mean quality under attack (its cell's interval)
+    worst_quality_attack: str | None
+    worst_drop: float | None  # the largest drop from its own baseline (accuracy drop / bpb increase)
     worst_drop_attack: str | None
     worst_asr: float | None
     worst_asr_attack: str | None
@@ -96,15 +153,36 @@ class DefenderRow:
     worst_fpr_attack: str | None
     attacked: int  # attacked cells (attack ≠ none) with at least one finished seed
     pending: int  # attacked cells with some seed not finished
+    harm: float | None = None  # see :data:`HARM_RULE`
+    harm_lo: float | None = None
+    harm_hi: float | None = None
+    mean_recall: float | None = None  # over the attacked cells (None: does not reject)
+    trains: bool | None = None  # False: does not train here; None: cannot be told
+    destroyed: tuple[str, ...] = ()  # attacks under which some seed's model was destroyed
+    pareto: bool = False
+    tied_with_leader: bool = False  # its harm interval overlaps the leader's (≥ 2 seeds)
+    caught: int = 0  # attacked cells whose seed-mean recall is ≥ 0.5 (a rule that rejects)
+    #: per attacked cell: (attack, quality share lost or None, ASR or None, destroyed)
+    by_attack: tuple[tuple[str, float | None, float | None, bool], ...] = ()
+
+    @property
+    def rank_text(self) -> str:
+        if self.rank is None:
+            return "—"
+        return "≈1" if self.tied_with_leader and self.rank != 1 else str(self.rank)
 
 
 @dataclass(frozen=True, slots=True)
 class DefenderGroup:
     settings: Settings  # empty for a matrix without settings axes
-    attacks: tuple[str, ...]  # the matrix's attacks in this group, ``none`` excluded
+    attacks: tuple[str, ...]  # the matrix's attacks in this group, no-attack cells excluded
     targeted: tuple[str, ...]  # those with a defined ASR in some cell
     reference: str | None  # the reference defense label if it is in this group
-    rows: tuple[DefenderRow, ...]  # in rank order
+    rows: tuple[DefenderRow, ...]  # ranked rows first, in rank order; then the unranked
+    quality: Quality = ACCURACY
+    untrained: float | None = None  # the untrained level in the quality's unit (None: not in the store)
+    seeds: int = 0  # the most seeds any cell of the group has finished
+    headline: tuple[str, ...] = ()  # the summary's first lines (see :func:`defender_headline`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,11 +213,36 @@ def na_note(report: Any, metric: str) -> str | None:
 # ------------------------------------------------------------------- computing
 
 
-def _last_accuracy(rounds: Any) -> float | None:
+def _ordered(rounds: Any) -> list[Mapping[str, Any]]:
     recs = [r for r in rounds if isinstance(r, Mapping)] if isinstance(rounds, list) else []
+    return sorted(recs, key=lambda r: r.get("round", 0))
+
+
+def _baseline_quality(rounds: Any, quality: Quality, last_k: int) -> float | None:
+    """The baseline run's quality from its rounds (``nan``: its model broke; None: no rounds)."""
+    recs = _ordered(rounds)
     if not recs:
         return None
-    return _num(max(recs, key=lambda r: r.get("round", 0)).get("accuracy"))
+    if quality.higher_is_better:
+        tail = [_num(r.get("accuracy")) for r in recs[-max(1, last_k):]]
+        vals = [v for v in tail if v is not None]
+        return sum(vals) / len(vals) if vals else math.nan
+    loss = _num(recs[-1].get("loss"))
+    return loss / math.log(2) if loss is not None else math.nan
+
+
+def _untrained_of(rounds: Any, quality: Quality) -> float | None:
+    """The untrained level a run recorded in its first round (None: the store predates it)."""
+    recs = _ordered(rounds)
+    extra = recs[0].get("extra") if recs else None
+    ref = extra.get("untrained") if isinstance(extra, Mapping) else None
+    if not isinstance(ref, Mapping):
+        return None
+    if quality.higher_is_better:
+        vals = [v for v in (_num(ref.get("accuracy")), _num(ref.get("chance_accuracy"))) if v is not None]
+        return max(vals) if vals else None
+    loss = _num(ref.get("loss"))
+    return loss / math.log(2) if loss is not None else None
 
 
 def _rounds_flagged(rounds: Any) -> bool:
@@ -156,22 +259,6 @@ def _rounds_flagged(rounds: Any) -> bool:
             if 0 <= i < len(acc) and not acc[i] and (i >= len(part) or part[i]):
                 return True
     return False
-
-
-def _clean_by_seed(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, Settings], dict[Any, float]]:
-    """Per (defense, settings), the baseline final accuracy per replicate."""
-    out: dict[tuple[str, Settings], dict[Any, float]] = {}
-    for r in rows:
-        key = (str(r["defense"]), _settings(r["settings"]))
-        seed = r.get("replicate", r.get("seed"))
-        acc = _last_accuracy(r.get("baseline_rounds"))
-        if acc is None and r.get("finished") and isinstance(r.get("metrics"), Mapping):
-            # no rounds in the rows: the attacked run's accuracy plus its drop is the baseline's
-            fa, drop = _num(r["metrics"].get("final_accuracy")), _num(r["metrics"].get("accuracy_drop"))
-            acc = fa + drop if fa is not None and drop is not None else None
-        if acc is not None:
-            out.setdefault(key, {}).setdefault(seed, acc)
-    return out
 
 
 def _flagged(metrics: Any) -> bool:
@@ -220,6 +307,70 @@ def reference_label(defenses: Sequence[str], scenario_doc: Any, name: str = "mea
     return name
 
 
+def no_attack_labels(scenario_doc: Any) -> frozenset[str]:
+    """Matrix attack labels that run no attack: ``none`` itself, and any entry of plugin ``none``
+    under another label (``{ name = "none", label = "clean" }``)."""
+    out = {"none"}
+    matrix = scenario_doc.get("matrix") if isinstance(scenario_doc, Mapping) else None
+    entries = matrix.get("attacks") if isinstance(matrix, Mapping) else None
+    for e in entries if isinstance(entries, list) else []:
+        if isinstance(e, Mapping) and e.get("name") == "none" and isinstance(e.get("label"), str):
+            out.add(e["label"])
+    return frozenset(out)
+
+
+def _last_k(scenario_doc: Any, settings: Settings) -> int:
+    s = dict(settings)
+    k = s.get("federation.last_k")
+    if k is None and isinstance(scenario_doc, Mapping):
+        fed = scenario_doc.get("federation")
+        k = fed.get("last_k") if isinstance(fed, Mapping) else None
+    return int(k) if isinstance(k, int) and not isinstance(k, bool) and k > 0 else 1
+
+
+def _quality_for(scenario_doc: Any, settings: Settings, cells: Sequence[CellSummary]) -> Quality:
+    """Bits per byte for a language-model workload; accuracy otherwise (or when unknown)."""
+    from .applicable import language_model, store_workloads
+
+    lm = language_model(store_workloads(scenario_doc, [settings]))
+    if lm is None:  # kind unknown: bits per byte only if the cells carry nothing else meaningful
+        lm = False
+    return BITS if lm and any(c.value(BITS.metric) is not None for c in cells) else ACCURACY
+
+
+def _q_stat(c: CellSummary, q: Quality) -> Stat | None:
+    """A cell's quality under attack (rows without the last-k mean fall back to the final accuracy)."""
+    s = c.metrics.get(q.metric)
+    if (s is None or s.mean is None) and q.higher_is_better:
+        s = c.metrics.get("final_accuracy")
+    return s if s is not None and s.mean is not None else None
+
+
+def _stat(values: Sequence[float], confidence: float) -> Stat:
+    ci = mean_ci(list(values), confidence)
+    return Stat(ci["mean"], ci["lo"], ci["hi"], ci["n"])
+
+
+def _harm_of(q: Quality, stat: Stat | None, best: float | None, floor: float | None) -> tuple[
+        float | None, float | None, float | None]:
+    """(harm, lo, hi) of a quality under attack: the share of the learnable quality it lost."""
+    if stat is None or stat.mean is None or best is None or floor is None:
+        return None, None, None
+    span = (best - floor) if q.higher_is_better else (floor - best)
+    if not span > 0:
+        return None, None, None
+
+    def h(v: float | None) -> float | None:
+        if v is None:
+            return None
+        lost = (best - v) if q.higher_is_better else (v - best)
+        return min(1.0, max(0.0, lost / span))
+
+    lo, hi = (stat.hi, stat.lo) if q.higher_is_better else (stat.lo, stat.hi)
+    m = h(stat.mean)
+    return m, h(lo) if lo is not None else m, h(hi) if hi is not None else m
+
+
 def defender_summary(
     rows: Sequence[Mapping[str, Any]],
     cells: Sequence[CellSummary],
@@ -227,13 +378,14 @@ def defender_summary(
     reference: str = "mean",
     confidence: float = 0.95,
     scenario_doc: Any = None,
+    asr_level: float = STOP_ASR,
 ) -> DefenderSummary:
     """The summary from the store's rows (``ResultsStore.results(with_rounds=True)``, for the
     baselines) and the aggregated cells (:func:`~redteam.report.aggregate.aggregate_cells`).
     ``reference`` is the plugin the cost is measured against; its label in the matrix is
     found with :func:`reference_label` (``scenario_doc``: the scenario as stored)."""
     reference = reference_label(list(dict.fromkeys(c.defense for c in cells)), scenario_doc, reference)
-    clean = _clean_by_seed(rows)
+    idle = no_attack_labels(scenario_doc)
     flagging = _flagging_defenses(rows)
     defenses_all = list(dict.fromkeys(c.defense for c in cells))
     non_rejecting = frozenset(d for d in defenses_all if d not in flagging)
@@ -241,53 +393,254 @@ def defender_summary(
     by_group: dict[Settings, list[CellSummary]] = {}
     for c in cells:
         by_group.setdefault(c.settings, []).append(c)
+    rows_by_group: dict[Settings, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        rows_by_group.setdefault(_settings(r["settings"]), []).append(r)
 
     groups = []
     for settings, cs in by_group.items():
+        q = _quality_for(scenario_doc, settings, cs)
+        k = _last_k(scenario_doc, settings)
+        grows = rows_by_group.get(settings, [])
         defenses = list(dict.fromkeys(c.defense for c in cs))
-        attacks = tuple(dict.fromkeys(c.attack for c in cs if c.attack != "none"))
-        targeted = tuple(dict.fromkeys(c.attack for c in cs if c.attack != "none" and c.value("asr") is not None))
-        stats = {}
+        attacks = tuple(dict.fromkeys(c.attack for c in cs if c.attack not in idle))
+        targeted = tuple(dict.fromkeys(c.attack for c in cs if c.attack not in idle and c.value("asr") is not None))
+        seeds = max((c.finished for c in cs), default=0)
+
+        # clean quality per defense (one value per seed: the baseline is shared by the attacks)
+        clean_vals: dict[str, dict[Any, float]] = {}
+        broken_clean: set[str] = set()
+        floors: list[float] = []
+        for r in grows:
+            d = str(r["defense"])
+            seed = r.get("replicate", r.get("seed"))
+            v = _baseline_quality(r.get("baseline_rounds"), q, k)
+            if v is None and r.get("finished") and isinstance(r.get("metrics"), Mapping):
+                a, drop = _num(r["metrics"].get(q.metric)), _num(r["metrics"].get(q.drop_metric))
+                v = (a + drop if q.higher_is_better else a - drop) if a is not None and drop is not None else None
+            if v is not None and math.isnan(v):
+                broken_clean.add(d)
+            elif v is not None:
+                clean_vals.setdefault(d, {}).setdefault(seed, v)
+            u = _untrained_of(r.get("baseline_rounds"), q)
+            if u is not None:
+                floors.append(u)
+        untrained = sum(floors) / len(floors) if floors else None
+        clean = {d: _stat(list(clean_vals.get(d, {}).values()), confidence) for d in defenses}
+
+        better = q.better
+        known = [clean[d].mean for d in defenses if clean[d].mean is not None]
+        best_clean = (max(known) if q.higher_is_better else min(known)) if known else None
+        trains: dict[str, bool | None] = {}
         for d in defenses:
-            ci = mean_ci(list(clean.get((d, settings), {}).values()), confidence)
-            stats[d] = Stat(ci["mean"], ci["lo"], ci["hi"], ci["n"])
+            own = clean[d].mean
+            if d in broken_clean and own is None:
+                trains[d] = False
+            elif untrained is None or best_clean is None or own is None:
+                trains[d] = None
+            else:
+                gap = (best_clean - untrained) if q.higher_is_better else (untrained - best_clean)
+                got = (own - untrained) if q.higher_is_better else (untrained - own)
+                trains[d] = not (gap > 0 and got < TRAIN_SHARE * gap)
+        # harm's floor: the untrained level; without one (an older store), accuracy 0 or, in bits
+        # per byte, a uniform guess over 256 byte values (8 bits) or the worst seen if that is worse
+        floor = untrained
+        if floor is None:
+            seen = [v.mean for c in cs if c.attack not in idle and (v := _q_stat(c, q)) is not None] + known
+            floor = 0.0 if q.higher_is_better else max([UNIFORM_BYTE_BITS, *seen])
+        best_trained = [clean[d].mean for d in defenses if trains[d] is not False and clean[d].mean is not None]
+        best = (max(best_trained) if q.higher_is_better else min(best_trained)) if best_trained else best_clean
+
         ref = reference if reference in defenses else None
-        ref_clean = stats[ref].mean if ref is not None else None
-        rows_out = []
-        for pos, d in enumerate(defenses):
+        ref_clean = clean[ref].mean if ref is not None else None
+        rows_out: list[DefenderRow] = []
+        for d in defenses:
             mine = [c for c in cs if c.defense == d]
-            hit = [c for c in mine if c.attack != "none" and c.finished > 0]
-            drop, drop_a = _extreme(hit, "accuracy_drop", lambda v, b: v > b)
-            asr, asr_a = _extreme(hit, "asr", lambda v, b: v > b)
+            hit = [c for c in mine if c.attack not in idle and c.finished > 0]
+            destroyed = tuple(c.attack for c in hit if c.broken)
+            wq_cell, wq = None, None
+            for c in hit:
+                st_ = _q_stat(c, q)
+                if c.broken or st_ is None:
+                    continue
+                if wq is None or better(wq.mean, st_.mean):
+                    wq_cell, wq = c, st_
+            drop, drop_a = _extreme(hit, q.drop_metric, lambda v, b: v > b)
+            asr_cell = None
+            for c in hit:
+                v = c.value("asr")
+                if v is not None and (asr_cell is None or v > asr_cell.value("asr")):
+                    asr_cell = c
+            asr = asr_cell.value("asr") if asr_cell is not None else None
             done = [c for c in mine if c.finished > 0]
             rec, rec_a = _extreme(done, "recall", lambda v, b: v < b)
             fpr, fpr_a = _extreme(done, "fpr", lambda v, b: v > b)
             fpr_a = fpr_a if fpr else None  # no honest update flagged anywhere: no attack to name
-            own = stats[d].mean
-            cost = ref_clean - own if ref_clean is not None and own is not None else None
+            own = clean[d].mean
+            cost = None
+            if ref_clean is not None and own is not None:
+                cost = (ref_clean - own) if q.higher_is_better else (own - ref_clean)
             can_reject = d not in non_rejecting
-            rows_out.append((pos, DefenderRow(
-                0, d, stats[d], cost, drop, drop_a, asr, asr_a, can_reject,
+            recalls = [v for c in hit if (v := c.value("recall")) is not None]
+            mean_recall = (sum(recalls) / len(recalls) if recalls else 0.0) if can_reject else None
+            # harm: the larger of the quality share lost and the ASR, with the interval of the cell that sets it
+            h_q = _harm_of(q, wq, best, floor)
+            parts = [h_q] if h_q[0] is not None else []
+            if asr_cell is not None:
+                a = asr_cell.metrics["asr"]
+                parts.append((a.mean, max(0.0, a.lo if a.lo is not None else a.mean),
+                              min(1.0, a.hi if a.hi is not None else a.mean)))
+            if destroyed:
+                parts.append((1.0, 1.0, 1.0))
+            by_attack = tuple((c.attack, None if c.broken else _harm_of(q, _q_stat(c, q), best, floor)[0],
+                               c.value("asr"), bool(c.broken)) for c in hit)
+            harm = max(p[0] for p in parts) if parts else None
+            harm_lo = max(p[1] for p in parts) if parts else None
+            harm_hi = max(p[2] for p in parts) if parts else None
+            rows_out.append(DefenderRow(
+                None, d, clean[d], cost, wq, wq_cell.attack if wq_cell is not None else None, drop, drop_a,
+                asr, asr_cell.attack if asr_cell is not None else None, can_reject,
                 rec if can_reject else None, rec_a if can_reject else None,
                 fpr if can_reject else None, fpr_a if can_reject else None,
-                len(hit), sum(1 for c in mine if c.attack != "none" and c.finished < c.planned))))
+                len(hit), sum(1 for c in mine if c.attack not in idle and c.finished < c.planned),
+                harm, harm_lo, harm_hi, mean_recall, trains[d], destroyed, by_attack=by_attack,
+                caught=sum(1 for v in recalls if v >= 0.5) if can_reject else 0))
 
-        def key(item: tuple[int, DefenderRow]) -> tuple[Any, ...]:
-            pos, r = item
-            tier = 2 if r.worst_drop is None else (1 if r.pending else 0)
-            drop = round(r.worst_drop, 3) if r.worst_drop is not None else 0.0
-            clean_key = -round(r.clean.mean, 3) if r.clean.mean is not None else math.inf
-            return (tier, drop, clean_key, pos)
-
-        ranked = tuple(_with_rank(r, i + 1) for i, (_, r) in enumerate(sorted(rows_out, key=key)))
-        groups.append(DefenderGroup(settings, attacks, targeted, ref, ranked))
+        ranked, unranked = _rank(rows_out, q, bool(attacks))
+        ranked = _mark_pareto(ranked, q)
+        ranked = _mark_ties(ranked, seeds)
+        group = DefenderGroup(settings, attacks, targeted, ref, tuple(ranked + unranked), q,
+                              untrained, seeds)
+        groups.append(replace(group, headline=tuple(defender_headline(group, asr_level=asr_level))))
     return DefenderSummary(reference, tuple(groups), non_rejecting)
 
 
-def _with_rank(row: DefenderRow, rank: int) -> DefenderRow:
-    from dataclasses import replace
+def _rank(rows: list[DefenderRow], q: Quality, attacked: bool) -> tuple[list[DefenderRow], list[DefenderRow]]:
+    """Trained defenses ranked by :data:`RANK_RULE` (ties share a rank); the rest unranked."""
+    unranked = sorted((r for r in rows if r.trains is False), key=lambda r: r.defense)
 
-    return replace(row, rank=rank)
+    def key(r: DefenderRow) -> tuple[Any, ...]:
+        if not attacked:  # only baselines: clean quality decides
+            tier, harm = 0, 0.0
+        else:
+            tier = 2 if r.harm is None else (1 if r.pending else 0)
+            harm = round(r.harm, 3) if r.harm is not None else 0.0
+        recall = -round(r.mean_recall, 3) if r.mean_recall is not None else 0.0
+        c = r.clean.mean
+        clean_key = (-round(c, 3) if q.higher_is_better else round(c, 3)) if c is not None else math.inf
+        return (tier, harm, recall, clean_key)
+
+    trained = sorted((r for r in rows if r.trains is not False), key=lambda r: (key(r), r.defense))
+    out: list[DefenderRow] = []
+    for i, r in enumerate(trained):
+        rank = out[-1].rank if out and key(trained[i - 1]) == key(r) else i + 1
+        out.append(replace(r, rank=rank))
+    return out, [replace(r, rank=None) for r in unranked]
+
+
+def _mark_pareto(rows: list[DefenderRow], q: Quality) -> list[DefenderRow]:
+    """Mark the defenses no other dominates on (worst quality under attack, worst ASR, clean)."""
+    def axes(r: DefenderRow) -> tuple[float, float, float] | None:
+        wq = r.worst_quality.mean if r.worst_quality is not None else None
+        if r.destroyed:
+            wq = -math.inf if q.higher_is_better else math.inf
+        if wq is None or r.clean.mean is None:
+            return None
+        sign = 1.0 if q.higher_is_better else -1.0  # larger is better on every axis
+        return (sign * wq, -(r.worst_asr or 0.0), sign * r.clean.mean)
+
+    pts = {r.defense: axes(r) for r in rows}
+    out = []
+    for r in rows:
+        p = pts[r.defense]
+        dominated = p is None or any(
+            o is not None and o != p and all(a >= b for a, b in zip(o, p)) for o in pts.values())
+        out.append(replace(r, pareto=not dominated))
+    return out
+
+
+def _mark_ties(rows: list[DefenderRow], seeds: int) -> list[DefenderRow]:
+    """With ≥ 2 seeds, mark the defenses whose harm interval overlaps the leader's."""
+    if seeds < 2 or not rows or rows[0].harm_lo is None:
+        return rows
+    lead = rows[0]
+    out = [rows[0]]
+    for r in rows[1:]:
+        tied = (r.harm_lo is not None and r.harm_hi is not None and not r.pending
+                and r.harm_lo <= lead.harm_hi and lead.harm_lo <= r.harm_hi)
+        out.append(replace(r, tied_with_leader=tied))
+    return out
+
+
+def _fmt_q(q: Quality, v: float | None) -> str:
+    return "—" if v is None else f"{v:.3f}"
+
+
+def defender_headline(group: DefenderGroup, *, asr_level: float = STOP_ASR) -> list[str]:
+    """The summary's first lines: the pick (or that nothing holds), what cannot be told from it,
+    what does not train, what nothing stops, destroyed models, and the seed count."""
+    q = group.quality
+    lines: list[str] = []
+    if group.seeds <= 1:
+        lines.append("One seed: no difference here is tested against noise (run seeds ≥ 3 before choosing).")
+    ranked = [r for r in group.rows if r.rank is not None]
+    if group.attacks and ranked and ranked[0].harm is not None:
+        lead = ranked[0]
+        facts = [f"worst {q.label} under attack {_fmt_q(q, lead.worst_quality.mean if lead.worst_quality else None)}"
+                 + (f" ({lead.worst_quality_attack})" if lead.worst_quality_attack else "")]
+        if lead.worst_asr is not None:
+            facts.append(f"worst ASR {lead.worst_asr:.3f} ({lead.worst_asr_attack})")
+        facts.append(f"clean {_fmt_q(q, lead.clean.mean)}")
+        same = [r.defense for r in ranked if r.rank == lead.rank and r is not lead]
+        head = lead.defense + (f" (tied: {', '.join(same)})" if same else "")
+        if lead.rejects and lead.caught:
+            facts.append(f"flags the attackers in {lead.caught} of {lead.attacked} attacks (recall ≥ 0.5)")
+        nxt = next((r for r in ranked if r.rank != lead.rank), None)
+        if nxt is not None and nxt.harm is not None and round(nxt.harm, 3) == round(lead.harm, 3):
+            mine, theirs = lead.mean_recall or 0.0, nxt.mean_recall or 0.0
+            facts.append(f"ahead of {nxt.defense} at equal harm on mean recall ({mine:.3f} vs {theirs:.3f})"
+                         if round(mine, 3) != round(theirs, 3) else f"ahead of {nxt.defense} at equal harm on clean "
+                         f"{q.label}")
+        if lead.harm >= 0.5:
+            lines.append(f"No defense here holds against this matrix: the least harmed, {head}, has harm "
+                         f"{lead.harm:.2f} ({'; '.join(facts)}).")
+        else:
+            lines.append(f"Pick: {head}, harm {lead.harm:.2f} ({'; '.join(facts)}).")
+        close = [r.defense for r in ranked if r.tied_with_leader]
+        if close:
+            lines.append(f"Indistinguishable from {lead.defense} at 95 % over {group.seeds} seeds: {', '.join(close)}.")
+    elif ranked:
+        lines.append(f"No attack in this matrix: best clean {q.label}: {ranked[0].defense} "
+                     f"({_fmt_q(q, ranked[0].clean.mean)}).")
+    idle = [r for r in group.rows if r.trains is False]
+    if idle:
+        what = "; ".join(f"{r.defense} (clean {_fmt_q(q, r.clean.mean)})" for r in idle)
+        lines.append(f"Does not train here (clean {q.label} within {TRAIN_SHARE:.0%} of the best defense's gain "
+                     f"over the untrained {_fmt_q(q, group.untrained)}), not ranked: {what}.")
+    for attack in group.attacks:
+        best: tuple[float, str, str] | None = None  # (harm, defense, what it leaves)
+        stopped = False
+        for r in ranked:
+            for a, share, asr, broke in r.by_attack:
+                if a != attack:
+                    continue
+                if broke:
+                    h, what = 1.0, "loses its model (non-finite)"
+                else:
+                    share_q = share if share is not None else 0.0
+                    stopped = stopped or (share is not None and share < 0.5 and (asr is None or asr < asr_level))
+                    if asr is not None and asr >= share_q:
+                        h, what = asr, f"leaves ASR {asr:.3f}"
+                    else:
+                        h, what = share_q, f"loses {share_q:.0%} of the learnable {q.label}"
+                if best is None or h < best[0]:
+                    best = (h, r.defense, what)
+        if not stopped and best is not None:
+            lines.append(f"No defense here stops {attack}: the best, {best[1]}, {best[2]}.")
+    wrecked = [f"{r.defense} under {', '.join(r.destroyed)}" for r in group.rows if r.destroyed]
+    if wrecked:
+        lines.append(f"Model destroyed (non-finite loss or a refused step) in some seed: {'; '.join(wrecked)}.")
+    return lines
 
 
 # ------------------------------------------------------------------- rendering
@@ -307,37 +660,65 @@ def _v(v: float | None, attack: str | None = None, signed: bool = False, stacked
 
 
 def _clean_text(s: Stat) -> str:
-    from .tables import fmt_stat
+    if s.mean is None:
+        return "…"
+    h = s.half_width
+    return f"{s.mean:.3f}" + (f" ± {h:.3f}" if h is not None else "")
 
-    return "…" if s.mean is None else fmt_stat("final_accuracy", s)
+
+def _harm_text(r: DefenderRow, stacked: bool = False) -> str:
+    if r.harm is None:
+        return "—"
+    if r.harm_lo is not None and r.harm_hi is not None and r.harm_hi > r.harm_lo:
+        return f"{r.harm:.2f}" + ("\n" if stacked else " ") + f"[{r.harm_lo:.2f}, {r.harm_hi:.2f}]"
+    return f"{r.harm:.2f}"
 
 
 def defender_columns(group: DefenderGroup, summary: DefenderSummary, *, stacked: bool = False) -> tuple[
         list[str], list[list[str]]]:
-    """Header and plain-text rows of one group's table. Columns the group has no data for
-    (no ``mean``, no attack, no targeted attack, no defense that rejects) are left out;
-    :func:`defender_notes` says why in one line each. A worst case reads ``0.276 (sign_flip)``,
-    or with ``stacked`` (narrow terminals) the attack on a line of its own. Labels are raw
-    text: each writer escapes."""
+    """Header and plain-text rows of one group's table, in the workload's own metric (its
+    direction as an arrow). Columns the group has no data for (no ``mean``, no attack, no
+    targeted attack, no defense that rejects) are left out; :func:`defender_notes` says why in
+    one line each. A worst case reads ``0.276 (sign_flip)``, or with ``stacked`` (narrow
+    terminals) the attack on a line of its own. Labels are raw text: each writer escapes."""
+    q = group.quality
     any_rejects = any(r.rejects for r in group.rows)
-    header = ["#", "defense", "clean accuracy"]
+    header = ["#", "defense"]
+    if group.attacks:
+        header.append("harm ↓")
+    header.append(f"clean {q.label} {q.arrow}")
     if group.reference is not None:
         header.append(f"cost vs {summary.reference}")
     if group.attacks:
-        header.append("worst accuracy drop (attack)")
+        header.append(f"worst under attack {q.arrow}")
+        if not stacked:  # the drop from its own baseline is for reference only: narrow terminals leave it out
+            header.append("worst drop" if q.higher_is_better else "worst increase")
     if group.targeted:
-        header.append("worst ASR (attack)")
+        header.append("worst ASR ↓")
     if any_rejects:
-        header += ["worst recall (attack)", "worst FPR (attack)"]
+        header += ["worst recall ↑", "worst FPR ↓"]
     body = []
     for r in group.rows:
-        line = [str(r.rank), r.defense, _clean_text(r.clean)]
+        line = [r.rank_text, r.defense]
+        if group.attacks:
+            line.append("does not train" if r.trains is False else _harm_text(r, stacked))
+        line.append(_clean_text(r.clean))
         if group.reference is not None:
             line.append("reference" if r.defense == group.reference else _v(r.cost, signed=True))
         if group.attacks:
             star = "*" if r.pending and r.attacked else ""
-            line.append(_v(r.worst_drop, r.worst_drop_attack, stacked=stacked, star=star) if r.attacked
-                        else "… (not run yet)")
+            if not r.attacked:
+                line.append("… (not run yet)")
+            elif r.worst_quality is None and r.destroyed:
+                line.append("model destroyed" + (f" ({r.destroyed[0]})" if not stacked else f"\n{r.destroyed[0]}"))
+            else:
+                wq = r.worst_quality.mean if r.worst_quality is not None else None
+                text = _v(wq, r.worst_quality_attack, stacked=stacked, star=star)
+                if r.destroyed:
+                    text += "; destroyed under " + ", ".join(r.destroyed)
+                line.append(text)
+            if not stacked:
+                line.append(_v(r.worst_drop, r.worst_drop_attack, signed=True) if r.attacked else "…")
         if group.targeted:
             line.append(_v(r.worst_asr, r.worst_asr_attack, stacked=stacked))
         if any_rejects:
@@ -348,13 +729,36 @@ def defender_columns(group: DefenderGroup, summary: DefenderSummary, *, stacked:
 
 
 def defender_notes(group: DefenderGroup, summary: DefenderSummary) -> list[str]:
-    """One line per fact the table needs: the ranking rule, the cost's sign, the columns left out."""
-    notes = [f"{RANK_RULE[0].upper()}{RANK_RULE[1:]}."]
+    """One line per fact the table needs: the ranking rule, harm, the cost's sign, the columns left out."""
+    q = group.quality
+    k_note = " (the mean of the last k evaluations when [federation] last_k > 1)" if q.higher_is_better else ""
+    notes = [f"Quality here: {q.label}{k_note}, {'higher' if q.higher_is_better else 'lower'} is better; "
+             f"'worst under attack' is the worst seed-mean {q.label} over the attacks; 'worst "
+             f"{'drop' if q.higher_is_better else 'increase'}' is from the defense's own baseline (for reference, "
+             "not ranked on).",
+             f"{RANK_RULE[0].upper()}{RANK_RULE[1:]}."]
+    if group.attacks:
+        notes.append(HARM_RULE + ".")
+        if group.untrained is not None:
+            notes.append(f"Untrained level here: {group.untrained:.3f} {q.label} (the initial model, or the majority "
+                         "class if better); a defense closing less than "
+                         f"{TRAIN_SHARE:.0%} of the best clean defense's gain over it does not train here.")
+        else:
+            floor = "accuracy 0" if q.higher_is_better else f"{UNIFORM_BYTE_BITS:g} bits per byte (a uniform byte)"
+            notes.append(f"Untrained level: not in this store (made before it was recorded): harm is measured from "
+                         f"{floor}, and no defense is flagged as not training.")
+    if group.seeds >= 2:
+        notes.append(f"≈1 = its harm interval (95 %, {group.seeds} seeds) overlaps the leader's: the data cannot "
+                     "tell it from the pick.")
+    pareto = [r.defense for r in group.rows if r.pareto]
+    if group.attacks and pareto:
+        notes.append(f"Pareto set over (worst {q.label} under attack, worst ASR, clean {q.label}): "
+                     f"{', '.join(pareto)}.")
     if group.reference is None:
         notes.append(f"cost vs {summary.reference}: n/a ({summary.reference} not in the matrix).")
     else:
-        notes.append(f"cost vs {summary.reference} = clean accuracy of {summary.reference} minus the defense's "
-                     "(positive: accuracy paid when nobody attacks).")
+        notes.append(f"cost vs {summary.reference} = what the defense pays in clean {q.label} against "
+                     f"{summary.reference} when nobody attacks (positive: worse).")
     if any(r.pending for r in group.rows):
         notes.append("* = some attacked cells of that defense have not finished: its worst case is over the "
                      "finished ones (ranked after the complete defenses).")
@@ -397,28 +801,46 @@ def _fit_widths(header: Sequence[str], body: Sequence[Sequence[str]], room: int)
     return widths
 
 
+def _stat_dict(s: Stat | None) -> dict[str, Any] | None:
+    return None if s is None else {"mean": s.mean, "lo": s.lo, "hi": s.hi, "n": s.n}
+
+
 def defenders_dict(summary: DefenderSummary | None) -> dict[str, Any] | None:
-    """The JSON form (``null`` values for undefined; ``rejects`` false = detection n/a)."""
+    """The JSON form (``null`` values for undefined; ``rejects`` false = detection n/a; ``rank``
+    null = not ranked because the defense does not train here)."""
     if summary is None:
         return None
     return {
         "reference": summary.reference,
         "rank_rule": RANK_RULE,
+        "harm_rule": HARM_RULE,
         "reject_rule": REJECT_RULE,
+        "train_share": TRAIN_SHARE,
         "groups": [
             {
                 "settings": dict(g.settings),
+                "headline": list(g.headline),
+                "quality": {"metric": g.quality.metric, "label": g.quality.label,
+                            "higher_is_better": g.quality.higher_is_better, "drop_metric": g.quality.drop_metric},
+                "untrained_level": g.untrained,
+                "seeds": g.seeds,
                 "reference_in_matrix": g.reference is not None,
                 "attacks": list(g.attacks),
                 "targeted_attacks": list(g.targeted),
                 "defenses": [
                     {
-                        "rank": r.rank, "defense": r.defense,
-                        "clean_accuracy": {"mean": r.clean.mean, "lo": r.clean.lo, "hi": r.clean.hi, "n": r.clean.n},
+                        "rank": r.rank, "rank_text": r.rank_text, "defense": r.defense,
+                        "trains": r.trains, "pareto": r.pareto, "indistinguishable_from_leader": r.tied_with_leader,
+                        "harm": {"value": r.harm, "lo": r.harm_lo, "hi": r.harm_hi},
+                        "clean": _stat_dict(r.clean),
                         "cost_vs_reference": r.cost,
-                        "worst_accuracy_drop": {"value": r.worst_drop, "attack": r.worst_drop_attack},
+                        "worst_under_attack": {**(_stat_dict(r.worst_quality) or {"mean": None}),
+                                               "attack": r.worst_quality_attack},
+                        "worst_drop": {"value": r.worst_drop, "attack": r.worst_drop_attack},
                         "worst_asr": {"value": r.worst_asr, "attack": r.worst_asr_attack},
+                        "model_destroyed_under": list(r.destroyed),
                         "rejects": r.rejects,
+                        "mean_recall": r.mean_recall,
                         "worst_recall": ({"value": r.worst_recall, "attack": r.worst_recall_attack}
                                          if r.rejects else None),
                         "worst_fpr": {"value": r.worst_fpr, "attack": r.worst_fpr_attack} if r.rejects else None,
@@ -433,8 +855,8 @@ def defenders_dict(summary: DefenderSummary | None) -> dict[str, Any] | None:
 
 
 def print_defenders(console: Any, summary: DefenderSummary | None, escape: Callable[[object], str]) -> None:
-    """The summary on a rich console: per settings group a title, a table, and its notes.
-    Long entries wrap inside their column (nothing is cut off)."""
+    """The summary on a rich console: per settings group a title, the headline, a table, and its
+    notes. Long entries wrap inside their column (nothing is cut off)."""
     if summary is None or not summary.groups:
         return
     from rich import box
@@ -456,6 +878,10 @@ def print_defenders(console: Any, summary: DefenderSummary | None, escape: Calla
         for line in body:
             t.add_row(*["\n".join(escape(part) for part in x.split("\n")) for x in line])
         console.print(f"[bold]{escape(title)}[/bold]")
+        from ..runner.outputs import terminal_safe
+
+        for h in g.headline:
+            console.print(f"[bold]{escape(terminal_safe(h))}[/bold]")
         console.print(t)
         for n in defender_notes(g, summary):
-            console.print(f"[dim]{escape(n)}[/dim]")
+            console.print(f"[dim]{escape(terminal_safe(n))}[/dim]")

@@ -3,9 +3,11 @@
 * **Markdown**: one attacks × defenses table per metric and settings group (as in the
   terminal), then the breakdown fraction, envelope utilisation and expectations.
 * **JSON** (format ``redteam.report/v1``): the scenario, versions, reproduce command and,
-  per cell, ``{"mean", "lo", "hi", "n"}`` for each metric; the breakdown, envelope and
-  expectation rows, and ``defenders`` (the defender's summary, :mod:`redteam.report.defender`).
-  Undefined values are ``null``.
+  per cell, ``{"mean", "lo", "hi", "n"}`` for each metric and ``seeds``: each of its runs'
+  replicate, seed, whether it finished and the ``redteam run`` command that reruns it
+  (:func:`cell_seeds`); the breakdown, envelope and expectation rows, and ``defenders``
+  (the defender's summary, :mod:`redteam.report.defender`). Undefined values are ``null``.
+* **Markdown** and **HTML** list the same seeds and commands per cell.
 * **CSV**: one row per cell: ``cell_id, attack, defense``, one column per matrix
   setting, ``seeds_planned, seeds_finished``, then ``M, M_lo, M_hi, M_n`` for each metric
   ``M`` (empty = undefined).
@@ -30,7 +32,7 @@ from .aggregate import REPORT_METRICS, Report, axis_labels, settings_groups
 from .defender import defenders_dict, na_note, rejects
 from .tables import LEGEND, cell_text, fmt_value, group_title, metric_grids, short_key
 
-__all__ = ["to_markdown", "to_json", "to_csv", "report_dict", "FORMAT_ID"]
+__all__ = ["to_markdown", "to_json", "to_csv", "report_dict", "cell_seeds", "FORMAT_ID"]
 
 FORMAT_ID = "redteam.report/v1"
 
@@ -64,6 +66,63 @@ def md_text(text: object) -> str:
         else:
             out.append(ch)
     return "".join(out)
+
+
+def cell_seeds(report: Report) -> dict[str, list[dict[str, Any]]]:
+    """Per cell id, its runs in replicate order: ``{"replicate", "seed", "finished",
+    "reproduce"}``; ``seed`` is the one the run used (its ``[scenario].seed``) and
+    ``reproduce`` the ``redteam run`` command that reruns it with its baseline.
+
+    Read from the store the report was made from (read-only: nothing is written) when it
+    still holds the same scenario (same digest); empty when the report was not made from
+    a store, or the store now holds another one."""
+    from ..runner.matrix_run import reproduce_command
+    from ..runner.store import StoreError, read_store
+
+    if report.digest is None:
+        return {}
+    try:
+        view = read_store(report.source)
+    except StoreError:
+        return {}
+    if view is None or view.meta.get("scenario_digest") != report.digest:
+        return {}
+    has_matrix = report.scenario_doc is None or "matrix" in report.scenario_doc
+    return {
+        cell: [{"replicate": rep, "seed": seed, "finished": done,
+                "reproduce": reproduce_command(report.file, cell, seed, has_matrix)} for rep, seed, done in runs]
+        for cell, runs in view.seeds_by_cell().items()
+    }
+
+
+def _seeds_markdown(report: Report) -> list[str]:
+    """The seeds section: one row per run of each cell, with the command that reruns it."""
+    seeds = cell_seeds(report)
+    if not seeds:
+        return []
+    lines = ["## Seeds", "",
+             "The seed each run of a cell used (its `[scenario].seed`), and the command that reruns it "
+             "with its no-attack baseline.", ""]
+    rows = [[md_text(c.cell_id), str(s["replicate"]), str(s["seed"]), "yes" if s["finished"] else "no",
+             _md_code(s["reproduce"])] for c in report.cells for s in seeds.get(c.cell_id, ())]
+    lines += _md_table(["cell", "replicate", "seed", "finished", "rerun"], rows, right_from=1)
+    lines.append("")
+    return lines
+
+
+def _md_code(text: str) -> str:
+    """Inline code in a table cell, to copy as it stands: a fence longer than any backtick
+    run inside, ``|`` escaped (GitHub's tables split on it even in code)."""
+    from ..runner.outputs import terminal_safe
+
+    t = terminal_safe(text).replace("|", "\\|")
+    run, best = 0, 0
+    for ch in t:
+        run = run + 1 if ch == "`" else 0
+        best = max(best, run)
+    fence = "`" * (best + 1)
+    pad = " " if t.startswith("`") or t.endswith("`") else ""
+    return f"{fence}{pad}{t}{pad}{fence}"
 
 
 def _fence(text: str) -> str:
@@ -136,6 +195,7 @@ def to_markdown(report: Report, metrics: Sequence[str]) -> str:
                              "holds" if not e.failure else f"FAILS: {md_text(e.failure)}"] for e in report.expectations],
                            right_from=3)
         lines.append("")
+    lines += _seeds_markdown(report)
     if report.reproduce:
         fence = _fence(report.reproduce)
         lines += ["## Reproduce", "", fence, report.reproduce, fence, ""]
@@ -156,6 +216,9 @@ def defenders_markdown(report: Report) -> list[str]:
     for g in summary.groups:
         if g.settings:
             lines += [f"### {md_text(group_title(g.settings))}", ""]
+        lines += [f"**{md_text(h)}**" + ("  " if i < len(g.headline) - 1 else "") for i, h in enumerate(g.headline)]
+        if g.headline:
+            lines.append("")
         header, body = defender_columns(g, summary)
         lines += _md_table(header, [[r[0], md_text(r[1]), *[md_text(x) for x in r[2:]]] for r in body], right_from=2)
         lines += ["", " ".join(md_text(n) for n in defender_notes(g, summary)), ""]
@@ -172,6 +235,7 @@ def _bd_text(row: Any) -> str:
 
 def report_dict(report: Report, metrics: Sequence[str]) -> dict[str, Any]:
     """The JSON document (``redteam.report/v1``) for ``metrics``."""
+    seeds = cell_seeds(report)
     return {
         "format": FORMAT_ID,
         "scenario": {"name": report.name, "file": report.file, "digest": report.digest,
@@ -185,6 +249,7 @@ def report_dict(report: Report, metrics: Sequence[str]) -> dict[str, Any]:
             {
                 "cell_id": c.cell_id, "attack": c.attack, "defense": c.defense, "settings": dict(c.settings),
                 "seeds_planned": c.planned, "seeds_finished": c.finished,
+                "seeds": seeds.get(c.cell_id, []),
                 "metrics": {m: {"mean": _f(s.mean), "lo": _f(s.lo), "hi": _f(s.hi), "n": s.n}
                             for m in metrics if (s := c.metrics.get(m)) is not None},
             }

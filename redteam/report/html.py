@@ -4,7 +4,8 @@ Sections: expectations (verdicts first), heatmaps (attacks × defenses) of the c
 metrics, accuracy drop against the malicious fraction (when the matrix has that axis),
 convergence curves (accuracy per round, attacked vs baseline, one small panel per cell,
 seed means), detection rates, breakdown fraction, envelope utilisation, every metric of
-every cell, the scenario (as TOML), versions and the reproduce command. Nothing on the
+every cell, each cell's seeds with the command that reruns each run, the scenario (as
+TOML), versions and the reproduce command. Nothing on the
 page refers to the network; no script runs.
 
 Figures are drawn with matplotlib's object API on the Agg canvas (no ``pyplot``, so the
@@ -33,10 +34,15 @@ _E = html.escape
 
 #: Heatmaps drawn by default (``asr`` only when some cell has one).
 DEFAULT_HTML_METRICS = ("accuracy_drop", "asr", "recall", "fpr")
+#: A language model's heatmaps, in its own unit (bits per byte), its backdoor's rates, detection.
+DEFAULT_LM_HTML_METRICS = ("final_bits_per_byte", "bits_per_byte_increase", "asr", "false_trigger_rate",
+                           "near_miss_trigger_rate", "recall", "fpr")
 
-_UNIT = {"final_accuracy", "asr", "precision", "recall", "f1", "fpr"}
+_UNIT = {"final_accuracy", "final_accuracy_last_k", "asr", "precision", "recall", "f1", "fpr", "false_trigger_rate",
+         "near_miss_trigger_rate"}
 _GOOD_HIGH = {"final_accuracy", "precision", "recall", "f1", "tp", "tn"}
-_CENTERED = {"accuracy_drop", "slowdown_rounds", "envelope_cos_margin"}
+_CENTERED = {"accuracy_drop", "bits_per_byte_increase", "perplexity_increase", "slowdown_rounds",
+             "envelope_cos_margin"}
 
 
 def _mpl(text: str) -> str:
@@ -61,6 +67,10 @@ def _wrap(label: str, width: int = 24) -> str:
 
 
 def default_html_metrics(report: Report) -> list[str]:
+    """The default heatmaps: accuracy drop, ASR and detection for a classifier; bits per byte, its
+    increase, ASR, false-trigger rates and detection for a language model (only those defined)."""
+    if report.language_model() is True:
+        return [m for m in DEFAULT_LM_HTML_METRICS if m in ("recall", "fpr") or report.defined(m)]
     return [m for m in DEFAULT_HTML_METRICS if m != "asr" or report.defined("asr")]
 
 
@@ -78,16 +88,22 @@ def figure_data_uri(fig: Any, dpi: int = 100) -> str:
 
 
 def _scale(metric: str, values: list[float]) -> tuple[str, float, float]:
+    """Colour map and range: green where higher is better, red where lower is better (darker =
+    more of it), red–blue around 0 for the signed changes (red = worse), viridis where neither."""
+    from ..scoring import HIGHER_IS_BETTER
+
+    better_high = HIGHER_IS_BETTER.get(metric)
+    good = metric in _GOOD_HIGH or better_high is True
     if metric in _UNIT:
-        return ("Greens" if metric in _GOOD_HIGH else "Reds"), 0.0, 1.0
+        return ("Greens" if good else "Reds"), 0.0, 1.0
     finite = [v for v in values if math.isfinite(v)]
     if metric in _CENTERED:
-        lim = max([abs(v) for v in finite] + [0.05 if metric == "accuracy_drop" else 1.0])
+        lim = max([abs(v) for v in finite] + [0.05 if metric in ("accuracy_drop", "bits_per_byte_increase") else 1.0])
         return "RdBu_r", -lim, lim
     lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
     if hi <= lo:
         lo, hi = lo - 0.5, hi + 0.5
-    return ("Greens" if metric in _GOOD_HIGH else "viridis"), lo, hi
+    return ("Greens" if good else "Reds" if better_high is False else "viridis"), lo, hi
 
 
 def heatmap_figure(cells: Sequence[CellSummary], metric: str, no_reject: frozenset[str] = frozenset()) -> Any:
@@ -299,6 +315,8 @@ def _defenders(report: Report) -> str:
     for g in summary.groups:
         if g.settings:
             out.append(f"<h3>{_E(group_title(g.settings))}</h3>")
+        if g.headline:
+            out.append('<p class="headline">' + "<br>".join(f"<strong>{_E(h)}</strong>" for h in g.headline) + "</p>")
         header, body = defender_columns(g, summary)
         out.append(_table(header, body, left=2))
         out.append('<p class="muted">' + _E(" ".join(defender_notes(g, summary))) + "</p>")
@@ -354,6 +372,20 @@ def _envelope(report: Report) -> str:
               "exactly on the bound; a margin of 0 = a cosine exactly on the threshold.</p>")
 
 
+def _seeds(report: Report) -> str:
+    """Per cell, each run's replicate, the seed it used and the command that reruns it."""
+    from .formats import cell_seeds
+
+    seeds = cell_seeds(report)
+    if not seeds:
+        return '<p class="muted">The seeds are read from the results store, which is not at hand.</p>'
+    rows = [[_E(c.cell_id), str(s["replicate"]), str(s["seed"]), "yes" if s["finished"] else "no",
+             f"<code>{_E(s['reproduce'])}</code>"] for c in report.cells for s in seeds.get(c.cell_id, ())]
+    return ('<p>The seed each run of a cell used (its <code>[scenario].seed</code>); the command reruns it '
+            "with its no-attack baseline.</p>"
+            + _table(["cell", "replicate", "seed", "finished", "rerun"], rows, raw=True))
+
+
 def _all_metrics(report: Report) -> str:
     ms = report.applicable(REPORT_METRICS)  # not a classifier's "perplexity"
     rows = [[c.cell_id, f"{c.finished}/{c.planned}", *[fmt_stat(m, c.metrics.get(m)) for m in ms]]
@@ -387,7 +419,8 @@ def render_html(report: Report, metrics: Sequence[str] | None = None) -> str:
     parts.append("</div>")
     sections = [("defenders", "Defender's summary"), ("expectations", "Expectations"), ("heatmaps", "Heatmaps"), ("fraction", "Against the fraction"),
                 ("convergence", "Convergence"), ("detection", "Detection"), ("breakdown", "Breakdown fraction"),
-                ("envelope", "Envelope utilisation"), ("metrics", "All metrics"), ("scenario", "Scenario"),
+                ("envelope", "Envelope utilisation"), ("metrics", "All metrics"), ("seeds", "Seeds"),
+                ("scenario", "Scenario"),
                 ("reproduce", "Versions and reproduce")]
     parts.append("<nav>" + "".join(f'<a href="#{i}">{_E(t)}</a>' for i, t in sections) + "</nav>")
 
@@ -429,6 +462,7 @@ def render_html(report: Report, metrics: Sequence[str] | None = None) -> str:
     parts.append('<h2 id="breakdown">Breakdown fraction</h2>' + _breakdown(report))
     parts.append('<h2 id="envelope">Envelope utilisation</h2>' + _envelope(report))
     parts.append('<h2 id="metrics">All metrics</h2>' + _all_metrics(report))
+    parts.append('<h2 id="seeds">Seeds</h2>' + _seeds(report))
 
     parts.append('<h2 id="scenario">Scenario</h2>')
     where = f" from <code>{_E(report.file)}</code>" if report.file else ""

@@ -2,7 +2,9 @@
 
 A terminal too narrow for every column gets the columns stacked, attack and defense
 repeated (:mod:`redteam.report.fit`); no value is ever cut to ``…``. Every label is text,
-never markup.
+never markup. A run whose model was destroyed (its ``model_destroyed``: a non-finite loss
+to the end) reads ``model destroyed (non-finite loss from round k)`` in place of its final
+accuracy: that number describes a broken model.
 """
 
 from __future__ import annotations
@@ -36,9 +38,37 @@ def _bytes(n: int) -> str:
     return f"{n:.1f} TiB"
 
 
+def _final_accuracy(run: dict[str, Any]) -> str:
+    if run.get("model_destroyed"):
+        k = run.get("model_destroyed_round")
+        return f"model destroyed (non-finite loss from round {k})" if k else "model destroyed (non-finite loss)"
+    return _fmt(run["metrics"]["final_accuracy"], pct=True)
+
+
+def _is_language_model(doc: dict[str, Any]) -> bool:
+    """The runs carry bits per byte only when the workload is a language model (the JSON leaves
+    the language-model metrics out for a classifier)."""
+    return any(r.get("metrics", {}).get("final_bits_per_byte") is not None for r in doc.get("runs", ()))
+
+
+def _quality_cells(run: dict[str, Any], lm: bool) -> tuple[str, str, str]:
+    """(quality, change from baseline, rounds to target) in the workload's own metric: accuracy
+    for a classifier, bits per byte for a language model (lower is better)."""
+    m = run["metrics"]
+    if not lm:
+        return (_final_accuracy(run), _fmt(m.get("accuracy_drop"), pct=True) if not run["baseline"] else "—",
+                _fmt(m["rounds_to_target"]))
+    bpb = "model destroyed (non-finite loss)" if run.get("model_destroyed") else _fmt(m.get("final_bits_per_byte"))
+    inc = m.get("bits_per_byte_increase")
+    change = "—" if run["baseline"] or inc is None else f"{inc:+.3f}"
+    return bpb, change, _fmt(m.get("rounds_to_target_loss")) if not run["baseline"] else "—"
+
+
 def print_run_table(console: Any, doc: dict[str, Any]) -> None:
     """One row per run; a terminal too narrow for every column gets the columns stacked
-    (attack and defense repeated), never a value cut to ``…``."""
+    (attack and defense repeated), never a value cut to ``…``. A language model's runs are
+    shown in bits per byte (and its increase over the baseline, and the rounds to reach the
+    baseline's final loss), a classifier's in accuracy; a backdoor's ASR where one ran."""
     from .fit import FitColumn, fit_tables
 
     sc = doc["scenario"]
@@ -48,18 +78,21 @@ def print_run_table(console: Any, doc: dict[str, Any]) -> None:
         f"{sc['name']} — {spec['workload']['name']}, {fed['clients']} clients "
         f"({len(doc['runs'][-1]['malicious'])} malicious), {fed['rounds']} rounds, seed {sc['seed']}"
     )
-    columns = [FitColumn(col, "left" if col in ("attack", "defense") else "right")
-               for col in ("attack", "defense", "final acc", "acc drop", f"rounds→{fed['target_accuracy']:.0%}",
-                           "bytes on wire", "dropped", "rejected", "detect P / R", "FPR")]
+    lm = _is_language_model(doc)
+    asr = any(r["metrics"].get("asr") is not None for r in doc["runs"])
+    quality = (("bits/byte ↓", "Δ bits/byte", "rounds→baseline loss") if lm
+               else ("final acc", "acc drop", f"rounds→{fed['target_accuracy']:.0%}"))
+    names = ("attack", "defense", *quality, *(("ASR",) if asr else ()), "bytes on wire", "dropped", "rejected",
+             "detect P / R", "FPR")
+    columns = [FitColumn(col, "left" if col in ("attack", "defense") else "right") for col in names]
     rows = []
     for run in doc["runs"]:
         m = run["metrics"]
         rows.append([_plain(v) for v in (
             run["attack"] + (" (baseline)" if run["baseline"] else ""),
             run["defense"],
-            _fmt(m["final_accuracy"], pct=True),
-            _fmt(m.get("accuracy_drop"), pct=True) if not run["baseline"] else "—",
-            _fmt(m["rounds_to_target"]),
+            *_quality_cells(run, lm),
+            *((_fmt(m.get("asr")),) if asr else ()),
             _bytes(m["bytes_on_wire"]),
             str(m["dropped_updates"]),
             str(m["rejected_updates"]),

@@ -25,16 +25,27 @@ __all__ = [
     "metric_table",
     "print_tables",
     "DEFAULT_TABLE_METRIC",
+    "DEFAULT_LM_TABLE_METRIC",
+    "default_table_metric",
     "LEGEND",
 ]
 
 DEFAULT_TABLE_METRIC = "accuracy_drop"
+#: The default table of a language-model store: bits per byte, in the workload's own unit (issue 18 §2).
+DEFAULT_LM_TABLE_METRIC = "final_bits_per_byte"
+
+
+def default_table_metric(report: Any) -> str:
+    """The terminal's default table: the accuracy drop for a classifier, bits per byte for a
+    language model (whose next-byte accuracy is not what anyone trains it for)."""
+    return DEFAULT_LM_TABLE_METRIC if report.language_model() is True else DEFAULT_TABLE_METRIC
 
 LEGEND = ("mean over seeds ± half-width of the 95 % interval (≥ 2 seeds); — undefined; … not run yet; "
           "* some seeds not finished")
 
 _DECIMAL3 = {"final_accuracy", "accuracy_drop", "asr", "precision", "recall", "f1", "fpr", "final_loss",
-             "envelope_norm", "envelope_cos", "envelope_cos_margin", "target_accuracy"}
+             "envelope_norm", "envelope_cos", "envelope_cos_margin", "target_accuracy", "final_accuracy_last_k",
+             "final_bits_per_byte", "bits_per_byte_increase", "false_trigger_rate", "near_miss_trigger_rate"}
 _COUNTS = {"bytes_on_wire", "dropped_updates", "rejected_updates", "tp", "fp", "tn", "fn",
            "rounds_to_target", "slowdown_rounds"}
 

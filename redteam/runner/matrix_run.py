@@ -12,11 +12,23 @@ Executors:
   number of cores), each limited to ``cores / workers`` torch threads;
 * ``ray``: each run is a Ray task, on a local Ray instance or an existing cluster
   (``--ray-address``); needs the optional extra ``redteam[ray]``.
+
+:func:`plan_matrix` is ``--dry-run``: the cells, each run's seed, what the store at
+``--out`` already holds (read without writing), what a run would compute; :func:`probe`
+times one round of one run for an estimate.
+
+One store, one definition: ``--resume`` compares the scenario document and the plan the
+store was filled from with the file's current ones (:func:`definition_changes`) and
+refuses (:class:`DefinitionChanged`, one line per difference) when they differ, unless
+``recompute_changed``: then the changed and added cells are computed (their runs have new
+keys), the unchanged ones kept, and the plan replaced, so runs no longer planned stay in
+the store but outside every report (reports read planned runs only).
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import os
 import shlex
 import time
@@ -29,9 +41,12 @@ from ..matrix import Matrix, derive_seed
 from ..scenario import parse_scenario
 from ..scoring import summarize
 from ..types import RoundRecord
-from .store import PlanRow, ResultsStore, StoreError
+from .single import sanitize
+from .store import PlanRow, ResultsStore, StoreError, StoreView, read_store
 
-__all__ = ["Unit", "plan_units", "run_matrix", "execute_unit", "EXECUTORS", "MatrixSummary"]
+__all__ = ["Unit", "plan_units", "run_matrix", "execute_unit", "EXECUTORS", "MatrixSummary", "MatrixPlan",
+           "CellPlan", "Probe", "plan_matrix", "probe", "definition_changes", "DefinitionChanged",
+           "reproduce_command"]
 
 EXECUTORS = ("local", "process", "ray")
 
@@ -49,6 +64,7 @@ class Unit:
     doc: dict[str, Any] = field(repr=False)
     target_accuracy: float = 0.9
     file: str = ""
+    rounds: int = 1
 
     @property
     def where(self) -> str:
@@ -81,16 +97,16 @@ def plan_units(matrix: Matrix, scenario_seed: int, file: str) -> tuple[list[Plan
             sc = parse_scenario(doc, file=file)
             bsc = parse_scenario(bdoc, file=file)
             key, bkey = sc.digest(), bsc.digest()
-            tgt = sc.federation.target_accuracy
+            tgt, n_rounds = sc.federation.target_accuracy, sc.federation.rounds
             rows.append(PlanRow(cell.id, rep, cell.attack, cell.defense, cell.settings_dict, seed, key, bkey, pos))
             baselines.setdefault(
                 bkey, Unit(bkey, True, f"{cell.defense}[none]", "none", cell.defense, cell.settings_dict, rep, seed,
-                           bdoc, tgt, file)
+                           bdoc, tgt, file, n_rounds)
             )
             if key != bkey:
                 attacked.setdefault(
                     key, Unit(key, False, cell.id, cell.attack, cell.defense, cell.settings_dict, rep, seed, doc, tgt,
-                           file)
+                           file, n_rounds)
                 )
     return rows, list(baselines.values()), list(attacked.values())
 
@@ -234,6 +250,35 @@ _EXEC: dict[str, Callable[..., Iterator[tuple[Unit, dict]]]] = {"local": _local,
 # ---------------------------------------------------------------------------- driver
 
 
+def _prepare(path: str | Path, out: str | Path, executor: str, workers: int | None, device: str,
+             threads: str | int | None) -> tuple[Path, Any, Any, dict[str, Any], int, str | int]:
+    """What a matrix run checks before any work (and ``--dry-run`` too): the executor,
+    the worker count, the thread policy, the scenario, ``--out`` and ``--device``.
+    Returns the path, the base scenario, the matrix, the raw document, the workers and the
+    thread policy."""
+    from ..scenario import load_matrix
+    from .outputs import check_output_dir
+    from .threads import default_policy, parse_threads
+
+    if executor not in EXECUTORS:
+        raise InvalidParameter(f"--executor = {executor!r}: must be one of {', '.join(EXECUTORS)}")
+    if workers is None:
+        workers = os.cpu_count() or 1
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise InvalidParameter(f"--workers = {workers!r}: must be an integer ≥ 1")
+    policy = default_policy() if threads is None else parse_threads(threads)
+    p = Path(path)
+    base, matrix, doc = load_matrix(p)
+    if not doc:
+        raise InvalidScenario(f"{p}: the scenario file is empty (no tables); see README.md, \"Scenario files\"")
+    check_output_dir(out, option="--out")
+    if executor != "ray":  # a Ray cluster's workers may have devices this driver lacks
+        from ..federation.loop import resolve_device
+
+        resolve_device(device)  # --device cuda without a GPU: an error now, not after the store is made
+    return p, base, matrix, doc, workers, policy
+
+
 def run_matrix(
     path: str | Path,
     out: str | Path,
@@ -245,39 +290,26 @@ def run_matrix(
     device: str = "cpu",
     on_progress: Callable[[int, int, str], None] | None = None,
     threads: str | int | None = None,
+    recompute_changed: bool = False,
 ) -> MatrixSummary:
     """Expand the scenario at ``path``, run what the store at ``out`` lacks, write results.
 
     ``threads`` is the intra-op thread policy of each run (:mod:`.threads`; ``None``: the
     ``REDTEAM_THREADS`` environment variable, else ``auto``).
 
+    ``resume`` continues a store that holds results, refusing with
+    :class:`DefinitionChanged` when the scenario's definition changed since the store was
+    filled; ``recompute_changed`` (implies ``resume``) accepts the change: the changed and
+    added cells are computed, the unchanged ones kept.
+
     ``on_progress(done, total, label)`` is called before each run starts (label = the
     run) and after each finishes.
     """
-    from ..scenario import load_matrix
     from .single import _versions
 
-    from .outputs import check_output_dir
-
-    if executor not in EXECUTORS:
-        raise InvalidParameter(f"--executor = {executor!r}: must be one of {', '.join(EXECUTORS)}")
-    if workers is None:
-        workers = os.cpu_count() or 1
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise InvalidParameter(f"--workers = {workers!r}: must be an integer ≥ 1")
-    from .threads import default_policy, parse_threads
-
-    threads = default_policy() if threads is None else parse_threads(threads)
-    p = Path(path)
-    base, matrix, doc = load_matrix(p)
-    if not doc:
-        raise InvalidScenario(f"{p}: the scenario file is empty (no tables); see README.md, \"Scenario files\"")
+    resume = resume or recompute_changed
+    p, base, matrix, doc, workers, threads = _prepare(path, out, executor, workers, device, threads)
     rows, b_units, a_units = plan_units(matrix, base.seed, p.name)
-    check_output_dir(out, option="--out")
-    if executor != "ray":  # a Ray cluster's workers may have devices this driver lacks
-        from ..federation.loop import resolve_device
-
-        resolve_device(device)  # --device cuda without a GPU: an error now, not after the store is made
 
     store = ResultsStore(out)
     try:
@@ -289,6 +321,11 @@ def run_matrix(
             )
         if resume:
             store.check_integrity()  # a damaged run must not count as finished
+        if finished:  # one store, one definition: never mix the runs of two silently
+            stored = store.meta("scenario_doc")
+            changes = definition_changes(_json_or_none(stored), store.plan(), doc, rows)
+            if changes and not recompute_changed:
+                raise DefinitionChanged(store.path, p, changes)
         store.set_meta(
             scenario_file=str(p),
             scenario_name=base.name,
@@ -298,7 +335,7 @@ def run_matrix(
             expectations=[_exp_dict(e) for e in matrix.expectations],
             reproduce=f"redteam matrix {shlex.quote(str(p))} --out {shlex.quote(str(out))}",
         )
-        store.set_plan(rows)
+        store.set_plan(rows)  # the plan is replaced: runs no longer planned leave every report
         todo_b = [u for u in b_units if u.run_key not in finished]
         todo_a = [u for u in a_units if u.run_key not in finished]
         total = len(planned)
@@ -324,13 +361,266 @@ def run_matrix(
         store.close()
 
 
+# ------------------------------------------------------------ one store, one definition
+
+
+class DefinitionChanged(StoreError):
+    """``--resume`` on a store filled from another definition of the scenario.
+
+    ``headline`` is the one-line reason, ``details`` one line per difference (what the
+    command line prints under it); ``str()`` holds both, on one line."""
+
+    def __init__(self, store: Path, scenario: Path, changes: list[str]) -> None:
+        from .outputs import terminal_safe
+
+        self.changes = list(changes)
+        self.headline = (
+            f"{terminal_safe(store)} was filled from another definition of {terminal_safe(scenario)} "
+            f"({len(self.changes)} difference(s), listed below); --resume would mix the runs of two definitions "
+            "in one store: pass --recompute-changed to compute the changed and added cells and keep the others "
+            "(runs no longer planned stay in the store, outside every report), or choose another --out")
+        self.details = [f"- {c}" for c in self.changes]
+        super().__init__(self.headline.replace(", listed below", "") + ": " + "; ".join(self.changes))
+
+
+#: At most this many differences are listed (the rest counted in one line).
+MAX_CHANGES_SHOWN = 30
+
+
+def _json_or_none(raw: str | None) -> Any:
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def _normal(doc: Any) -> Any:
+    """``doc`` as the store keeps it (JSON: NaN/inf as null, unknown objects as text)."""
+    return json.loads(json.dumps(sanitize(doc), sort_keys=True))
+
+
+def _flatten(doc: Any, path: str = "") -> dict[str, Any]:
+    """``{"federation.rounds": 3, "matrix.attacks[1].std": 3.0, ...}``: tables and arrays
+    flattened to key paths, so a difference names the value that differs."""
+    if isinstance(doc, dict) and doc:
+        out: dict[str, Any] = {}
+        for k, v in doc.items():
+            out.update(_flatten(v, f"{path}.{k}" if path else str(k)))
+        return out
+    if isinstance(doc, list) and doc:
+        out = {}
+        for i, v in enumerate(doc):
+            out.update(_flatten(v, f"{path}[{i}]"))
+        return out
+    return {path: doc} if path else {}
+
+
+def _by_cell(rows: Any) -> dict[str, dict[int, tuple[str, str]]]:
+    out: dict[str, dict[int, tuple[str, str]]] = {}
+    for r in rows:
+        out.setdefault(r.cell_id, {})[r.replicate] = (r.run_key, r.baseline_key)
+    return out
+
+
+def definition_changes(old_doc: Any, old_plan: Any, new_doc: dict[str, Any], new_plan: Any) -> list[str]:
+    """What differs between the definition a store was filled from (its scenario document
+    and plan) and the current one, one line per difference: each key path of the document
+    added, removed or changed, then each cell added, removed or changed (a cell whose runs'
+    keys differ: its concrete scenario changed, e.g. a setting, a default or the seed).
+    Empty: the same definition. An ``old_doc`` of ``None`` (not recorded) compares the
+    plans only."""
+    from ..scenario_limits import shown
+
+    lines: list[str] = []
+    if old_doc is not None:
+        old, new = _flatten(_normal(old_doc)), _flatten(_normal(new_doc))
+        for key, value in new.items():
+            if key not in old:
+                lines.append(f"{key}: added (= {shown(value)})")
+            elif old[key] != value:
+                lines.append(f"{key}: {shown(old[key])} → {shown(value)}")
+        lines += [f"{key}: removed (was {shown(value)})" for key, value in old.items() if key not in new]
+    before, after = _by_cell(old_plan), _by_cell(new_plan)
+    for cell, reps in after.items():
+        was = before.get(cell)
+        if was is None:
+            lines.append(f"cell added: {cell}")
+        elif any(rep in was and was[rep] != keys for rep, keys in reps.items()):
+            lines.append(f"cell changed: {cell} (its scenario differs, so its runs are new ones)")
+        elif set(reps) != set(was):
+            lines.append(f"cell {cell}: replicates {sorted(was)} → {sorted(reps)}")
+    lines += [f"cell removed: {cell}" for cell in before if cell not in after]
+    if len(lines) > MAX_CHANGES_SHOWN:
+        rest = len(lines) - (MAX_CHANGES_SHOWN - 1)
+        lines = lines[: MAX_CHANGES_SHOWN - 1] + [f"… and {rest} more difference(s)"]
+    return lines
+
+
+# --------------------------------------------------------------------------- dry run
+
+
+@dataclass(frozen=True)
+class CellPlan:
+    """One cell as ``--dry-run`` shows it: its seeds (replicate, the seed its runs use)
+    and how many of its runs (attacked and baseline, per replicate) the store holds."""
+
+    cell_id: str
+    attack: str
+    defense: str
+    settings: dict[str, Any]
+    seeds: tuple[tuple[int, int], ...]
+    runs: int
+    finished: int
+
+
+@dataclass(frozen=True)
+class MatrixPlan:
+    """What ``redteam matrix`` would do, found without running or writing anything."""
+
+    scenario: Path
+    name: str
+    has_matrix: bool
+    out: Path
+    store: Path | None  # the existing store at --out (None: a run would create it)
+    cells: tuple[CellPlan, ...]
+    baselines: int  # distinct baseline runs planned
+    attacked: int  # distinct attacked runs planned
+    finished: int  # planned runs already in the store
+    todo: tuple[Unit, ...]  # the runs a run would compute, baselines first
+    store_runs: int  # finished runs in the store, planned or not
+    resume: bool
+    changes: tuple[str, ...]  # definition changes since the store was filled
+    executor: str
+    workers: int  # runs at a time on this executor
+
+    @property
+    def total(self) -> int:
+        return self.baselines + self.attacked
+
+    @property
+    def refusal(self) -> str | None:
+        """Why a run with these options would refuse to start (``None``: it would run)."""
+        if self.store_runs and not self.resume:
+            return "the store already holds results: a run needs --resume (or another --out)"
+        if self.store_runs and self.changes:
+            return ("the scenario's definition changed since the store was filled: --resume refuses; "
+                    "--recompute-changed computes the changed and added cells (the runs to compute below)")
+        return None
+
+
+def plan_matrix(
+    path: str | Path,
+    out: str | Path,
+    *,
+    executor: str = "local",
+    workers: int | None = None,
+    device: str = "cpu",
+    threads: str | int | None = None,
+    resume: bool = False,
+    recompute_changed: bool = False,
+) -> MatrixPlan:
+    """``redteam matrix --dry-run``: the cells, the seed of each run (as :func:`plan_units`
+    gives it to the run), what the store at ``out`` already holds (read without writing;
+    none is created) and what a run with these options would compute. Checks what a run
+    checks first (scenario, executor, workers, ``--out``, ``--device``)."""
+    resume = resume or recompute_changed
+    p, base, matrix, doc, workers, _ = _prepare(path, out, executor, workers, device, threads)
+    rows, b_units, a_units = plan_units(matrix, base.seed, p.name)
+    view: StoreView | None = read_store(out)
+    finished = view.finished if view is not None else frozenset()
+    changes: list[str] = []
+    if view is not None and finished:
+        changes = definition_changes(view.meta_json("scenario_doc"), view.plan, doc, rows)
+    cells: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        c = cells.setdefault(r.cell_id, {"row": r, "seeds": [], "keys": set()})
+        c["seeds"].append((r.replicate, r.seed))
+        c["keys"] |= {r.run_key, r.baseline_key}
+    plans = tuple(
+        CellPlan(cid, c["row"].attack, c["row"].defense, dict(c["row"].settings), tuple(c["seeds"]),
+                 len(c["keys"]), len(c["keys"] & finished))
+        for cid, c in cells.items()
+    )
+    todo = tuple(u for u in (*b_units, *a_units) if u.run_key not in finished)
+    planned = {u.run_key for u in (*b_units, *a_units)}
+    return MatrixPlan(
+        scenario=p, name=base.name, has_matrix="matrix" in doc, out=Path(out),
+        store=view.path if view is not None else None, cells=plans, baselines=len(b_units), attacked=len(a_units),
+        finished=len(planned & finished), todo=todo, store_runs=len(finished), resume=resume,
+        changes=tuple(changes), executor=executor, workers=1 if executor == "local" else workers,
+    )
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One round of one run, timed twice: the first time pays what a process pays once
+    (imports, kernels, caches: ``warmup_s``, its excess over the second), the second is
+    the measurement, ``seconds`` in all, of which ``round_s`` the round (training,
+    defense, evaluation) and ``setup_s`` the rest (data, model, network)."""
+
+    label: str
+    seconds: float
+    setup_s: float
+    round_s: float
+    warmup_s: float = 0.0
+
+    def run_seconds(self, rounds: int) -> float:
+        """The estimated wall time of a run of ``rounds`` rounds (warm)."""
+        return self.setup_s + self.round_s * rounds
+
+
+def probe(plan: MatrixPlan, *, device: str = "cpu", threads: str | int | None = None) -> Probe | None:
+    """Run one round of the plan's first cell (its attacked run; its baseline when its
+    attack is ``none``) with the scenario's settings, on ``device``, twice (the first is
+    the warm-up a fresh process pays once) and time it; ``None`` when nothing is left to
+    compute. Nothing is written."""
+    if not plan.todo:
+        return None
+    first = plan.cells[0].cell_id
+    unit = next((u for u in plan.todo if u.cell_id == first and not u.baseline),
+                next((u for u in plan.todo if not u.baseline), plan.todo[0]))
+    doc = copy.deepcopy(unit.doc)
+    doc["federation"] = {**doc.get("federation", {}), "rounds": 1}
+    label = f"{'baseline ' if unit.baseline else ''}{unit.cell_id} seed {unit.replicate}"
+    times = []
+    for _ in range(2):
+        t = time.perf_counter()
+        result = execute_unit(doc, device, threads, unit.where, plan.workers)
+        times.append(time.perf_counter() - t)
+    seconds = times[1]
+    round_s = sum(float(r.get("wall_time_s") or 0.0) for r in result["records"])
+    round_s = min(max(round_s, 0.0), seconds)
+    return Probe(label, seconds, seconds - round_s, round_s, max(0.0, times[0] - seconds))
+
+
+def estimate_seconds(plan: MatrixPlan, probe_: Probe) -> float:
+    """Wall time of the plan's runs to compute, from a probe: each run's setup plus its
+    rounds at the probe's per-round time, divided among the workers, plus the warm-up
+    each worker process pays once."""
+    if not plan.todo:
+        return 0.0
+    work = sum(probe_.run_seconds(u.rounds) for u in plan.todo)
+    return probe_.warmup_s + work / max(1, min(plan.workers, len(plan.todo)))
+
+
+def reproduce_command(file: str | None, cell_id: str, seed: int, has_matrix: bool = True) -> str:
+    """The ``redteam run`` command that reruns one run of a matrix cell (its attacked run
+    and the no-attack baseline of the same seed): ``--cell`` picks the cell of the file's
+    ``[matrix]``, ``--seed`` the seed that run used."""
+    target = shlex.quote(file) if file else "SCENARIO"
+    cell = f" --cell {shlex.quote(cell_id)}" if has_matrix else ""
+    return f"redteam run {target}{cell} --seed {seed}"
+
+
 def _label(u: Unit) -> str:
     return ("baseline " if u.baseline else "") + u.cell_id + f" seed {u.replicate}"
 
 
 def _exp_dict(e: Any) -> dict[str, Any]:
-    return {"metric": e.metric, "min": e.min, "max": e.max, "attack": e.attack, "defense": e.defense,
-            "settings": list(e.settings), "index": e.index}
+    """An ``[[expect]]`` row as the store's meta keeps it (``Expectation.from_dict`` reads it back)."""
+    return e.to_dict()
 
 
 def _record(store: ResultsStore, unit: Unit, result: dict[str, Any]) -> None:

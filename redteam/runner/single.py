@@ -16,6 +16,12 @@ The JSON document this module produces is a stable, documented interface (README
       ]
     }
 
+Each run also says whether its model was destroyed: ``"model_destroyed"`` is ``true``
+when its loss is non-finite (NaN/inf, written ``null``) from some round to the end, or a
+round was flagged ``model_nonfinite`` (:func:`redteam.report.aggregate.model_broke`, the
+rule reports use); ``"model_destroyed_round"`` is the first round (1-based, as
+``rounds_to_target``) of that, ``null`` when the model survived.
+
 Language-model metrics (:data:`~redteam.scoring.LANGUAGE_MODEL_METRICS`: bits per byte,
 perplexity, their increases, the false-trigger rate) are in ``metrics`` only when the
 workload is a language model (its class says ``input_kind = "tokens"``, e.g. ``text``);
@@ -32,7 +38,7 @@ import math
 import platform
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from ..errors import InvalidParameter, InvalidScenario
 
@@ -40,7 +46,7 @@ from ..scenario import PluginSpec, Scenario
 from ..scoring import summarize
 from ..types import RoundRecord
 
-__all__ = ["run_scenario", "write_json", "sanitize", "FORMAT"]
+__all__ = ["run_scenario", "write_json", "sanitize", "FORMAT", "model_destroyed_round"]
 
 FORMAT = "redteam.run/v1"
 
@@ -68,6 +74,24 @@ def _round_dict(r: RoundRecord) -> dict[str, Any]:
         "defense_time_s": r.defense_time_s,
         "notes": r.defense_notes,
     }
+
+
+def model_destroyed_round(records: Sequence[RoundRecord]) -> int | None:
+    """The first round (1-based) from which a run's model is destroyed, ``None`` if it
+    was not: a round flagged ``model_nonfinite``, else, when the last round's loss is
+    non-finite, the first of the rounds up to the end whose loss is non-finite (the
+    rule of :func:`redteam.report.aggregate.model_broke`)."""
+    from ..report.aggregate import MODEL_NONFINITE
+
+    for r in records:
+        if r.extra.get(MODEL_NONFINITE):
+            return r.round + 1
+    if not records or math.isfinite(records[-1].loss):
+        return None
+    k = len(records) - 1
+    while k > 0 and not math.isfinite(records[k - 1].loss):
+        k -= 1
+    return records[k].round + 1
 
 
 def run_scenario(
@@ -103,6 +127,7 @@ def run_scenario(
     for kind, res in runs:
         metrics = summarize(res.records, b_res.records, target_accuracy=target,
                             last_k=scenario.federation.last_k, is_language_model=is_lm)
+        destroyed = model_destroyed_round(res.records)
         out_runs.append(
             {
                 "attack": res.attack,
@@ -110,6 +135,8 @@ def run_scenario(
                 "defense": res.defense,
                 "baseline": kind == "baseline",
                 "metrics": metrics,
+                "model_destroyed": destroyed is not None,
+                "model_destroyed_round": destroyed,
                 "malicious": res.malicious,
                 "wall_time_s": res.wall_time_s,
                 "rounds": [_round_dict(r) for r in res.records],

@@ -40,7 +40,8 @@ from typing import Any, Iterator, Sequence
 from ..errors import RedteamError
 from .single import sanitize
 
-__all__ = ["ResultsStore", "PlanRow", "StoreError", "STORE_NAME"]
+__all__ = ["ResultsStore", "PlanRow", "StoreError", "StoreView", "STORE_NAME", "read_store", "store_file",
+           "connect_readonly"]
 
 STORE_NAME = "results.sqlite"
 SCHEMA_VERSION = 1
@@ -85,6 +86,20 @@ class StoreError(RedteamError):
 _TABLES = {"meta", "plan", "runs"}
 
 
+def connect_readonly(db: Path) -> sqlite3.Connection:
+    """A read-only connection to the SQLite file ``db`` that leaves nothing behind.
+
+    A read-only open of a WAL database creates its ``-wal`` and ``-shm`` files when
+    they are missing and, unable to remove them, leaves them there. They are missing
+    exactly when no connection has the database open and none crashed, so the file is
+    then read as ``immutable`` (no side files); otherwise (a writer is running, or one
+    was killed and left a log) it is opened ``mode=ro``, which reads the log too."""
+    uri = db.resolve().as_uri()
+    wal = db.with_name(db.name + "-wal")
+    mode = "mode=ro" if wal.exists() else "mode=ro&immutable=1"
+    return sqlite3.connect(f"{uri}?{mode}", uri=True)
+
+
 def check_store_file(db: Path) -> None:
     """Refuse, without writing to it, an existing file that is not a redteam store:
     empty, not SQLite, or without the store's tables (opening it read-write would add
@@ -94,7 +109,7 @@ def check_store_file(db: Path) -> None:
     if db.stat().st_size == 0:
         raise StoreError(f"{db}: is an empty file, not a redteam results store (remove it or choose another --out)")
     try:
-        con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
+        con = connect_readonly(db)
         try:
             tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         finally:
@@ -155,6 +170,13 @@ class PlanRow:
     run_key: str
     baseline_key: str
     position: int
+
+
+def store_file(path: str | Path) -> Path:
+    """The store file of ``path``: ``path`` itself if it ends in ``.sqlite``, else
+    ``path/results.sqlite`` (nothing is created)."""
+    p = Path(path)
+    return p if p.suffix == ".sqlite" else p / STORE_NAME
 
 
 class ResultsStore:
@@ -343,3 +365,65 @@ class ResultsStore:
             rounds = [{k: v for k, v in rd.items() if "time" not in k} for rd in json.loads(r[10])]
             out.append((*r[:9], json.dumps(metrics, sort_keys=True), json.dumps(rounds, sort_keys=True)))
         return out
+
+
+# ------------------------------------------------------------------ read-only view
+
+
+@dataclass(frozen=True, slots=True)
+class StoreView:
+    """What a store holds, read without writing a byte (``redteam matrix --dry-run``,
+    the reports' per-cell seeds): its meta values (raw text), its plan and the keys of
+    its finished runs."""
+
+    path: Path
+    meta: dict[str, str]
+    plan: tuple[PlanRow, ...]
+    finished: frozenset[str]
+
+    def meta_json(self, key: str) -> Any:
+        """A meta value decoded from JSON (``None``: absent or not JSON)."""
+        raw = self.meta.get(key)
+        if raw is None:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return None
+
+    def seeds_by_cell(self) -> dict[str, list[tuple[int, int, bool]]]:
+        """Per planned cell, in plan order: ``(replicate, seed, finished)`` of each of its
+        runs, the seed being the one the run used (``[scenario].seed`` of its scenario)."""
+        out: dict[str, list[tuple[int, int, bool]]] = {}
+        for r in self.plan:
+            out.setdefault(r.cell_id, []).append((r.replicate, r.seed, r.run_key in self.finished))
+        return out
+
+
+def read_store(path: str | Path) -> StoreView | None:
+    """Read the store at ``path`` (a results directory or its ``.sqlite`` file) without
+    writing to it or creating anything; ``None`` when there is none. A file that is not a
+    redteam store, or one that cannot be read, is a :class:`StoreError`."""
+    db = store_file(path)
+    if not db.exists():
+        return None
+    check_store_file(db)
+    try:
+        con = connect_readonly(db)
+        try:
+            meta = {str(k): str(v) for k, v in con.execute("SELECT key, value FROM meta")}
+            plan = tuple(
+                PlanRow(r[0], int(r[1]), r[2], r[3], json.loads(r[4]), int(r[5]), r[6], r[7], int(r[8]))
+                for r in con.execute(
+                    "SELECT cell_id, replicate, attack, defense, settings, seed, run_key, baseline_key, position "
+                    "FROM plan ORDER BY position, replicate"
+                )
+            )
+            finished = frozenset(r[0] for r in con.execute("SELECT run_key FROM runs"))
+        finally:
+            con.close()
+    except sqlite3.Error as exc:
+        raise StoreError(f"{db}: cannot read the results store ({exc})") from None
+    except (ValueError, TypeError) as exc:
+        raise StoreError(f"{db}: corrupt results store (unreadable plan row: {exc})") from None
+    return StoreView(db, meta, plan, finished)
