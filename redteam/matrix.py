@@ -42,7 +42,7 @@ loads, as is ``over = "interval"`` with ``seeds = 1``; a seed statistic that is 
 (a null metric, fewer than two seeds with a value for an interval) fails closed.
 
 A row naming a language-model metric (``final_bits_per_byte``, ``final_perplexity``, their
-increases, ``false_trigger_rate``: :data:`redteam.scoring.LANGUAGE_MODEL_METRICS`) is judged
+increases, ``false_trigger_rate``, ``near_miss_trigger_rate``: :data:`redteam.scoring.LANGUAGE_MODEL_METRICS`) is judged
 per cell: it is refused when loading the file if any cell it applies to runs a workload
 that is not a language model (``input_kind`` other than ``"tokens"``, e.g. ``digits``),
 since the number it would check means nothing there; with a ``workload.name`` axis,

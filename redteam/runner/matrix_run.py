@@ -388,12 +388,9 @@ MAX_CHANGES_SHOWN = 30
 
 
 def _json_or_none(raw: str | None) -> Any:
-    if raw is None:
-        return None
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return None
+    from .store import json_or_none
+
+    return json_or_none(raw)
 
 
 def _normal(doc: Any) -> Any:

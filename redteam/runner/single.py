@@ -23,7 +23,7 @@ rule reports use); ``"model_destroyed_round"`` is the first round (1-based, as
 ``rounds_to_target``) of that, ``null`` when the model survived.
 
 Language-model metrics (:data:`~redteam.scoring.LANGUAGE_MODEL_METRICS`: bits per byte,
-perplexity, their increases, the false-trigger rate) are in ``metrics`` only when the
+perplexity, their increases, the false-trigger and near-miss trigger rates) are in ``metrics`` only when the
 workload is a language model (its class says ``input_kind = "tokens"``, e.g. ``text``);
 a classifier's run (``digits``, ``synthetic``) leaves them out: they would be functions of
 a cross-entropy over classes, not bits per byte of anything. Each round lists ``notes``:

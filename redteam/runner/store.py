@@ -41,7 +41,7 @@ from ..errors import RedteamError
 from .single import sanitize
 
 __all__ = ["ResultsStore", "PlanRow", "StoreError", "StoreView", "STORE_NAME", "read_store", "store_file",
-           "connect_readonly"]
+           "connect_readonly", "json_or_none"]
 
 STORE_NAME = "results.sqlite"
 SCHEMA_VERSION = 1
@@ -383,13 +383,7 @@ class StoreView:
 
     def meta_json(self, key: str) -> Any:
         """A meta value decoded from JSON (``None``: absent or not JSON)."""
-        raw = self.meta.get(key)
-        if raw is None:
-            return None
-        try:
-            return json.loads(raw)
-        except ValueError:
-            return None
+        return json_or_none(self.meta.get(key))
 
     def seeds_by_cell(self) -> dict[str, list[tuple[int, int, bool]]]:
         """Per planned cell, in plan order: ``(replicate, seed, finished)`` of each of its
@@ -427,3 +421,13 @@ def read_store(path: str | Path) -> StoreView | None:
     except (ValueError, TypeError) as exc:
         raise StoreError(f"{db}: corrupt results store (unreadable plan row: {exc})") from None
     return StoreView(db, meta, plan, finished)
+
+
+def json_or_none(raw: str | None) -> Any:
+    """``raw`` decoded from JSON; ``None`` when absent or not JSON."""
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
