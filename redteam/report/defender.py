@@ -615,8 +615,8 @@ def defender_headline(group: DefenderGroup, *, asr_level: float = STOP_ASR) -> l
     idle = [r for r in group.rows if r.trains is False]
     if idle:
         what = "; ".join(f"{r.defense} (clean {_fmt_q(q, r.clean.mean)})" for r in idle)
-        lines.append(f"Does not train here (clean {q.label} within {TRAIN_SHARE:.0%} of the best defense's gain "
-                     f"over the untrained {_fmt_q(q, group.untrained)}), not ranked: {what}.")
+        lines.append(f"Does not train here (its clean {q.label} closes under {TRAIN_SHARE:.0%} of the best defense's "
+                     f"gain over the untrained {_fmt_q(q, group.untrained)}), not ranked: {what}.")
     for attack in group.attacks:
         best: tuple[float, str, str] | None = None  # (harm, defense, what it leaves)
         stopped = False
