@@ -13,17 +13,46 @@ positions. μ is the mean of the honest rows (``ctx.visible_updates``: omniscien
 
 * ``agr_tailored`` — Shejwalkar & Houmansadr, "Manipulating the Byzantine: Optimizing
   Model Poisoning Attacks and Defenses for Federated Learning", NDSS 2021, the
-  AGR-tailored attacks on median and trimmed mean (their released ``our_attack_median``
-  / ``our_attack_trmean``). x_b = μ − γ·p with p ∈ {unit_vec, sign, std} as for Min-Max
+  AGR-tailored attacks. x_b = μ − γ·p with p ∈ {unit_vec, sign, std} as for Min-Max
   (``attacks.minmax.perturbation``, including ``std_sign``: the released code works on
-  gradients, so its μ_g − γσ_g is μ + γσ on our delta rows). The released search:
-  γ = step = ``gamma_init`` (10 in the released notebooks), γ_succ = 0, L_prev = −1;
-  while |γ_succ − γ| > ``tol``: if L(γ) > L_prev then γ_succ ← γ, γ ← γ + step/2, else
-  γ ← γ − step/2; step ← step/2; L_prev ← L(γ) (the comparison is with the *previous
-  probe*, not with the best so far — a hill-climbing heuristic, reproduced as is).
+  gradients, so its μ_g − γσ_g is μ + γσ on our delta rows); every malicious client
+  sends the same row. Two objectives (``objective``), chosen per rule as the released
+  notebooks do (``"auto"``, the default):
+
+  - ``"damage"`` — median and trimmed mean (their released ``our_attack_median`` /
+    ``our_attack_trmean``) and every rule that is not of the Krum family: maximise L(γ).
+    The released search: γ = step = ``gamma_init`` (10 in the released notebooks),
+    γ_succ = 0, L_prev = −1; while |γ_succ − γ| > ``tol``: if L(γ) > L_prev then
+    γ_succ ← γ, γ ← γ + step/2, else γ ← γ − step/2; step ← step/2; L_prev ← L(γ) (the
+    comparison is with the *previous probe*, not with the best so far — a hill-climbing
+    heuristic, reproduced as is).
+  - ``"selection"`` — Krum, Multi-Krum and Bulyan (``defenses.krum``; their released
+    ``our_attack_mkrum``, "the same" for Multi-Krum and Bulyan): the largest γ for which
+    the rule still selects every malicious copy. The released search is Min-Max's
+    halving search (``attacks.minmax.gamma_search``): γ = step = ``gamma_init`` (3 in the
+    released CIFAR-10 notebooks, 20 in the FEMNIST ones), γ_succ = 0; while
+    |γ_succ − γ| > ``tol`` (1e-5): if x_b(γ) passes, γ_succ ← γ and γ ← γ + step/2,
+    otherwise γ ← γ − step/2; step ← step/2. It sends μ − γ_succ·p (μ itself when no γ
+    passes). The test (``selection_test``):
+
+    · ``"defense"`` (default): the server's own rule, called on the full matrix:
+      Krum's choice is a malicious copy; Multi-Krum's m selected rows (as the server is
+      configured: ``scores`` or ``iterative``) hold all f copies; Bulyan's θ = n − 2f
+      selected rows hold all f copies. In general: the rule's ``selected`` list holds
+      min(f, its length) malicious positions. A rule outside the Krum family (only with
+      ``objective = "selection"``) passes when it accepts every malicious row.
+    · ``"released"``: the released notebooks' test, whatever the Krum-family server:
+      iterative Multi-Krum with f = the number of attackers (``MultiKrum(f=f,
+      variant="iterative")``, n − 2f − 2 picks) must pick all f copies (the release's
+      ``np.sum(krum_candidate < n_attackers) == n_attackers``). It never passes when
+      2f + 2 ≥ n. Our Krum scores count the n − f − 2 nearest *other* rows (the paper);
+      the released ``multi_krum`` sums the n − f − 2 smallest entries of a sorted row
+      that includes the row's zero distance to itself (one neighbour fewer).
+
   ``search = "grid"`` instead evaluates ``evals`` values of γ spaced evenly in
-  (0, 2·gamma_init] and sends the best (one batched defense call for coordinate-wise
-  rules).
+  (0, 2·gamma_init]: the damage objective sends the best (one batched defense call for
+  coordinate-wise rules), the selection objective the largest that passes (probed from
+  the top down, one defense call each, stopping at the first pass).
 * ``alie_opt`` / ``ipm_opt`` — the "optimal" ALIE and IPM of the ByzFL library (EPFL;
   used in Allouah et al., "Fixing by Mixing", AISTATS 2023): ALIE's μ + τ·σ and IPM's
   −τ·μ with the factor τ chosen by ByzFL's line search maximising L(τ): start at
@@ -38,24 +67,30 @@ What is simulated is the flat defense on the uncompressed rows, with an empty de
 state (the attacker does not know a stateful rule's memory, e.g. centered clipping's
 previous aggregate) and a generator seeded once per round, so every probe sees the same
 randomness. Without a defense in the context (a bare call, or an engine that does not
-pass it) the oracle is the plain mean, ByzFL's default aggregator.
+pass it) the oracle is the plain mean, ByzFL's default aggregator; ``"auto"`` then
+maximises the damage. A Krum-family rule inside a :class:`~redteam.pipeline.Pipeline` is
+not recognised by ``"auto"`` (its ``selected`` indices are the stage's own); there
+``objective = "selection"`` tests acceptance of every malicious row.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal
 
 from redteam.types import Attack, AttackContext, ServerContext, Surface, param_error
 
 from ._common import broadcast, work
-from .minmax import DEV_TYPES, perturbation
+from .minmax import DEV_TYPES, gamma_search, perturbation
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["AGRTailored", "OptimalALIE", "OptimalIPM", "DamageOracle", "byzfl_line_search", "released_search"]
+__all__ = ["AGRTailored", "OptimalALIE", "OptimalIPM", "DamageOracle", "SelectionOracle", "byzfl_line_search",
+           "released_search"]
 
 
 #: the most values one batched oracle call may hold (2²⁶ float32 = 256 MiB); more probes
@@ -71,15 +106,16 @@ def _coordinatewise(defense: Any) -> bool:
     return isinstance(defense, (Median, TrimmedMean))
 
 
-class DamageOracle:
-    """L(row) = ‖defense(full matrix with ``row`` at the malicious positions) − μ‖ for a batch.
+def _krum_family(defense: Any) -> bool:
+    """True for the rules the released code attacks with the selection search."""
+    from defenses.krum import Bulyan, Krum, MultiKrum
 
-    Built once per round from the attack context; :meth:`damage` takes ``(k, d)``
-    candidate rows (one per probe; every malicious client sends that row) and returns the
-    ``(k,)`` float64 distances. Coordinate-wise rules get the k probes in one call
-    (matrices placed side by side along the coordinates; split into several calls beyond
-    ``BATCH_ELEMENTS`` values); other rules one call each.
-    """
+    return isinstance(defense, (Krum, MultiKrum, Bulyan))
+
+
+class _RoundMatrix:
+    """The round's full matrix with the honest rows in place and the malicious positions
+    to fill, and the server context a probe is judged in (shared by the oracles)."""
 
     def __init__(self, ctx: AttackContext) -> None:
         import torch
@@ -122,6 +158,17 @@ class DamageOracle:
             full, round=c.round, client_ids=tuple(range(self.n)),
             generator=torch.Generator(device=c.generator.device).manual_seed(self.seed), **extra)
 
+
+class DamageOracle(_RoundMatrix):
+    """L(row) = ‖defense(full matrix with ``row`` at the malicious positions) − μ‖ for a batch.
+
+    Built once per round from the attack context; :meth:`damage` takes ``(k, d)``
+    candidate rows (one per probe; every malicious client sends that row) and returns the
+    ``(k,)`` float64 distances. Coordinate-wise rules get the k probes in one call
+    (matrices placed side by side along the coordinates; split into several calls beyond
+    ``BATCH_ELEMENTS`` values); other rules one call each.
+    """
+
     def _aggregate(self, full: "torch.Tensor", batched: bool = False) -> "torch.Tensor":
         from redteam.pipeline import weighted_mean
 
@@ -155,6 +202,59 @@ class DamageOracle:
             agg = torch.stack(aggs)
         diff = work(agg).to(self.mu.dtype) - self.mu[None, :]
         return torch.linalg.vector_norm(diff, dim=1, dtype=torch.float64)
+
+
+class SelectionOracle(_RoundMatrix):
+    """Is every malicious copy of ``row`` selected? (``agr_tailored``'s selection test.)
+
+    ``test = "defense"``: the server's rule decides. For Krum, Multi-Krum and Bulyan
+    (:mod:`defenses.krum`) the probe passes when the rule's ``selected`` list (Krum's
+    choice, Multi-Krum's m rows, Bulyan's θ rows) holds min(f, its length) malicious
+    positions — every copy it has room for; another rule passes when it accepts every
+    malicious row; no defense (the plain mean) passes always. ``test = "released"``: the
+    released notebooks' test for every target, iterative Multi-Krum with f = the number
+    of attackers picking all f copies (never, when 2f + 2 ≥ n). One defense call per probe
+    (the halving search is sequential); :attr:`calls` counts them.
+    """
+
+    def __init__(self, ctx: AttackContext, test: str = "defense") -> None:
+        super().__init__(ctx)
+        from defenses.krum import MultiKrum
+
+        f = int(self.mal.shape[0])
+        self.f = f
+        self.rule: Any = self.defense
+        self.need_all = False  # all f copies, as the released test (not min(f, |selected|))
+        if test == "released":
+            self.need_all = True
+            self.rule = MultiKrum(f=f, variant="iterative") if 2 * f + 2 < self.n else None
+
+    def selected(self, row: "torch.Tensor") -> int:
+        """How many malicious positions the rule selects when they all send ``row`` (d,);
+        −1 for a rule without a ``selected`` list (or the plain mean)."""
+        return self._judge(row)[0]
+
+    def passes(self, row: "torch.Tensor") -> bool:
+        return self._judge(row)[1]
+
+    def _judge(self, row: "torch.Tensor") -> tuple[int, bool]:
+        import torch
+
+        if self.rule is None:
+            return -1, self.defense is None and not self.need_all
+        full = self.base.clone()
+        full[self.mal] = row.to(device=self.device, dtype=self.dtype)
+        self.calls += 1
+        dec = self.rule(full, self._server_ctx(full, batched=False))
+        sel = dec.state.get("selected") if _krum_family(self.rule) else None
+        if sel is None:
+            return -1, bool(dec.accepted[self.mal].all())
+        chosen = torch.zeros(self.n, dtype=torch.bool, device=self.device)
+        if len(sel):
+            chosen[torch.as_tensor(sel, dtype=torch.int64, device=self.device)] = True
+        hit = int(chosen[self.mal].sum())
+        need = self.f if self.need_all else min(self.f, len(sel))
+        return hit, hit >= need and hit > 0
 
 
 def released_search(loss: Callable[[float], float], gamma_init: float, tol: float) -> float:
@@ -214,27 +314,41 @@ def _sign(obj: Any, name: str, v: int) -> None:
 
 @dataclass(frozen=True, slots=True)
 class AGRTailored(Attack):
-    """Shejwalkar & Houmansadr's AGR-tailored attack: μ − γp, γ maximising the defended
-    aggregate's distance from μ (see the module docstring).
+    """Shejwalkar & Houmansadr's AGR-tailored attack: μ − γp, γ chosen against the
+    server's rule (see the module docstring).
 
     * ``dev_type`` (unit_vec | sign | std, default unit_vec, the released function's),
       ``std_sign`` (+1: the released gradient-space μ_g − γσ_g on deltas), ``ddof`` (1);
-    * ``gamma_init`` (10, the released notebooks'), ``tol`` (1e-5);
+    * ``objective``: ``"auto"`` (default: ``"selection"`` against Krum, Multi-Krum and
+      Bulyan, ``"damage"`` against every other rule, as the released notebooks),
+      ``"damage"`` or ``"selection"``;
+    * ``selection_test``: ``"defense"`` (default: the server's own selection) or
+      ``"released"`` (iterative Multi-Krum with f = the attackers, the notebooks' test);
+    * ``gamma_init``: unset = the released notebooks' start for the objective in force,
+      10 for the damage search and 3 for the selection search (CIFAR-10 notebooks; their
+      FEMNIST ones start at 20); ``tol`` (1e-5);
     * ``search``: ``"released"`` (default) or ``"grid"`` with ``evals`` points (16).
     """
 
     dev_type: Literal["unit_vec", "sign", "std"] = "unit_vec"
     std_sign: int = 1
     ddof: int = 1
-    gamma_init: float = 10.0
+    gamma_init: float | None = None
     tol: float = 1e-5
     search: Literal["released", "grid"] = "released"
     evals: int = 16
+    objective: Literal["auto", "damage", "selection"] = "auto"
+    selection_test: Literal["defense", "released"] = "defense"
     surfaces: ClassVar[tuple[str, ...]] = (Surface.UPDATES,)
     omniscient: ClassVar[bool] = True
     adaptive: ClassVar[bool] = True
-    summary: ClassVar[str] = "AGR-tailored: μ − γp with γ maximising the defended aggregate's distance from μ"
+    summary: ClassVar[str] = ("AGR-tailored: μ − γp, γ the largest keeping every copy selected (Krum family) "
+                              "or maximising the defended aggregate's distance from μ (other rules)")
     reference: ClassVar[str] = "Shejwalkar & Houmansadr, NDSS 2021"
+
+    #: the released notebooks' starting γ per objective (median / trimmed mean: 10;
+    #: Multi-Krum / Bulyan on CIFAR-10: 3)
+    GAMMA_INIT: ClassVar[Mapping[str, float]] = MappingProxyType({"damage": 10.0, "selection": 3.0})
 
     def validate_dev_type(self, v: str) -> None:
         if v not in DEV_TYPES:
@@ -247,8 +361,9 @@ class AGRTailored(Attack):
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise param_error(self, "ddof", v, "must be an integer ≥ 0")
 
-    def validate_gamma_init(self, v: float) -> None:
-        _positive(self, "gamma_init", v)
+    def validate_gamma_init(self, v: float | None) -> None:
+        if v is not None:
+            _positive(self, "gamma_init", v)
 
     def validate_tol(self, v: float) -> None:
         _positive(self, "tol", v)
@@ -260,6 +375,20 @@ class AGRTailored(Attack):
     def validate_evals(self, v: int) -> None:
         _evals(self, v)
 
+    def validate_objective(self, v: str) -> None:
+        if v not in ("auto", "damage", "selection"):
+            raise param_error(self, "objective", v, "must be 'auto', 'damage' or 'selection'")
+
+    def validate_selection_test(self, v: str) -> None:
+        if v not in ("defense", "released"):
+            raise param_error(self, "selection_test", v, "must be 'defense' or 'released'")
+
+    def objective_for(self, defense: Any) -> str:
+        """The objective in force against ``defense`` (``"damage"`` or ``"selection"``)."""
+        if self.objective != "auto":
+            return self.objective
+        return "selection" if _krum_family(defense) else "damage"
+
     def gamma(self, ctx: AttackContext) -> tuple[float, "torch.Tensor", "torch.Tensor"]:
         """(γ, μ, p) for this round."""
         import torch
@@ -270,13 +399,22 @@ class AGRTailored(Attack):
         x = work(honest)
         mu = x.mean(dim=0)
         p = perturbation(x, self.dev_type, self.ddof, self.std_sign)
+        objective = self.objective_for(ctx.defense)
+        g0 = float(self.GAMMA_INIT[objective] if self.gamma_init is None else self.gamma_init)
+        grid = torch.linspace(2 * g0 / self.evals, 2 * g0, self.evals, dtype=torch.float64)
+        if objective == "selection":
+            sel = SelectionOracle(ctx, self.selection_test)
+            if self.search == "grid":
+                for gm in grid.flip(0).tolist():  # the largest passing γ: top down, stop at the first pass
+                    if sel.passes(mu - gm * p):
+                        return gm, mu, p
+                return 0.0, mu, p
+            return gamma_search(lambda gm: sel.passes(mu - gm * p), g0, self.tol), mu, p
         oracle = DamageOracle(ctx)
         if self.search == "grid":
-            grid = torch.linspace(2 * self.gamma_init / self.evals, 2 * self.gamma_init, self.evals,
-                                  dtype=torch.float64)
             dmg = oracle.damage(mu[None, :] - grid[:, None].to(mu.dtype) * p[None, :])
             return float(grid[int(torch.argmax(dmg))]), mu, p
-        g = released_search(lambda gm: float(oracle.damage((mu - gm * p)[None, :])[0]), self.gamma_init, self.tol)
+        g = released_search(lambda gm: float(oracle.damage((mu - gm * p)[None, :])[0]), g0, self.tol)
         return g, mu, p
 
     def craft_updates(self, ctx: AttackContext) -> "torch.Tensor":
