@@ -42,6 +42,7 @@ def test_work_counts_tokens_for_sequence_models():
     assert run_work(_fed(100_000, 16, 16, "tokens", (5, 128))) == 100_000 * 16 * 16 * 128
 
 
+@pytest.mark.threads(3)  # a caller's count that is neither 1 nor 2, so "restored" means something
 def test_run_threads_sets_and_restores():
     before = torch.get_num_threads()
     with run_threads(_fed(4810, 20, 16), "auto") as n:
@@ -52,6 +53,7 @@ def test_run_threads_sets_and_restores():
     assert torch.get_num_threads() == before
 
 
+@pytest.mark.threads(3)
 def test_redteam_run_trains_on_one_thread_and_restores(monkeypatch):
     from redteam.runner.single import run_scenario
     from redteam.scenario import parse_scenario
@@ -70,3 +72,16 @@ def test_redteam_run_trains_on_one_thread_and_restores(monkeypatch):
     monkeypatch.setenv("REDTEAM_THREADS", "zero")
     with pytest.raises(InvalidParameter, match="REDTEAM_THREADS = 'zero'"):
         run_scenario(sc)
+
+
+def test_the_suite_runs_one_intra_op_thread_unless_a_test_asks():
+    # tests/conftest.py: torch's default pool (one spinning thread per core) collapses on a shared
+    # machine; every test starts on the suite's count (REDTEAM_TEST_THREADS, default 1)
+    import os
+
+    assert torch.get_num_threads() == int(os.environ.get("REDTEAM_TEST_THREADS", "1"))
+
+
+@pytest.mark.threads(2)
+def test_a_threads_mark_gives_a_test_its_own_count():
+    assert torch.get_num_threads() == 2

@@ -1,0 +1,38 @@
+"""The test suite runs under the project's thread policy, not torch's default pool.
+
+torch starts one intra-op thread per core, and its pool spins while it waits for work. On a
+shared machine (a CI runner, a laptop running other jobs) a test process whose two threads
+compete with other busy processes loses far more than its share of the CPU: a DiLoCo federation
+test went from 1.6 s to 392 s at load 12. The runs the project starts itself follow
+``redteam.runner.threads`` (one thread for small federations); the tests now do the same: one
+intra-op thread per test process (``REDTEAM_TEST_THREADS=N`` to change it), and a test that
+needs more says so with ``@pytest.mark.threads(N)``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+
+def _suite_threads() -> int:
+    raw = os.environ.get("REDTEAM_TEST_THREADS", "1")
+    if not raw.isdigit() or int(raw) < 1:
+        raise pytest.UsageError(f"REDTEAM_TEST_THREADS = {raw!r}: must be an integer ≥ 1")
+    return int(raw)
+
+
+@pytest.fixture(autouse=True)
+def _thread_policy(request: pytest.FixtureRequest):
+    """Every test starts with the suite's intra-op thread count (or its ``threads`` mark's) and
+    leaves the process as it found it."""
+    mark = request.node.get_closest_marker("threads")
+    want = int(mark.args[0]) if mark is not None and mark.args else _suite_threads()
+    before = torch.get_num_threads()
+    torch.set_num_threads(want)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
