@@ -15,12 +15,21 @@ transport, provenance and hierarchy hooks chain likewise; at most one part may s
 local training (``training_hook``, e.g. ``neurotoxin`` after a ``backdoor`` data part). The composite is omniscient,
 adaptive or targeted if any part is; ASR comes from the first part that defines
 ``targeted_test``.
+
+**State.** The parts are built once per composition (on first use) and the same objects
+serve every hook of the run, so an attack that remembers something keeps it exactly as it
+would alone: ``dba`` its client id → local trigger assignment, ``mimic`` its victim. Each
+part gets its own memory in ``ctx.attack_state`` (a sub-dict of the run's, under
+``"compose.part<i>"``), so two parts never overwrite each other's keys, and the
+composition asks the engine for the longest traffic history any part needs
+(``history_rounds``: ``replay``, ``mix_and_match``). A composition of one part therefore
+behaves exactly as that part alone, round for round.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from redteam.errors import RedteamError
@@ -38,6 +47,8 @@ class Compose(Attack):
     """
 
     attacks: tuple[Any, ...] = ({"name": "none"},)
+    #: the parts, built once (``"parts"``): the memory of stateful parts lives in them
+    _built: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     summary: ClassVar[str] = "Several attacks at once, each on its surface (e.g. backdoor + model replacement)"
     reference: ClassVar[str] = "Bagdasaryan et al., AISTATS 2020 (backdoor + boosting)"
 
@@ -61,12 +72,32 @@ class Compose(Attack):
 
     @property
     def parts(self) -> tuple[Attack, ...]:
-        from redteam.registry import ATTACKS
+        """The part attacks, built on first use and the same objects afterwards."""
+        parts = self._built.get("parts")
+        if parts is None:
+            from redteam.registry import ATTACKS
 
-        return tuple(
-            a if isinstance(a, Attack) else ATTACKS.create(a["name"], {k: x for k, x in a.items() if k != "name"})
-            for a in self.attacks
-        )
+            parts = tuple(
+                a if isinstance(a, Attack) else ATTACKS.create(a["name"], {k: x for k, x in a.items() if k != "name"})
+                for a in self.attacks
+            )
+            self._built["parts"] = parts
+        return parts
+
+    def _ctx(self, ctx: AttackContext, i: int, **changes: Any) -> AttackContext:
+        """``ctx`` as part ``i`` sees it: its own memory (a sub-dict of ``attack_state``)."""
+        state = getattr(ctx, "attack_state", None)
+        if state is None:  # no context, or an engine that keeps no attack memory
+            return dataclasses.replace(ctx, **changes) if changes else ctx
+        mine = state.get(f"compose.part{i}")
+        if not isinstance(mine, dict):
+            mine = state[f"compose.part{i}"] = {}
+        return dataclasses.replace(ctx, attack_state=mine, **changes)
+
+    @property
+    def history_rounds(self) -> int:
+        """The most rounds of recorded traffic any part needs (``replay``'s ``lag``)."""
+        return max((int(getattr(p, "history_rounds", 0) or 0) for p in self.parts), default=0)
 
     @property
     def surfaces(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -110,19 +141,19 @@ class Compose(Attack):
 
     def craft_updates(self, ctx: AttackContext) -> "torch.Tensor":
         rows = ctx.own_updates
-        for p in self.parts:
+        for i, p in enumerate(self.parts):
             if "updates" in p.surfaces:
-                rows = p.craft_updates(dataclasses.replace(ctx, own_updates=rows))
+                rows = p.craft_updates(self._ctx(ctx, i, own_updates=rows))
         return rows
 
     def tamper_chunks(self, deliveries: list, ctx: AttackContext) -> list:
-        for p in self.parts:
-            deliveries = p.tamper_chunks(deliveries, ctx)
+        for i, p in enumerate(self.parts):
+            deliveries = p.tamper_chunks(deliveries, self._ctx(ctx, i))
         return deliveries
 
     def forge_provenance(self, manifest: Any, ctx: AttackContext) -> Any:
-        for p in self.parts:
-            manifest = p.forge_provenance(manifest, ctx)
+        for i, p in enumerate(self.parts):
+            manifest = p.forge_provenance(manifest, self._ctx(ctx, i))
         return manifest
 
     def choose_identity(self, client: int, n_groups: int) -> str:
@@ -133,14 +164,17 @@ class Compose(Attack):
 
     def training_hook(self, ctx: AttackContext) -> Any:
         """The hook of the part acting on the training surface (at most one may)."""
-        shaping = [p for p in self.parts if "training" in p.surfaces]
+        shaping = [(i, p) for i, p in enumerate(self.parts) if "training" in p.surfaces]
         if len(shaping) > 1:
-            raise param_error(self, "attacks", tuple(type(p).__name__ for p in shaping),
+            raise param_error(self, "attacks", tuple(type(p).__name__ for _, p in shaping),
                               "at most one part may shape the local training (Surface.TRAINING)")
-        return shaping[0].training_hook(ctx) if shaping else None
+        if not shaping:
+            return None
+        i, p = shaping[0]
+        return p.training_hook(self._ctx(ctx, i))
 
     def tamper_subaggregate(self, aggregate: "torch.Tensor", group: int, members: tuple[int, ...],
                             ctx: AttackContext) -> "torch.Tensor":
-        for p in self.parts:
-            aggregate = p.tamper_subaggregate(aggregate, group, members, ctx)
+        for i, p in enumerate(self.parts):
+            aggregate = p.tamper_subaggregate(aggregate, group, members, self._ctx(ctx, i))
         return aggregate

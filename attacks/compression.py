@@ -95,7 +95,9 @@ class Neurotoxin(Attack):
       after training the masked update is scaled down to ‖Δ‖ ≤ r;
     * ``lr``, ``steps``: the attacker's own local learning rate and step count with
       per-step masking (unset: the federation's; the released scripts pass a separate
-      ``--poison_lr``).
+      ``--poison_lr``). With ``masking = "after_training"`` the attack does not touch the
+      local training, so setting either is refused (a one-line error naming it) rather
+      than silently ignored.
 
     Without an estimate (round 0, no previous update) nothing is masked.
     """
@@ -138,10 +140,17 @@ class Neurotoxin(Attack):
         if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool)
                                   and math.isfinite(v) and v > 0):
             raise param_error(self, "lr", v, "must be a finite number > 0, or unset (the federation's)")
+        self._training_only("lr", v)
 
     def validate_steps(self, v: int | None) -> None:
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise param_error(self, "steps", v, "must be an integer ≥ 1, or unset (the federation's)")
+        self._training_only("steps", v)
+
+    def _training_only(self, name: str, v: object) -> None:
+        if v is not None and self.masking == "after_training":
+            raise param_error(self, name, v, "acts on the local training, which masking = 'after_training' leaves "
+                                             "to the federation: unset it or use masking = 'per_step'")
 
     def estimate(self, ctx: AttackContext) -> "torch.Tensor | None":
         """The benign estimate (d,) whose top-k coordinates are masked, or ``None``."""

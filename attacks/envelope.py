@@ -9,10 +9,11 @@ from there.
   updates the attacker sees: exactly on the norm bound, pointing straight back. The
   worst case for norm-only validation; any cosine threshold c > 0 against a good
   reference blocks it.
-* ``norm_evasion``: the "constrain-and-scale" step of Bagdasaryan et al. (AISTATS 2020)
-  and the norm-bounded attacker of Sun et al. (arXiv:1911.07963): rescale the
-  malicious client's own (possibly backdoored) update to ``margin``·M, as large as the
-  bound allows.
+* ``norm_evasion``: the *scale* step alone of Bagdasaryan et al.'s constrain-and-scale
+  (AISTATS 2020), and the norm-bounded attacker of Sun et al. (arXiv:1911.07963): rescale
+  the malicious client's own (possibly backdoored) update to ``margin``·M, as large as
+  the bound allows. It does not train with the anomaly loss (the *constrain* step):
+  the full attack is ``constrain_and_scale`` (``attacks.training``).
 * ``cosine_evasion`` [ours]: the update closest in direction to a target v among those
   the cosine filter accepts, at the largest allowed norm (derivation in the class).
 * ``adaptive``: wraps any attack and line-searches its strength against the server's
@@ -90,7 +91,10 @@ class NormHug(Attack):
 
 @dataclass(frozen=True, slots=True)
 class NormEvasion(Attack):
-    """Constrain-and-scale: each malicious row is its own update rescaled to ``margin``·M.
+    """Norm evasion: each malicious row is its own update rescaled to ``margin``·M.
+
+    The scale step of constrain-and-scale only (no anomaly-loss training; for the full
+    attack use ``constrain_and_scale``).
 
     * ``bound``: the norm bound M;
     * ``margin``: fraction of M to land on, in (0, 1] (default 0.99, just under).
@@ -103,7 +107,7 @@ class NormEvasion(Attack):
     bound: float = 1.0
     margin: float = 0.99
     surfaces: ClassVar[tuple[str, ...]] = (Surface.UPDATES,)
-    summary: ClassVar[str] = "Constrain-and-scale: the own (poisoned) update rescaled to just under the norm bound"
+    summary: ClassVar[str] = "Norm evasion: the own (poisoned) update rescaled to just under the norm bound"
     reference: ClassVar[str] = "Bagdasaryan et al., AISTATS 2020; Sun et al., arXiv:1911.07963"
 
     def validate_bound(self, v: float) -> None:
@@ -281,6 +285,8 @@ class Adaptive(Attack):
     anchor: Literal["zero", "own"] = "zero"
     max_scale: float = 1000.0
     steps: int = 30
+    #: the wrapped attack, built once (``"inner"``): a stateful one (``dba``) keeps its memory
+    _built: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     adaptive: ClassVar[bool] = True
     omniscient: ClassVar[bool] = True
     surfaces: ClassVar[tuple[str, ...]] = (Surface.DATA, Surface.UPDATES)
@@ -317,10 +323,14 @@ class Adaptive(Attack):
             raise param_error(self, "steps", v, "must be an integer in [1, 200]")
 
     def inner(self) -> Attack:
-        """The wrapped attack, built from the registry."""
-        from redteam.registry import ATTACKS
+        """The wrapped attack, built from the registry on first use and the same object
+        afterwards (so a stateful one, e.g. ``dba``'s trigger assignment, keeps its memory)."""
+        inner = self._built.get("inner")
+        if inner is None:
+            from redteam.registry import ATTACKS
 
-        return ATTACKS.create(self.attack, self.params)
+            inner = self._built["inner"] = ATTACKS.create(self.attack, self.params)
+        return inner
 
     def poison_data(self, data: ClientData, client: int, generator: "torch.Generator") -> ClientData:
         return self.inner().poison_data(data, client, generator)

@@ -52,7 +52,8 @@ perturbations accumulate where each round alone looks benign). :class:`OuterRepl
 is model replacement (Bagdasaryan et al. 2020) with the boost scaled for the outer step: the
 first-round gain of Nesterov is η(1+μ), so γ = n/(η(1+μ)) replaces the model in the round
 it is sent (``horizon = "immediate"``); γ = n(1−μ)/η makes the *eventual* displacement,
-momentum tail included, equal to the replacement (``horizon = "eventual"``).
+momentum tail included, equal to the replacement (``horizon = "eventual"``). Under a
+sample-weighted mean n is W/w_a, the inverse of attacker a's weight share (``weighting``).
 """
 
 from __future__ import annotations
@@ -338,12 +339,23 @@ class OuterReplacement(Attack):
     by the f attackers of the round (each sends γ/f × its own update) when ``share``;
     η = ``ctx.server_lr``, μ = ``momentum`` (the outer optimizer's, public in DiLoCo;
     default 0.9). With the ``fedavg`` server (no momentum) both reduce to n/η.
+
+    n is the inverse of the attacker's share of the aggregate, which only an unweighted
+    mean gives it (1/n). ``weighting`` says whose share the boost undoes, as for
+    ``model_replacement`` (:mod:`attacks.replacement`): ``"defense"`` (default; the attack
+    is white-box, ``adaptive``, and follows the server's rule), ``"samples"`` (the
+    sample-weighted mean, the shipped ``mean``: attacker a's share is w_a/W, so n becomes
+    W/w_a, ``ctx.weights`` indexed by its row) or ``"uniform"`` (n itself). Under the
+    weighted mean, n in place of W/w_a lands the model at n·w_a/W of the target (0.87
+    in ``scenarios/llm.toml``, whose attackers hold fewer windows than the average).
     """
 
     momentum: float = 0.9
     horizon: Literal["immediate", "eventual"] = "immediate"
     share: bool = True
+    weighting: Literal["defense", "uniform", "samples"] = "defense"
     surfaces: ClassVar[tuple[str, ...]] = (Surface.UPDATES,)
+    adaptive: ClassVar[bool] = True
     summary: ClassVar[str] = "Model replacement scaled for the outer Nesterov step: γ = n/(η(1+μ))"
     reference: ClassVar[str] = "Bagdasaryan et al., AISTATS 2020; Douillard et al. 2023 (DiLoCo outer step)"
 
@@ -355,7 +367,12 @@ class OuterReplacement(Attack):
         if v not in ("immediate", "eventual"):
             raise param_error(self, "horizon", v, "must be 'immediate' or 'eventual'")
 
-    def gamma(self, ctx: AttackContext) -> float:
+    def validate_weighting(self, v: str) -> None:
+        if v not in ("defense", "uniform", "samples"):
+            raise param_error(self, "weighting", v, "must be 'defense', 'uniform' or 'samples'")
+
+    def _step_gain(self, ctx: AttackContext) -> float:
+        """What the outer step multiplies the aggregate by: 1/(η(1+μ)) or (1−μ)/η."""
         eta = float(ctx.server_lr)
         if not (math.isfinite(eta) and eta > 0):
             raise param_error(self, "horizon", self.horizon, f"needs a server learning rate η > 0, got {eta}")
@@ -364,8 +381,31 @@ class OuterReplacement(Attack):
                               f"scales for the Nesterov or FedAvg outer step; the server's is {ctx.server_optimizer!r}, "
                               "whose step is not linear in the aggregate")
         mu = self.momentum if ctx.server_optimizer == "nesterov" else 0.0
-        g = ctx.n_clients / (eta * (1 + mu)) if self.horizon == "immediate" else ctx.n_clients * (1 - mu) / eta
-        return g / ctx.n_malicious if (self.share and ctx.n_malicious > 1) else g
+        return 1.0 / (eta * (1 + mu)) if self.horizon == "immediate" else (1 - mu) / eta
+
+    def factors(self, ctx: AttackContext) -> "torch.Tensor":
+        """The per-attacker boosts γ_a, float64, shape (f,): (n or W/w_a) × the step gain, /f if shared."""
+        import dataclasses
+
+        from redteam.errors import InvalidParameter
+
+        from .replacement import ModelReplacement
+
+        gain = self._step_gain(ctx)
+        # the inverse share of each attacker (n, or W/w_a), /f when shared: model replacement's
+        # boost for a FedAvg step of η = 1
+        try:
+            inv = ModelReplacement(share=self.share, weighting=self.weighting).factors(  # type: ignore[arg-type]
+                dataclasses.replace(ctx, server_lr=1.0, server_optimizer="fedavg"))
+        except InvalidParameter as exc:
+            raise param_error(self, "weighting", self.weighting, str(exc).split(": ", 1)[-1]) from None
+        return inv * gain
+
+    def gamma(self, ctx: AttackContext) -> float:
+        """γ of the first attacker (all of them under uniform weighting or equal sample counts)."""
+        f = self.factors(ctx)
+        return float(f[0]) if f.numel() else 0.0
 
     def craft_updates(self, ctx: AttackContext) -> "torch.Tensor":
-        return ctx.own_updates * self.gamma(ctx)
+        own = ctx.own_updates
+        return own * self.factors(ctx)[:, None].to(device=own.device, dtype=own.dtype)

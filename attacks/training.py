@@ -12,16 +12,29 @@ after every step. (Neurotoxin's per-step mask lives in ``attacks.compression``.)
   L_class + ((1 − α)/α)·‖w − G‖ — the same minimiser and direction; the step size is the
   attacker's ``lr`` on this form. *Scale*: the trained update X − G is boosted by γ,
   by default the model-replacement γ = n/η (with the weighting of the server's rule,
-  ``attacks.replacement``), and capped so that ‖γ(X − G)‖ ≤ S when ``norm_bound`` S is
-  given (the paper: scale up to the detector's bound). Combine with ``backdoor`` (data).
+  ``attacks.replacement``), and capped so that ‖γ(X − G)‖ ≤ S (the paper: the attacker
+  knows the anomaly detector and scales up to its bound S). By default S is *read from
+  the server's defense* (``norm_bound = "defense"``; the attack is white-box, ``adaptive``,
+  like ``model_replacement``): the bound of a ``norm_bound`` or ``clip`` stage
+  (:func:`server_norm_bound`), no cap when the defense holds none; a number is a fixed S,
+  ``"none"`` never caps (the boost alone, rejected by any bound it exceeds). Combine with
+  ``backdoor`` (data).
 * ``edge_case`` — Wang, Sreenivasan, Rajput, Vishwakarma, Agarwal, Sohn, Lee &
   Papailiopoulos, "Attack of the Tails: Yes, You Really Can Backdoor Federated
   Learning", NeurIPS 2020: edge-case (rare, tail-of-the-distribution) inputs labelled as
   the target, trained with projected gradient descent: after every local step the model
   is projected onto ‖w − G‖ ≤ ε (the released script projects every
-  ``project_frequency = 10`` iterations and at the end, with ``--eps 2`` for CIFAR-10).
-  Optional model replacement scales the PGD update by n/η afterwards (their "PGD with
-  replacement"). **Stand-in for the edge-case set**: the digits workload has no ARDIS or
+  ``project_frequency = 10`` iterations and at the end). The radius is sized to the norm
+  bound the defense enforces — the released ``run_simulated_averaging.sh`` runs CIFAR-10
+  with ``--eps 2 --norm_bound 2`` — so by default (``eps = "defense"``, white-box) ε =
+  ``margin``·M with M the bound of the server's ``norm_bound`` or ``clip`` stage
+  (:func:`server_norm_bound`), and no projection when the defense holds no norm bound
+  (the paper's black-box attack, the stronger one against a plain mean). A number is a
+  fixed ε (2.0: the released CIFAR-10 value, above every honest update norm of the
+  digits federation of ``scenarios/envelope.toml``, 0.36–1.4, so it never acts there);
+  ``"none"`` never projects. Optional model replacement scales the PGD update by n/η
+  afterwards (their "PGD with replacement"). **Stand-in for the edge-case set**: the
+  digits workload has no ARDIS or
   Southwest-airline set, so the edge cases are the attacker's own samples of class
   ``source`` rotated by ``rotation``·90° (rare-looking: digits never appear rotated),
   labelled ``target`` — the ARDIS "7 → 1" task with rotation standing in for the
@@ -34,13 +47,19 @@ after every step. (Neurotoxin's per-step mask lives in ``attacks.compression``.)
   paper, attacker i stamps local trigger i mod K (``assignment = "rank"``): i is the
   order in which this attack instance first poisons the client — the trainer poisons
   the malicious clients in ascending id, so i is the attacker's rank among them (the
-  only memory the attack keeps, one entry per client). ``"client_mod"`` uses
-  client id mod K instead (stateless; two attackers may share a part).
+  only memory the attack keeps, one entry per client id; inside ``compose`` the part is
+  built once, so the memory is the same as alone). ``"client_mod"`` uses client id mod
+  K instead (two attackers may share a part). The paper gives every local trigger its
+  own attacker (K local triggers, K or more attackers): with fewer, some local triggers
+  are never stamped and never trained, and the full-trigger ASR measures a partly
+  trained trigger. The attack then warns (:class:`UntrainedTriggerWarning`, when the
+  trainer asks for the per-part tests, after poisoning every attacker) naming them.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -55,7 +74,12 @@ from .replacement import ModelReplacement
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ConstrainAndScale", "EdgeCase", "DBA", "DBA_PARTS", "anomaly_loss"]
+__all__ = ["ConstrainAndScale", "EdgeCase", "DBA", "DBA_PARTS", "anomaly_loss", "server_norm_bound",
+           "UntrainedTriggerWarning"]
+
+#: where an attack that adapts to the server's norm bound reads it from (``"defense"``) or
+#: that it ignores every bound (``"none"``); a number is a fixed bound
+BOUND_SOURCES = ("defense", "none")
 
 
 def _positive(obj: Any, name: str, v: float | None, allow_none: bool = True) -> None:
@@ -68,6 +92,53 @@ def _positive(obj: Any, name: str, v: float | None, allow_none: bool = True) -> 
 def _steps(obj: Any, v: int | None) -> None:
     if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
         raise param_error(obj, "steps", v, "must be an integer ≥ 1, or unset (the federation's)")
+
+
+def _bound_param(obj: Any, name: str, v: Any) -> None:
+    if v is None or (isinstance(v, str) and v in BOUND_SOURCES):
+        return
+    if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0):
+        raise param_error(obj, name, v, "must be a finite number > 0, 'defense' (read the server's norm bound) "
+                                        "or 'none'")
+
+
+def server_norm_bound(defense: Any, ctx: AttackContext | None = None) -> float | None:
+    """The L2 bound M the server's ``defense`` holds each update to, as a white-box attacker
+    reads it (``None``: it holds none).
+
+    Looks at the defense, or at every stage of a pipeline, for ``norm_bound``
+    (:class:`defenses.norm.NormBound`, either mode) and ``clip``
+    (:class:`defenses.clipping.Clip`); several bounds: the smallest. A static bound is M
+    itself. An adaptive one (``multiplier`` k: M = k × the median norm of the round) is
+    the attacker's estimate k × the lower median of the norms of the rows it sees
+    (``ctx.visible_updates``: every honest row if omniscient, else its own; all-zero rows
+    — clients that have not trained yet — left out), and ``None`` when there are none
+    (round 0 of a training hook). Other rules (centered clipping, FLAME's median
+    clipping) are not read.
+    """
+    import torch
+
+    from defenses.clipping import Clip
+    from defenses.norm import NormBound, l2_norms
+
+    if defense is None:
+        return None
+    bounds: list[float] = []
+    for stage in tuple(getattr(defense, "stages", None) or (defense,)):
+        if isinstance(stage, Clip):
+            bounds.append(float(stage.bound))
+        elif isinstance(stage, NormBound):
+            if stage.multiplier is None:
+                bounds.append(float(stage.bound))
+                continue
+            rows = None if ctx is None else ctx.visible_updates
+            if rows is None or rows.shape[0] == 0:
+                continue
+            norms = l2_norms(rows)
+            norms = norms[torch.isfinite(norms) & (norms > 0)]
+            if norms.numel():
+                bounds.append(float(stage.multiplier) * float(norms.median()))
+    return min(bounds) if bounds else None
 
 
 def anomaly_loss(weight: float):
@@ -107,8 +178,10 @@ class ConstrainAndScale(Attack):
       released ``params.yaml``'s ``alpha_loss: 1.0``; default 0.5 is our choice);
     * ``lr``, ``steps``: the attacker's local learning rate and steps (unset: the
       federation's; the released code retrains 15 epochs at ``poison_lr`` 0.05);
-    * ``boost`` (unset: n/η), ``weighting`` (as ``model_replacement``), ``norm_bound`` S
-      (unset: no cap).
+    * ``boost`` (unset: n/η), ``weighting`` (as ``model_replacement``);
+    * ``norm_bound`` S, the cap of the scaled update: ``"defense"`` (default: the bound the
+      server's defense enforces, :func:`server_norm_bound`; no cap without one), a number
+      (a fixed S), or ``"none"`` (never capped; ``None`` in Python is the same).
     """
 
     alpha: float = 0.5
@@ -116,7 +189,7 @@ class ConstrainAndScale(Attack):
     steps: int | None = None
     boost: float | None = None
     weighting: Literal["defense", "uniform", "samples"] = "defense"
-    norm_bound: float | None = None
+    norm_bound: float | Literal["defense", "none"] | None = "defense"
     surfaces: ClassVar[tuple[str, ...]] = (Surface.TRAINING, Surface.UPDATES)
     adaptive: ClassVar[bool] = True
     summary: ClassVar[str] = "Constrain-and-scale: train with an anomaly (distance) loss, then boost up to the bound"
@@ -139,15 +212,23 @@ class ConstrainAndScale(Attack):
         if v not in ("defense", "uniform", "samples"):
             raise param_error(self, "weighting", v, "must be 'defense', 'uniform' or 'samples'")
 
-    def validate_norm_bound(self, v: float | None) -> None:
-        _positive(self, "norm_bound", v)
+    def validate_norm_bound(self, v: Any) -> None:
+        _bound_param(self, "norm_bound", v)
+
+    def cap(self, ctx: AttackContext) -> float | None:
+        """The bound S the scaled rows are capped at this round (``None``: no cap)."""
+        if self.norm_bound is None or self.norm_bound == "none":
+            return None
+        if self.norm_bound == "defense":
+            return server_norm_bound(ctx.defense, ctx)
+        return float(self.norm_bound)
 
     def training_hook(self, ctx: AttackContext) -> TrainingHook:
         extra = anomaly_loss((1 - self.alpha) / self.alpha) if self.alpha < 1 else None
         return TrainingHook(extra_loss=extra, lr=self.lr, steps=self.steps)
 
     def craft_updates(self, ctx: AttackContext) -> "torch.Tensor":
-        return _boost(ctx, self.boost, self.weighting, self.norm_bound, ctx.own_updates)
+        return _boost(ctx, self.boost, self.weighting, self.cap(ctx), ctx.own_updates)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,8 +239,14 @@ class EdgeCase(Attack):
     * ``fraction`` of the attacker's ``source`` samples turned into edge cases (1.0),
       ``mode`` ``"append"`` (default: clean samples kept, as the paper mixes edge cases
       with clean data) or ``"replace"``;
-    * ``eps``: the PGD radius ‖w − G‖ ≤ ε (2.0, the released CIFAR-10 script's); unset
-      disables the projection (the paper's black-box attack);
+    * ``eps``: the PGD radius ‖w − G‖ ≤ ε: ``"defense"`` (default: ``margin`` × the norm
+      bound the server's defense enforces, :func:`server_norm_bound`, read afresh every
+      round; no projection without one), a number (a fixed ε; 2.0 is the released
+      CIFAR-10 script's), or ``"none"`` (never project: the paper's black-box attack;
+      ``None`` in Python is the same);
+    * ``margin`` ∈ (0, 1]: with ``eps = "defense"``, the share of the bound to project on
+      (default 0.99: just inside, so the float32 rounding of the trained delta never
+      lands it past a rejecting bound);
     * ``lr``, ``steps``: the attacker's local training (unset: the federation's);
     * ``replacement``: scale the PGD update by n/η afterwards (default false).
     """
@@ -169,11 +256,12 @@ class EdgeCase(Attack):
     rotation: int = 1
     fraction: float = 1.0
     mode: Literal["append", "replace"] = "append"
-    eps: float | None = 2.0
+    eps: float | Literal["defense", "none"] | None = "defense"
     lr: float | None = None
     steps: int | None = None
     replacement: bool = False
     image_shape: tuple[int, ...] = (8, 8)
+    margin: float = 0.99
     summary: ClassVar[str] = "Edge-case backdoor: rare inputs (rotated digits) to a target class, PGD-projected"
     reference: ClassVar[str] = "Wang et al., NeurIPS 2020 (Attack of the Tails)"
 
@@ -183,7 +271,21 @@ class EdgeCase(Attack):
 
     @property
     def adaptive(self) -> bool:
-        return self.replacement
+        """White-box (the trainer shows it the defense): to read the bound, or to boost."""
+        return self.replacement or self.eps == "defense"
+
+    def validate_margin(self, v: float) -> None:
+        if not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1):
+            raise param_error(self, "margin", v, "must be in (0, 1]")
+
+    def radius(self, ctx: AttackContext) -> float | None:
+        """The PGD radius ε of this round (``None``: no projection)."""
+        if self.eps is None or self.eps == "none":
+            return None
+        if self.eps == "defense":
+            bound = server_norm_bound(ctx.defense, ctx)
+            return None if bound is None else float(self.margin) * bound
+        return float(self.eps)
 
     def validate_source(self, v: int) -> None:
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -205,8 +307,8 @@ class EdgeCase(Attack):
         if v not in ("append", "replace"):
             raise param_error(self, "mode", v, "must be 'append' or 'replace'")
 
-    def validate_eps(self, v: float | None) -> None:
-        _positive(self, "eps", v)
+    def validate_eps(self, v: Any) -> None:
+        _bound_param(self, "eps", v)
 
     def validate_lr(self, v: float | None) -> None:
         _positive(self, "lr", v)
@@ -258,7 +360,8 @@ class EdgeCase(Attack):
         return self.edge(x[keep]), torch.full_like(y[keep], self.target)
 
     def training_hook(self, ctx: AttackContext) -> TrainingHook | None:
-        proj = ball_projection(self.eps) if self.eps is not None else None
+        eps = self.radius(ctx)
+        proj = ball_projection(eps) if eps is not None else None
         if proj is None and self.lr is None and self.steps is None:
             return None
         return TrainingHook(project=proj, lr=self.lr, steps=self.steps)
@@ -274,6 +377,10 @@ class EdgeCase(Attack):
 DBA_PARTS: tuple[tuple[tuple[int, int], ...], ...] = (
     ((0, 0), (0, 1)), ((0, 4), (0, 5)), ((2, 0), (2, 1)), ((2, 4), (2, 5)),
 )
+
+
+class UntrainedTriggerWarning(UserWarning):
+    """``dba`` has fewer attackers than local triggers: some local triggers are never trained."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,11 +434,19 @@ class DBA(Attack):
         rank = self._ranks.setdefault(int(client), len(self._ranks))
         return rank % len(self.local_triggers)
 
+    def untrained_parts(self) -> tuple[int, ...]:
+        """The local triggers no client poisoned so far stamps (empty before any poisoning)."""
+        if not self._ranks:
+            return ()
+        used = {self.part_of(c) for c in self._ranks}
+        return tuple(i for i in range(len(self.local_triggers)) if i not in used)
+
     def global_trigger(self) -> Backdoor:
         pixels = tuple(dict.fromkeys(tuple(p) for part in self.local_triggers for p in part))
         return self._backdoor(pixels)
 
     def poison_data(self, data: ClientData, client: int, generator: "torch.Generator") -> ClientData:
+        self._ranks.setdefault(int(client), len(self._ranks))  # who was poisoned (rank: first sight)
         return self._backdoor(self.local_triggers[self.part_of(client)]).poison_data(data, client, generator)
 
     def targeted_test(self, x: "torch.Tensor", y: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
@@ -339,5 +454,21 @@ class DBA(Attack):
         return self.global_trigger().targeted_test(x, y)
 
     def targeted_parts(self, x: "torch.Tensor", y: "torch.Tensor") -> dict[str, tuple["torch.Tensor", "torch.Tensor"]]:
-        """The same samples with each local trigger alone: ``{"part0": (x, y), …}``."""
+        """The same samples with each local trigger alone: ``{"part0": (x, y), …}``.
+
+        The trainer asks for them after poisoning every malicious client; if some local
+        trigger is then stamped by no attacker, an :class:`UntrainedTriggerWarning` says
+        which (the paper gives every local trigger its own attacker)."""
+        missing = self.untrained_parts()
+        if missing:
+            k, f = len(self.local_triggers), len(self._ranks)
+            fix = (f"use at least {k} malicious clients or fewer local_triggers" if self.assignment == "rank" else
+                   f"with assignment = 'client_mod' the attackers' ids mod {k} must cover every part "
+                   "(or use assignment = 'rank')")
+            warnings.warn(
+                f"dba: {f} attacker(s) for {k} local triggers: local trigger(s) "
+                f"{', '.join(map(str, missing))} are stamped by no attacker and never trained, so the "
+                f"full-trigger ASR measures a partly trained trigger; DBA (Xie et al., ICLR 2020) gives every "
+                f"local trigger its own attacker: {fix}",
+                UntrainedTriggerWarning, stacklevel=2)
         return {f"part{i}": self._backdoor(p).targeted_test(x, y) for i, p in enumerate(self.local_triggers)}
