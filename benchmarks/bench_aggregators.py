@@ -141,7 +141,7 @@ def defenses_for(n: int) -> list[tuple[str, object]]:
         ("dnc (f = n/10, b = 10⁴, 1 iteration)", DnC(f=f)),
         ("flame (λ = 0.001)", FLAME()),
         ("fldetector (window of 10 pairs full; peak includes building that state)", WarmFLDetector(FLDetector())),
-        ("rlr (θ = ⌈n/2⌉)", RLR()),
+        ("rlr (θ = ⌈2n/5⌉, the bare call)", RLR()),
         ("signguard (10 % of coordinates)", SignGuard()),
         ("sparsefed (L = 1, k = 1 % of d)", SparseFed()),
     ]

@@ -17,21 +17,41 @@ is the plain mean of the good updates (the paper's AGR_avg).
 Computation: with X̃X̃ᵀ = U Λ Uᵀ (an n × n float64 eigenproblem) and u the top
 eigenvector, v = X̃ᵀu/√λ, so sᵢ = (X̃v)ᵢ² = λ·uᵢ²: the n × b matrix is never
 decomposed. A non-finite update scores +∞ (it is one of the c·f removed, with its
-own reason) and takes no part in the centring. Ties in the score (up to rounding)
-are broken by the rows' content, not their position.
+own reason) and takes no part in the centring.
+
+Ties (convention ``ties``; Algorithm 2 says only "the n − c·m lowest scores", and no
+released code of the authors' settles it). Scores equal up to rounding say no client is
+more of an outlier than another, so a cut that falls inside a group of tied scores is
+decided without the rows' positions:
+
+* ``"content"`` (default): tied rows are ranked by their content (fingerprints Σⱼxⱼ,
+  Σⱼ j·xⱼ), which removes exactly ⌊c·f⌋ whenever the tied rows differ; bit-identical
+  rows, which no content can rank, are never split: a copy the cut would remove while
+  its twin is kept is kept too (fewer than ⌊c·f⌋ removed). Before, one of several
+  identical honest copies was flagged as an outlier quoting a score every copy shares;
+* ``"keep"``: no tied group is split; a tied group the cut falls inside is kept whole.
+
+``Decision.state["tie_kept"]`` lists, per iteration, the rows kept by this rule. An
+attacker with more identical copies than ⌊c·f⌋ removals keeps all of them rather than
+losing some to an arbitrary pick (they are one point either way).
+
+Known weakness (a property of the published rule): the scores read one direction, the
+top singular vector, which the widest spread sets; two decoys far out on either side of
+another direction take it over, the ⌊c·f⌋ removals go to the decoys and the honest rows
+spread along it, and 4 of 4 malicious rows off it get through (caught without decoys).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from redteam.pipeline import Aggregator
 from redteam.types import Decision, ServerContext, param_error, sample_weights
 
-from ._common import check_count, check_number, finite_rows, generator_of
-from ._stats import convex_mean, order_low_first, power_of_two_below
+from ._common import check_choice, check_count, check_number, finite_rows, generator_of
+from ._stats import convex_mean, order_low_first, power_of_two_below, tie_classes
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -85,9 +105,13 @@ class DnC(Aggregator):
     * ``niters``: iterations (paper 1); the good set is the intersection.
     * ``weighted``: ``False`` (the paper) averages the good updates plainly;
       ``True`` weights them by the clients' sample counts.
+    * ``ties``: a cut inside tied scores (module docstring): ``"content"`` ranks tied
+      rows by content and never splits bit-identical rows; ``"keep"`` keeps every tied
+      group the cut falls inside.
 
     ``Decision.state``: the f and removal count used (and ``short``: whether the round
-    had too few updates for ⌊c·f⌋ removals), each iteration's scores, the good set.
+    had too few updates for ⌊c·f⌋ removals), each iteration's scores and rows kept by the
+    tie rule (``tie_kept``), the good set.
     """
 
     f: int | None = None
@@ -95,6 +119,7 @@ class DnC(Aggregator):
     b: int = 10_000
     niters: int = 1
     weighted: bool = False
+    ties: Literal["content", "keep"] = "content"
     #: fields that a scenario fills with its malicious count f when left unset
     from_malicious_count: ClassVar[tuple[str, ...]] = ("f",)
     summary: ClassVar[str] = "DnC: drop the c·f largest squared projections on the top singular vector, mean"
@@ -111,6 +136,9 @@ class DnC(Aggregator):
 
     def validate_niters(self, v: int) -> None:
         check_count(self, "niters", v, allow_none=False, minimum=1)
+
+    def validate_ties(self, v: str) -> None:
+        check_choice(self, "ties", v, ("content", "keep"))
 
     def removals(self, n: int) -> tuple[int, int]:
         """(f, updates removed) for a round of n updates: ⌊c·f⌋, at most n − 1."""
@@ -134,6 +162,27 @@ class DnC(Aggregator):
         return (f"⌊c·f⌋ removals with f = {state.get('f')} would leave none of the {removed + 1} updates: "
                 f"removed {removed}, kept the lowest-scored one")
 
+    def _spared(self, scores: "torch.Tensor", order: "torch.Tensor", kept: int, updates: "torch.Tensor",
+                ok: "torch.Tensor") -> "torch.Tensor":
+        """Finite rows past the cut (``order[kept:]``) whose score ties the last kept one and
+        that the tie rule keeps: all of them (``"keep"``) or those bit-identical to a kept
+        row of that tie (``"content"``)."""
+        import torch
+
+        none = torch.empty(0, dtype=torch.long, device=scores.device)
+        if kept <= 0 or kept >= scores.shape[0]:
+            return none
+        classes = tie_classes(scores)
+        edge = classes[order[kept - 1]]
+        out = order[kept:]
+        cand = out[(classes[out] == edge) & ok.to(scores.device)[out]]
+        if cand.numel() == 0 or self.ties == "keep":
+            return cand
+        ins = order[:kept]
+        rows = updates.index_select(0, ins[classes[ins] == edge].to(updates.device))
+        same = [i for i in cand.tolist() if bool((rows == updates[i]).all(dim=1).any())]
+        return torch.tensor(same, dtype=torch.long, device=scores.device)
+
     def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
         import torch
 
@@ -143,6 +192,7 @@ class DnC(Aggregator):
         fin = ok.nonzero().flatten()
         good = torch.ones(n, dtype=torch.bool, device=updates.device)
         all_scores: list[list[float]] = []
+        tie_kept: list[list[int]] = []
         last = torch.full((n,), math.inf, dtype=torch.float64, device=updates.device)
         gen = generator_of(ctx)
         every = fin.numel() == n
@@ -157,7 +207,11 @@ class DnC(Aggregator):
             if fin.numel():
                 scores[fin] = dnc_scores(sub)
             keep = torch.zeros(n, dtype=torch.bool, device=updates.device)
-            keep[order_low_first(scores, updates)[: n - drop]] = True
+            order = order_low_first(scores, updates)
+            keep[order[: n - drop]] = True
+            spared = self._spared(scores, order, n - drop, updates, ok) if drop else order[:0]
+            keep[spared.to(updates.device)] = True
+            tie_kept.append(sorted(spared.tolist()))
             good &= keep & ok  # non-finite rows count among the removals and are never kept
             all_scores.append(scores.tolist())
             last = scores
@@ -176,5 +230,5 @@ class DnC(Aggregator):
         weights = w / w.sum() if float(w.sum()) > 0 else w
         return Decision(aggregate=agg, accepted=good, weights=weights, reasons=reasons,
                         state={"f": f, "removed": drop, "short": drop < math.floor(self.c * f + 1e-9),
-                               "scores": all_scores,
+                               "scores": all_scores, "tie_kept": tie_kept,
                                "good": good.nonzero().flatten().tolist()})

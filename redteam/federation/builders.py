@@ -25,7 +25,9 @@ def build_defense(specs: "Sequence[PluginSpec] | PluginSpec", n_malicious: int |
 
     A defense class may list in ``from_malicious_count`` the fields that default to the
     scenario's malicious count (trimmed mean's ``b``, DnC's ``f``); when ``n_malicious`` is
-    given, each such field the spec leaves unset is filled with it before the defense is built.
+    given, each such field the spec leaves unset is filled with it before the defense is built
+    (or with ``cls.value_from_malicious_count(field, n_malicious)`` where the class defines
+    that rule: RLR's θ = f + 1).
 
     ``most_updates`` is the most updates one call can ever see (the federation's client
     count; an upper merge node's fan-out). A stage with a ``check_capacity(most)`` method
@@ -72,9 +74,11 @@ def _with_malicious_count(spec: "PluginSpec", n_malicious: int | None) -> dict:
     params = dict(spec.params)
     if n_malicious is None:
         return params
-    for name in getattr(DEFENSES.get(spec.name), "from_malicious_count", ()):
+    cls = DEFENSES.get(spec.name)
+    rule = getattr(cls, "value_from_malicious_count", None)
+    for name in getattr(cls, "from_malicious_count", ()):
         if params.get(name) is None:
-            params[name] = int(n_malicious)
+            params[name] = int(rule(name, int(n_malicious))) if callable(rule) else int(n_malicious)
     return params
 
 
