@@ -35,6 +35,13 @@ class SignFlip(Attack):
     * ``variant="mean"``: every malicious client sends −mean of the honest updates it
       can see (under the non-omniscient threat model, its own colluders' updates).
     * ``scale``: multiply the flipped update by this factor (1 = plain flip).
+
+    Under worker momentum (``[federation] client_momentum = β``) the client's "own update"
+    is what ``[federation] malicious_momentum`` says: ``"raw"`` (default) its round's fresh
+    term, as the authors' ``BitFlippingWorker`` (a plain ``TorchWorker``, no momentum) sends
+    −g while the honest ``MomentumWorker``s send their momenta; ``"momentum"`` its momentum,
+    as an honest client's. ``variant="mean"`` flips the visible honest rows (their momenta
+    when omniscient).
     """
 
     variant: Literal["own", "mean"] = "own"

@@ -15,6 +15,12 @@ The mapping is a named parameter:
 
 ``fraction`` of the client's samples (default all) are relabelled; which ones is drawn
 from the generator passed in. Inputs are left untouched.
+
+Under worker momentum (``[federation] client_momentum = β``) a label-flipping client sends
+what ``[federation] malicious_momentum`` says: ``"raw"`` (default) its round's fresh term on
+the flipped labels, as the authors' ``LableFlippingWorker`` (a plain ``TorchWorker``, no
+momentum, in ``codes/attacks/labelflipping.py``); ``"momentum"`` the momentum of its poisoned
+deltas, as an honest client would keep it.
 """
 
 from __future__ import annotations

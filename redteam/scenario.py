@@ -141,6 +141,14 @@ class FederationSpec:
     malicious_data: Literal["partition", "iid_overlap"] | None = None  # None: iid_overlap for label_sorted
     client_momentum: float = _rule(0.0, lambda v: _prob(v) and v < 1, "must be in [0, 1)")
     momentum_form: Literal["sgd", "ema"] = "sgd"
+    # issue 19: what a malicious client sends under worker momentum. "raw" (the authors'
+    # release: its bit-flip / label-flip workers keep no momentum): the round's fresh term,
+    # Δ ("sgd") or (1−β)Δ ("ema"); "momentum": its momentum, as an honest client
+    malicious_momentum: Literal["raw", "momentum"] = "raw"
+    # issue 19: a round with no contributor. "skip" (torchft's DiLoCo: no commit, no outer
+    # step): model and server-optimizer state kept bit for bit; "momentum": the server
+    # optimizer steps on a zero update (its momentum still moves the model)
+    empty_round: Literal["skip", "momentum"] = "skip"
     sampling: Literal["with_replacement", "without_replacement"] = "with_replacement"
     local_optimizer: Literal["sgd", "adamw"] = "sgd"
     local_weight_decay: float = _rule(0.0, _nonneg, "must be ≥ 0")

@@ -374,6 +374,8 @@ class Federation:
             contributors = [c for c in range(n) if accepted[c]]
             params, opt_state, prev_update, refusal = stages.server_step(
                 self, params, merged.aggregate, opt_state, contributors, received.rows, received.clients)
+            if not contributors:  # no update taken: what the server did ([federation] empty_round)
+                extra["empty_round"] = sc.federation.empty_round
             refused = merged.refused + ([refusal] if refusal is not None else [])
             if refused:
                 extra["refused"] = refused

@@ -13,6 +13,17 @@ pseudo-gradient of the outer problem is g = −Δ.
 * ``nesterov``: the outer step of DiLoCo (Douillard et al., 2023): SGD with Nesterov
   momentum on g = −Δ, as PyTorch's SGD(nesterov=True): b ← μb + g;
   w ← w − η(g + μb). Defaults η = 0.7, μ = 0.9 (the paper's).
+
+A round with no contributor (every update rejected or dropped) is ``[federation]
+empty_round`` (:data:`EMPTY_ROUNDS`), applied by :func:`redteam.federation.stages.server_step`:
+
+* ``"skip"`` (default): no step at all; the model and the optimizer state are kept bit for
+  bit. This is torchft's DiLoCo (``torchft/local_sgd.py``, ``DiLoCo._perform_sync``): the
+  outer optimizer steps only ``if manager.should_commit()``, which is false when fewer
+  replicas than ``min_replica_size`` took part;
+* ``"momentum"``: ``step`` is called with a zero update, as a loop that always steps would:
+  FedAvg stays put, but Nesterov moves w by −ημ²b (b the previous buffer) and FedAdam by
+  η·β₁m/(√(β₂v) + τ), so empty rounds drift the model along the stale momentum.
 """
 
 from __future__ import annotations
@@ -26,7 +37,10 @@ import torch
 from ..errors import InvalidParameter
 from ..types import param_error
 
-__all__ = ["FedAvg", "FedAdam", "Nesterov", "make_server_optimizer", "SERVER_OPTIMIZERS"]
+__all__ = ["FedAvg", "FedAdam", "Nesterov", "make_server_optimizer", "SERVER_OPTIMIZERS", "EMPTY_ROUNDS"]
+
+#: what a round with no contributor does (``[federation] empty_round``; the first is the default)
+EMPTY_ROUNDS = ("skip", "momentum")
 
 
 def _positive(obj: Any, name: str, v: float) -> None:

@@ -98,8 +98,15 @@ def train(fed: "Federation", part_t: torch.Tensor, params: torch.Tensor, hook: T
           hook_rows: list[int]) -> torch.Tensor:
     """Local training of the participating clients; returns what each would send ``(m, d)``:
     its delta (local − global), or its worker momentum of deltas (:func:`~.state.apply_momentum`).
-    A malicious client's momentum runs over its own honestly computed deltas; what the attack
-    then sends instead (``craft``) does not feed back into it."""
+
+    A malicious client (of an attack that acts on something: under ``none`` the would-be
+    attackers are honest) follows ``[federation] malicious_momentum``: ``"raw"`` (default, the
+    authors' release, whose bit-flipping and label-flipping workers keep no momentum) gives it
+    no momentum — its row, the ``own_updates`` an attack crafts from and what a data or
+    training attack sends, is its round's fresh term (Δ under ``momentum_form = "sgd"``,
+    (1 − β)·Δ under ``"ema"``); ``"momentum"`` gives it the honest clients' momentum over its
+    own deltas. Either way what the attack then sends instead (``craft``) does not feed back
+    into any state, and an omniscient attack's ``visible_updates`` are the honest momenta."""
     # the "partial" straggler policy: each client runs the steps it can finish before the
     # deadline (one that cannot finish a step runs them all and arrives late, as under "drop")
     fed._client_steps = None
@@ -118,7 +125,10 @@ def train(fed: "Federation", part_t: torch.Tensor, params: torch.Tensor, hook: T
                               client_steps=steps_t)
     deltas = local - params
     fedspec = fed.scenario.federation
-    return apply_momentum(fed.states, part_t, deltas, fedspec.client_momentum, fedspec.momentum_form)
+    raw = None
+    if fedspec.client_momentum and fedspec.malicious_momentum == "raw" and fed.attack.surfaces:
+        raw = torch.as_tensor(fed.is_malicious[part_t.cpu().numpy()], dtype=torch.bool, device=deltas.device)
+    return apply_momentum(fed.states, part_t, deltas, fedspec.client_momentum, fedspec.momentum_form, raw)
 
 
 # ------------------------------------------------------------------ craft
@@ -350,7 +360,16 @@ def server_step(fed: "Federation", params: torch.Tensor, aggregate: torch.Tensor
     """The server optimizer's step, refused when the aggregate or the new model is not finite.
 
     Returns ``(params, opt_state, applied update, refusal or None)``; a refused step keeps
-    the model and the optimizer state, and its applied update is zero."""
+    the model and the optimizer state, and its applied update is zero.
+
+    A round with no contributor (``contributors`` empty: every update rejected, dropped or
+    absent) follows ``[federation] empty_round`` (:data:`~.server_opt.EMPTY_ROUNDS`):
+    ``"skip"`` (default; torchft's DiLoCo steps the outer optimizer only when the round
+    commits) keeps the model and the optimizer state bit for bit, applied update zero;
+    ``"momentum"`` steps the server optimizer on the (zero) aggregate, so an outer momentum
+    or Adam state still moves the model."""
+    if not contributors and empty_round_rule(fed) == "skip":
+        return params, opt_state, torch.zeros_like(aggregate), None
     if not bool(torch.isfinite(aggregate).all()):
         return params, opt_state, torch.zeros_like(aggregate), {
             "stage": "aggregate", "reason": "non-finite aggregate: step refused, model kept",
@@ -368,6 +387,11 @@ def server_step(fed: "Federation", params: torch.Tensor, aggregate: torch.Tensor
             "reason": "the stepped model's outputs are not finite on held-out inputs: step refused, model kept",
             "clients": _suspects(contributors, rows, row_clients)}
     return new, state, aggregate, None
+
+
+def empty_round_rule(fed: "Federation") -> str:
+    """``[federation] empty_round`` of the run (``"skip"`` for a bare server without a scenario)."""
+    return getattr(getattr(getattr(fed, "scenario", None), "federation", None), "empty_round", "skip")
 
 
 #: held-out inputs the server runs a stepped model on (no labels are read: outputs only)

@@ -1,6 +1,7 @@
 """What each client carries from round to round, in one place, keyed by client id.
 
-A simulated client has memory across rounds: its worker momentum, its error-feedback
+A simulated client has memory across rounds: its worker momentum (a malicious client
+keeps none under ``[federation] malicious_momentum = "raw"``, the default), its error-feedback
 residual, its local optimizer's state (DiLoCo's inner AdamW), where it is in its own data
 (epoch-style sampling), and — for the malicious ones — the attack's memory. All of it
 lives in one :class:`ClientStates` per run, never in locals of the round loop:
@@ -61,7 +62,7 @@ class ClientStates:
 
 
 def apply_momentum(states: ClientStates, clients: torch.Tensor, deltas: torch.Tensor, beta: float,
-                   form: str = "sgd") -> torch.Tensor:
+                   form: str = "sgd", raw: torch.Tensor | None = None) -> torch.Tensor:
     """Worker momentum over whole-round deltas; returns the vectors the clients send.
 
     Karimireddy, He & Jaggi, "Learning from History for Byzantine Robust Optimization",
@@ -78,9 +79,26 @@ def apply_momentum(states: ClientStates, clients: torch.Tensor, deltas: torch.Te
     whole-round deltas: the client trains its local steps from the global model as usual
     and sends the momentum of its round deltas. ``β = 0`` sends Δᵢ unchanged (and keeps
     no state). Only the rows of ``clients`` advance (offline clients keep theirs).
+
+    ``raw`` (bool, one entry per row of ``clients``; ``None``: none) marks rows that keep
+    **no** momentum — the malicious clients under ``[federation] malicious_momentum =
+    "raw"``, as the authors' release, where the bit-flipping and label-flipping workers are
+    plain ``TorchWorker``s that send their fresh gradient while the honest ones are
+    ``MomentumWorker``s. Such a row sends its round's *fresh term*, what the momentum update
+    adds this round: Δᵢ under ``"sgd"``, (1 − β)·Δᵢ under ``"ema"`` (in both forms that is
+    the release's raw gradient in the units of the honest momenta: the release's PyTorch
+    momentum at lr η equals the EMA form at lr η/(1 − β) for every row only if the raw
+    rows are scaled by (1 − β) too). Its ``momentum`` state is neither read nor written.
     """
     if beta == 0:
         return deltas
+    if raw is not None and bool(raw.any()):
+        raw = raw.to(device=deltas.device, dtype=torch.bool)
+        keep = ~raw
+        out = (1.0 - beta) * deltas if form == "ema" else deltas.clone()
+        if bool(keep.any()):
+            out[keep] = apply_momentum(states, clients[keep.to(clients.device)], deltas[keep], beta, form)
+        return out
     m = states.rows("momentum", clients, (deltas.shape[1],), deltas.dtype)
     if form == "ema":
         m = (1.0 - beta) * deltas + beta * m
