@@ -39,6 +39,7 @@ Known weakness (a property of the published rule): the scores read one direction
 top singular vector, which the widest spread sets; two decoys far out on either side of
 another direction take it over, the ⌊c·f⌋ removals go to the decoys and the honest rows
 spread along it, and 4 of 4 malicious rows off it get through (caught without decoys).
+The attack ``dnc_decoys`` (attacks/steer.py) does this; scenarios/weaknesses.toml shows it.
 """
 
 from __future__ import annotations

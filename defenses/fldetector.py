@@ -60,7 +60,8 @@ Known weakness (a property of the published rule): 2-means puts the largest scor
 the flagged cluster, so one sacrificial client far more inconsistent than the rest is
 flagged alone and keeps FLDetector from flagging the others (with ``detect_once`` for
 good: on Dirichlet(0.5) digits with 4 of 20 clients sign-flipping ×4, the first
-detection flags one of the four, and the other three stay in).
+detection flags one of the four, and the other three stay in). The attack
+``fldetector_sacrifice`` (attacks/steer.py) does it on purpose; scenarios/weaknesses.toml.
 
 Everything FLDetector remembers is explicit state keyed by client id (not row):
 ``Decision.state`` holds the ids, their last updates, their recent normalised

@@ -18,6 +18,13 @@ i's updates so far (this round included):
 The paper's optional importance weighting of output-layer features is not
 applied: similarities use whole update vectors.
 
+Known weakness (a property of the published rule): αᵢ reads only maxⱼ cos(Hᵢ, Hⱼ),
+whoever made the copy. An exact copy of an honest client's update, sent every round,
+gives that honest client weight 0 with its copy (the attackers choose whom FoolsGold
+silences), and when every update has an exact copy all the cosines are 1 and the
+weights come from floating-point rounding noise. The attack ``foolsgold_copies``
+(attacks/steer.py) does this; scenarios/weaknesses.toml shows it.
+
 The history is explicit state: ``Decision.state`` carries ``{"ids": [...],
 "history": (k, d) tensor}``, keyed by ``ctx.client_ids``; pass it back as
 ``ctx.state`` next round.

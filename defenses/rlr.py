@@ -39,7 +39,8 @@ f + 1 is set with ``theta``.
 
 Known weakness (a property of the published rule): votes are one per agent whatever the
 update's size, so sign votes cast at a tiny norm, which barely move the mean, still pull
-a coordinate's |Σ sgn| below θ and flip the sign of the honest mean there.
+a coordinate's |Σ sgn| below θ and flip the sign of the honest mean there. The attack
+``rlr_sign_vote`` (attacks/steer.py) does this; scenarios/weaknesses.toml shows it.
 
 A fixed θ meets rounds of different sizes (client churn, stragglers, hierarchy groups).
 A round of n < θ agents is still the paper's rule: |Σᵢ sgn| ≤ n < θ on every coordinate,
