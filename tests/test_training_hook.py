@@ -188,3 +188,58 @@ def test_federation_extra_loss_and_projection_on_a_real_model():
     for own in atk.log:  # every malicious delta lies in the ball (float32 rounding aside)
         assert float(torch.linalg.vector_norm(own, dim=1).max()) <= 0.05 + 1e-6
         assert float(torch.linalg.vector_norm(own, dim=1).min()) > 0
+
+
+# ------------------------------------------------------------------ every round, not only round 0
+@dataclasses.dataclass(frozen=True, slots=True)
+class _QuietShaper(Attack):
+    """The _Shaper's hook (mask, 6 steps, lr 0.01), but it sends zero rows: the server then
+    sees the same malicious rows with and without the hook, so the global model can only
+    drift apart between the two runs if an honest update does."""
+
+    surfaces = (Surface.TRAINING, Surface.UPDATES)
+    omniscient = True
+    log: list = dataclasses.field(default_factory=list)
+
+    def training_hook(self, ctx: AttackContext) -> TrainingHook:
+        d = ctx.global_params.shape[0]
+        mask = torch.zeros(d)
+        mask[:10] = 1.0
+        return TrainingHook(grad_mask=mask, steps=6, lr=0.01)
+
+    def craft_updates(self, ctx: AttackContext) -> torch.Tensor:
+        self.log.append((ctx.round, ctx.global_params.clone(), ctx.own_updates.clone(), ctx.visible_updates.clone()))
+        return torch.zeros_like(ctx.own_updates)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _QuietNoHook(Attack):
+    surfaces = (Surface.UPDATES,)
+    omniscient = True
+    log: list = dataclasses.field(default_factory=list)
+
+    def craft_updates(self, ctx: AttackContext) -> torch.Tensor:
+        self.log.append((ctx.round, ctx.global_params.clone(), ctx.own_updates.clone(), ctx.visible_updates.clone()))
+        return torch.zeros_like(ctx.own_updates)
+
+
+def test_hook_never_touches_honest_batches_in_any_round():
+    # 4 rounds, 6 clients, 2 malicious. Both runs send zero malicious rows, so if the hook
+    # leaves every honest client's batches (and generator draws) alone, the honest rows and
+    # the global model are bit-identical in every round; the malicious rows differ in every
+    # round (masked: nothing past coordinate 10 moves, while plain training moves it).
+    doc = _doc()
+    doc["federation"]["rounds"] = 4
+    hooked, plain = _QuietShaper(), _QuietNoHook()
+    for atk in (hooked, plain):
+        fed = Federation(parse_scenario(doc))
+        fed.attack, fed.omniscient = atk, True
+        fed.run()
+    assert [e[0] for e in hooked.log] == [e[0] for e in plain.log] == [0, 1, 2, 3]
+    for (r, g_h, own_h, honest_h), (_, g_p, own_p, honest_p) in zip(hooked.log, plain.log):
+        assert torch.equal(g_h, g_p), f"round {r}: the global models differ"
+        assert honest_h.shape[0] == 4 and torch.equal(honest_h, honest_p), f"round {r}: an honest update differs"
+        assert own_h.shape[0] == 2 and not torch.equal(own_h, own_p), f"round {r}: the hook changed nothing"
+        assert torch.count_nonzero(own_h[:, 10:]) == 0 and torch.count_nonzero(own_p[:, 10:]) > 0
+    # the honest rows do change from round to round (the model moves): not a trivial equality
+    assert not torch.equal(hooked.log[0][3], hooked.log[-1][3])
