@@ -265,6 +265,9 @@ def test_dnc_weighted_decision_weights_are_normalised():
     # weights absent from the context: equal
     dec = DnC(f=0, weighted=True)(x, ServerContext(round=0, n_clients=4))
     assert dec.weights.tolist() == pytest.approx([0.25] * 4)
+    # every row non-finite: no weight to normalise, zeros (not 0/0 = NaN)
+    dec = DnC(f=0)(torch.full((2, 3), float("inf")))
+    assert dec.weights.tolist() == [0.0, 0.0] and not dec.accepted.any()
 
 
 def test_dnc_removals_never_take_the_last_update_and_say_so():
