@@ -42,7 +42,7 @@ from redteam.pipeline import Pipeline
 #: every built-in attack with memory across clients or rounds, and where that memory lives:
 #: DBA on the instance (client id → rank), mimic in ctx.attack_state, replay / mix_and_match in
 #: the traffic history the engine keeps for ``history_rounds``
-STATEFUL = {"dba", "mimic", "replay", "mix_and_match"}
+STATEFUL = {"dba", "mimic", "replay", "mix_and_match", "foolsgold_copies"}
 WRAPPERS = {"compose", "adaptive"}  # build other attacks; their own cache is what this file tests
 
 
@@ -111,6 +111,28 @@ def _run_mimic(atk, own_scale=1.0):
     state: dict = {}
     own = torch.ones(2, 5, dtype=torch.float64) * own_scale
     return [atk.craft_updates(_mimic_ctx(r, v, state, own)) for r, v in enumerate(_mimic_rounds())]
+
+
+@pytest.mark.parametrize("parts", [
+    [{"name": "foolsgold_copies"}],
+    [{"name": "none"}, {"name": "foolsgold_copies"}],
+])
+def test_foolsgold_copies_in_compose_keeps_its_victims_as_alone(parts):
+    # the victim of each attacker is fixed by client id in ctx.attack_state: inside compose (its
+    # own part memory) the copied rows must be the ones the attack sends alone, round after round
+    def run(atk):
+        state: dict = {}
+        own = torch.ones(2, 5, dtype=torch.float64)
+        return [atk.craft_updates(_mimic_ctx(r, v, state, own)) for r, v in enumerate(_mimic_rounds())]
+
+    alone = run(redteam.attack("foolsgold_copies"))
+    comp = run(redteam.attack("compose", attacks=parts))
+    for a, b in zip(alone, comp):
+        assert torch.equal(a, b)
+    # each attacker copies one honest row exactly, the same client every round
+    for rnd, (rows, visible) in enumerate(zip(alone, _mimic_rounds())):
+        for row in rows:
+            assert any(torch.equal(row, v) for v in visible), rnd
 
 
 def test_mimic_in_compose_keeps_its_victim_as_alone():
