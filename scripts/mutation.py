@@ -52,6 +52,19 @@ SCOPES: dict[str, tuple[list[str], list[str], list[str]]] = {
     "federation": (["redteam/federation/*"], ["tests/test_federation.py", "tests/test_loop_paths.py",
                                                "tests/test_server_opt.py", "tests/test_partition.py"],
                    ["-m", "not slow"]),
+    # one module each: the modules issue 19 changed (benchmarks/MUTATION.md, "Issue 19")
+    "training": (["attacks/training.py"], ["tests/test_attacks_training.py", "tests/test_training_hook.py",
+                                           "tests/test_mutation_pins.py"], []),
+    "compose": (["attacks/compose.py"], ["tests/test_attacks_compose.py", "tests/test_attacks_strength2.py"], []),
+    "tailored": (["attacks/tailored.py"], ["tests/test_attacks_tailored.py", "tests/test_tailored_selection.py"], []),
+    "rlr": (["defenses/rlr.py"], ["tests/test_defenses_rlr.py", "tests/test_defense_defaults2.py",
+                                  "tests/test_mutation_pins.py"], []),
+    "dnc": (["defenses/dnc.py"], ["tests/test_defenses_dnc.py", "tests/test_defense_defaults2.py",
+                                  "tests/test_mutation_pins.py"], []),
+    "signguard": (["defenses/signguard.py"], ["tests/test_defenses_signguard.py", "tests/test_defense_defaults2.py",
+                                              "tests/test_mutation_pins.py"], []),
+    "fldetector": (["defenses/fldetector.py"], ["tests/test_defenses_fldetector.py", "tests/test_defense_defaults2.py",
+                                                "tests/test_mutation_pins.py"], []),
 }
 #: mutmut exit-code verdicts that mean "a test failed" (killed)
 KILLED = {"killed", "timeout", "segfault"}
