@@ -74,14 +74,26 @@ def tie_classes(values: "torch.Tensor", rtol: float = 1e-9, floor: float = 1e-18
 
 
 def row_fingerprints(updates: "torch.Tensor", block: int = 1 << 16) -> "torch.Tensor":
-    """``(n, 2)`` float64: Σⱼ xⱼ and Σⱼ j·xⱼ of every row (non-finite entries as 0). They
-    depend on a row's values only, never on its position among the clients."""
+    """``(n, 2)`` float64: Σⱼ xⱼ and Σⱼ j·xⱼ of every row (non-finite entries as 0), of the
+    rows scaled by one exact power of two (2⁻ᵉ with 2ᵉ above the largest finite |x|), so sums
+    of rows near float64's range do not overflow to ±inf and tie (a row at −1.7e308 and
+    another at −1.8e308 once both summed to −inf, and their position decided). They depend on
+    a row's values only, never on its position among the clients."""
+    import math
+
     import torch
 
     n, d = updates.shape
     out = torch.zeros(n, 2, dtype=torch.float64, device=updates.device)
+    big = 0.0
+    for start in range(0, d, block):
+        blk = updates[:, start:start + block]
+        if blk.numel():
+            big = max(big, float(torch.nan_to_num(blk.abs().to(torch.float64), nan=0.0, posinf=0.0).max()))
+    scale = math.ldexp(1.0, -math.frexp(big)[1]) if big > 0 else 1.0  # exact: a power of two
     for start in range(0, d, block):
         blk = torch.nan_to_num(updates[:, start:start + block].to(torch.float64), nan=0.0, posinf=0.0, neginf=0.0)
+        blk = blk * scale
         pos = torch.arange(start + 1, start + 1 + blk.shape[1], dtype=torch.float64, device=updates.device)
         out[:, 0] += blk.sum(dim=1)
         out[:, 1] += blk @ pos

@@ -142,3 +142,17 @@ def test_a_far_outlier_cannot_turn_a_crafted_row_into_a_tie():
     dec = DnC(f=2)(rows)
     assert dec.accepted.tolist() == [True] * 5 + [False, False]
     assert dec.aggregate.tolist() == pytest.approx([0.1, 0.1])
+
+
+def test_tied_rows_near_float64_overflow_are_ranked_by_content_not_position():
+    # two rows near float64's range whose DnC scores tie (n = 2: the projections are symmetric):
+    # their fingerprints Σx once overflowed to −inf for both, and the position decided which one
+    # was removed. Scaled by one power of two they differ, so either order removes the same row.
+    from defenses.dnc import DnC
+    from redteam.testing.builders import make_server_context
+
+    x = torch.tensor([[-2.7563e307, -1.5618e308], [-1.6729e308, -1.7797e308]], dtype=torch.float64)
+    dnc = DnC(f=1)
+    a = dnc(x, make_server_context(x, 0)).accepted
+    b = dnc(x[[1, 0]], make_server_context(x[[1, 0]], 0)).accepted[[1, 0]]
+    assert a.tolist() == b.tolist() and int(a.sum()) == 1
