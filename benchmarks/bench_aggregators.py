@@ -21,8 +21,8 @@ geometric median (3 iterations) 1.3 s, centered clipping 0.29 s; NNM ~31 GiB.
 The first row, the float32 Gram matrix x·xᵀ (one matmul), is the floor of every rule that
 needs all pairwise distances: they cannot be faster than it without skipping pairs.
 
-``--byzfl`` also runs that library's timing script (``/work/shared/reference-bench/
-bench_byzfl.py``) in its own virtual environment (``$PA_VENV``, default ``pa-venv`` in
+``--byzfl`` also runs that library's timing script (``bench_byzfl.py`` in the reference-bench
+directory named by ``$PA_REFERENCE_DIR``; not part of this repository) in its own virtual environment (``$PA_VENV``, default ``pa-venv`` in
 the temp dir; built by ``setup.sh`` there) as a subprocess, right after our cells, and
 prints, per (n, d), one side-by-side table: our rule, ByzFL's, their ratio, and
 our time over the Gram's. The two sets of figures come from the same minutes of the same
@@ -228,7 +228,8 @@ def _fmt(sec: float) -> str:
     return f"{sec * 1e3:.1f} ms" if sec < 1 else f"{sec:.2f} s"
 
 
-REFERENCE = "/work/shared/reference-bench"
+#: the reference-bench directory (ByzFL's timing script, its setup.sh): $PA_REFERENCE_DIR, outside the repository
+REFERENCE = os.environ.get("PA_REFERENCE_DIR", "")
 BYZFL_NAMES = {"mean": "Average", "median": "Median", "trimmed_mean": "TrMean", "krum": "Krum",
                "multi_krum": "MultiKrum", "geometric_median": "GeometricMedian",
                "centered_clipping": "CenteredClipping", "nnm": "NNM"}
@@ -247,6 +248,9 @@ def run_byzfl(names: list[str] | None, ns: list[int], ds: list[int]) -> list[dic
     """The reference library's timings for the same cells, from its own venv (if built)."""
     venv = os.environ.get("PA_VENV", os.path.join(tempfile.gettempdir(), "pa-venv"))
     python = os.path.join(venv, "bin", "python")
+    if not REFERENCE or not os.path.isdir(REFERENCE):
+        print("\n(ByzFL skipped: set PA_REFERENCE_DIR to the reference-bench directory that holds bench_byzfl.py)")
+        return None
     if not os.path.exists(python):
         print(f"\n(ByzFL: no venv at {venv}; build it with `bash {REFERENCE}/setup.sh`)")
         return None

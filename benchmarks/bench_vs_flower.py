@@ -5,7 +5,8 @@ federation and a Flower simulation of it, all measured in one run (issue 13's ac
     python benchmarks/bench_vs_flower.py --clients 20 --rounds 10
     python benchmarks/bench_vs_flower.py --no-reference        # our side only
 
-The federation is the one in ``/work/shared/reference-bench/fl_common.py``: scikit-learn's
+The federation is the one in ``fl_common.py`` of the reference-bench directory named by
+``$PA_REFERENCE_DIR`` (not part of this repository): scikit-learn's
 digits (pixels / 16), a per-class Dirichlet(0.5) label partition, the MLP 64-64-10 (4,810
 parameters), 10 local SGD steps of batch 16 at lr 0.1 drawn with replacement, FedAvg
 weighted by sample counts, the global model scored on the test split after every round.
@@ -25,7 +26,7 @@ pools the two: medians over rounds 2..R of both runs; "full ÷ bare" is the medi
 per-round ratios (each full round and the bare round right after it see the same load).
 
 **The references**, right after ours, from their own virtual environment (``$PA_VENV``,
-default ``pa-venv`` in the temp dir, built by ``bash /work/shared/reference-bench/setup.sh``)
+default ``pa-venv`` in the temp dir, built by ``bash $PA_REFERENCE_DIR/setup.sh``)
 as subprocesses writing JSON; this project never imports them:
 
 * ``bench_torch_fl.py --modes loop vmap``: the same federation in plain torch, a Python loop
@@ -83,7 +84,7 @@ import sys
 import tempfile
 import time
 
-REFERENCE = os.environ.get("PA_REFERENCE_DIR", "/work/shared/reference-bench")
+REFERENCE = os.environ.get("PA_REFERENCE_DIR", "")  # the reference-bench directory, outside the repository
 
 
 def scenario_doc(clients: int, rounds: int, seed: int) -> dict:
@@ -281,10 +282,10 @@ def main() -> None:
     flower_runs: dict = {}
     venv = os.environ.get("PA_VENV", os.path.join(tempfile.gettempdir(), "pa-venv"))
     python = os.path.join(venv, "bin", "python")
-    have_ref = not args.no_reference and os.path.exists(python) and os.path.isdir(REFERENCE)
+    have_ref = not args.no_reference and bool(REFERENCE) and os.path.exists(python) and os.path.isdir(REFERENCE)
     if not args.no_reference and not have_ref:
-        print(f"\n(references skipped: no venv at {venv} or no {REFERENCE}; build it with "
-              f"`bash {REFERENCE}/setup.sh` (PA_VENV chooses where), then run this again)")
+        print(f"\n(references skipped: set PA_REFERENCE_DIR to the reference-bench directory and build its venv "
+              f"with `bash $PA_REFERENCE_DIR/setup.sh` (PA_VENV chooses where; now: {venv}), then run this again)")
     if have_ref:
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
         with tempfile.TemporaryDirectory() as tmp:
