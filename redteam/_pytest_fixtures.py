@@ -146,7 +146,7 @@ def _label(table: Any) -> str:
 def _run_cell(state: _State, doc: dict[str, Any], seeds: int | Sequence[int], device: str,
               settings: Mapping[str, Any]) -> CellMetrics:
     from .matrix import derive_seed
-    from .scenario import parse_scenario
+    from .scenario import baseline_attack, parse_scenario
     from .report.applicable import workload_is_language_model
     from .scoring import summarize
 
@@ -156,13 +156,14 @@ def _run_cell(state: _State, doc: dict[str, Any], seeds: int | Sequence[int], de
     for rep in reps:
         d = copy.deepcopy(doc)
         d["scenario"] = {**d.get("scenario", {}), "seed": derive_seed(base_seed, tuple(settings.items()), rep)}
-        b = {**copy.deepcopy(d), "attack": {"name": "none"}}
+        b = {**copy.deepcopy(d), "attack": baseline_attack(d.get("attack"))}
         sc, bsc = parse_scenario(d, file="<run_cell>"), parse_scenario(b, file="<run_cell>")
         base = state.records(bsc, device)
         rec = base if sc.digest() == bsc.digest() else state.records(sc, device)
         per_seed.append(summarize(rec, base, target_accuracy=sc.federation.target_accuracy,
                                   last_k=sc.federation.last_k,
-                                  is_language_model=workload_is_language_model(sc.workload.name)))
+                                  is_language_model=workload_is_language_model(sc.workload.name),
+                                  after_k=sc.window.after_k, lifespan_threshold=sc.window.lifespan_threshold))
     label = f"{_label(doc.get('defense', 'mean'))}[{_label(doc.get('attack', 'none'))}]"
     return CellMetrics(_means(per_seed), per_seed, label)
 

@@ -162,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .limits.cli import register as register_limits  # `redteam limits FILE`
 
     register_limits(sub)
+    from .data_cli import register as register_data  # `redteam data list | check DIR | fetch NAME`
+
+    register_data(sub)
     return p
 
 
@@ -231,11 +234,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
         seed = first_seed if seed is None else seed
     else:
         _base_cell_only(raw, path)
-        sc = parse_scenario(raw, file=path.name)
+        sc = parse_scenario(raw, file=path.name, base_dir=path.parent)
         if "matrix" in raw:
             print(f"redteam: note: {_safe(path)} has a [matrix]; `redteam run` runs only its base cell "
                   f"({_safe(sc.attack.name)} vs {_safe(sc.defense_label())}); `redteam matrix` runs every cell "
                   "(--cell ID runs one of them)", file=sys.stderr)
+    from .requirements import unmet
+
+    missing = unmet(sc.scenario.requires, sc.workload.params)
+    if missing:
+        raise RedteamError(f"{_safe(path)}: " + "; ".join(missing) + " ([scenario] requires)")
     if args.rounds is not None:
         if args.rounds < 1:
             raise RedteamError(f"--rounds = {args.rounds}: must be ≥ 1")
@@ -319,6 +327,7 @@ def _matrix_cell(path: Any, cell_id: str) -> tuple[Any, int]:
     matrix runs for it, less the seed) and the seed of its first replicate."""
     import copy
     import difflib
+    from pathlib import Path
 
     from .errors import InvalidScenario
     from .matrix import derive_seed
@@ -334,7 +343,7 @@ def _matrix_cell(path: Any, cell_id: str) -> tuple[Any, int]:
         listed = ", ".join(names[:6]) + (f", … ({len(names)} in all)" if len(names) > 6 else "")
         raise InvalidScenario(f"--cell {cell_id!r}: {_safe(path)} has no such cell{hint} (cells: {listed}; "
                               f"`redteam matrix {_safe(path)} --dry-run` lists them with their seeds)")
-    sc = parse_scenario(copy.deepcopy(dict(cell.doc)), file=path.name)
+    sc = parse_scenario(copy.deepcopy(dict(cell.doc)), file=path.name, base_dir=Path(path).parent)
     return sc, derive_seed(base.seed, cell.settings, matrix.seeds[0])
 
 

@@ -414,7 +414,7 @@ def expand(
     of cells and of seeds is checked against ``limits`` (default: ``Limits.from_env()``)
     from the axis lengths, before any cell is built.
     """
-    from .scenario import parse_scenario
+    from .scenario import inherit_window, parse_scenario
 
     limits = limits if limits is not None else Limits.from_env()
     base = {k: copy.deepcopy(v) for k, v in doc.items() if k not in ("matrix", "expect", "include")}
@@ -495,7 +495,7 @@ def expand(
         for di, (d_label, d_table) in enumerate(defenses):
             for ai, (a_label, a_table) in enumerate(attacks):
                 cdoc = copy.deepcopy(base)
-                cdoc["attack"] = copy.deepcopy(a_table)
+                cdoc["attack"] = inherit_window(copy.deepcopy(a_table), base.get("attack"))
                 cdoc["defense"] = copy.deepcopy(d_table)
                 for path, value in combo:  # after the axes, so "attack.x" / "defense.x" sweep too
                     _set_path(cdoc, path, value, where)

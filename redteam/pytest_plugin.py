@@ -200,6 +200,9 @@ class ScenarioFile(pytest.File):
             item = CellItem.from_parent(self, name=cell.id, cell=cell, expectations=exps, seeds=matrix.seeds)
             for m in ("attacks", *marks):
                 item.add_marker(m)
+            missing = _unmet(cell.doc)  # [scenario] requires: a dataset, a GPU, a package this machine lacks
+            if missing:
+                item.add_marker(pytest.mark.skip(reason=f"{name}: " + "; ".join(missing)))
             yield item
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
@@ -208,6 +211,16 @@ class ScenarioFile(pytest.File):
         if isinstance(excinfo.value, RedteamError):
             return f"{type(excinfo.value).__name__}: {excinfo.value}"
         return super().repr_failure(excinfo)
+
+
+def _unmet(doc: Mapping[str, Any]) -> list[str]:
+    from .requirements import unmet
+
+    info = doc.get("scenario")
+    requires = info.get("requires", []) if isinstance(info, Mapping) else []
+    workload = doc.get("workload")
+    params = workload if isinstance(workload, Mapping) else {}
+    return unmet([r for r in requires if isinstance(r, str)] if isinstance(requires, list) else [], params)
 
 
 def _check_names(cells: Sequence["Cell"], where: str) -> None:
@@ -368,7 +381,8 @@ class _FileRun:
         from .scenario import load_matrix
 
         base, matrix, doc = load_matrix(path)  # full validation: plugins are instantiated here
-        rows, b_units, a_units = plan_units(matrix, base.seed, path.name)
+        rows, b_units, a_units = plan_units(matrix, base.seed, path.name, base_dir=path.parent,
+                                            warmup_dir=Path(out) / "warmups")
         self.device = device
         self.rows: dict[str, list[Any]] = {}
         for r in rows:

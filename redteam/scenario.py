@@ -58,6 +58,12 @@ __all__ = [
     "NetworkSpec",
     "HierarchySpec",
     "PluginSpec",
+    "AttackWindow",
+    "WINDOW_KEYS",
+    "baseline_attack",
+    "durability_params",
+    "inherit_window",
+    "parse_window",
     "load_scenario",
     "load_document",
     "load_matrix",
@@ -89,6 +95,47 @@ def _prob(v: Any) -> bool:
     return isinstance(v, (int, float)) and 0 <= v <= 1
 
 
+def _requirement_ok(v: str) -> bool:
+    kind, _, name = v.partition(":")
+    return kind in ("dataset", "device", "package") and 0 < len(name) <= 100
+
+
+def _window_ok(v: Any) -> bool:
+    if v is None:
+        return True
+    try:
+        parse_window(v)
+    except ValueError:
+        return False
+    return True
+
+
+def parse_window(v: Any) -> tuple[int, int | None]:
+    """``"a:b"`` → (a, b) (rounds a ≤ r < b), ``"a:"`` → (a, None) (to the end), ``a`` or
+    ``"a"`` → (a, a + 1) (single shot). Rounds count from 0, after any warm-up."""
+    if isinstance(v, bool):
+        raise ValueError(v)
+    if isinstance(v, int):
+        if v < 0:
+            raise ValueError(v)
+        return v, v + 1
+    if not isinstance(v, str) or len(v) > 40:
+        raise ValueError(v)
+    text = v.strip()
+    if ":" not in text:
+        if not text.isdigit():
+            raise ValueError(v)
+        a = int(text)
+        return a, a + 1
+    left, right = (t.strip() for t in text.split(":", 1))
+    if not left.isdigit() or (right and not right.isdigit()):
+        raise ValueError(v)
+    a, b = int(left), (int(right) if right else None)
+    if b is not None and b <= a:
+        raise ValueError(v)
+    return a, b
+
+
 @dataclass(frozen=True, slots=True)
 class ScenarioInfo:
     name: str = "scenario"
@@ -97,6 +144,20 @@ class ScenarioInfo:
     # model init and minibatches from their own seed (None: derived from ``seed`` as always)
     training_seed: int | None = _rule(None, lambda v: v is None or (isinstance(v, int) and 0 <= v < 2**63),
                                       "must be an integer in [0, 2**63)")
+    # issue 20: start from a trained model. ``warmup_rounds``: a clean FedAvg warm-up of that
+    # many rounds (attack none, defense mean), shared by every cell with the same warm-up;
+    # ``start_from``: a model file in the safetensors format (never pickle), relative to the
+    # scenario file (see :mod:`redteam.federation.warmup`)
+    warmup_rounds: int = _rule(0, lambda v: isinstance(v, int) and 0 <= v <= 100_000,
+                               "must be an integer in [0, 100000]")
+    start_from: str | None = _rule(None, lambda v: v is None or (isinstance(v, str) and 0 < len(v) <= 4096
+                                                                 and v.endswith(".safetensors")),
+                                   "must be the path of a .safetensors file")
+    # what the scenario needs to run: "dataset:NAME" (a directory, REDTEAM_DATA_DIR or the
+    # workload's own ``dir``), "device:cuda", "package:NAME"; unmet, the pytest plugin skips
+    # it with the reason and ``redteam run`` refuses with it
+    requires: tuple[str, ...] = _rule((), lambda v: all(isinstance(x, str) and _requirement_ok(x) for x in v),
+                                      'must be a list like ["dataset:cifar10", "device:cuda", "package:mlxtend"]')
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +217,12 @@ class FederationSpec:
         (0.9, 0.999), lambda v: len(v) == 2 and all(_prob(b) and b < 1 for b in v), "must be two numbers in [0, 1)")
     root_samples: int | Literal["auto"] | None = _rule(
         None, lambda v: v is None or v == "auto" or (isinstance(v, int) and v >= 0), "must be an integer ≥ 0 or \"auto\"")
+    # issue 20: K of N clients per round (None: every online client), drawn uniformly without
+    # replacement from the run's own "sampling" stream; how attackers take part in a round
+    # the attack acts in (redteam.federation.sampling)
+    clients_per_round: int | None = _rule(None, lambda v: v is None or _pos_int(v), "must be an integer ≥ 1")
+    attacker_selection: Literal["random", "every_round", "count"] = "random"
+    attackers_per_round: int | None = _rule(None, lambda v: v is None or _pos_int(v), "must be an integer ≥ 1")
 
     @property
     def malicious_data_rule(self) -> str:
@@ -205,6 +272,75 @@ class HierarchySpec:
     upper_defense: PluginSpec = field(default_factory=lambda: PluginSpec("mean"))
 
 
+#: keys of ``[attack]`` that say *when* the attack acts (and how its durability is scored),
+#: not parameters of the attack plugin (:class:`AttackWindow`)
+WINDOW_KEYS = ("window", "every", "after_k", "lifespan_threshold")
+
+
+def baseline_attack(table: Any) -> dict[str, Any]:
+    """The ``[attack]`` table of a run's no-attack baseline: ``none``, keeping the window keys
+    (the participation draws and the durability metrics follow the window, so the baseline
+    draws the same clients in the same rounds as the attacked run)."""
+    keep = {k: table[k] for k in WINDOW_KEYS if k in table} if isinstance(table, Mapping) else {}
+    return {"name": "none", **keep}
+
+
+def durability_params(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """``after_k`` and ``lifespan_threshold`` of a (validated) scenario document's ``[attack]``."""
+    table = doc.get("attack")
+    table = table if isinstance(table, Mapping) else {}
+    default = AttackWindow()
+    return {"after_k": int(table.get("after_k", default.after_k)),
+            "lifespan_threshold": float(table.get("lifespan_threshold", default.lifespan_threshold))}
+
+
+def inherit_window(entry: Mapping[str, Any], base: Any) -> dict[str, Any]:
+    """A matrix attack entry with the base ``[attack]`` table's window keys it does not set itself."""
+    out = dict(entry)
+    if isinstance(base, Mapping):
+        for k in WINDOW_KEYS:
+            if k in base and k not in out:
+                out[k] = base[k]
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class AttackWindow:
+    """When the attack acts (``[attack] window`` / ``every``), and the durability metrics'
+    parameters (issue 20; Neurotoxin, Zhang et al., ICML 2022, measure a backdoor's lifespan
+    after the attackers leave).
+
+    * ``window``: ``"a:b"`` — rounds a ≤ r < b; ``"a:"`` — from round a to the end; ``a`` —
+      that one round (single shot). Unset: every round. Rounds count from 0 after any
+      warm-up. Outside the window the malicious clients are honest: they train on their
+      clean data, their training is not hooked and their updates are not replaced.
+    * ``every``: multi-shot — inside the window, the attack acts in rounds a, a + k, a + 2k, …
+    * ``after_k``: ``asr_after_k`` is the ASR k rounds after the window's last round;
+    * ``lifespan_threshold``: the lifespan counts the rounds after the window while the
+      ASR stays ≥ this.
+    """
+
+    window: str | int | None = _rule(None, _window_ok,
+                                     'must be "a:b" (rounds a ≤ r < b), "a:" (from a on) or a round a (single shot)')
+    every: int = _rule(1, _pos_int, "must be an integer ≥ 1")
+    after_k: int = _rule(10, _pos_int, "must be an integer ≥ 1")
+    lifespan_threshold: float = _rule(0.5, lambda v: _prob(v) and v > 0, "must be in (0, 1]")
+
+    @property
+    def bounds(self) -> tuple[int, int | None]:
+        """(first round, end round exclusive or None); the whole run when no window is set."""
+        return (0, None) if self.window is None else parse_window(self.window)
+
+    def active(self, rnd: int) -> bool:
+        a, b = self.bounds
+        return rnd >= a and (b is None or rnd < b) and (rnd - a) % self.every == 0
+
+    @property
+    def is_full(self) -> bool:
+        """True when the attack acts in every round (no window, ``every = 1``)."""
+        return self.window is None and self.every == 1
+
+
 @dataclass(frozen=True, slots=True)
 class Scenario:
     """A validated scenario. ``defense`` is a tuple of stages (one stage = that defense)."""
@@ -216,7 +352,10 @@ class Scenario:
     hierarchy: HierarchySpec = field(default_factory=HierarchySpec)
     attack: PluginSpec = field(default_factory=lambda: PluginSpec("none"))
     defense: tuple[PluginSpec, ...] = (PluginSpec("mean"),)
+    window: AttackWindow = field(default_factory=AttackWindow)
     source: str = ""
+    # the scenario file's directory (relative ``start_from`` paths); not part of the digest
+    base_dir: str = field(default="", compare=False)
 
     @property
     def name(self) -> str:
@@ -232,6 +371,16 @@ class Scenario:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("source", None)
+        d.pop("base_dir", None)
+        # keys added by issue 20 appear only when set, so that every earlier scenario keeps
+        # its digest (a results store made before them still resumes)
+        for section, defaults in _LATE_DEFAULTS.items():
+            tab = d.get(section, {})
+            for key, default in defaults.items():
+                if key in tab and tab[key] == default:
+                    del tab[key]
+            if section == "window" and not tab:
+                d.pop("window", None)
         return json.loads(json.dumps(d, default=str))
 
     def digest(self) -> str:
@@ -244,6 +393,14 @@ class Scenario:
 
     def with_attack(self, spec: PluginSpec) -> "Scenario":
         return dataclasses.replace(self, attack=spec)
+
+
+#: keys added after results stores existed: left out of :meth:`Scenario.to_dict` at their default
+_LATE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "scenario": {"warmup_rounds": 0, "start_from": None, "requires": ()},
+    "federation": {"clients_per_round": None, "attacker_selection": "random", "attackers_per_round": None},
+    "window": {"window": None, "every": 1, "after_k": 10, "lifespan_threshold": 0.5},
+}
 
 
 # --------------------------------------------------------------------------- parsing
@@ -329,11 +486,13 @@ def _plugin(table: Any, section: str, where: _Where, registry: Any, check: bool 
 
 
 def parse_scenario(
-    data: Mapping[str, Any], *, file: str = "<scenario>", check_plugins: bool = True, limits: Limits | None = None
+    data: Mapping[str, Any], *, file: str = "<scenario>", check_plugins: bool = True, limits: Limits | None = None,
+    base_dir: str | Path = "",
 ) -> Scenario:
     """Validate a parsed TOML document (a dict) into a :class:`Scenario`.
 
-    ``limits`` caps the federation's sizes (default: :meth:`Limits.from_env`).
+    ``limits`` caps the federation's sizes (default: :meth:`Limits.from_env`); ``base_dir``
+    is the directory relative paths in it (``start_from``) are read from.
     """
     where = _Where(file)
     if not isinstance(data, Mapping):
@@ -345,7 +504,7 @@ def parse_scenario(
             close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
             hint = f"; did you mean [{close[0]}]?" if close else ""
             raise InvalidScenario(f"{file}: unknown section [{key}]{hint} (allowed: {', '.join(allowed)})")
-    kw: dict[str, Any] = {"source": file}
+    kw: dict[str, Any] = {"source": file, "base_dir": str(base_dir)}
     if "scenario" in data:
         kw["scenario"] = _build(ScenarioInfo, data["scenario"], "scenario", where)
     if "workload" in data:
@@ -382,10 +541,50 @@ def parse_scenario(
             nested={"upper_defense": lambda v, s: _plugin(v, s, where, DEFENSES, check_plugins)},
         )
     if "attack" in data:
-        kw["attack"] = _plugin(data["attack"], "attack", where, ATTACKS, check_plugins)
+        table = data["attack"]
+        if isinstance(table, Mapping):
+            window = {k: table[k] for k in WINDOW_KEYS if k in table}
+            table = {k: v for k, v in table.items() if k not in WINDOW_KEYS}
+            if window:
+                kw["window"] = _build(AttackWindow, window, "attack", where)
+        kw["attack"] = _plugin(table, "attack", where, ATTACKS, check_plugins)
     if "defense" in data:
         kw["defense"] = _defense(data["defense"], where, check_plugins)
+    _check_protocol(kw.get("federation", FederationSpec()), kw.get("window", AttackWindow()), where)
     return Scenario(**kw)
+
+
+def _check_protocol(fed: FederationSpec, window: AttackWindow, where: _Where) -> None:
+    """The sampling and window keys against each other and the federation's size."""
+    a, b = window.bounds
+    if window.window is not None and a >= fed.rounds:
+        raise where.err("[attack].window", window.window,
+                        f"starts at round {a}, but the run has rounds 0..{fed.rounds - 1}: the attack would never act")
+    if window.window is not None and b is not None and b > fed.rounds:
+        raise where.err("[attack].window", window.window,
+                        f"ends after the run's last round {fed.rounds - 1} (use \"{a}:\" for \"to the end\")")
+    k = fed.clients_per_round
+    if k is not None and k > fed.clients:
+        raise where.err("[federation].clients_per_round", k, f"is more than the {fed.clients} clients")
+    if fed.attacker_selection == "count":
+        if fed.attackers_per_round is None:
+            raise InvalidScenario(f"{where.file}: [federation].attacker_selection = \"count\" needs "
+                                  "attackers_per_round = the number of attackers in each round the attack acts in")
+        if fed.attackers_per_round > fed.n_malicious:
+            raise where.err("[federation].attackers_per_round", fed.attackers_per_round,
+                            f"is more than the {fed.n_malicious} malicious clients")
+        if k is not None and fed.attackers_per_round > k:
+            raise where.err("[federation].attackers_per_round", fed.attackers_per_round,
+                            f"is more than clients_per_round = {k}")
+    elif fed.attackers_per_round is not None:
+        raise where.err("[federation].attackers_per_round", fed.attackers_per_round,
+                        'is read only with attacker_selection = "count"')
+    if fed.attacker_selection != "random" and k is None:
+        raise where.err("[federation].attacker_selection", fed.attacker_selection,
+                        "chooses who of K sampled clients are attackers: set clients_per_round = K")
+    if fed.attacker_selection == "every_round" and k is not None and fed.n_malicious > k:
+        raise where.err("[federation].attacker_selection", "every_round",
+                        f"puts all {fed.n_malicious} malicious clients in a round of clients_per_round = {k}")
 
 
 def _defense(table: Any, where: _Where, check: bool) -> tuple[PluginSpec, ...]:
@@ -497,7 +696,7 @@ def load_document(
 def load_scenario(path: str | Path, *, limits: Limits | None = None) -> Scenario:
     """Read and validate a scenario file (its base scenario, if it has a ``[matrix]``)."""
     p = Path(path)
-    return parse_scenario(load_document(p, limits=limits), file=p.name, limits=limits)
+    return parse_scenario(load_document(p, limits=limits), file=p.name, limits=limits, base_dir=p.parent)
 
 
 def load_matrix(path: str | Path, *, limits: Limits | None = None) -> tuple[Scenario, "Any", dict[str, Any]]:
@@ -510,5 +709,5 @@ def load_matrix(path: str | Path, *, limits: Limits | None = None) -> tuple[Scen
     limits = limits if limits is not None else Limits.from_env()
     p = Path(path)
     doc = load_document(p, limits=limits)
-    base = parse_scenario(doc, file=p.name, limits=limits)
+    base = parse_scenario(doc, file=p.name, limits=limits, base_dir=p.parent)
     return base, expand(doc, p.name, limits=limits), doc

@@ -37,6 +37,18 @@ Definitions (also in the README's "Metrics" section):
   These (:data:`LANGUAGE_MODEL_METRICS`; not ``rounds_to_target_loss``, which any loss
   has) are functions of the loss that mean nothing for a classifier: :func:`summarize`
   leaves them out when told the workload is not a language model.
+* durability of a backdoor after an attack window (:func:`durability`; Neurotoxin, Zhang
+  et al., ICML 2022, Sec. 4: how long the backdoor lasts once the attackers stop): with
+  ``[attack] window``, the rounds the attack acted in are marked in the records
+  (``extra["attack_active"]``) and E is the last of them. ``asr_at_end_of_window`` /
+  ``accuracy_at_end_of_window``: ASR and clean accuracy after round E;
+  ``asr_after_k``: the ASR after round E + k (k = ``[attack] after_k``; ``None`` when the
+  run ends sooner); ``backdoor_lifespan``: the number of rounds after E whose ASR stays ≥
+  the threshold (``[attack] lifespan_threshold``) before the first that falls below it — 0
+  when the ASR is already below it in round E + 1 (or at E); when it never falls below it
+  before the run ends, the rounds observed (a lower bound) and ``lifespan_censored`` = 1.
+  Without a window E is the last round, so ``asr_at_end_of_window`` is the final ASR and
+  the others are ``None``. Untargeted runs have no ASR: all ``None``.
 """
 
 from __future__ import annotations
@@ -66,6 +78,7 @@ __all__ = [
     "summarize",
     "language_model",
     "rounds_to_target_loss",
+    "durability",
 ]
 
 
@@ -218,6 +231,38 @@ def attack_success_rate(records: Sequence[RoundRecord]) -> float | None:
     return float(records[-1].extra["asr"])
 
 
+def durability(records: Sequence[RoundRecord], after_k: int = 10, threshold: float = 0.5) -> dict[str, Any]:
+    """ASR and accuracy at the end of the attack window, ASR k rounds after it, and the
+    backdoor's lifespan (module docstring)."""
+    out: dict[str, Any] = {"asr_at_end_of_window": None, "accuracy_at_end_of_window": None, "asr_after_k": None,
+                           "backdoor_lifespan": None, "lifespan_censored": None}
+    if not records:
+        return out
+    marked = [i for i, r in enumerate(records) if r.extra.get("attack_active")]
+    windowed = any("attack_active" in r.extra for r in records)
+    if windowed and not marked:  # a window that never opened in this run (the baseline's is the same)
+        return out
+    end = marked[-1] if windowed else len(records) - 1
+    out["accuracy_at_end_of_window"] = records[end].accuracy
+    if "asr" not in records[end].extra:
+        return out
+    out["asr_at_end_of_window"] = float(records[end].extra["asr"])
+    if not windowed:
+        return out
+    if end + after_k < len(records) and "asr" in records[end + after_k].extra:
+        out["asr_after_k"] = float(records[end + after_k].extra["asr"])
+    after = [float(r.extra.get("asr", float("nan"))) for r in records[end + 1:]]
+    if out["asr_at_end_of_window"] < threshold:
+        out["backdoor_lifespan"], out["lifespan_censored"] = 0, 0
+        return out
+    below = next((i for i, a in enumerate(after) if not a >= threshold), None)
+    if below is None:
+        out["backdoor_lifespan"], out["lifespan_censored"] = len(after), 1
+    else:
+        out["backdoor_lifespan"], out["lifespan_censored"] = below, 0
+    return out
+
+
 def envelope(records: Sequence[RoundRecord]) -> dict[str, float | None]:
     """Envelope utilisation (REFERENCES §1.3): how close *accepted malicious* updates came
     to the validation bounds, over all rounds.
@@ -280,6 +325,12 @@ METRICS: dict[str, str] = {
     "false_trigger_rate": "trigger-phrase backdoor: share of clean held-out prompts continued with the target",
     "near_miss_trigger_rate": "trigger-phrase backdoor: share of held-out prompts ending in a partial trigger "
                               "(proper prefix, proper suffix, last character) continued with the target",
+    "asr_at_end_of_window": "ASR after the last round of the attack window (the final ASR without a window)",
+    "accuracy_at_end_of_window": "clean accuracy after the last round of the attack window",
+    "asr_after_k": "ASR k rounds after the attack window closed ([attack] after_k)",
+    "backdoor_lifespan": "rounds after the window whose ASR stays ≥ [attack] lifespan_threshold "
+                         "(a lower bound when lifespan_censored = 1)",
+    "lifespan_censored": "1 when the backdoor outlived the run (backdoor_lifespan is then a lower bound)",
 }
 
 
@@ -295,10 +346,11 @@ LANGUAGE_MODEL_METRICS: frozenset[str] = frozenset({
 #: is better. A metric not listed (``bytes_on_wire``, the envelope metrics, …) has no
 #: direction: neither way is better in general.
 HIGHER_IS_BETTER: dict[str, bool] = {
-    **dict.fromkeys(("final_accuracy", "final_accuracy_last_k", "recall", "precision", "f1", "tn", "tp"), True),
+    **dict.fromkeys(("final_accuracy", "final_accuracy_last_k", "recall", "precision", "f1", "tn", "tp",
+                     "accuracy_at_end_of_window"), True),
     **dict.fromkeys(("accuracy_drop", "asr", "fpr", "fp", "fn", "final_loss", "final_bits_per_byte",
                      "final_perplexity", "bits_per_byte_increase", "perplexity_increase", "false_trigger_rate",
-                     "near_miss_trigger_rate",
+                     "near_miss_trigger_rate", "asr_at_end_of_window", "asr_after_k", "backdoor_lifespan",
                      "rounds_to_target", "rounds_to_target_loss", "slowdown_rounds", "rejected_updates",
                      "dropped_updates", "wall_time_per_round_s", "defense_time_per_round_s", "sim_time_s"), False),
 }
@@ -317,13 +369,16 @@ def summarize(
     target_accuracy: float = 0.9,
     last_k: int = 1,
     is_language_model: bool | None = None,
+    after_k: int = 10,
+    lifespan_threshold: float = 0.5,
 ) -> dict[str, Any]:
     """The metrics of one run (and its comparison with a baseline run, if given).
 
     Keys are those of :data:`METRICS` (flat), plus the detection counts
     ``tp``, ``fp``, ``tn``, ``fn`` and ``target_accuracy``. ``is_language_model=False``
     (a classifier workload) leaves out :data:`LANGUAGE_MODEL_METRICS`; ``True`` or
-    ``None`` (the kind is not known) keeps them.
+    ``None`` (the kind is not known) keeps them. ``after_k`` and ``lifespan_threshold``
+    parametrise :func:`durability` (``[attack] after_k`` / ``lifespan_threshold``).
     """
     det = detection(records)
     n = max(len(records), 1)
@@ -348,6 +403,7 @@ def summarize(
         "defense_time_per_round_s": sum(r.defense_time_s for r in records) / n,
         "sim_time_s": sum(r.sim_time_s for r in records),
         **language_model(records, baseline),
+        **durability(records, after_k, lifespan_threshold),
     }
     if baseline is not None:
         out["accuracy_drop"] = accuracy_drop(records, baseline)

@@ -67,6 +67,8 @@ from .builders import build_attack, build_compressor, build_defense, build_upper
 from .params import ParamSpec
 from .builders import needs_server_data
 from .partition import deal
+from .sampling import RoundPlan
+from .warmup import start_params
 from .server_opt import make_server_optimizer
 from .state import ClientStates
 from .training import BatchedTrainer, LocalTraining, StackedData
@@ -75,7 +77,7 @@ __all__ = ["Federation", "RunResult", "resolve_device"]
 
 # appended streams never change the earlier ones (SeedSequence children are indexed)
 _STREAMS = ("split", "roles", "init", "train", "network", "attack", "defense", "codec", "merge", "root",
-            "keys", "provenance")
+            "keys", "provenance", "sampling")
 
 
 def resolve_device(device: str) -> torch.device:
@@ -106,7 +108,9 @@ class Federation:
 
     ``attack`` overrides the scenario's attack (used for the no-attack baseline).
     ``server_root_samples`` is the size of the server's root sample when the scenario's
-    ``[federation] root_samples`` is unset.
+    ``[federation] root_samples`` is unset. ``start`` is the model round 0 starts from
+    (default: the scenario's ``start_from`` / warm-up, else the fresh initialisation);
+    ``warmup_dir`` where warm-ups are kept (:mod:`.warmup`).
     """
 
     def __init__(
@@ -116,6 +120,8 @@ class Federation:
         device: str = "cpu",
         attack: PluginSpec | None = None,
         server_root_samples: int = 64,
+        start: torch.Tensor | None = None,
+        warmup_dir: str | None = None,
     ) -> None:
         self.scenario = scenario
         self._ran = False
@@ -188,8 +194,18 @@ class Federation:
                 cd = self.attack.poison_data(cd, i, self._torch["attack"])
                 _check_poisoned_labels(self.attack_spec.name, self.attack, cd, i, ds.num_classes)
             clients.append(cd)
+        # who takes part in each round and whether the attack acts in it (.sampling)
+        self.plan = RoundPlan(fed, scenario.window, self.is_malicious, self._np["sampling"])
         self.data = StackedData.stack(clients).to(self.device)
         self.weights = self.data.sizes.to(torch.float32).to(self.device)
+        # the data and sample weights of a round the attack acts in (index 1) and of one it
+        # does not act in (index 0): poisoned data is used only inside the attack window
+        self._phases = ((self.data, self.weights),) * 2
+        if not scenario.window.is_full and Surface.DATA in self.attack.surfaces:
+            clean_data = StackedData.stack(clean).to(self.device)
+            self._phases = ((clean_data, clean_data.sizes.to(torch.float32).to(self.device)),
+                            (self.data, self.weights))
+        self.roles = self.plan.roles(0, bool(self.attack.surfaces))
         self.test_x, self.test_y = ds.test_x.to(self.device), ds.test_y.to(self.device)
         self.root = (StackedData.stack([ClientData(ds.train_x[root_idx], ds.train_y[root_idx])]).to(self.device)
                      if root_k else None)
@@ -231,7 +247,17 @@ class Federation:
 
         model = self.workload.build_model(self._torch["init"])
         self.spec = ParamSpec.of(model)
-        self.params0 = self.spec.flatten(model).to(self.device)
+        self.params_init = self.spec.flatten(model).to(self.device)
+        self._start_info: dict[str, Any] = {}
+        if start is not None:
+            self.params0 = start.to(self.device, torch.float32).clone()
+        else:
+            self.params0, self._start_info = start_params(scenario, self.spec, self.params_init, self.device,
+                                                          warmup_dir)
+        if self.params0.shape != self.params_init.shape:
+            raise InvalidParameter(f"the starting model has {self.params0.numel()} parameters, the workload's "
+                                   f"model {self.params_init.numel()}")
+        self.final_params: torch.Tensor | None = None
         self.trainer = BatchedTrainer(self.workload, model.to(self.device), self.spec)
         self.local = LocalTraining(
             steps=fed.local_steps, epochs=fed.local_epochs, batch_size=fed.batch_size, lr=fed.lr, prox_mu=fed.prox_mu,
@@ -294,10 +320,11 @@ class Federation:
 
     def _untrained_reference(self) -> dict[str, float | None]:
         """What "learned nothing" means on this test set (the defender's summary flags a defense
-        whose clean model is no better): the untrained global model's accuracy and loss, and the
+        whose clean model is no better): the untrained global model's accuracy and loss (the
+        fresh initialisation, before any warm-up or ``start_from``), and the
         majority-class rate of the test labels (``None`` where the labels are not class ids).
         Evaluation only: no random stream advances, so no other number of the run changes."""
-        acc, loss = self.trainer.evaluate(self.params0, self.test_x, self.test_y)
+        acc, loss = self.trainer.evaluate(self.params_init, self.test_x, self.test_y)
         chance = None
         y = self.test_y
         if y.dtype in (torch.int64, torch.int32, torch.int16, torch.uint8) and y.numel() and int(y.min()) >= 0:
@@ -318,9 +345,10 @@ class Federation:
         prev_update: torch.Tensor | None = None
         memory = DefenseMemory(regrouped=self.hierarchy.grouping == "random" and self.hierarchy.n_groups > 1)
         records: list[RoundRecord] = []
-        # ground truth for scoring: with an attack that acts on nothing (the baseline's
-        # "none"), the would-be attackers are honest clients
-        truth = self.is_malicious.tolist() if self.attack.surfaces else [False] * n
+        # ground truth for scoring is the round's roles (self.plan.roles): with an attack that
+        # acts on nothing (the baseline's "none"), or outside its window, the would-be
+        # attackers are honest clients
+        windowed = not sc.window.is_full
         banned: dict[int, str] = dict(self.excluded)  # gate exclusions, then equivocation bans
         signed = self.signed_chunks is not None
         verifier = self.signed_chunks.verifier(self.enrollment.public) if signed else None
@@ -328,22 +356,38 @@ class Federation:
         keep = int(getattr(self.attack, "history_rounds", 0) or 0)
         t_run = time.perf_counter()
         untrained = self._untrained_reference()
+        self._start_quality: dict[str, Any] = {}
+        if self._start_info:  # the model the run starts from, as evaluated before round 0
+            s_acc, s_loss = self.trainer.evaluate(self.params0, self.test_x, self.test_y)
+            self._start_quality = {"accuracy": s_acc, "loss": s_loss if math.isfinite(s_loss) else None}
 
         for rnd in range(sc.federation.rounds):
             t0 = time.perf_counter()
             if rnd > 0:
                 online = self.network.churn(online, self._np["network"])
-            part = np.flatnonzero(online).astype(np.int64)
+            # the round's plan: who is drawn (K of the online clients), who acts maliciously,
+            # and the data of the round (clean outside the attack window)
+            active = self.plan.active(rnd)
+            self.roles = self.plan.roles(rnd, bool(self.attack.surfaces))
+            self.data, self.weights = self._phases[int(active)]
+            drawn = self.plan.draw(rnd, np.flatnonzero(online).astype(np.int64))
+            selected = np.zeros(n, dtype=bool)
+            selected[drawn] = True
+            part = drawn
             if banned:
                 part = part[~np.isin(part, np.fromiter(banned, dtype=np.int64, count=len(banned)))]
             part_t = torch.as_tensor(part, dtype=torch.long, device=self.device)
-            dropped: dict[int, str] = {c: why for c, why in banned.items() if online[c]}
+            dropped: dict[int, str] = {c: why for c, why in banned.items() if selected[c]}
             rejected: dict[int, str] = dict(dropped)
             extra: dict[str, Any] = {}
             if rnd == 0 and self.admission is not None:
                 extra["provenance_gate"] = self.admission.summary()
             if rnd == 0:
                 extra["untrained"] = untrained
+                if self._start_info:
+                    extra["start"] = {**self._start_info, **self._start_quality}
+            if windowed:
+                extra["attack_active"] = active
             accepted = [False] * n
             tx = None
             received = stages.Received()
@@ -381,7 +425,7 @@ class Federation:
                 extra["refused"] = refused
             acc, loss, scored = stages.evaluate(self, params)
             extra.update(scored)
-            participating = [bool(x) for x in online]
+            participating = [bool(x) for x in selected]
             for c in np.flatnonzero(~online):
                 dropped.setdefault(int(c), "offline (churn)")
             rec = RoundRecord(
@@ -389,7 +433,7 @@ class Federation:
                 accuracy=acc,
                 loss=loss,
                 accepted=accepted,
-                malicious=truth,
+                malicious=self.roles.tolist(),
                 participating=participating,
                 dropped={k: v for k, v in sorted(dropped.items()) if participating[k] or "churn" in v},
                 rejected=dict(sorted(rejected.items())),
@@ -403,6 +447,7 @@ class Federation:
             if on_round is not None:
                 on_round(rec)
 
+        self.final_params = params
         return RunResult(
             attack=self.attack_spec.name,
             defense=sc.defense_label(),

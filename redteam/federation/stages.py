@@ -48,7 +48,7 @@ def attack_context(fed: "Federation", rnd: int, part: np.ndarray, own: torch.Ten
                    visible_clients: tuple[int, ...], params: torch.Tensor,
                    prev_update: torch.Tensor | None) -> AttackContext:
     """The attack's view of a round (its memory ``attack_state`` is the run's one dict)."""
-    mal_pos = np.flatnonzero(fed.is_malicious[part]).tolist()
+    mal_pos = np.flatnonzero(fed.roles[part]).tolist()
     return AttackContext(
         round=rnd,
         n_clients=len(part),
@@ -72,12 +72,12 @@ def attack_context(fed: "Federation", rnd: int, part: np.ndarray, own: torch.Ten
 def training_hook(fed: "Federation", rnd: int, part: np.ndarray, params: torch.Tensor,
                   prev_update: torch.Tensor | None) -> tuple[TrainingHook | None, list[int]]:
     """Ask a ``Surface.TRAINING`` attack how its clients train this round (previous round's view)."""
-    mal_pos = np.flatnonzero(fed.is_malicious[part]).tolist()
+    mal_pos = np.flatnonzero(fed.roles[part]).tolist()
     if not mal_pos or Surface.TRAINING not in fed.attack.surfaces:
         return None, []
     d = fed.spec.dim
     sent = fed.states.ensure("last_sent", (d,))
-    honest = np.asarray(part)[~fed.is_malicious[part]].tolist()
+    honest = np.asarray(part)[~fed.roles[part]].tolist()
     mal = torch.as_tensor([int(part[k]) for k in mal_pos], dtype=torch.long, device=fed.device)
     own = sent[mal]
     visible = sent[torch.as_tensor(honest, dtype=torch.long, device=fed.device)] if (fed.omniscient and honest) else own
@@ -127,7 +127,7 @@ def train(fed: "Federation", part_t: torch.Tensor, params: torch.Tensor, hook: T
     fedspec = fed.scenario.federation
     raw = None
     if fedspec.client_momentum and fedspec.malicious_momentum == "raw" and fed.attack.surfaces:
-        raw = torch.as_tensor(fed.is_malicious[part_t.cpu().numpy()], dtype=torch.bool, device=deltas.device)
+        raw = torch.as_tensor(fed.roles[part_t.cpu().numpy()], dtype=torch.bool, device=deltas.device)
     return apply_momentum(fed.states, part_t, deltas, fedspec.client_momentum, fedspec.momentum_form, raw)
 
 
@@ -137,7 +137,7 @@ def craft(fed: "Federation", rnd: int, part: np.ndarray, sent: torch.Tensor, par
     """The malicious rows replaced by the attack's (``Surface.UPDATES``); also the round's context."""
     if Surface.TRAINING in fed.attack.surfaces:
         fed.states.put("last_sent", torch.as_tensor(part, dtype=torch.long, device=fed.device), sent)
-    roles = fed.is_malicious[part]
+    roles = fed.roles[part]
     mal_pos = np.flatnonzero(roles).tolist()
     if not (mal_pos and fed.attack.surfaces):
         return sent, None

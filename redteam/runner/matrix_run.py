@@ -38,7 +38,8 @@ from typing import Any, Callable, Iterator
 
 from ..errors import InvalidParameter, InvalidScenario, RedteamError
 from ..matrix import Matrix, derive_seed
-from ..scenario import parse_scenario
+from ..requirements import unmet
+from ..scenario import baseline_attack, durability_params, parse_scenario
 from ..scoring import summarize
 from ..types import RoundRecord
 from .single import sanitize
@@ -81,8 +82,13 @@ class MatrixSummary:
     wall_time_s: float
 
 
-def plan_units(matrix: Matrix, scenario_seed: int, file: str) -> tuple[list[PlanRow], list[Unit], list[Unit]]:
-    """The plan rows, the distinct baseline units and the distinct attacked units."""
+def plan_units(matrix: Matrix, scenario_seed: int, file: str, base_dir: str | Path | None = None,
+               warmup_dir: str | Path | None = None) -> tuple[list[PlanRow], list[Unit], list[Unit]]:
+    """The plan rows, the distinct baseline units and the distinct attacked units.
+
+    ``base_dir`` (the scenario file's directory: relative ``start_from`` paths) and
+    ``warmup_dir`` (where shared warm-ups are kept) travel with each unit's document under
+    the private key ``_run``, read by :func:`execute_unit`; they are not part of any run key."""
     rows: list[PlanRow] = []
     baselines: dict[str, Unit] = {}
     attacked: dict[str, Unit] = {}
@@ -93,11 +99,14 @@ def plan_units(matrix: Matrix, scenario_seed: int, file: str) -> tuple[list[Plan
             doc.setdefault("scenario", {})
             doc["scenario"] = {**doc["scenario"], "seed": seed}
             bdoc = copy.deepcopy(doc)
-            bdoc["attack"] = {"name": "none"}
+            bdoc["attack"] = baseline_attack(bdoc.get("attack"))
             sc = parse_scenario(doc, file=file)
             bsc = parse_scenario(bdoc, file=file)
             key, bkey = sc.digest(), bsc.digest()
             tgt, n_rounds = sc.federation.target_accuracy, sc.federation.rounds
+            if base_dir is not None or warmup_dir is not None:
+                run = {"base_dir": str(base_dir or ""), "warmup_dir": str(warmup_dir) if warmup_dir else None}
+                doc["_run"], bdoc["_run"] = run, dict(run)
             rows.append(PlanRow(cell.id, rep, cell.attack, cell.defense, cell.settings_dict, seed, key, bkey, pos))
             baselines.setdefault(
                 bkey, Unit(bkey, True, f"{cell.defense}[none]", "none", cell.defense, cell.settings_dict, rep, seed,
@@ -111,6 +120,36 @@ def plan_units(matrix: Matrix, scenario_seed: int, file: str) -> tuple[list[Plan
     return rows, list(baselines.values()), list(attacked.values())
 
 
+#: where a matrix keeps its shared warm-ups, under its --out directory
+WARMUP_DIR = "warmups"
+
+
+def prepare_warmups(units: list[Unit], device: str, report: Callable[[str], None] | None = None) -> int:
+    """Compute each distinct warm-up of ``units`` once, into its warm-up directory (so that
+    parallel workers read it instead of each computing it); returns how many were computed."""
+    from ..federation.loop import Federation, resolve_device
+    from ..federation.warmup import warmup_key
+
+    seen: set[str] = set()
+    made = 0
+    for u in units:
+        doc = dict(u.doc)
+        run = doc.pop("_run", None) or {}
+        if not int(doc.get("scenario", {}).get("warmup_rounds", 0) or 0) or not run.get("warmup_dir"):
+            continue
+        sc = parse_scenario(doc, file="<cell>", base_dir=run.get("base_dir") or "")
+        key = warmup_key(sc, resolve_device(device))
+        if key in seen or (Path(run["warmup_dir"]) / f"{key}.safetensors").is_file():
+            seen.add(key)
+            continue
+        seen.add(key)
+        if report is not None:
+            report(f"warm-up ({sc.scenario.warmup_rounds} rounds, seed {sc.seed})")
+        Federation(sc, device=device, warmup_dir=run["warmup_dir"])
+        made += 1
+    return made
+
+
 def execute_unit(doc: dict[str, Any], device: str = "cpu", threads: str | int | None = None,
                  where: str = "<cell>", parallel_runs: int = 1) -> dict[str, Any]:
     """Run one concrete scenario document; return its round records (as dicts). A plugin
@@ -121,10 +160,12 @@ def execute_unit(doc: dict[str, Any], device: str = "cpu", threads: str | int | 
     from .single import _versions, plugin_errors_located
     from .threads import run_threads
 
-    sc = parse_scenario(doc, file="<cell>")
+    doc = dict(doc)
+    run = doc.pop("_run", None) or {}
+    sc = parse_scenario(doc, file="<cell>", base_dir=run.get("base_dir") or "")
     t = time.perf_counter()
     with plugin_errors_located(sc, where):
-        fed = Federation(sc, device=device)
+        fed = Federation(sc, device=device, warmup_dir=run.get("warmup_dir"))
         with run_threads(fed, threads, parallel_runs):
             res = fed.run()
     return {
@@ -309,7 +350,11 @@ def run_matrix(
 
     resume = resume or recompute_changed
     p, base, matrix, doc, workers, threads = _prepare(path, out, executor, workers, device, threads)
-    rows, b_units, a_units = plan_units(matrix, base.seed, p.name)
+    rows, b_units, a_units = plan_units(matrix, base.seed, p.name, base_dir=p.parent,
+                                        warmup_dir=Path(out) / WARMUP_DIR)
+    missing = unmet(base.scenario.requires, base.workload.params)
+    if missing:
+        raise RedteamError(f"{p}: " + "; ".join(missing) + " ([scenario] requires)")
 
     store = ResultsStore(out)
     try:
@@ -351,6 +396,8 @@ def run_matrix(
         phases = [p for p in (todo_b, todo_a) if p]
         if phases:
             report(_label(phases[0][0]))
+        if executor != "local":  # shared warm-ups once, here, before workers would each compute them
+            prepare_warmups(todo_b + todo_a, device, lambda label: report(label))
         for unit, result in run(phases, device, workers, ray_address, threads):
             _record(store, unit, result)
             done += 1
@@ -634,7 +681,8 @@ def _record(store: ResultsStore, unit: Unit, result: dict[str, Any]) -> None:
     name = unit.doc.get("workload", {}).get("name", WorkloadSpec().name)  # the scenario's default when unset
     metrics = summarize(records, baseline, target_accuracy=unit.target_accuracy,
                         last_k=int(unit.doc.get("federation", {}).get("last_k", 1)),
-                        is_language_model=workload_is_language_model(name) if isinstance(name, str) else None)
+                        is_language_model=workload_is_language_model(name) if isinstance(name, str) else None,
+                        **durability_params(unit.doc))
     store.put_run(
         run_key=unit.run_key,
         baseline=unit.baseline,

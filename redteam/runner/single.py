@@ -126,7 +126,8 @@ def run_scenario(
     out_runs = []
     for kind, res in runs:
         metrics = summarize(res.records, b_res.records, target_accuracy=target,
-                            last_k=scenario.federation.last_k, is_language_model=is_lm)
+                            last_k=scenario.federation.last_k, is_language_model=is_lm,
+                            after_k=scenario.window.after_k, lifespan_threshold=scenario.window.lifespan_threshold)
         destroyed = model_destroyed_round(res.records)
         out_runs.append(
             {

@@ -1,0 +1,216 @@
+"""Start from a trained model: a shared clean warm-up, or a model file.
+
+The field's backdoor benchmarks attack a *trained* model (BackFed, Dao et al., arXiv
+2507.04903, starts its attacks from a pre-trained checkpoint; so do Neurotoxin, Zhang et al.,
+ICML 2022, and Bagdasaryan et al., AISTATS 2020). Two ways to say so in a scenario:
+
+* ``[scenario] warmup_rounds = R``: before round 0, R rounds of clean FedAvg — the scenario's
+  workload, federation, transport and seed, with attack ``none``, defense ``mean``, a flat
+  hierarchy and no attack window. That warm-up does not depend on the cell's attack or
+  defense, so every cell of a matrix with the same seed and the same federation shares it:
+  it is computed once, kept in memory for the process, and written to the warm-up directory
+  (``<out>/warmups/`` of a matrix, ``REDTEAM_WARMUP_DIR`` elsewhere) from which later runs
+  and other worker processes read it back. Only the model is carried over: clients'
+  momentum, error-feedback residuals and optimizer states, and the defenses' memory, start
+  fresh at round 0 (as they do when a benchmark loads a checkpoint).
+* ``[scenario] start_from = "model.safetensors"``: the model's parameters from a file in the
+  safetensors format (a JSON header and raw tensors: nothing in it can run code; pickle files
+  are refused). Every parameter of the workload's model must be there under its name
+  (``torch.nn.Module.named_parameters``) with its shape, finite, and nothing else. A relative
+  path is read from the scenario file's directory. With ``warmup_rounds`` as well, the
+  warm-up starts from the file.
+
+Warm-up files are safetensors as well (the same names), so one can be given as another
+scenario's ``start_from``. A warm-up file is checked against the key it was stored under
+(the SHA-256 of the warm-up scenario, the device type and the start file's digest); a file
+that does not match is recomputed, never trusted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections import OrderedDict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..errors import InvalidParameter
+
+if TYPE_CHECKING:
+    from ..scenario import Scenario
+    from .params import ParamSpec
+
+__all__ = ["load_model_file", "save_model_file", "warmup_scenario", "warmup_key", "start_params",
+           "WARMUP_DIR_ENV"]
+
+WARMUP_DIR_ENV = "REDTEAM_WARMUP_DIR"
+#: warm-ups kept in memory per process (a matrix cell's baseline and attacked run share one)
+_MEMO: "OrderedDict[str, torch.Tensor]" = OrderedDict()
+_MEMO_SIZE = 4
+_MAX_FILE = 16 << 30  # a model file over 16 GiB is refused before it is read
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def resolve_start(scenario: "Scenario") -> Path | None:
+    """The ``start_from`` file (relative to the scenario's directory), or ``None``."""
+    name = scenario.scenario.start_from
+    if name is None:
+        return None
+    p = Path(name)
+    if not p.is_absolute():
+        p = Path(scenario.base_dir or ".") / p
+    if not p.is_file():
+        raise InvalidParameter(f"[scenario].start_from = {name!r}: no such file ({p})")
+    return p
+
+
+def load_model_file(path: Path, spec: "ParamSpec", what: str = "[scenario].start_from") -> torch.Tensor:
+    """The flat float32 parameter vector stored in a safetensors file, checked against ``spec``."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    size = path.stat().st_size
+    if size > _MAX_FILE:
+        raise InvalidParameter(f"{what} = {str(path)!r}: {size} bytes, more than the cap of {_MAX_FILE}")
+    with path.open("rb") as f:
+        head = f.read(2)
+    if head[:1] == b"\x80" or head == b"PK":  # a pickle stream, or torch.save's zip of pickles
+        raise InvalidParameter(f"{what} = {str(path)!r}: a pickle / torch.save file; only the safetensors "
+                               "format is read (safetensors.torch.save_file(model.state_dict(), PATH))")
+    try:
+        tensors = load_file(str(path), device="cpu")
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise InvalidParameter(f"{what} = {str(path)!r}: not a readable safetensors file ({exc})") from None
+    missing = [n for n in spec.names if n not in tensors]
+    extra = sorted(set(tensors) - set(spec.names))
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing {', '.join(missing[:5])}{' …' if len(missing) > 5 else ''}")
+        if extra:
+            parts.append(f"not in the model: {', '.join(extra[:5])}{' …' if len(extra) > 5 else ''}")
+        raise InvalidParameter(f"{what} = {str(path)!r}: its tensors do not match the workload's model "
+                               f"({'; '.join(parts)})")
+    rows = []
+    for name, shape in zip(spec.names, spec.shapes):
+        t = tensors[name]
+        if tuple(t.shape) != tuple(shape):
+            raise InvalidParameter(f"{what} = {str(path)!r}: {name} has shape {tuple(t.shape)}, the model's is "
+                                   f"{tuple(shape)}")
+        if not t.is_floating_point():
+            raise InvalidParameter(f"{what} = {str(path)!r}: {name} is {t.dtype}, not a float tensor")
+        t = t.to(torch.float32)
+        if not bool(torch.isfinite(t).all()):
+            raise InvalidParameter(f"{what} = {str(path)!r}: {name} has NaN or infinite entries")
+        rows.append(t.reshape(-1))
+    return torch.cat(rows) if rows else torch.zeros(0)
+
+
+def save_model_file(path: Path, flat: torch.Tensor, spec: "ParamSpec", metadata: dict[str, str] | None = None) -> Path:
+    """Write a flat parameter vector as named tensors (safetensors), atomically."""
+    from safetensors.torch import save_file
+
+    named = {n: t.detach().to("cpu").contiguous().clone() for n, t in spec.unflatten(flat.to("cpu")).items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
+    save_file(named, str(tmp), metadata=metadata or {})
+    os.replace(tmp, path)
+    return path
+
+
+def warmup_scenario(scenario: "Scenario") -> "Scenario":
+    """The clean FedAvg run a scenario's warm-up is (its ``rounds`` = ``warmup_rounds``)."""
+    from ..scenario import AttackWindow, HierarchySpec, PluginSpec
+
+    info, fed = scenario.scenario, scenario.federation
+    return dataclasses.replace(
+        scenario,
+        scenario=dataclasses.replace(info, warmup_rounds=0, requires=(), name="warmup", description=""),
+        federation=dataclasses.replace(fed, rounds=info.warmup_rounds),
+        attack=PluginSpec("none"),
+        defense=(PluginSpec("mean"),),
+        hierarchy=HierarchySpec(),
+        window=AttackWindow(),
+    )
+
+
+def warmup_key(scenario: "Scenario", device: torch.device) -> str:
+    """What a warm-up is stored under: the warm-up scenario, the device type, the start file."""
+    ws = warmup_scenario(scenario)
+    start = resolve_start(scenario)
+    blob = json.dumps({"scenario": ws.digest(), "device": device.type,
+                       "start_from": _sha256(start) if start is not None else None}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _warmup_dir(explicit: str | Path | None) -> Path | None:
+    if explicit is not None:
+        return Path(explicit)
+    env = os.environ.get(WARMUP_DIR_ENV)
+    return Path(env) if env else None
+
+
+def start_params(scenario: "Scenario", spec: "ParamSpec", init: torch.Tensor, device: torch.device,
+                 warmup_dir: str | Path | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The model round 0 starts from, and what it is (recorded in round 0's ``extra["start"]``)."""
+    info: dict[str, Any] = {}
+    start = resolve_start(scenario)
+    params = init
+    if start is not None:
+        params = load_model_file(start, spec).to(device)
+        info["start_from"] = {"file": scenario.scenario.start_from, "sha256": _sha256(start)}
+    rounds = scenario.scenario.warmup_rounds
+    if rounds <= 0:
+        return params, info
+    key = warmup_key(scenario, device)
+    info["warmup"] = {"rounds": rounds, "key": key, "reused": True}
+    if key in _MEMO:
+        _MEMO.move_to_end(key)
+        return _MEMO[key].to(device).clone(), info
+    folder = _warmup_dir(warmup_dir)
+    file = folder / f"{key}.safetensors" if folder is not None else None
+    if file is not None and file.is_file():
+        try:
+            from safetensors import safe_open
+
+            with safe_open(str(file), framework="pt") as f:
+                stored = (f.metadata() or {}).get("redteam_warmup_key")
+            if stored == key:
+                flat = load_model_file(file, spec, what="warm-up file").to(device)
+                _remember(key, flat)
+                return flat.clone(), info
+        except (InvalidParameter, OSError, ValueError, RuntimeError):
+            pass  # a damaged or foreign file is recomputed and replaced
+    flat = _compute(scenario, params, device)
+    info["warmup"]["reused"] = False
+    _remember(key, flat)
+    if file is not None:
+        save_model_file(file, flat, spec, {"redteam_warmup_key": key, "rounds": str(rounds),
+                                           "scenario_digest": warmup_scenario(scenario).digest()})
+    return flat.clone(), info
+
+
+def _remember(key: str, flat: torch.Tensor) -> None:
+    _MEMO[key] = flat.detach().to("cpu").clone()
+    while len(_MEMO) > _MEMO_SIZE:
+        _MEMO.popitem(last=False)
+
+
+def _compute(scenario: "Scenario", start: torch.Tensor, device: torch.device) -> torch.Tensor:
+    from .loop import Federation
+
+    ws = warmup_scenario(scenario)
+    fed = Federation(ws, device=device.type if device.index is None else str(device), start=start)
+    fed.run()
+    return fed.final_params.detach().clone()
