@@ -182,7 +182,7 @@ class FederationSpec:
     clients: int = _rule(20, _pos_int, "must be an integer ≥ 1")
     malicious_fraction: float = _rule(0.0, lambda v: _prob(v) and v < 1, "must be in [0, 1)")
     rounds: int = _rule(30, _pos_int, "must be an integer ≥ 1")
-    partition: Literal["iid", "dirichlet", "shards", "quantity", "label_sorted", "by_group"] = "dirichlet"
+    partition: Literal["iid", "dirichlet", "shards", "quantity", "label_sorted", "by_group", "natural"] = "dirichlet"
     alpha: float = _rule(0.5, _pos, "must be > 0")
     shards_per_client: int = _rule(2, _pos_int, "must be an integer ≥ 1")
     quantity_beta: float = _rule(1.0, _pos, "must be > 0")

@@ -139,6 +139,11 @@ CELLS: dict[str, tuple[dict, Tol]] = {
     "topk-error-feedback": ({"transport": {"codec": "topk", "codec_params": {"fraction": 0.1},
                                            "error_feedback": True}}, LOSSY_CODEC),
     "int8": ({"transport": {"codec": "int8"}}, LOSSY_CODEC),
+    # issue 20's protocol: a warm-up, K of N with every attacker drawn, a backdoor inside a window
+    "protocol": ({"scenario": {"warmup_rounds": 2},
+                  "federation": {"malicious_fraction": 0.2, "clients_per_round": 8,
+                                 "attacker_selection": "every_round"},
+                  "attack": {"name": "backdoor", "target": 0, "fraction": 0.5, "window": "1:3"}}, EXACT_CODEC),
 }
 
 
@@ -163,13 +168,12 @@ def run_trace(sc: Any, device: str, *, perturb: Callable[[torch.Tensor], torch.T
     """Run ``sc`` on ``device``; the global model after every round is read where the
     round evaluates it. ``perturb`` (for checking the comparison itself) rewrites every
     round's local deltas before the attack and the codec see them."""
-    params: list[torch.Tensor] = []
-    devices: list[str] = []
+    seen: list[tuple[int, torch.Tensor, str]] = []
     evaluate, train = stages.evaluate, stages.train
 
     def spy(fed: Federation, p: torch.Tensor):
-        params.append(p.detach().to("cpu", torch.float64).clone())
-        devices.append(p.device.type)
+        # (which federation: a warm-up runs its own inside the run's constructor)
+        seen.append((id(fed), p.detach().to("cpu", torch.float64).clone(), p.device.type))
         return evaluate(fed, p)
 
     def train_perturbed(*args: Any, **kwargs: Any) -> torch.Tensor:
@@ -179,6 +183,8 @@ def run_trace(sc: Any, device: str, *, perturb: Callable[[torch.Tensor], torch.T
             mock.patch.object(stages, "train", train_perturbed if perturb is not None else train):
         fed = Federation(sc, device=device)
         res = fed.run()
+    params = [p for who, p, _ in seen if who == id(fed)]
+    devices = [d for who, _, d in seen if who == id(fed)]
     recs = res.records
     return Trace(
         device=device,
@@ -412,3 +418,38 @@ def test_cli_run_on_cuda_matches_cpu(tmp_path):
     cuda = cli_run("cuda", tmp_path / "cuda.json")
     assert cpu["device"] == "cpu" and cuda["device"].startswith("cuda")
     assert_same_metrics(cpu, cuda, LOSSY_CODEC)  # smoke.toml sends top-k (10 %) with error feedback
+
+
+# ----------------------------------------------------------------------------------------
+# the papers' models (issue 20 §3): batched gradients on CUDA equal a per-client loop on CUDA
+
+
+@pytest.mark.parametrize("name,shape,norm", [("resnet18", (3, 32, 32), "group"), ("resnet18", (3, 32, 32), "batch"),
+                                             ("vgg11", (3, 32, 32), "group"), ("lenet5", (1, 28, 28), "none")])
+def test_paper_nets_batched_gradients_on_cuda(name, shape, norm):
+    from torch.func import functional_call, grad, vmap
+
+    from redteam.federation.params import ParamSpec
+    from redteam.workloads.nets import build_net
+
+    extra = {"width": 4} if name in ("resnet18", "vgg11") else {}
+    net = build_net(name, num_classes=10, in_channels=shape[0], image_size=shape[1], norm=norm,
+                    generator=torch.Generator().manual_seed(0), **extra).to("cuda")
+    spec = ParamSpec.of(net)
+    g = torch.Generator().manual_seed(1)
+    base = spec.flatten(net)
+    rows = (base + 0.01 * torch.randn(3, spec.dim, generator=g).to("cuda")).contiguous()
+    x = torch.randn(3, 4, *shape, generator=g).to("cuda")
+    y = torch.randint(0, 10, (3, 4), generator=g).to("cuda")
+
+    def loss(flat, xb, yb):
+        return torch.nn.functional.cross_entropy(functional_call(net, spec.unflatten(flat), (xb,)), yb)
+
+    batched = vmap(grad(loss))(rows, x, y)
+    for c in range(3):
+        one = torch.func.grad(loss)(rows[c], x[c], y[c])
+        assert torch.allclose(batched[c], one, rtol=1e-4, atol=1e-5), (name, norm, c)
+    cpu = vmap(grad(loss))  # the same program on the CPU agrees within float32 rounding
+    net.to("cpu")
+    on_cpu = cpu(rows.cpu(), x.cpu(), y.cpu())
+    assert torch.allclose(on_cpu, batched.cpu(), rtol=1e-3, atol=1e-4)

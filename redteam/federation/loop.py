@@ -164,9 +164,16 @@ class Federation:
         root_k = min(int(wanted), len(pool) // 10)
         perm = self._np["split"].permutation(len(pool))
         root_idx, pool = np.sort(perm[:root_k]), np.sort(perm[root_k:])
-        # partitions read labels; a workload with sample groups (text: each window's package)
-        # is partitioned by those instead, so that by_group (and the label skews) act on groups
-        labels = (ds.groups if ds.groups is not None else ds.train_y).numpy()[pool]
+        # partitions read labels; a language model's sample groups (text: each window's
+        # package) replace its labels, so that by_group (and the label skews) act on groups;
+        # a classifier's groups (LEAF's writers) are read by by_group / natural only
+        by_groups = ds.groups is not None and (fed.partition in ("by_group", "natural")
+                                               or getattr(self.workload, "input_kind", "") == "tokens")
+        if fed.partition == "natural" and ds.groups is None:
+            raise InvalidParameter(f"[federation].partition = \"natural\": workload {scenario.workload.name!r} "
+                                   "has no natural partition (LEAF's femnist and shakespeare have one, by writer "
+                                   "and by role); use dirichlet, iid, shards, quantity or label_sorted")
+        labels = (ds.groups if by_groups else ds.train_y).numpy()[pool]
         parts = deal(
             labels, n, self.malicious, fed.partition, fed.malicious_data_rule, self._np["split"],
             alpha=fed.alpha, shards_per_client=fed.shards_per_client, beta=fed.quantity_beta,

@@ -24,6 +24,11 @@ array per client, disjoint, and every client gets at least ``min_samples`` sampl
   decreasing size (ties in a random order) each to the client holding the fewest samples
   so far (longest-processing-time greedy), so clients get whole packages and similar
   amounts of data. Needs at least as many groups as clients.
+* ``natural``: the dataset's own partition — LEAF's FEMNIST by writer, Shakespeare by
+  speaking role (Caldas et al., "LEAF: A Benchmark for Federated Settings", 2018): the
+  ``by_group`` deal on the workload's groups, so with as many clients as writers each client
+  is one writer, and with fewer each client holds whole writers. A workload without groups
+  is refused.
 
 :func:`deal` says how the malicious clients get their data (``malicious_data``):
 ``"partition"`` deals them their parts of the same partition as everyone (which takes
@@ -43,9 +48,9 @@ from ..errors import InvalidParameter
 
 __all__ = ["partition", "deal", "PARTITIONS", "MALICIOUS_DATA"]
 
-PARTITIONS = ("iid", "dirichlet", "shards", "quantity", "label_sorted", "by_group")
+PARTITIONS = ("iid", "dirichlet", "shards", "quantity", "label_sorted", "by_group", "natural")
 MALICIOUS_DATA = ("partition", "iid_overlap")
-Kind = Literal["iid", "dirichlet", "shards", "quantity", "label_sorted", "by_group"]
+Kind = Literal["iid", "dirichlet", "shards", "quantity", "label_sorted", "by_group", "natural"]
 
 
 def partition(
@@ -72,7 +77,7 @@ def partition(
         return [np.sort(p) for p in np.array_split(order, n_clients)]
     if kind == "iid":
         return [np.sort(p) for p in np.array_split(rng.permutation(n), n_clients)]
-    if kind == "by_group":
+    if kind in ("by_group", "natural"):
         return _by_group(labels, n_clients, rng, min_samples)
     if kind == "dirichlet":
         if not alpha > 0:

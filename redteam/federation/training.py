@@ -106,6 +106,24 @@ class StackedData:
         return StackedData(self.x.to(device), self.y.to(device), self.offsets.to(device), self.sizes.to(device))
 
 
+def _refuse_running_statistics(model: torch.nn.Module) -> None:
+    """A normalisation layer that keeps running statistics cannot be trained here: the trainer
+    carries one flat vector of parameters per client and no per-client buffers (the running
+    mean would be one tensor for every client, updated in place inside ``grad``). Constant
+    buffers (a fixed mask, a positional table) are read-only and allowed."""
+    from ..errors import InvalidParameter
+
+    tracked = [name for name, m in model.named_modules()
+               if isinstance(m, torch.nn.modules.batchnorm._NormBase) and m.track_running_stats]
+    if tracked:
+        shown = ", ".join(tracked[:4]) + (f", … ({len(tracked)} in all)" if len(tracked) > 4 else "")
+        raise InvalidParameter(
+            f"{type(model).__name__} has normalisation layers with running-statistics buffers ({shown}): the "
+            "batched trainer keeps one flat vector of parameters per client and no per-client buffers; use "
+            "GroupNorm, or BatchNorm with track_running_stats=False (batch statistics in training and "
+            "evaluation; redteam.workloads.nets, norm = \"group\" / \"batch\")")
+
+
 class BatchedTrainer:
     """Trains stacked client parameter rows with ``vmap(grad(loss))``.
 
@@ -117,6 +135,7 @@ class BatchedTrainer:
         self.workload = workload
         self.spec = spec
         self.model = model
+        _refuse_running_statistics(model)
         loss_of = workload.loss
 
         def loss(flat: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
