@@ -26,8 +26,10 @@ __all__ = ["encode", "chunk", "transport", "Chunked"]
 
 # ------------------------------------------------------------------ encode, chunk, transport
 def encode(fed: "Federation", part_t: torch.Tensor, sent: torch.Tensor) -> Any:
-    """Compress each row, with the client's error-feedback residual (client state)."""
-    ef = fed.compressor.error_feedback
+    """Compress each row, with the client's error-feedback residual (client state). A lossless
+    codec (``none``) sends every row exactly, so its residual is zero and none is kept: no
+    ``(clients × d)`` state at paper scale (4.5 GB for 100 clients of a ResNet-18)."""
+    ef = fed.compressor.error_feedback and not getattr(fed.compressor.codec, "lossless", False)
     residual = fed.states.rows("residual", part_t, (sent.shape[1],)) if ef else None
     comp = fed.compressor.compress(sent, residual, fed._torch["codec"])
     if ef and comp.residual is not None:

@@ -136,6 +136,7 @@ class Codec:
     dtype_code: ClassVar[int] = _F32
     allowed_flags: ClassVar[int] = 0
     needs_generator: ClassVar[bool] = False
+    lossless: ClassVar[bool] = False  # True: decode(encode(x)) == x for finite float32 x (no error feedback needed)
     summary: ClassVar[str] = ""
     reference: ClassVar[str] = ""
 
@@ -423,6 +424,7 @@ class Dense(Codec):
     name: ClassVar[str] = "none"
     codec_id: ClassVar[int] = 0
     summary: ClassVar[str] = "dense float32 (no compression)"
+    lossless: ClassVar[bool] = True
 
     def _compress(self, x, generator):
         return x.clone(), _le(x.numpy(), "<f4")
