@@ -175,3 +175,19 @@ def test_a_language_model_is_ranked_in_bits_per_byte_lower_is_better():
 
     assert default_table_metric(report) == "final_bits_per_byte"
     assert default_html_metrics(report)[:2] == ["final_bits_per_byte", "bits_per_byte_increase"]
+
+
+def test_a_backdoor_that_faded_after_its_window_still_counts():
+    """With an attack window (issue 20), the verdict reads the ASR at the window's end: "fading"
+    let a 0.9 backdoor into the model and it is gone only by the final round (ASR 0.05), while
+    "holding" never let more than 0.2 in (and 0.2 at the end). By the final ASR "fading" would
+    win; by what the defense let through it loses."""
+    rows = []
+    for d, end, final in (("fading", 0.9, 0.05), ("holding", 0.2, 0.2)):
+        for r in cell_rows(d, "backdoor", [0.9, 0.9], [0.88, 0.88], asr=final):
+            r["metrics"]["asr_at_end_of_window"] = end
+            rows.append(r)
+    (g,) = report_from_rows(rows).defenders.groups
+    r = rows_by_name(g)
+    assert r["fading"].worst_asr == pytest.approx(0.9) and r["holding"].worst_asr == pytest.approx(0.2)
+    assert [x.defense for x in g.rows][0] == "holding"

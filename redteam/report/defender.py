@@ -261,6 +261,17 @@ def _rounds_flagged(rounds: Any) -> bool:
     return False
 
 
+#: the ASR the verdict reads: at the end of the attack window (issue 20), which is the final
+#: ASR when the attack acts in every round; a backdoor that faded after its window was still
+#: in the model the defense let through, so the final ASR alone would understate the harm
+_ASR_KEY = "asr_at_end_of_window"
+
+
+def _asr(c: CellSummary) -> float | None:
+    v = c.value(_ASR_KEY)
+    return v if v is not None else c.value("asr")
+
+
 def _flagged(metrics: Any) -> bool:
     """A run's metrics show at least one flagged update (tp + fp > 0; recall or FPR above 0 and
     a defined precision imply it too, for rows that carry only the rates)."""
@@ -404,7 +415,7 @@ def defender_summary(
         grows = rows_by_group.get(settings, [])
         defenses = list(dict.fromkeys(c.defense for c in cs))
         attacks = tuple(dict.fromkeys(c.attack for c in cs if c.attack not in idle))
-        targeted = tuple(dict.fromkeys(c.attack for c in cs if c.attack not in idle and c.value("asr") is not None))
+        targeted = tuple(dict.fromkeys(c.attack for c in cs if c.attack not in idle and _asr(c) is not None))
         seeds = max((c.finished for c in cs), default=0)
 
         # clean quality per defense (one value per seed: the baseline is shared by the attacks)
@@ -468,10 +479,10 @@ def defender_summary(
             drop, drop_a = _extreme(hit, q.drop_metric, lambda v, b: v > b)
             asr_cell = None
             for c in hit:
-                v = c.value("asr")
-                if v is not None and (asr_cell is None or v > asr_cell.value("asr")):
+                v = _asr(c)
+                if v is not None and (asr_cell is None or v > _asr(asr_cell)):
                     asr_cell = c
-            asr = asr_cell.value("asr") if asr_cell is not None else None
+            asr = _asr(asr_cell) if asr_cell is not None else None
             done = [c for c in mine if c.finished > 0]
             rec, rec_a = _extreme(done, "recall", lambda v, b: v < b)
             fpr, fpr_a = _extreme(done, "fpr", lambda v, b: v > b)
@@ -487,13 +498,14 @@ def defender_summary(
             h_q = _harm_of(q, wq, best, floor)
             parts = [h_q] if h_q[0] is not None else []
             if asr_cell is not None:
-                a = asr_cell.metrics["asr"]
+                a = asr_cell.metrics[_ASR_KEY] if _ASR_KEY in asr_cell.metrics and \
+                    asr_cell.metrics[_ASR_KEY].mean is not None else asr_cell.metrics["asr"]
                 parts.append((a.mean, max(0.0, a.lo if a.lo is not None else a.mean),
                               min(1.0, a.hi if a.hi is not None else a.mean)))
             if destroyed:
                 parts.append((1.0, 1.0, 1.0))
             by_attack = tuple((c.attack, None if c.broken else _harm_of(q, _q_stat(c, q), best, floor)[0],
-                               c.value("asr"), bool(c.broken)) for c in hit)
+                               _asr(c), bool(c.broken)) for c in hit)
             harm = max(p[0] for p in parts) if parts else None
             harm_lo = max(p[1] for p in parts) if parts else None
             harm_hi = max(p[2] for p in parts) if parts else None
