@@ -143,6 +143,7 @@ class Federation:
         self.workload = build_workload(scenario.workload.name, dict(scenario.workload.params))
         ds = self.workload.load(scenario.seed)
         self.num_classes = ds.num_classes
+        self.dataset_source = ds.source  # what the data is, with its digest where the workload computes one
         n = fed.clients
         f = fed.n_malicious
         self.malicious = sorted(self._np["roles"].choice(n, size=f, replace=False).tolist()) if f else []
@@ -294,11 +295,11 @@ class Federation:
         self.admission: Any = None
         if self.gate is not None:
             self.admission = self._admit(clean, clients, scenario.workload.name,
-                                         ds.corpus, [pool[p] for p in parts])
+                                         ds.corpus, [pool[p] for p in parts], ds.source)
             self.excluded = dict(self.admission.excluded)
 
     def _admit(self, clean: list[ClientData], actual: list[ClientData], dataset: str,
-               corpus: Any = None, rows: list[np.ndarray] | None = None) -> Any:
+               corpus: Any = None, rows: list[np.ndarray] | None = None, data_source: str = "") -> Any:
         from .provenance import admit
 
         forgers: dict[int, AttackContext] = {}
@@ -323,6 +324,7 @@ class Federation:
             attack=self.attack,
             corpus=corpus,  # documents (text): the manifests list the files the windows came from
             rows=dict(enumerate(rows)) if rows is not None else None,
+            data_source=data_source,
         )
 
     def _untrained_reference(self) -> dict[str, float | None]:

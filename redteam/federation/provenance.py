@@ -104,12 +104,17 @@ def shards_of(data: ClientData) -> dict[str, bytes]:
     return {"x.f32": x.tobytes(), "y.i64": y.tobytes()}
 
 
-def dataset_manifest(client: int, shards: Mapping[str, bytes], dataset: str) -> DatasetManifest:
-    """The curator's manifest of ``client``'s shards."""
+def dataset_manifest(client: int, shards: Mapping[str, bytes], dataset: str, data_source: str = "") -> DatasetManifest:
+    """The curator's manifest of ``client``'s shards. ``data_source``: what the workload's data
+    is, with the digest of the files it was read from (``Dataset.source``), so that a signed,
+    logged manifest names exactly the bytes the partition came from."""
     lic, where = _LICENSES.get(dataset, ("NOASSERTION", f"workload {dataset}"))
+    src = f"redteam workload {dataset!r}, partition of client {client}"
+    if data_source:
+        src += f"; data: {data_source}"
     return DatasetManifest.from_shards(
         shards, client=f"client-{client}", dataset=dataset, version="1", license=lic, license_source=where,
-        source=f"redteam workload {dataset!r}, partition of client {client}", creator=f"curator-{client}",
+        source=src, creator=f"curator-{client}",
         created_at=CREATED_AT, media_types={"x.f32": "application/octet-stream", "y.i64": "application/octet-stream"},
         name=f"client-{client}",
     )
@@ -311,6 +316,7 @@ def admit(
     attack: "Attack | None",
     corpus: "CorpusIndex | None" = None,
     rows: Mapping[int, np.ndarray] | None = None,
+    data_source: str = "",
 ) -> Admission:
     """Run the admission of every client (see the module docstring) through ``gate``.
 
@@ -332,7 +338,7 @@ def admit(
     else:
         shards_clean = {c: shards_of(d) for c, d in clean.items()}
         shards_actual = {c: (shards_clean[c] if actual[c] is clean[c] else shards_of(actual[c])) for c in actual}
-        manifests = {c: dataset_manifest(c, s, dataset) for c, s in shards_clean.items()}
+        manifests = {c: dataset_manifest(c, s, dataset, data_source) for c, s in shards_clean.items()}
     log_key = derive_key(log_rng, "ed25519")
     ledger = Ledger.init(":memory:", log_key, origin, synchronous="OFF")
     try:

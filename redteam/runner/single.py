@@ -154,6 +154,7 @@ def run_scenario(
         },
         "versions": _versions(),
         "device": str(baseline.device),
+        "dataset": getattr(baseline, "dataset_source", ""),
         "runs": out_runs,
     }
 
