@@ -134,3 +134,26 @@ def test_published_table_scenarios_load_and_say_what_they_need(name, monkeypatch
     assert matrix.cells and base.scenario.requires
     missing = unmet(base.scenario.requires, base.workload.params)
     assert any("needs dataset" in m for m in missing)
+
+
+def test_text_workload_reads_a_hugging_face_folder(tmp_path):
+    """A save_to_disk folder as the language model's corpus: each row of the column a document."""
+    pa = pytest.importorskip("pyarrow")
+    import json
+
+    texts = [f"document number {i}: " + "the quick brown fox jumps over the lazy dog. " * 3 for i in range(12)]
+    table = pa.table({"text": pa.array(texts), "n": pa.array(list(range(12)), pa.int64())})
+    with pa.ipc.new_stream(str(tmp_path / "data-00000-of-00001.arrow"), table.schema) as w:
+        w.write_table(table)
+    (tmp_path / "state.json").write_text(json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}],
+                                                     "_split": "train"}))
+    w = WORKLOADS.create("text", {"hf_dir": str(tmp_path), "context": 16, "width": 16, "heads": 2, "layers": 1})
+    ds = w.load(0)
+    assert ds.train_x.shape[1] == 16 and "hf_dir" in ds.source and ds.num_classes == 256
+    assert len(set(ds.groups.tolist())) > 1  # one group per row: by_group can deal them
+    with pytest.raises(InvalidParameter, match="columns"):
+        WORKLOADS.create("text", {"hf_dir": str(tmp_path), "hf_column": "body"}).load(0)
+    with pytest.raises(InvalidParameter, match="strings"):
+        WORKLOADS.create("text", {"hf_dir": str(tmp_path), "hf_column": "n"}).load(0)
+    with pytest.raises(InvalidParameter, match="not both"):
+        WORKLOADS.create("text", {"hf_dir": str(tmp_path), "text_dir": str(tmp_path)})

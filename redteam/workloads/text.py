@@ -124,6 +124,9 @@ class TextLM(Workload):
 
     * ``context`` (T), ``width``, ``layers``, ``heads`` (width divisible by heads): the model;
     * ``text_dir``: a directory of the user's documents ("" = the standard library);
+    * ``hf_dir``: instead, a Hugging Face ``datasets`` folder written by ``save_to_disk``
+      (read with pyarrow, without the ``datasets`` package): each row of split ``hf_split``'s
+      string column ``hf_column`` is one document (its own group), named ``split/row``;
     * ``max_bytes``, ``max_doc_bytes``: corpus cap and per-document cap (CI stays fast);
     * ``heldout_fraction``: share of documents held out (fixed by name hashes);
     * ``eval_windows``: at most this many held-out windows are scored each round.
@@ -134,6 +137,9 @@ class TextLM(Workload):
     layers: int = 2
     heads: int = 4
     text_dir: str = ""
+    hf_dir: str = ""
+    hf_split: str = "train"
+    hf_column: str = "text"
     max_bytes: int = 1_000_000
     max_doc_bytes: int = 16_384
     heldout_fraction: float = 0.1
@@ -160,6 +166,12 @@ class TextLM(Workload):
         if not isinstance(v, str):
             raise param_error(self, "text_dir", v, "must be a directory path (string), or '' for the standard library")
 
+    def validate_hf_dir(self, v: str) -> None:
+        if not isinstance(v, str):
+            raise param_error(self, "hf_dir", v, "must be a directory path (string), or '' for none")
+        if v and self.text_dir:
+            raise param_error(self, "hf_dir", v, "give text_dir or hf_dir, not both")
+
     def validate_max_bytes(self, v: int) -> None:
         _positive_int(self, "max_bytes", v, 1024)
 
@@ -176,16 +188,37 @@ class TextLM(Workload):
     # -- data ---------------------------------------------------------------------------
     def documents(self) -> tuple[list[_corpus.Document], list[_corpus.Document]]:
         """(training documents, held-out documents) after the caps, each sorted by name."""
-        docs = _corpus.directory_documents(self.text_dir) if self.text_dir else _corpus.stdlib_documents()
+        if self.hf_dir:
+            docs = self._hf_documents()
+        else:
+            docs = _corpus.directory_documents(self.text_dir) if self.text_dir else _corpus.stdlib_documents()
         kept = _corpus.select(docs, self.max_bytes, self.max_doc_bytes)
         return _corpus.split_heldout(kept, self.heldout_fraction)
+
+    def _hf_documents(self) -> list[_corpus.Document]:
+        from .files import read_hf_saved
+
+        saved = read_hf_saved(self.hf_dir)
+        if self.hf_split not in saved.splits:
+            raise param_error(self, "hf_split", self.hf_split, f"{self.hf_dir!r} has splits {sorted(saved.splits)}")
+        cols = saved.splits[self.hf_split]
+        if self.hf_column not in cols:
+            raise param_error(self, "hf_column", self.hf_column,
+                              f"split {self.hf_split!r} has columns {sorted(cols)}")
+        texts = cols[self.hf_column]
+        if not all(isinstance(t, str) for t in texts):
+            raise param_error(self, "hf_column", self.hf_column, "must be a column of strings")
+        width = len(str(max(len(texts) - 1, 0)))
+        return [_corpus.Document(f"{self.hf_split}/{i:0{width}d}", f"{self.hf_split}/{i:0{width}d}", t.encode("utf-8"))
+                for i, t in enumerate(texts) if t]
 
     def load(self, seed: int) -> Dataset:
         """The data does not depend on ``seed``: the corpus and the held-out split are fixed."""
         train_docs, test_docs = self.documents()
         tr, owner = _corpus.windows(train_docs, self.context)
         te, _ = _corpus.windows(test_docs, self.context)
-        where = f"text_dir = {self.text_dir!r}" if self.text_dir else "the standard library corpus"
+        where = (f"hf_dir = {self.hf_dir!r} ({self.hf_split}.{self.hf_column})" if self.hf_dir else
+                 f"text_dir = {self.text_dir!r}" if self.text_dir else "the standard library corpus")
         if len(tr) < 2 or len(te) < 1:
             raise param_error(self, "context", self.context,
                               f"{where} gives {len(tr)} training and {len(te)} held-out windows of "
