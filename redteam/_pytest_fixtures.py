@@ -199,11 +199,11 @@ def redteam_federation(request: pytest.FixtureRequest) -> Callable[..., Any]:
 
     def make(scenario: Any = None, *, attack: Any = None, defense: Any = None,
              overrides: Mapping[str, Any] | None = None, device: str = "cpu", run: bool = False) -> Any:
-        from .federation.loop import Federation
+        from .federation.regimes import make_run
         from .scenario import parse_scenario
 
         sc = parse_scenario(_doc(regs, scenario, attack, defense, overrides), file="<redteam_federation>")
-        fed = Federation(sc, device=device)
+        fed = make_run(sc, device=device)
         return fed.run() if run else fed
 
     return make

@@ -507,9 +507,9 @@ class _State:
         """The round records of one concrete scenario, computed once per session."""
         key = scenario.digest()
         if key not in self.memo:
-            from .federation.loop import Federation
+            from .federation.regimes import make_run
 
-            self.memo[key] = Federation(scenario, device=device).run().records
+            self.memo[key] = make_run(scenario, device=device).run().records
         return self.memo[key]
 
     def close(self) -> None:

@@ -59,6 +59,7 @@ __all__ = [
     "HierarchySpec",
     "PluginSpec",
     "AttackWindow",
+    "PipelineSpec",
     "WINDOW_KEYS",
     "baseline_attack",
     "durability_params",
@@ -272,6 +273,23 @@ class HierarchySpec:
     upper_defense: PluginSpec = field(default_factory=lambda: PluginSpec("mean"))
 
 
+@dataclass(frozen=True, slots=True)
+class PipelineSpec:
+    """``[pipeline]``: the model-parallel regime (SWARM, Ryabinin et al., ICML 2023): the
+    ``text`` transformer cut into ``stages``, each served by ``peers_per_stage`` peers
+    (:mod:`redteam.federation.swarm`)."""
+
+    stages: int = _rule(2, lambda v: isinstance(v, int) and 2 <= v <= 64, "must be an integer in [2, 64]")
+    peers_per_stage: int = _rule(3, lambda v: isinstance(v, int) and 1 <= v <= 1024, "must be an integer in [1, 1024]")
+    micro_batches: int = _rule(8, lambda v: isinstance(v, int) and 1 <= v <= 100_000, "must be an integer in [1, 100000]")
+    micro_batch_size: int = _rule(8, lambda v: isinstance(v, int) and 1 <= v <= 65_536, "must be an integer in [1, 65536]")
+    routing: Literal["swarm", "round_robin"] = "swarm"
+    attacker_stage: int = _rule(1, lambda v: isinstance(v, int) and v >= 0, "must be an integer ≥ 0")
+    attackers: int = _rule(0, lambda v: isinstance(v, int) and v >= 0, "must be an integer ≥ 0")
+    throughput_sigma: float = _rule(0.5, _nonneg, "must be ≥ 0")
+    checks: tuple[PluginSpec, ...] = ()
+
+
 #: keys of ``[attack]`` that say *when* the attack acts (and how its durability is scored),
 #: not parameters of the attack plugin (:class:`AttackWindow`)
 WINDOW_KEYS = ("window", "every", "after_k", "lifespan_threshold")
@@ -353,6 +371,7 @@ class Scenario:
     attack: PluginSpec = field(default_factory=lambda: PluginSpec("none"))
     defense: tuple[PluginSpec, ...] = (PluginSpec("mean"),)
     window: AttackWindow = field(default_factory=AttackWindow)
+    pipeline: PipelineSpec | None = None
     source: str = ""
     # the scenario file's directory (relative ``start_from`` paths); not part of the digest
     base_dir: str = field(default="", compare=False)
@@ -381,6 +400,8 @@ class Scenario:
                     del tab[key]
             if section == "window" and not tab:
                 d.pop("window", None)
+        if d.get("pipeline", 0) is None:
+            d.pop("pipeline")
         return json.loads(json.dumps(d, default=str))
 
     def digest(self) -> str:
@@ -498,7 +519,7 @@ def parse_scenario(
     if not isinstance(data, Mapping):
         raise where.err("document", data, "must be a table of sections")
     allowed = ("scenario", "workload", "federation", "transport", "hierarchy", "attack", "defense",
-               "matrix", "expect")
+               "pipeline", "matrix", "expect")
     for key in data:
         if key not in allowed:
             close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
@@ -550,6 +571,33 @@ def parse_scenario(
         kw["attack"] = _plugin(table, "attack", where, ATTACKS, check_plugins)
     if "defense" in data:
         kw["defense"] = _defense(data["defense"], where, check_plugins)
+    if "pipeline" in data:
+        def checks(v: Any, sec: str) -> tuple[PluginSpec, ...]:
+            if not isinstance(v, list):
+                raise where.err("[pipeline].checks", v, "must be a list of check tables, e.g. "
+                                '[{ name = "redundant_recompute", fraction = 0.25 }]')
+            specs = tuple(_plugin(c, f"pipeline.checks[{i}]", where, DEFENSES, check_plugins) for i, c in enumerate(v))
+            if check_plugins:
+                for i, c in enumerate(specs):
+                    if getattr(DEFENSES.create(c.name, c.params), "acts_at", None) != "pipeline":
+                        raise where.err(f"[pipeline].checks[{i}].name", c.name,
+                                        "is not a pipeline check (redteam defenses list: acts_at pipeline)")
+            return specs
+
+        kw["pipeline"] = _build(PipelineSpec, data["pipeline"], "pipeline", where, nested={"checks": checks})
+        pl = kw["pipeline"]
+        if pl.attacker_stage >= pl.stages:
+            raise where.err("[pipeline].attacker_stage", pl.attacker_stage, f"must be a stage in [0, {pl.stages - 1}]")
+        if pl.attackers > pl.peers_per_stage:
+            raise where.err("[pipeline].attackers", pl.attackers, f"is more than the stage's {pl.peers_per_stage} peers")
+        info = kw.get("scenario", ScenarioInfo())
+        if info.warmup_rounds or info.start_from:
+            raise InvalidScenario(f"{where.file}: [scenario] warmup_rounds / start_from are not supported with "
+                                  "[pipeline] yet (the pipeline starts from the workload's initial model)")
+        fed = kw.get("federation", FederationSpec())
+        if fed.clients_per_round is not None or fed.attacker_selection != "random":
+            raise InvalidScenario(f"{where.file}: [federation] clients_per_round / attacker_selection do not apply "
+                                  "to [pipeline], whose peers take micro-batches by routing")
     _check_protocol(kw.get("federation", FederationSpec()), kw.get("window", AttackWindow()), where)
     return Scenario(**kw)
 

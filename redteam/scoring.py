@@ -49,6 +49,11 @@ Definitions (also in the README's "Metrics" section):
   before the run ends, the rounds observed (a lower bound) and ``lifespan_censored`` = 1.
   Without a window E is the last round, so ``asr_at_end_of_window`` is the final ASR and
   the others are ``None``. Untargeted runs have no ASR: all ``None``.
+* the ``[pipeline]`` regime (:func:`pipeline_metrics`; the peers are the clients):
+  ``detection_latency``: for each tampering peer that was banned, the micro-batches it served
+  while the attack acted before the ban, averaged; ``undetected_attackers``: tampering peers
+  never banned; ``check_overhead``: stage forwards recomputed by the checks per hop (each hop is
+  a stage forward and backward, about three forwards). ``None`` for data-parallel runs.
 """
 
 from __future__ import annotations
@@ -79,6 +84,7 @@ __all__ = [
     "language_model",
     "rounds_to_target_loss",
     "durability",
+    "pipeline_metrics",
 ]
 
 
@@ -263,6 +269,29 @@ def durability(records: Sequence[RoundRecord], after_k: int = 10, threshold: flo
     return out
 
 
+def pipeline_metrics(records: Sequence[RoundRecord]) -> dict[str, Any]:
+    """The ``[pipeline]`` regime's detection latency and check overhead (module docstring);
+    all ``None`` for a data-parallel run."""
+    out: dict[str, Any] = {"detection_latency": None, "undetected_attackers": None, "check_overhead": None}
+    info = [r.extra["pipeline"] for r in records if isinstance(r.extra.get("pipeline"), dict)]
+    if not info:
+        return out
+    acted: dict[Any, int] = {}
+    banned: set[Any] = set()
+    hops = recomputed = 0
+    for i in info:
+        for p, k in i.get("acted", {}).items():
+            acted[p] = acted.get(p, 0) + int(k)
+        banned.update(i.get("banned_at", {}))
+        hops += int(i.get("hops", 0))
+        recomputed += int(i.get("recomputed_hops", 0))
+    caught = [k for p, k in acted.items() if p in banned]
+    out["detection_latency"] = sum(caught) / len(caught) if caught else None
+    out["undetected_attackers"] = sum(1 for p in acted if p not in banned) if acted else None
+    out["check_overhead"] = recomputed / hops if hops else None
+    return out
+
+
 def envelope(records: Sequence[RoundRecord]) -> dict[str, float | None]:
     """Envelope utilisation (REFERENCES §1.3): how close *accepted malicious* updates came
     to the validation bounds, over all rounds.
@@ -331,6 +360,10 @@ METRICS: dict[str, str] = {
     "backdoor_lifespan": "rounds after the window whose ASR stays ≥ [attack] lifespan_threshold "
                          "(a lower bound when lifespan_censored = 1)",
     "lifespan_censored": "1 when the backdoor outlived the run (backdoor_lifespan is then a lower bound)",
+    "detection_latency": "[pipeline]: micro-batches a tampering peer served, while the attack acted, before its ban "
+                         "(mean over the banned ones)",
+    "undetected_attackers": "[pipeline]: tampering peers never banned",
+    "check_overhead": "[pipeline]: recomputed stage forwards per hop (the checks' extra compute)",
 }
 
 
@@ -351,6 +384,7 @@ HIGHER_IS_BETTER: dict[str, bool] = {
     **dict.fromkeys(("accuracy_drop", "asr", "fpr", "fp", "fn", "final_loss", "final_bits_per_byte",
                      "final_perplexity", "bits_per_byte_increase", "perplexity_increase", "false_trigger_rate",
                      "near_miss_trigger_rate", "asr_at_end_of_window", "asr_after_k", "backdoor_lifespan",
+                     "detection_latency", "undetected_attackers", "check_overhead",
                      "rounds_to_target", "rounds_to_target_loss", "slowdown_rounds", "rejected_updates",
                      "dropped_updates", "wall_time_per_round_s", "defense_time_per_round_s", "sim_time_s"), False),
 }
@@ -404,6 +438,7 @@ def summarize(
         "sim_time_s": sum(r.sim_time_s for r in records),
         **language_model(records, baseline),
         **durability(records, after_k, lifespan_threshold),
+        **pipeline_metrics(records),
     }
     if baseline is not None:
         out["accuracy_drop"] = accuracy_drop(records, baseline)

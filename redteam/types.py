@@ -39,6 +39,7 @@ __all__ = [
     "Defense",
     "Surface",
     "TrainingHook",
+    "StageContext",
 ]
 
 
@@ -51,8 +52,27 @@ class Surface:
     PROVENANCE = "provenance"  # forge_provenance: manifests and keys
     HIERARCHY = "hierarchy"  # choose_identity, tamper_subaggregate: merge groups and sub-aggregators
     TRAINING = "training"  # training_hook: the malicious clients' own local training, step by step
+    PIPELINE = "pipeline"  # tamper_activation, tamper_gradient: a stage peer of a model-parallel pipeline
 
-    ALL = (DATA, UPDATES, TRANSPORT, PROVENANCE, HIERARCHY, TRAINING)
+    ALL = (DATA, UPDATES, TRANSPORT, PROVENANCE, HIERARCHY, TRAINING, PIPELINE)
+
+
+@dataclass(frozen=True, slots=True)
+class StageContext:
+    """What a stage peer of a model-parallel pipeline sees of one hop (:mod:`redteam.federation.swarm`).
+
+    ``stage`` (0-based) of ``n_stages``; ``peer``: the peer's id (unique over all stages);
+    ``micro_batch``: the hop's micro-batch, counted from the start of the run; ``generator``:
+    the attack's random stream; ``state``: the attack's memory for the run (one dict, shared by
+    every malicious peer: the attackers collude)."""
+
+    round: int
+    stage: int
+    n_stages: int
+    peer: int
+    micro_batch: int
+    generator: "torch.Generator"
+    state: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,6 +388,18 @@ class Attack:
                             ctx: AttackContext) -> "torch.Tensor":
         """Return the ``(d,)`` partial aggregate bottom ``group`` (client ids ``members``) passes up."""
         return aggregate
+
+    def tamper_activation(self, out: "torch.Tensor", inp: "torch.Tensor", ctx: StageContext) -> "torch.Tensor":
+        """A malicious stage peer's forward pass: return what it sends to the next stage, given the
+        stage's honest output ``out`` (computed from its input ``inp``). Differentiable operations
+        on ``out`` keep the backward pass through the peer's layers; returning something built
+        without ``out`` (a lazy peer) means its layers get no gradient."""
+        return out
+
+    def tamper_gradient(self, grad: "torch.Tensor", ctx: StageContext) -> "torch.Tensor":
+        """A malicious stage peer's backward pass: return the gradient it sends to the previous
+        stage, given the honest gradient with respect to its input."""
+        return grad
 
     def training_hook(self, ctx: AttackContext) -> "TrainingHook | None":
         """Return how the malicious clients train this round (``None``: like honest clients).

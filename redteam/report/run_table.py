@@ -74,8 +74,11 @@ def print_run_table(console: Any, doc: dict[str, Any]) -> None:
     sc = doc["scenario"]
     spec = sc["spec"]
     fed = spec["federation"]
+    pl = spec.get("pipeline")
+    who = (f"a {pl['stages']}-stage pipeline of {pl['stages'] * pl['peers_per_stage']} peers"
+           if isinstance(pl, dict) else f"{fed['clients']} clients")
     title = (
-        f"{sc['name']} — {spec['workload']['name']}, {fed['clients']} clients "
+        f"{sc['name']} — {spec['workload']['name']}, {who} "
         f"({len(doc['runs'][-1]['malicious'])} malicious), {fed['rounds']} rounds, seed {sc['seed']}"
     )
     lm = _is_language_model(doc)

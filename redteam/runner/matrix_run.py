@@ -156,7 +156,7 @@ def execute_unit(doc: dict[str, Any], device: str = "cpu", threads: str | int | 
     parameter error is re-raised naming ``where`` (file and matrix cell) and the section.
     ``threads`` is the thread policy (:mod:`.threads`: ``"auto"``, an integer, or ``None`` for
     the default), ``parallel_runs`` how many runs share this machine's cores."""
-    from ..federation.loop import Federation
+    from ..federation.regimes import make_run
     from .single import _versions, plugin_errors_located
     from .threads import run_threads
 
@@ -165,7 +165,7 @@ def execute_unit(doc: dict[str, Any], device: str = "cpu", threads: str | int | 
     sc = parse_scenario(doc, file="<cell>", base_dir=run.get("base_dir") or "")
     t = time.perf_counter()
     with plugin_errors_located(sc, where):
-        fed = Federation(sc, device=device, warmup_dir=run.get("warmup_dir"))
+        fed = make_run(sc, device=device, warmup_dir=run.get("warmup_dir"))
         with run_threads(fed, threads, parallel_runs):
             res = fed.run()
     return {

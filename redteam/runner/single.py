@@ -104,19 +104,19 @@ def run_scenario(
     """Run the baseline (attack ``none``) and, unless the scenario's attack is ``none``,
     the attacked federation; return the JSON-ready document. ``threads``: the intra-op
     thread policy (:mod:`.threads`)."""
-    from ..federation.loop import Federation
+    from ..federation.regimes import make_run
     from .threads import run_threads
 
     target = scenario.federation.target_accuracy
     runs: list[tuple[str, Any]] = []
     with plugin_errors_located(scenario, scenario.source or "scenario"):
-        baseline = Federation(scenario, device=device, attack=PluginSpec("none"))
+        baseline = make_run(scenario, device=device, attack=PluginSpec("none"))
         with run_threads(baseline, threads):
             b_res = baseline.run(on_round=(lambda r: on_round("baseline", r)) if on_round else None)
         runs.append(("baseline", b_res))
         attacked_res = None
         if scenario.attack.name != "none":
-            fed = Federation(scenario, device=device)
+            fed = make_run(scenario, device=device)
             with run_threads(fed, threads):
                 attacked_res = fed.run(on_round=(lambda r: on_round("attacked", r)) if on_round else None)
             runs.append(("attacked", attacked_res))

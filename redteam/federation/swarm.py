@@ -1,0 +1,314 @@
+"""Model-parallel training by untrusted peers: a SWARM pipeline (issue 21).
+
+SWARM parallelism (Ryabinin, Dettmers, Diskin & Borzunov, "SWARM Parallelism: Training Large
+Models Can Be Surprisingly Communication-Efficient", ICML 2023) splits the *model* into pipeline
+stages, each served by a pool of peers; every micro-batch is routed through one peer per stage,
+forward then backward, and the peers of a stage synchronise their replicas after the round. Lu et
+al., "Exploring the Robustness of Pipeline-Parallelism-Based Decentralized Training" (ICML 2024)
+attack such pipelines from a stage: tampered activations on the forward pass, tampered gradients
+on the backward pass, and lazy peers that skip their compute.
+
+The regime (``[pipeline]`` in a scenario; DESIGN.md, "Regimes") shares the round's shape and its
+outputs with the data-parallel federation: the same workload (the ``text`` byte-level transformer,
+cut into ``stages`` groups of layers), the same attack and defense registries, the same
+:class:`~redteam.types.RoundRecord` per round (the "clients" are the peers: ids
+``stage · peers_per_stage + k``), the same store, reports and ``[[expect]]`` rows. What differs is
+who trains what and who merges whose updates:
+
+* **routing** — ``"swarm"``: SWARM's stochastic wiring, each hop to a peer of the stage drawn with
+  probability proportional to its throughput (log-normal speeds, ``throughput_sigma``, from the
+  run's network stream); ``"round_robin"``: peers in turn. A banned peer gets no more traffic.
+* **one round** — ``micro_batches`` micro-batches of ``micro_batch_size`` windows each, drawn from
+  the training pool by the run's training stream; each goes forward through its route (a malicious
+  peer's :meth:`~redteam.types.Attack.tamper_activation` decides what it sends on) and backward
+  (its :meth:`~redteam.types.Attack.tamper_gradient` what it sends back), and every peer
+  accumulates the gradients of the micro-batches it served.
+* **stage sync** — each peer's update is one SGD step of ``[federation] lr`` on the mean gradient
+  of its micro-batches; the stage's updates are merged by the scenario's ``[defense]`` (any
+  registered rule, weighted by micro-batches served), so the robust aggregators still apply *within*
+  a stage. With ``mean`` and honest peers the round is exactly one SGD step on the mean loss of the
+  round's micro-batches, as a single process would take (``tests/test_swarm.py``).
+* **checks** — ``[pipeline] checks``: per-hop verifications (``acts_at = "pipeline"``), e.g.
+  :class:`defenses.pipeline_checks.RedundantRecompute`; a peer that fails ``strikes`` of them is
+  banned for the rest of the run, and ``extra["pipeline"]["banned_at"]`` records the micro-batch.
+
+Deterministic under the seed; the attack (``Surface.PIPELINE``) acts only in the attack window.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..errors import InvalidParameter, RedteamError
+from ..scenario import PluginSpec, Scenario
+from ..types import RoundRecord, ServerContext, StageContext, Surface
+from .builders import build_attack, build_defense, build_workload
+from .params import ParamSpec
+from .training import BatchedTrainer
+
+__all__ = ["SwarmRun", "stage_of_parameter"]
+
+_STREAMS = ("split", "roles", "init", "train", "network", "attack", "defense", "checks")
+
+
+def stage_of_parameter(name: str, layers: int, stages: int) -> int:
+    """Which stage holds parameter ``name`` of the byte transformer: the embeddings go with the
+    first stage, the final norm and the head with the last, and the blocks are cut into ``stages``
+    contiguous groups as evenly as possible (the first ``layers % stages`` groups one larger)."""
+    if name.startswith(("tok.", "pos.")):
+        return 0
+    if name.startswith(("ln_f.", "head.")):
+        return stages - 1
+    i = int(name.split(".")[1])
+    base, extra = divmod(layers, stages)
+    bounds = np.cumsum([base + (1 if s < extra else 0) for s in range(stages)])
+    return int(np.searchsorted(bounds, i, side="right"))
+
+
+@dataclass
+class _Peer:
+    pid: int
+    stage: int
+    speed: float
+    malicious: bool
+    served: int = 0
+    flags: int = 0
+    banned_at: int | None = None
+    grad: torch.Tensor | None = None
+
+
+@dataclass
+class _RunResult:
+    attack: str
+    defense: str
+    records: list[RoundRecord]
+    malicious: list[int]
+    params: dict[str, Any] = field(default_factory=dict)
+    wall_time_s: float = 0.0
+
+
+class SwarmRun:
+    """A SWARM pipeline built from a scenario with ``[pipeline]``; ``run()`` executes all rounds."""
+
+    def __init__(self, scenario: Scenario, *, device: str = "cpu", attack: PluginSpec | None = None,
+                 warmup_dir: str | None = None) -> None:
+        from .loop import resolve_device
+
+        if scenario.pipeline is None:
+            raise InvalidParameter("SwarmRun needs a scenario with a [pipeline] section")
+        self.scenario = scenario
+        self.pl = pl = scenario.pipeline
+        self.device = resolve_device(device)
+        self.attack_spec = attack if attack is not None else scenario.attack
+        self._ran = False
+        seeds = dict(zip(_STREAMS, np.random.SeedSequence(scenario.seed).spawn(len(_STREAMS))))
+        self._np = {k: np.random.default_rng(s) for k, s in seeds.items()}
+        self._torch = {k: torch.Generator(device="cpu").manual_seed(int(s.generate_state(1, np.uint64)[0] >> np.uint64(1)))
+                       for k, s in seeds.items()}
+        if scenario.workload.name != "text":
+            raise InvalidParameter(f"[pipeline]: the pipeline regime cuts the 'text' transformer into stages; "
+                                   f"workload {scenario.workload.name!r} is not one")
+        self.workload = build_workload(scenario.workload.name, dict(scenario.workload.params))
+        layers = int(getattr(self.workload, "layers"))
+        if layers < pl.stages:
+            raise InvalidParameter(f"[pipeline].stages = {pl.stages}: the transformer has {layers} layers; every stage "
+                                   "needs one (raise [workload] layers or lower stages)")
+        ds = self.workload.load(scenario.seed)
+        self.num_classes = ds.num_classes
+        self.dataset_source = ds.source
+        self.train_x, self.train_y = ds.train_x.to(self.device), ds.train_y.to(self.device)
+        self.test_x, self.test_y = ds.test_x.to(self.device), ds.test_y.to(self.device)
+        model = self.workload.build_model(self._torch["init"]).to(self.device)
+        self.model = model
+        self.spec = ParamSpec.of(model)
+        self.params0 = self.spec.flatten(model).to(self.device)
+        self.trainer = BatchedTrainer(self.workload, model, self.spec)
+        # the stage of each parameter, and each stage's slice of the flat vector (contiguous)
+        stage_of = [stage_of_parameter(n, layers, pl.stages) for n in self.spec.names]
+        offs = np.concatenate([[0], np.cumsum(self.spec.numels)])
+        self.slices: list[slice] = []
+        for s in range(pl.stages):
+            idx = [i for i, st in enumerate(stage_of) if st == s]
+            if idx != list(range(idx[0], idx[-1] + 1)):
+                raise RedteamError(f"stage {s}'s parameters are not contiguous in the model's order")
+            self.slices.append(slice(int(offs[idx[0]]), int(offs[idx[-1] + 1])))
+        self.stage_names = [[n for n, st in zip(self.spec.names, stage_of) if st == s] for s in range(pl.stages)]
+        # peers: ids stage * P + k; the attackers are drawn from the attacker stage's pool
+        P = pl.peers_per_stage
+        self.n_peers = pl.stages * P
+        bad = set()
+        if pl.attackers:
+            bad = {pl.attacker_stage * P + int(k) for k in
+                   self._np["roles"].choice(P, size=pl.attackers, replace=False)}
+        speeds = np.exp(self._np["network"].normal(0.0, pl.throughput_sigma, self.n_peers)) if pl.throughput_sigma \
+            else np.ones(self.n_peers)
+        self.peers = [_Peer(p, p // P, float(speeds[p]), p in bad) for p in range(self.n_peers)]
+        self.malicious = sorted(bad)
+        self.attack = build_attack(self.attack_spec)
+        if self.attack.surfaces and Surface.PIPELINE not in self.attack.surfaces:
+            raise InvalidParameter(f"attack {self.attack_spec.name!r} acts on {', '.join(self.attack.surfaces)}, not on "
+                                   "a pipeline stage; the [pipeline] regime takes stage-peer attacks "
+                                   "(redteam attacks list: surface pipeline)")
+        self.defense = build_defense(scenario.defense, n_malicious=len(bad), most_updates=P)
+        from ..registry import DEFENSES
+
+        self.checks = [DEFENSES.create(c.name, c.params) for c in pl.checks]
+        self.final_params: torch.Tensor | None = None
+        self._causal = torch.ones(self.train_x.shape[1], self.train_x.shape[1], dtype=torch.bool,
+                                  device=self.device).tril()
+
+    # ------------------------------------------------------------------ one stage
+    def stage_forward(self, s: int, h: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+        """Stage ``s`` of the transformer with its parameters ``flat`` (its slice) on input ``h``."""
+        from torch.func import functional_call
+
+        named = dict(zip(self.stage_names[s], torch.split(flat, [self.spec.numels[self.spec.names.index(n)]
+                                                                 for n in self.stage_names[s]])))
+        named = {n: t.reshape(self.spec.shapes[self.spec.names.index(n)]) for n, t in named.items()}
+        m = self.model
+        if s == 0:
+            t = h.shape[-1]
+            h = (functional_call(m.tok, {"weight": named["tok.weight"]}, (h,))
+                 + functional_call(m.pos, {"weight": named["pos.weight"]}, (torch.arange(t, device=h.device),)))
+        blocks = sorted({int(n.split(".")[1]) for n in named if n.startswith("blocks.")})
+        for i in blocks:
+            sub = {n.split(".", 2)[2]: v for n, v in named.items() if n.startswith(f"blocks.{i}.")}
+            h = functional_call(m.blocks[i], sub, (h, self._causal[: h.shape[1], : h.shape[1]]))
+        if s == self.pl.stages - 1:
+            h = functional_call(m.ln_f, {"weight": named["ln_f.weight"], "bias": named["ln_f.bias"]}, (h,))
+            h = functional_call(m.head, {"weight": named["head.weight"], "bias": named["head.bias"]}, (h,))
+        return h
+
+    # ------------------------------------------------------------------ routing
+    def _route(self, s: int, hop: int) -> _Peer | None:
+        pool = [p for p in self.peers if p.stage == s and p.banned_at is None]
+        if not pool:
+            return None
+        if self.pl.routing == "round_robin":
+            return pool[hop % len(pool)]
+        w = np.array([p.speed for p in pool])
+        return pool[int(self._np["network"].choice(len(pool), p=w / w.sum()))]
+
+    # ------------------------------------------------------------------ one run
+    def run(self, on_round: Callable[[RoundRecord], None] | None = None) -> _RunResult:
+        if self._ran:
+            raise RedteamError("this SwarmRun has already run; build a new one for another run")
+        self._ran = True
+        sc, pl = self.scenario, self.pl
+        params = self.params0.clone()
+        lr = sc.federation.lr
+        records: list[RoundRecord] = []
+        attack_state: dict = {}
+        t_run = time.perf_counter()
+        acc0, loss0 = self.trainer.evaluate(params, self.test_x, self.test_y)
+        untrained = {"accuracy": acc0, "loss": loss0 if math.isfinite(loss0) else None, "chance_accuracy": None}
+        act_bytes = pl.micro_batch_size * self.train_x.shape[1] * int(getattr(self.workload, "width")) * 4
+        hop_count = 0
+        for rnd in range(sc.federation.rounds):
+            t0 = time.perf_counter()
+            active = sc.window.active(rnd) and bool(self.attack.surfaces)
+            for p in self.peers:
+                p.served, p.grad = 0, None
+            flagged: dict[int, str] = {}
+            acted: dict[int, int] = {}  # malicious peer → hops it served while the attack acted
+            recomputed = 0
+            leaves = {}  # the round's replicas: one leaf per (peer) on its stage's slice
+            for mb in range(pl.micro_batches):
+                idx = torch.randint(0, self.train_x.shape[0], (pl.micro_batch_size,), generator=self._torch["train"])
+                x, y = self.train_x[idx.to(self.device)], self.train_y[idx.to(self.device)]
+                route = [self._route(s, hop_count) for s in range(pl.stages)]
+                if any(r is None for r in route):
+                    break  # a stage with no peer left: the pipeline is down for the rest of the round
+                h: torch.Tensor = x
+                for s, peer in enumerate(route):
+                    leaf = leaves.get(peer.pid)
+                    if leaf is None:
+                        leaf = leaves[peer.pid] = params[self.slices[s]].detach().clone().requires_grad_(True)
+                    inp = h
+                    out = self.stage_forward(s, inp, leaf)
+                    ctx = StageContext(rnd, s, pl.stages, peer.pid, hop_count, self._torch["attack"], attack_state)
+                    acting = active and peer.malicious
+                    sent = self.attack.tamper_activation(out, inp, ctx) if acting else out
+                    if acting and s > 0 and inp.requires_grad:
+                        inp.register_hook(lambda g, c=ctx: self.attack.tamper_gradient(g, c))
+                    for check in self.checks:
+                        verdict = check.verify_hop(self, s, peer, inp, sent, params[self.slices[s]],
+                                                   self._np["checks"])
+                        recomputed += int(verdict.recomputed)
+                        if verdict.failed:
+                            peer.flags += 1
+                            flagged[peer.pid] = verdict.reason
+                            if peer.flags >= check.strikes and peer.banned_at is None:
+                                peer.banned_at = hop_count
+                    peer.served += 1
+                    if acting:
+                        acted[peer.pid] = acted.get(peer.pid, 0) + 1
+                    h = sent
+                loss = F.cross_entropy(h.reshape(-1, h.shape[-1]), y.reshape(-1))
+                if loss.requires_grad:  # a lazy last stage replaying a stale output cuts the graph
+                    loss.backward()
+                hop_count += 1
+            # stage sync: each peer's SGD step on its mean gradient, merged by the defense
+            accepted = [False] * self.n_peers
+            rejected: dict[int, str] = {}
+            new = params.clone()
+            for s in range(pl.stages):
+                members = [p for p in self.peers if p.stage == s and p.served > 0 and p.banned_at is None]
+                for p in self.peers:
+                    if p.stage == s and p.served > 0 and p.banned_at is not None:
+                        rejected[p.pid] = f"banned at micro-batch {p.banned_at}: {flagged.get(p.pid, 'failed checks')}"
+                if not members:
+                    continue
+                rows = []
+                for p in members:
+                    g = leaves[p.pid].grad
+                    g = torch.zeros_like(leaves[p.pid]) if g is None else g
+                    rows.append(-lr * g / p.served)
+                upd = torch.stack(rows).detach()
+                w = torch.tensor([float(p.served) for p in members], device=self.device)
+                ctx = ServerContext(round=rnd, n_clients=len(members), weights=w, global_params=params[self.slices[s]],
+                                    generator=self._torch["defense"], client_ids=tuple(p.pid for p in members))
+                dec = self.defense(upd, ctx)
+                agg = dec.aggregate.to(params.dtype)
+                if bool(torch.isfinite(agg).all()):
+                    new[self.slices[s]] = params[self.slices[s]] + agg
+                for k, p in enumerate(members):
+                    ok = bool(dec.accepted[k])
+                    accepted[p.pid] = ok
+                    if not ok:
+                        rejected[p.pid] = dec.reasons.get(k, "rejected")
+            params = new
+            acc, loss_v = self.trainer.evaluate(params, self.test_x, self.test_y)
+            extra: dict[str, Any] = {"pipeline": {
+                "served": {p.pid: p.served for p in self.peers if p.served},
+                "flagged": dict(sorted(flagged.items())),
+                "banned_at": {p.pid: p.banned_at for p in self.peers if p.banned_at is not None},
+                "acted": dict(sorted(acted.items())),
+                "recomputed_hops": recomputed,
+                "hops": sum(p.served for p in self.peers),
+            }}
+            if rnd == 0:
+                extra["untrained"] = untrained
+            if not sc.window.is_full:
+                extra["attack_active"] = sc.window.active(rnd)
+            participating = [p.served > 0 or (p.banned_at is not None and p.pid in rejected) for p in self.peers]
+            rec = RoundRecord(
+                round=rnd, accuracy=acc, loss=loss_v, accepted=accepted,
+                malicious=[p.malicious and active for p in self.peers],
+                participating=participating, dropped={}, rejected=dict(sorted(rejected.items())),
+                bytes_on_wire=2 * act_bytes * sum(p.served for p in self.peers),
+                sim_time_s=0.0, wall_time_s=time.perf_counter() - t0, defense_time_s=0.0, extra=extra)
+            records.append(rec)
+            if on_round is not None:
+                on_round(rec)
+        self.final_params = params
+        return _RunResult(self.attack_spec.name, sc.defense_label(), records, list(self.malicious),
+                          {"attack": dict(self.attack_spec.params), "defense": repr(self.defense)},
+                          time.perf_counter() - t_run)

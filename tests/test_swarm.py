@@ -1,0 +1,182 @@
+"""The model-parallel pipeline regime (issue 21): SWARM routing over stage pools, stage-peer
+attacks, redundant recomputation, and the pipeline's metrics."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+
+from redteam.errors import InvalidParameter, InvalidScenario
+from redteam.federation.swarm import SwarmRun, stage_of_parameter
+from redteam.scenario import parse_scenario
+from redteam.scoring import summarize
+
+DOC = {"scenario": {"seed": 0},
+       "workload": {"name": "text", "context": 16, "width": 16, "layers": 3, "heads": 2, "max_bytes": 60000},
+       "federation": {"rounds": 3, "lr": 0.5},
+       "pipeline": {"stages": 3, "peers_per_stage": 3, "micro_batches": 6, "micro_batch_size": 8,
+                    "attackers": 1, "attacker_stage": 1},
+       "attack": "none", "defense": "mean"}
+
+
+def doc(attack="none", checks=None, **pipeline):
+    d = copy.deepcopy(DOC)
+    d["attack"] = attack
+    d["pipeline"].update(pipeline)
+    if checks is not None:
+        d["pipeline"]["checks"] = checks
+    return d
+
+
+def run(d):
+    r = SwarmRun(parse_scenario(d))
+    return r, r.run()
+
+
+def test_stages_cut_the_layers_evenly():
+    assert [stage_of_parameter(f"blocks.{i}.qkv.weight", 5, 3) for i in range(5)] == [0, 0, 1, 1, 2]
+    assert stage_of_parameter("tok.weight", 5, 3) == 0 and stage_of_parameter("head.bias", 5, 3) == 2
+
+
+@pytest.mark.parametrize("routing", ["swarm", "round_robin"])
+def test_honest_pipeline_is_one_sgd_step_on_the_round_micro_batches(routing):
+    """Each stage's peers merged by the sample-weighted mean: every round is exactly the SGD step
+    a single process takes on the mean loss of the round's micro-batches (same batches: the run's
+    training stream), whatever the routing."""
+    d = doc(routing=routing)
+    r, res = run(d)
+    ref = SwarmRun(parse_scenario(d))  # a fresh copy: its training stream at the start
+    params = ref.params0.clone()
+    model, spec = ref.model, ref.spec
+    pl = ref.pl
+    for _ in range(d["federation"]["rounds"]):
+        flat = params.clone().requires_grad_(True)
+        losses = []
+        for _ in range(pl.micro_batches):
+            idx = torch.randint(0, ref.train_x.shape[0], (pl.micro_batch_size,), generator=ref._torch["train"])
+            out = functional_call(model, spec.unflatten(flat), (ref.train_x[idx],))
+            losses.append(F.cross_entropy(out.reshape(-1, out.shape[-1]), ref.train_y[idx].reshape(-1)))
+        (g,) = torch.autograd.grad(torch.stack(losses).mean(), flat)
+        params = params - d["federation"]["lr"] * g
+    assert torch.allclose(r.final_params, params, rtol=1e-4, atol=1e-6), float((r.final_params - params).abs().max())
+    served = res.records[-1].extra["pipeline"]["served"]
+    assert sum(served.values()) == pl.micro_batches * pl.stages
+
+
+def test_swarm_routing_follows_throughput_and_is_deterministic():
+    d = doc(micro_batches=60, throughput_sigma=1.0)
+    a, ra = run(d)
+    b, rb = run(d)
+    assert [x.extra for x in ra.records] == [x.extra for x in rb.records]
+    served: dict = {}
+    for rec in ra.records:
+        for p, k in rec.extra["pipeline"]["served"].items():
+            served[p] = served.get(p, 0) + k
+    stage1 = sorted((a.peers[p].speed, served.get(p, 0)) for p in range(3, 6))
+    assert stage1[-1][1] > stage1[0][1]  # the fastest peer of a stage takes more traffic than the slowest
+
+
+def test_stage_attacks_hurt_an_unchecked_pipeline():
+    d = doc()
+    d["federation"]["rounds"] = 4
+    _, base = run(d)
+    b = base.records[-1].loss
+    for attack in ({"name": "lazy_peer"}, {"name": "activation_tamper", "kind": "sign"}):
+        dd = copy.deepcopy(d)
+        dd["attack"] = attack
+        _, res = run(dd)
+        assert res.records[-1].loss > b + 0.01, (attack, res.records[-1].loss, b)
+    dd = copy.deepcopy(d)
+    dd["attack"] = {"name": "gradient_tamper", "kind": "scale", "strength": -20.0}
+    _, res = run(dd)
+    assert res.records[-1].loss != b  # the first stage trained on the tampered gradient
+
+
+def test_redundant_recompute_bans_a_tamperer_at_its_first_checked_hop():
+    checks = [{"name": "redundant_recompute", "fraction": 1.0, "tolerance": 0.0}]
+    r, res = run(doc({"name": "activation_tamper", "kind": "noise", "strength": 0.5}, checks=checks))
+    m = summarize(res.records)
+    assert m["detection_latency"] == 1 and m["undetected_attackers"] == 0
+    assert m["recall"] == 1.0 and m["fpr"] == 0.0  # honest peers match bit for bit on one device
+    banned = {p for rec in res.records for p in rec.extra["pipeline"]["banned_at"]}
+    assert banned == set(r.malicious)
+    assert m["check_overhead"] == pytest.approx(1.0)
+
+
+def test_honest_pipeline_under_checks_flags_nobody():
+    r, res = run(doc("none", checks=[{"name": "redundant_recompute", "fraction": 1.0, "tolerance": 0.0}]))
+    assert all(not rec.extra["pipeline"]["flagged"] for rec in res.records)
+
+
+def test_recompute_misses_gradient_tampering_and_colluding_verifiers():
+    checks = [{"name": "redundant_recompute", "fraction": 1.0}]
+    _, res = run(doc({"name": "gradient_tamper"}, checks=checks))
+    assert summarize(res.records)["undetected_attackers"] == 1  # a forward check cannot see the backward pass
+    _, res = run(doc({"name": "lazy_peer"}, checks=checks, peers_per_stage=2, attackers=2))
+    assert summarize(res.records)["undetected_attackers"] == 2  # each vouches for the other
+
+
+def test_sampled_checks_catch_a_lazy_peer_later_and_cheaper():
+    full, sampled = ({"name": "redundant_recompute", "fraction": f} for f in (1.0, 0.25))
+    _, a = run(doc({"name": "lazy_peer"}, checks=[full], micro_batches=12))
+    _, b = run(doc({"name": "lazy_peer"}, checks=[sampled], micro_batches=12))
+    ma, mb = summarize(a.records), summarize(b.records)
+    assert mb["check_overhead"] < ma["check_overhead"]
+    assert mb["detection_latency"] is None or mb["detection_latency"] >= ma["detection_latency"]
+
+
+@pytest.mark.parametrize("change,msg", [
+    ({"workload": {"name": "digits"}}, "text"),
+    ({"pipeline": {"stages": 4}}, "layers"),
+    ({"pipeline": {"attacker_stage": 3}}, "must be a stage"),
+    ({"pipeline": {"attackers": 4}}, "more than the stage"),
+    ({"pipeline": {"checks": [{"name": "median"}]}}, "not a pipeline check"),
+    ({"scenario": {"warmup_rounds": 2}}, "not supported with"),
+    ({"attack": "sign_flip"}, "not on a pipeline stage"),
+])
+def test_bad_pipeline_scenarios_are_one_clear_line(change, msg):
+    d = copy.deepcopy(DOC)
+    for k, v in change.items():
+        if isinstance(v, dict) and isinstance(d.get(k), dict) and k != "workload":
+            d[k].update(v)
+        else:
+            d[k] = v
+    with pytest.raises((InvalidScenario, InvalidParameter), match=msg):
+        SwarmRun(parse_scenario(d))
+
+
+def test_cli_runs_a_pipeline_scenario(tmp_path):
+    from redteam.cli import main
+
+    p = tmp_path / "pl.toml"
+    p.write_text("""
+[workload]
+name = "text"
+context = 16
+width = 16
+layers = 2
+heads = 2
+max_bytes = 40000
+[federation]
+rounds = 2
+lr = 0.5
+[pipeline]
+stages = 2
+peers_per_stage = 2
+micro_batches = 4
+micro_batch_size = 4
+attackers = 1
+checks = [{ name = "redundant_recompute", fraction = 1.0 }]
+[attack]
+name = "lazy_peer"
+""")
+    out = tmp_path / "o.json"
+    assert main(["run", str(p), "--json", str(out)]) == 0
+    import json
+
+    m = json.loads(out.read_text())["runs"][1]["metrics"]
+    assert m["detection_latency"] is not None and m["undetected_attackers"] == 0
