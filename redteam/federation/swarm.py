@@ -28,7 +28,7 @@ who trains what and who merges whose updates:
   registered rule, weighted by micro-batches served), so the robust aggregators still apply *within*
   a stage. With ``mean`` and honest peers the round is exactly one SGD step on the mean loss of the
   round's micro-batches, as a single process would take (``tests/test_swarm.py``).
-* **checks** — ``[pipeline] checks``: per-hop verifications (``acts_at = "pipeline"``), e.g.
+* **checks** — ``[pipeline] checks`` (or a stage of the ``[defense]`` pipeline): per-hop verifications (``acts_at = "pipeline"``), e.g.
   :class:`defenses.pipeline_checks.RedundantRecompute`; a peer that fails ``strikes`` of them is
   banned for the rest of the run, and ``extra["pipeline"]["banned_at"]`` records the micro-batch.
 
@@ -160,6 +160,10 @@ class SwarmRun:
         from ..registry import DEFENSES
 
         self.checks = [DEFENSES.create(c.name, c.params) for c in pl.checks]
+        # a check may also sit in the [defense] pipeline (as signed_chunks does for the data-parallel
+        # regime), so a matrix's defenses axis can put "with" beside "without"
+        stages_ = tuple(getattr(self.defense, "stages", ()) or (self.defense,))
+        self.checks += [st for st in stages_ if getattr(st, "acts_at", None) == "pipeline"]
         self.final_params: torch.Tensor | None = None
         self._causal = torch.ones(self.train_x.shape[1], self.train_x.shape[1], dtype=torch.bool,
                                   device=self.device).tril()
