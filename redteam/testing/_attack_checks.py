@@ -13,7 +13,46 @@ from .builders import generator, make_deliveries, make_provenance, participant_i
 CTX_TENSORS = ("own_updates", "visible_updates", "global_params", "weights", "previous_update")
 HOOKS = (("craft_updates", Surface.UPDATES), ("poison_data", Surface.DATA),
          ("tamper_chunks", Surface.TRANSPORT), ("forge_provenance", Surface.PROVENANCE),
-         ("choose_identity", Surface.HIERARCHY), ("tamper_subaggregate", Surface.HIERARCHY))
+         ("choose_identity", Surface.HIERARCHY), ("tamper_subaggregate", Surface.HIERARCHY),
+         ("tamper_activation", Surface.PIPELINE), ("tamper_gradient", Surface.PIPELINE))
+
+
+def check_stage(plugin: Attack, label: str, hook: str, seed: int, where: str, tally: K.Tally) -> None:
+    """A pipeline stage peer's hook on a (B, T, W) activation or gradient: same shape, dtype and
+    device, finite from finite input, no input modified, the same output for the same generator
+    state and a fresh memory."""
+    import torch
+
+    from redteam.types import StageContext
+
+    g0 = torch.Generator().manual_seed(seed)
+    out = torch.randn(2, 5, 6, generator=g0)
+    inp = torch.randn(2, 5, 6, generator=g0)
+    snap = K.snapshot({"out": out, "inp": inp})
+    g = generator(seed)
+    state = g.get_state()
+
+    def call(gen: Any) -> Any:
+        ctx = StageContext(round=0, stage=1, n_stages=3, peer=4, micro_batch=0, generator=gen, state={})
+        if hook == "tamper_activation":
+            return plugin.tamper_activation(out, inp, ctx)
+        return plugin.tamper_gradient(out, ctx)
+
+    got = K.call(label, hook, lambda: call(g), where, tally)
+    if got is K.REFUSED:
+        return
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(out.shape) or got.dtype != out.dtype \
+            or got.device != out.device:
+        K.fail(label, K.P_SHAPE, f"{hook} returned {getattr(got, 'shape', type(got).__name__)}; the stage's tensor is "
+               f"{tuple(out.shape)} {K.dtype_name(out)} on {out.device}", where)
+    if not getattr(plugin, "produces_nonfinite", False) and not K.finite(got):
+        K.fail(label, K.P_FINITE, f"{hook} returned non-finite entries from finite inputs", where)
+    if changed := K.mutated(snap):
+        K.fail(label, K.P_MUTATION, f"{hook} modified {', '.join(changed)} in place", where)
+    again = K.call(label, hook, lambda: call(K.regenerate(g, state)), where, None)
+    if not K.same(got, again):
+        K.fail(label, K.P_DETERMINISTIC, "two calls with generators in the same state differ", where)
+    tally.ok(hook)
 
 
 def overrides(plugin: Attack, hook: str) -> bool:

@@ -226,6 +226,9 @@ def check_attack(
             A.check_identity(plugin, label, c, 2 + case.seed % 3, where, tally)
         if "tamper_subaggregate" in hooks:
             A.check_subaggregate(plugin, label, c, where, tally)
+        for stage_hook in ("tamper_activation", "tamper_gradient"):
+            if stage_hook in hooks:
+                A.check_stage(plugin, label, stage_hook, case.seed, where, tally)
 
     if ctx is not None or data is not None:
         hooks = [h for h in hooks if (data is not None if h == "poison_data" else ctx is not None)]
@@ -245,6 +248,8 @@ def check_attack(
                 A.check_provenance(plugin, label, ctx, clean, 0, "the given ctx", tally)
             elif h == "choose_identity":
                 A.check_identity(plugin, label, ctx, 4, "the given ctx", tally)
+            elif h in ("tamper_activation", "tamper_gradient"):
+                A.check_stage(plugin, label, h, 0, "the given ctx", tally)
             else:
                 A.check_subaggregate(plugin, label, ctx, "the given ctx", tally)
     else:
