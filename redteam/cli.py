@@ -235,15 +235,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     else:
         _base_cell_only(raw, path)
         sc = parse_scenario(raw, file=path.name, base_dir=path.parent)
+        _refuse_unmet(sc, path)
         if "matrix" in raw:
             print(f"redteam: note: {_safe(path)} has a [matrix]; `redteam run` runs only its base cell "
                   f"({_safe(sc.attack.name)} vs {_safe(sc.defense_label())}); `redteam matrix` runs every cell "
                   "(--cell ID runs one of them)", file=sys.stderr)
-    from .requirements import unmet
-
-    missing = unmet(sc.scenario.requires, sc.workload.params)
-    if missing:
-        raise RedteamError(f"{_safe(path)}: " + "; ".join(missing) + " ([scenario] requires)")
+    _refuse_unmet(sc, path)
     if args.rounds is not None:
         if args.rounds < 1:
             raise RedteamError(f"--rounds = {args.rounds}: must be ≥ 1")
@@ -345,6 +342,15 @@ def _matrix_cell(path: Any, cell_id: str) -> tuple[Any, int]:
                               f"`redteam matrix {_safe(path)} --dry-run` lists them with their seeds)")
     sc = parse_scenario(copy.deepcopy(dict(cell.doc)), file=path.name, base_dir=Path(path).parent)
     return sc, derive_seed(base.seed, cell.settings, matrix.seeds[0])
+
+
+def _refuse_unmet(sc: Any, path: Any) -> None:
+    """Refuse a scenario whose ``[scenario] requires`` this machine does not meet (one line)."""
+    from .requirements import unmet
+
+    missing = unmet(sc.scenario.requires, sc.workload.params)
+    if missing:
+        raise RedteamError(f"{_safe(path)}: " + "; ".join(missing) + " ([scenario] requires)")
 
 
 def _safe(text: object) -> str:

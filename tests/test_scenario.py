@@ -43,7 +43,7 @@ def test_defaults():
         ({"transport": {"network": {"loss": 2}}}, "[transport.network].loss = 2: must be in [0, 1)"),
         ({"transport": {"network": {"bandwith_mbps": 2}}}, "did you mean 'bandwidth_mbps'"),
         ({"hierarchy": {"depth": 0}}, "[hierarchy].depth = 0"),
-        ({"workload": {"name": "mnist"}}, "unknown workload 'mnist'"),
+        ({"workload": {"name": "imagenet"}}, "unknown workload 'imagenet'"),
         ({"workload": {"name": "digits", "model": "resnet"}}, "model"),
         ({"scenario": {"seed": -1}}, "[scenario].seed = -1"),
     ],
