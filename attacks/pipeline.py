@@ -13,6 +13,11 @@ one of those moves, acting on every hop it serves inside the attack window:
 * :class:`LazyPeer` — a free-rider that skips its compute: it forwards its input unchanged
   (``"identity"``; at the last stage, whose output has another shape, its previous output), or
   replays its previous output (``"stale"``). Its layers get no gradient.
+
+Each takes ``advertise`` (default 1): the factor by which the peer overstates its throughput to
+the router. SWARM's stochastic wiring sends a peer traffic in proportion to its throughput, so a
+peer that advertises 10× draws most of its stage's micro-batches (routing capture) — and its
+tampering then reaches most of the round.
 """
 
 from __future__ import annotations
@@ -45,6 +50,11 @@ def _check_kind(obj: object, v: str) -> None:
         raise param_error(obj, "kind", v, 'must be "noise", "scale" or "sign"')
 
 
+def _check_advertise(obj: object, v: float) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+        raise param_error(obj, "advertise", v, "must be a finite number > 0 (1 = the truth)")
+
+
 def _check_strength(obj: object, v: float) -> None:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not v == v or abs(v) == float("inf"):
         raise param_error(obj, "strength", v, "must be a finite number")
@@ -61,12 +71,19 @@ class ActivationTamper(Attack):
 
     kind: Literal["noise", "scale", "sign"] = "noise"
     strength: float = 1.0
+    advertise: float = 1.0
     surfaces: ClassVar[tuple[str, ...]] = (Surface.PIPELINE,)
     summary: ClassVar[str] = "Stage peer tampers with the activations it forwards (noise, scale, sign)"
     reference: ClassVar[str] = "Lu et al., ICML 2024 (pipeline-parallel decentralized training)"
 
     def validate_kind(self, v: str) -> None:
         _check_kind(self, v)
+
+    def validate_advertise(self, v: float) -> None:
+        _check_advertise(self, v)
+
+    def advertise_throughput(self, speed: float) -> float:
+        return speed * float(self.advertise)
 
     def validate_strength(self, v: float) -> None:
         _check_strength(self, v)
@@ -83,12 +100,19 @@ class GradientTamper(Attack):
 
     kind: Literal["noise", "scale", "sign"] = "sign"
     strength: float = 1.0
+    advertise: float = 1.0
     surfaces: ClassVar[tuple[str, ...]] = (Surface.PIPELINE,)
     summary: ClassVar[str] = "Stage peer tampers with the gradients it sends back (noise, scale, sign)"
     reference: ClassVar[str] = "Lu et al., ICML 2024 (pipeline-parallel decentralized training)"
 
     def validate_kind(self, v: str) -> None:
         _check_kind(self, v)
+
+    def validate_advertise(self, v: float) -> None:
+        _check_advertise(self, v)
+
+    def advertise_throughput(self, speed: float) -> float:
+        return speed * float(self.advertise)
 
     def validate_strength(self, v: float) -> None:
         _check_strength(self, v)
@@ -108,6 +132,7 @@ class LazyPeer(Attack):
     """
 
     mode: Literal["identity", "stale"] = "identity"
+    advertise: float = 1.0
     surfaces: ClassVar[tuple[str, ...]] = (Surface.PIPELINE,)
     summary: ClassVar[str] = "Lazy stage peer: forwards its input (or a stale output) instead of computing"
     reference: ClassVar[str] = "Lu et al., ICML 2024; the free-rider of SWARM's threat model (Ryabinin et al., ICML 2023)"
@@ -115,6 +140,12 @@ class LazyPeer(Attack):
     def validate_mode(self, v: str) -> None:
         if v not in ("identity", "stale"):
             raise param_error(self, "mode", v, 'must be "identity" or "stale"')
+
+    def validate_advertise(self, v: float) -> None:
+        _check_advertise(self, v)
+
+    def advertise_throughput(self, speed: float) -> float:
+        return speed * float(self.advertise)
 
     def tamper_activation(self, out: "torch.Tensor", inp: "torch.Tensor", ctx: StageContext) -> "torch.Tensor":
         key = ("lazy_last", ctx.peer)

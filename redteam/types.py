@@ -396,6 +396,11 @@ class Attack:
         without ``out`` (a lazy peer) means its layers get no gradient."""
         return out
 
+    def advertise_throughput(self, speed: float) -> float:
+        """A malicious stage peer's advertised throughput (SWARM routes in proportion to it), given
+        its true one: more than the truth draws more traffic (routing capture)."""
+        return speed
+
     def tamper_gradient(self, grad: "torch.Tensor", ctx: StageContext) -> "torch.Tensor":
         """A malicious stage peer's backward pass: return the gradient it sends to the previous
         stage, given the honest gradient with respect to its input."""

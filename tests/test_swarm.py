@@ -180,3 +180,14 @@ name = "lazy_peer"
 
     m = json.loads(out.read_text())["runs"][1]["metrics"]
     assert m["detection_latency"] is not None and m["undetected_attackers"] == 0
+
+
+def test_routing_capture_draws_the_stage_traffic():
+    """Advertising 20× its throughput, the lazy peer takes most of its stage's micro-batches."""
+    def share(advertise):
+        r, res = run(doc({"name": "lazy_peer", "advertise": advertise}, micro_batches=30, throughput_sigma=0.0))
+        (bad,) = r.malicious
+        served = [rec.extra["pipeline"]["served"] for rec in res.records]
+        return sum(s.get(bad, 0) for s in served) / (30 * len(served))
+    honest, captured = share(1.0), share(20.0)
+    assert 0.15 < honest < 0.55 and captured > 0.8

@@ -16,8 +16,8 @@ cut into ``stages`` groups of layers), the same attack and defense registries, t
 who trains what and who merges whose updates:
 
 * **routing** — ``"swarm"``: SWARM's stochastic wiring, each hop to a peer of the stage drawn with
-  probability proportional to its throughput (log-normal speeds, ``throughput_sigma``, from the
-  run's network stream); ``"round_robin"``: peers in turn. A banned peer gets no more traffic.
+  probability proportional to its advertised throughput (log-normal speeds, ``throughput_sigma``,
+  from the run's network stream; an attacker may overstate its own: routing capture); ``"round_robin"``: peers in turn. A banned peer gets no more traffic.
 * **one round** — ``micro_batches`` micro-batches of ``micro_batch_size`` windows each, drawn from
   the training pool by the run's training stream; each goes forward through its route (a malicious
   peer's :meth:`~redteam.types.Attack.tamper_activation` decides what it sends on) and backward
@@ -191,13 +191,17 @@ class SwarmRun:
         return h
 
     # ------------------------------------------------------------------ routing
-    def _route(self, s: int, hop: int) -> _Peer | None:
+    def _route(self, s: int, hop: int, active: bool) -> _Peer | None:
         pool = [p for p in self.peers if p.stage == s and p.banned_at is None]
         if not pool:
             return None
         if self.pl.routing == "round_robin":
             return pool[hop % len(pool)]
-        w = np.array([p.speed for p in pool])
+        # what each peer advertises: a malicious one, while the attack acts, may overstate it
+        w = np.array([float(self.attack.advertise_throughput(p.speed)) if (active and p.malicious) else p.speed
+                      for p in pool])
+        if not np.all(np.isfinite(w)) or w.sum() <= 0:
+            raise RedteamError(f"attack {self.attack_spec.name!r}: advertise_throughput gave {w.tolist()}")
         return pool[int(self._np["network"].choice(len(pool), p=w / w.sum()))]
 
     # ------------------------------------------------------------------ one run
@@ -227,7 +231,7 @@ class SwarmRun:
             for mb in range(pl.micro_batches):
                 idx = torch.randint(0, self.train_x.shape[0], (pl.micro_batch_size,), generator=self._torch["train"])
                 x, y = self.train_x[idx.to(self.device)], self.train_y[idx.to(self.device)]
-                route = [self._route(s, hop_count) for s in range(pl.stages)]
+                route = [self._route(s, hop_count, active) for s in range(pl.stages)]
                 if any(r is None for r in route):
                     break  # a stage with no peer left: the pipeline is down for the rest of the round
                 h: torch.Tensor = x
