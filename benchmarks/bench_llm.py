@@ -48,7 +48,7 @@ def per_client_loop(wl: TextLM, flat: torch.Tensor, clients: list[ClientData], c
     out = []
     for c in clients:
         net = wl.build_model(torch.Generator().manual_seed(0)).to(flat.device)
-        torch.nn.utils.vector_to_parameters(flat, net.parameters())
+        torch.nn.utils.vector_to_parameters(flat.clone(), net.parameters())  # a copy: the parameters become views of it
         opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
         for _ in range(cfg.steps):
             idx = torch.randint(0, len(c), (cfg.batch_size,), generator=gen).to(flat.device)

@@ -37,7 +37,7 @@ def per_client_loop(workload, model, spec, flat, clients, cfg, gen):
     out = []
     for c in clients:
         net = workload.build_model(torch.Generator().manual_seed(0))
-        torch.nn.utils.vector_to_parameters(flat, net.parameters())
+        torch.nn.utils.vector_to_parameters(flat.clone(), net.parameters())  # a copy: the parameters become views of it
         opt = torch.optim.SGD(net.parameters(), lr=cfg.lr)
         for _ in range(cfg.steps):
             idx = torch.randint(0, len(c), (cfg.batch_size,), generator=gen)
