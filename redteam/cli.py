@@ -245,6 +245,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if args.rounds < 1:
             raise RedteamError(f"--rounds = {args.rounds}: must be ≥ 1")
         sc = sc.replace(federation=dataclasses.replace(sc.federation, rounds=args.rounds))
+        from .scenario import check_protocol
+
+        check_protocol(sc, f"{path.name} with --rounds {args.rounds}")  # a window the shorter run never reaches
     if seed is not None:
         sc = sc.replace(scenario=dataclasses.replace(sc.scenario, seed=seed))
 

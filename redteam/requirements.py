@@ -46,8 +46,12 @@ def unmet(requires: Sequence[str], workload_params: Mapping[str, Any] | None = N
             elif name != "cpu":
                 out.append(f"needs device {name!r}, which redteam does not know (cpu, cuda)")
         elif kind == "package":
-            if importlib.util.find_spec(name) is None:
-                out.append(f"needs the Python package {name!r} (pip install {name})")
+            try:
+                found = importlib.util.find_spec(name) is not None
+            except (ImportError, ValueError):  # a dotted name whose parent is missing, a relative name
+                found = False
+            if not found:
+                out.append(f"needs the Python package {name!r} (pip install {name.split('.')[0]})")
         elif kind == "dataset":
             d = data_dir_for(name, workload_params)
             if d is None:

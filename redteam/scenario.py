@@ -98,7 +98,9 @@ def _prob(v: Any) -> bool:
 
 def _requirement_ok(v: str) -> bool:
     kind, _, name = v.partition(":")
-    return kind in ("dataset", "device", "package") and 0 < len(name) <= 100
+    if kind == "package":
+        return 0 < len(name) <= 100 and all(part.isidentifier() for part in name.split("."))
+    return kind in ("dataset", "device") and 0 < len(name) <= 100
 
 
 def _window_ok(v: Any) -> bool:
@@ -405,8 +407,19 @@ class Scenario:
         return json.loads(json.dumps(d, default=str))
 
     def digest(self) -> str:
-        """SHA-256 of the canonical JSON of the validated scenario (what was run)."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+        """SHA-256 of the canonical JSON of the validated scenario (what was run); with
+        ``start_from``, the model file's own SHA-256 too, so a replaced file is a new run."""
+        d = self.to_dict()
+        start = self.scenario.start_from
+        if start is not None:
+            p = Path(start) if Path(start).is_absolute() else Path(self.base_dir or ".") / start
+            if p.is_file():
+                h = hashlib.sha256()
+                with p.open("rb") as f:
+                    for block in iter(lambda: f.read(1 << 20), b""):
+                        h.update(block)
+                d["start_from_sha256"] = h.hexdigest()
+        blob = json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()
 
     def replace(self, **changes: Any) -> "Scenario":
@@ -600,6 +613,11 @@ def parse_scenario(
                                   "to [pipeline], whose peers take micro-batches by routing")
     _check_protocol(kw.get("federation", FederationSpec()), kw.get("window", AttackWindow()), where)
     return Scenario(**kw)
+
+
+def check_protocol(scenario: "Scenario", file: str) -> None:
+    """Re-check the sampling and window keys of a scenario changed after parsing (``--rounds``)."""
+    _check_protocol(scenario.federation, scenario.window, _Where(file))
 
 
 def _check_protocol(fed: FederationSpec, window: AttackWindow, where: _Where) -> None:

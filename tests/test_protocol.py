@@ -371,3 +371,67 @@ def test_cli_run_refuses_unmet_requirements(tmp_path, monkeypatch, capsys):
     code = main(["run", str(p)])
     err = capsys.readouterr().err
     assert code != 0 and "no_such_pkg_zz" in err and "Traceback" not in err
+
+
+# ------------------------------------------------------------------ review fixes
+def test_a_ban_outside_the_window_is_a_true_positive():
+    """An equivocator banned in its window stays an attacker in the ground truth afterwards: a
+    perfect defense is not scored with false positives for keeping it out."""
+    doc = _doc({"name": "equivocate", "window": "1:2"},
+               defense={"pipeline": [{"name": "signed_chunks"}, {"name": "mean"}]})
+    doc["federation"].update(clients=12, rounds=5)
+    doc["hierarchy"] = {"fan_out": 2, "depth": 2}
+    doc["transport"] = {"chunk_size": 1024}
+    _, res = _run(doc)
+    s = summarize(res.records)
+    assert s["fp"] == 0 and s["tp"] > 0
+
+
+@pytest.mark.parametrize("attack", ["manifest_mismatch", "group_grinding"])
+def test_enrolment_and_grouping_attacks_cannot_wait_for_a_window(attack):
+    doc = _doc({"name": attack, "window": "2:3"},
+               defense={"pipeline": [{"name": "provenance_gate"}, {"name": "mean"}]} if attack == "manifest_mismatch"
+               else "mean")
+    with pytest.raises(InvalidParameter, match="cannot wait for a window"):
+        Federation(parse_scenario(doc))
+
+
+def test_rules_are_sized_for_k_clients_a_round():
+    doc = _doc("sign_flip", fed={"clients": 20, "clients_per_round": 4, "malicious_fraction": 0.2}, defense="rlr")
+    with pytest.raises(InvalidParameter):
+        Federation(parse_scenario(doc))
+
+
+def test_damaged_warmup_file_is_recomputed(tmp_path, monkeypatch):
+    monkeypatch.setattr(warmup_mod, "_MEMO", type(warmup_mod._MEMO)())
+    doc = _doc("none", scenario={"warmup_rounds": 2})
+    a = Federation(parse_scenario(doc), warmup_dir=str(tmp_path))
+    (f,) = tmp_path.glob("*.safetensors")
+    f.write_bytes(b"abc")
+    monkeypatch.setattr(warmup_mod, "_MEMO", type(warmup_mod._MEMO)())
+    b = Federation(parse_scenario(doc), warmup_dir=str(tmp_path))
+    assert torch.equal(a.params0, b.params0)
+
+
+def test_warmup_draws_without_the_attacker_selection():
+    sc = parse_scenario(_doc("sign_flip", fed={"clients_per_round": 4, "attacker_selection": "every_round"},
+                             scenario={"warmup_rounds": 2}))
+    ws = warmup_mod.warmup_scenario(sc)
+    assert ws.federation.attacker_selection == "random" and ws.federation.clients_per_round == 4
+
+
+def test_dotted_and_relative_package_requirements():
+    assert "pip install no_such_pkg_zz" in unmet(["package:no_such_pkg_zz.sub"])[0]
+    with pytest.raises(InvalidScenario, match="requires"):
+        parse_scenario(_doc("none", scenario={"requires": ["package:.x"]}))
+
+
+def test_cli_rounds_shorter_than_the_window_is_refused(tmp_path, capsys):
+    from redteam.cli import main
+
+    p = tmp_path / "s.toml"
+    p.write_text('[federation]\nclients = 4\nrounds = 10\nmalicious_fraction = 0.25\n'
+                 '[attack]\nname = "sign_flip"\nwindow = "5:8"\n')
+    assert main(["run", str(p), "--rounds", "3"]) != 0
+    err = capsys.readouterr().err
+    assert "never act" in err and "Traceback" not in err

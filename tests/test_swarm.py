@@ -191,3 +191,23 @@ def test_routing_capture_draws_the_stage_traffic():
         return sum(s.get(bad, 0) for s in served) / (30 * len(served))
     honest, captured = share(1.0), share(20.0)
     assert 0.15 < honest < 0.55 and captured > 0.8
+
+
+def test_stage_rules_keep_memory_and_server_data_rules_are_refused():
+    d = doc("none")
+    d["defense"] = {"name": "centered_clipping", "tau": 0.5}
+    r, res = run(d)
+    assert set(r._stage_state) == {0, 1, 2} and all(r._prev[s] is not None for s in range(3))
+    d["defense"] = "fltrust"
+    with pytest.raises(InvalidParameter, match="server-held data"):
+        SwarmRun(parse_scenario(d))
+
+
+def test_pipeline_only_plugins_are_refused_in_the_data_parallel_regime():
+    from redteam.federation.loop import Federation
+
+    base = {"workload": {"name": "digits"}, "federation": {"clients": 4, "rounds": 1, "malicious_fraction": 0.25}}
+    with pytest.raises(InvalidParameter, match="needs a \\[pipeline\\]"):
+        Federation(parse_scenario({**base, "attack": "lazy_peer"}))
+    with pytest.raises(InvalidParameter, match="needs a \\[pipeline\\]"):
+        Federation(parse_scenario({**base, "defense": {"pipeline": [{"name": "redundant_recompute"}, {"name": "mean"}]}}))

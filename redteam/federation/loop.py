@@ -151,7 +151,23 @@ class Federation:
         self.is_malicious[self.malicious] = True
 
         self.attack = build_attack(self.attack_spec)
-        self.defense = build_defense(scenario.defense, n_malicious=fed.n_malicious, most_updates=n)
+        surfaces = set(self.attack.surfaces)
+        if surfaces and surfaces <= {Surface.PIPELINE}:
+            raise InvalidParameter(f"attack {self.attack_spec.name!r} is a pipeline stage peer's attack: it needs a "
+                                   "[pipeline] section (the model-parallel regime)")
+        if not scenario.window.is_full and surfaces & {Surface.PROVENANCE, Surface.HIERARCHY}:
+            raise InvalidParameter(f"[attack].window: attack {self.attack_spec.name!r} acts on "
+                                   f"{', '.join(sorted(surfaces & {Surface.PROVENANCE, Surface.HIERARCHY}))} before the "
+                                   "first round (enrolment, merge groups), so it cannot wait for a window")
+        # a round holds K clients (clients_per_round): the rules' capacity and their
+        # malicious-count defaults are per round, so they are sized for K and the attackers K can hold
+        k = fed.clients_per_round or n
+        f_round = min(fed.n_malicious, k) if fed.attacker_selection != "count" else int(fed.attackers_per_round or 0)
+        self.defense = build_defense(scenario.defense, n_malicious=f_round, most_updates=k)
+        for st in tuple(getattr(self.defense, "stages", ()) or (self.defense,)):
+            if getattr(st, "acts_at", None) == "pipeline":
+                raise InvalidParameter(f"[defense]: {type(st).__name__} checks the hops of a model-parallel pipeline; "
+                                       "it needs a [pipeline] section")
         self.upper_defense = build_upper_defense(scenario.hierarchy, n_malicious=fed.n_malicious)
         self.hierarchy = Hierarchy(scenario.hierarchy.fan_out, scenario.hierarchy.depth, scenario.hierarchy.grouping)
 
@@ -261,7 +277,7 @@ class Federation:
             self.params0 = start.to(self.device, torch.float32).clone()
         else:
             self.params0, self._start_info = start_params(scenario, self.spec, self.params_init, self.device,
-                                                          warmup_dir)
+                                                          warmup_dir, self.dataset_source)
         if self.params0.shape != self.params_init.shape:
             raise InvalidParameter(f"the starting model has {self.params0.numel()} parameters, the workload's "
                                    f"model {self.params_init.numel()}")
@@ -437,12 +453,18 @@ class Federation:
             participating = [bool(x) for x in selected]
             for c in np.flatnonzero(~online):
                 dropped.setdefault(int(c), "offline (churn)")
+            # a client banned or excluded for what its attack did stays an attacker in the ground
+            # truth outside the window too: judging its ban there is a true positive, not a false one
+            truth = self.roles.copy()
+            if banned and self.attack.surfaces:
+                for c in banned:
+                    truth[c] = truth[c] or bool(self.is_malicious[c])
             rec = RoundRecord(
                 round=rnd,
                 accuracy=acc,
                 loss=loss,
                 accepted=accepted,
-                malicious=self.roles.tolist(),
+                malicious=truth.tolist(),
                 participating=participating,
                 dropped={k: v for k, v in sorted(dropped.items()) if participating[k] or "churn" in v},
                 rejected=dict(sorted(rejected.items())),

@@ -109,6 +109,9 @@ class SwarmRun:
         self.attack_spec = attack if attack is not None else scenario.attack
         self._ran = False
         seeds = dict(zip(_STREAMS, np.random.SeedSequence(scenario.seed).spawn(len(_STREAMS))))
+        if scenario.scenario.training_seed is not None:  # model init and batches from their own seed
+            own = dict(zip(_STREAMS, np.random.SeedSequence(scenario.scenario.training_seed).spawn(len(_STREAMS))))
+            seeds["init"], seeds["train"] = own["init"], own["train"]
         self._np = {k: np.random.default_rng(s) for k, s in seeds.items()}
         self._torch = {k: torch.Generator(device="cpu").manual_seed(int(s.generate_state(1, np.uint64)[0] >> np.uint64(1)))
                        for k, s in seeds.items()}
@@ -157,6 +160,11 @@ class SwarmRun:
                                    "a pipeline stage; the [pipeline] regime takes stage-peer attacks "
                                    "(redteam attacks list: surface pipeline)")
         self.defense = build_defense(scenario.defense, n_malicious=len(bad), most_updates=P)
+        from .builders import needs_server_data
+
+        if needs_server_data(self.defense):
+            raise InvalidParameter(f"[defense] {scenario.defense_label()}: the rule needs server-held data (a root "
+                                   "dataset), which the [pipeline] regime has none of; use a rule without server data")
         from ..registry import DEFENSES
 
         self.checks = [DEFENSES.create(c.name, c.params) for c in pl.checks]
@@ -165,6 +173,8 @@ class SwarmRun:
         stages_ = tuple(getattr(self.defense, "stages", ()) or (self.defense,))
         self.checks += [st for st in stages_ if getattr(st, "acts_at", None) == "pipeline"]
         self.final_params: torch.Tensor | None = None
+        self._stage_state: dict[int, dict] = {}
+        self._prev: dict[int, torch.Tensor] = {}
         self._causal = torch.ones(self.train_x.shape[1], self.train_x.shape[1], dtype=torch.bool,
                                   device=self.device).tril()
 
@@ -266,6 +276,7 @@ class SwarmRun:
             # stage sync: each peer's SGD step on its mean gradient, merged by the defense
             accepted = [False] * self.n_peers
             rejected: dict[int, str] = {}
+            refused: dict[int, str] = {}
             new = params.clone()
             for s in range(pl.stages):
                 members = [p for p in self.peers if p.stage == s and p.served > 0 and p.banned_at is None]
@@ -282,11 +293,20 @@ class SwarmRun:
                 upd = torch.stack(rows).detach()
                 w = torch.tensor([float(p.served) for p in members], device=self.device)
                 ctx = ServerContext(round=rnd, n_clients=len(members), weights=w, global_params=params[self.slices[s]],
-                                    generator=self._torch["defense"], client_ids=tuple(p.pid for p in members))
-                dec = self.defense(upd, ctx)
+                                    previous_update=self._prev.get(s), generator=self._torch["defense"],
+                                    state=self._stage_state.get(s, {}), client_ids=tuple(p.pid for p in members))
+                try:
+                    dec = self.defense(upd, ctx)
+                except InvalidParameter as exc:  # e.g. Krum with fewer peers this round than it needs
+                    refused[s] = f"stage {s} kept its parameters: {exc}"
+                    continue
+                self._stage_state[s] = dict(dec.state)  # each stage's rule keeps its own memory
                 agg = dec.aggregate.to(params.dtype)
                 if bool(torch.isfinite(agg).all()):
                     new[self.slices[s]] = params[self.slices[s]] + agg
+                    self._prev[s] = agg.detach()
+                else:
+                    refused[s] = f"stage {s} kept its parameters: non-finite aggregate"
                 for k, p in enumerate(members):
                     ok = bool(dec.accepted[k])
                     accepted[p.pid] = ok
@@ -302,6 +322,8 @@ class SwarmRun:
                 "recomputed_hops": recomputed,
                 "hops": sum(p.served for p in self.peers),
             }}
+            if refused:
+                extra["pipeline"]["refused"] = refused
             if rnd == 0:
                 extra["untrained"] = untrained
             if not sc.window.is_full:

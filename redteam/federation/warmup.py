@@ -137,7 +137,8 @@ def warmup_scenario(scenario: "Scenario") -> "Scenario":
     return dataclasses.replace(
         scenario,
         scenario=dataclasses.replace(info, warmup_rounds=0, requires=(), name="warmup", description=""),
-        federation=dataclasses.replace(fed, rounds=info.warmup_rounds),
+        federation=dataclasses.replace(fed, rounds=info.warmup_rounds, attacker_selection="random",
+                                       attackers_per_round=None),
         attack=PluginSpec("none"),
         defense=(PluginSpec("mean"),),
         hierarchy=HierarchySpec(),
@@ -145,11 +146,12 @@ def warmup_scenario(scenario: "Scenario") -> "Scenario":
     )
 
 
-def warmup_key(scenario: "Scenario", device: torch.device) -> str:
-    """What a warm-up is stored under: the warm-up scenario, the device type, the start file."""
+def warmup_key(scenario: "Scenario", device: torch.device, data_source: str = "") -> str:
+    """What a warm-up is stored under: the warm-up scenario, the device type, the start file and
+    what the data is (a workload reading files names their digest in it)."""
     ws = warmup_scenario(scenario)
     start = resolve_start(scenario)
-    blob = json.dumps({"scenario": ws.digest(), "device": device.type,
+    blob = json.dumps({"scenario": ws.digest(), "device": device.type, "data": data_source,
                        "start_from": _sha256(start) if start is not None else None}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -162,7 +164,7 @@ def _warmup_dir(explicit: str | Path | None) -> Path | None:
 
 
 def start_params(scenario: "Scenario", spec: "ParamSpec", init: torch.Tensor, device: torch.device,
-                 warmup_dir: str | Path | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+                 warmup_dir: str | Path | None = None, data_source: str = "") -> tuple[torch.Tensor, dict[str, Any]]:
     """The model round 0 starts from, and what it is (recorded in round 0's ``extra["start"]``)."""
     info: dict[str, Any] = {}
     start = resolve_start(scenario)
@@ -173,7 +175,7 @@ def start_params(scenario: "Scenario", spec: "ParamSpec", init: torch.Tensor, de
     rounds = scenario.scenario.warmup_rounds
     if rounds <= 0:
         return params, info
-    key = warmup_key(scenario, device)
+    key = warmup_key(scenario, device, data_source)
     info["warmup"] = {"rounds": rounds, "key": key, "reused": True}
     if key in _MEMO:
         _MEMO.move_to_end(key)
@@ -190,7 +192,7 @@ def start_params(scenario: "Scenario", spec: "ParamSpec", init: torch.Tensor, de
                 flat = load_model_file(file, spec, what="warm-up file").to(device)
                 _remember(key, flat)
                 return flat.clone(), info
-        except (InvalidParameter, OSError, ValueError, RuntimeError):
+        except (InvalidParameter, OSError, ValueError, RuntimeError, _SafetensorError):
             pass  # a damaged or foreign file is recomputed and replaced
     flat = _compute(scenario, params, device)
     info["warmup"]["reused"] = False
@@ -199,6 +201,13 @@ def start_params(scenario: "Scenario", spec: "ParamSpec", init: torch.Tensor, de
         save_model_file(file, flat, spec, {"redteam_warmup_key": key, "rounds": str(rounds),
                                            "scenario_digest": warmup_scenario(scenario).digest()})
     return flat.clone(), info
+
+
+try:
+    from safetensors import SafetensorError as _SafetensorError
+except ImportError:  # pragma: no cover - a declared dependency
+    class _SafetensorError(Exception):  # type: ignore[no-redef]
+        pass
 
 
 def _remember(key: str, flat: torch.Tensor) -> None:

@@ -100,8 +100,8 @@ def plan_units(matrix: Matrix, scenario_seed: int, file: str, base_dir: str | Pa
             doc["scenario"] = {**doc["scenario"], "seed": seed}
             bdoc = copy.deepcopy(doc)
             bdoc["attack"] = baseline_attack(bdoc.get("attack"))
-            sc = parse_scenario(doc, file=file)
-            bsc = parse_scenario(bdoc, file=file)
+            sc = parse_scenario(doc, file=file, base_dir=base_dir or "")
+            bsc = parse_scenario(bdoc, file=file, base_dir=base_dir or "")
             key, bkey = sc.digest(), bsc.digest()
             tgt, n_rounds = sc.federation.target_accuracy, sc.federation.rounds
             if base_dir is not None or warmup_dir is not None:
@@ -138,7 +138,10 @@ def prepare_warmups(units: list[Unit], device: str, report: Callable[[str], None
         if not int(doc.get("scenario", {}).get("warmup_rounds", 0) or 0) or not run.get("warmup_dir"):
             continue
         sc = parse_scenario(doc, file="<cell>", base_dir=run.get("base_dir") or "")
-        key = warmup_key(sc, resolve_device(device))
+        from ..federation.builders import build_workload
+
+        source = build_workload(sc.workload.name, dict(sc.workload.params)).load(sc.seed).source
+        key = warmup_key(sc, resolve_device(device), source)
         if key in seen or (Path(run["warmup_dir"]) / f"{key}.safetensors").is_file():
             seen.add(key)
             continue
@@ -571,7 +574,7 @@ def plan_matrix(
     checks first (scenario, executor, workers, ``--out``, ``--device``)."""
     resume = resume or recompute_changed
     p, base, matrix, doc, workers, _ = _prepare(path, out, executor, workers, device, threads)
-    rows, b_units, a_units = plan_units(matrix, base.seed, p.name)
+    rows, b_units, a_units = plan_units(matrix, base.seed, p.name, base_dir=p.parent)
     view: StoreView | None = read_store(out)
     finished = view.finished if view is not None else frozenset()
     changes: list[str] = []
@@ -627,6 +630,11 @@ def probe(plan: MatrixPlan, *, device: str = "cpu", threads: str | int | None = 
                 next((u for u in plan.todo if not u.baseline), plan.todo[0]))
     doc = copy.deepcopy(unit.doc)
     doc["federation"] = {**doc.get("federation", {}), "rounds": 1}
+    # one round times a round: the attack window (which may open later) and the warm-up are left out
+    if isinstance(doc.get("attack"), dict):
+        doc["attack"] = {k: v for k, v in doc["attack"].items() if k not in ("window", "every")}
+    if isinstance(doc.get("scenario"), dict):
+        doc["scenario"] = {k: v for k, v in doc["scenario"].items() if k != "warmup_rounds"}
     label = f"{'baseline ' if unit.baseline else ''}{unit.cell_id} seed {unit.replicate}"
     times = []
     for _ in range(2):
