@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import platform
 import statistics
 import time
 from typing import Callable
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), else what the platform module says."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def median_time(fn: Callable[[], object], repeats: int) -> float:

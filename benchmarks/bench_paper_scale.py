@@ -94,14 +94,10 @@ SAMPLE = 4096  # coordinates compared between the two ways
 
 
 def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _timing import cpu_name
+
+    return cpu_name()
 
 
 def _rss_mib() -> float:

@@ -74,8 +74,9 @@ class RedundantRecompute(Filter):
         return FilterResult(updates=updates, accepted=torch.ones(n, dtype=torch.bool, device=updates.device))
 
     def verify_hop(self, run: Any, stage: int, peer: Any, inp: "torch.Tensor", sent: "torch.Tensor",
-                   stage_params: "torch.Tensor", rng: "np.random.Generator") -> HopVerdict:
-        """Check one hop: ``peer`` of ``stage`` sent ``sent`` for input ``inp``."""
+                   stage_params: "torch.Tensor", rng: "np.random.Generator", memory: dict | None = None) -> HopVerdict:
+        """Check one hop: ``peer`` of ``stage`` sent ``sent`` for input ``inp`` (``memory``: the
+        check's own dict for the run, for checks that keep statistics; ``run.current_round``: the round)."""
         import torch
 
         if self.fraction <= 0 or rng.random() >= self.fraction:

@@ -143,6 +143,16 @@ class SwarmRun:
                 raise RedteamError(f"stage {s}'s parameters are not contiguous in the model's order")
             self.slices.append(slice(int(offs[idx[0]]), int(offs[idx[-1] + 1])))
         self.stage_names = [[n for n, st in zip(self.spec.names, stage_of) if st == s] for s in range(pl.stages)]
+        # per stage, computed once: split sizes, shapes, and each block's (full name, name in the block)
+        index = {n: i for i, n in enumerate(self.spec.names)}
+        self._layout = []
+        for names in self.stage_names:
+            blocks: dict[int, list[tuple[str, str]]] = {}
+            for n in names:
+                if n.startswith("blocks."):
+                    blocks.setdefault(int(n.split(".")[1]), []).append((n, n.split(".", 2)[2]))
+            self._layout.append(([self.spec.numels[index[n]] for n in names],
+                                 [self.spec.shapes[index[n]] for n in names], sorted(blocks.items())))
         # peers: ids stage * P + k; the attackers are drawn from the attacker stage's pool
         P = pl.peers_per_stage
         self.n_peers = pl.stages * P
@@ -174,6 +184,7 @@ class SwarmRun:
         self.checks += [st for st in stages_ if getattr(st, "acts_at", None) == "pipeline"]
         self.final_params: torch.Tensor | None = None
         self._stage_state: dict[int, dict] = {}
+        self.current_round = 0
         self._prev: dict[int, torch.Tensor] = {}
         self._causal = torch.ones(self.train_x.shape[1], self.train_x.shape[1], dtype=torch.bool,
                                   device=self.device).tril()
@@ -183,18 +194,16 @@ class SwarmRun:
         """Stage ``s`` of the transformer with its parameters ``flat`` (its slice) on input ``h``."""
         from torch.func import functional_call
 
-        named = dict(zip(self.stage_names[s], torch.split(flat, [self.spec.numels[self.spec.names.index(n)]
-                                                                 for n in self.stage_names[s]])))
-        named = {n: t.reshape(self.spec.shapes[self.spec.names.index(n)]) for n, t in named.items()}
+        numels, shapes, blocks = self._layout[s]
+        named = {n: t.reshape(shape) for n, t, shape in zip(self.stage_names[s], torch.split(flat, numels), shapes)}
         m = self.model
         if s == 0:
             t = h.shape[-1]
             h = (functional_call(m.tok, {"weight": named["tok.weight"]}, (h,))
                  + functional_call(m.pos, {"weight": named["pos.weight"]}, (torch.arange(t, device=h.device),)))
-        blocks = sorted({int(n.split(".")[1]) for n in named if n.startswith("blocks.")})
-        for i in blocks:
-            sub = {n.split(".", 2)[2]: v for n, v in named.items() if n.startswith(f"blocks.{i}.")}
-            h = functional_call(m.blocks[i], sub, (h, self._causal[: h.shape[1], : h.shape[1]]))
+        causal = self._causal[: h.shape[1], : h.shape[1]]
+        for i, names in blocks:
+            h = functional_call(m.blocks[i], {short: named[full] for full, short in names}, (h, causal))
         if s == self.pl.stages - 1:
             h = functional_call(m.ln_f, {"weight": named["ln_f.weight"], "bias": named["ln_f.bias"]}, (h,))
             h = functional_call(m.head, {"weight": named["head.weight"], "bias": named["head.bias"]}, (h,))
@@ -229,13 +238,16 @@ class SwarmRun:
         untrained = {"accuracy": acc0, "loss": loss0 if math.isfinite(loss0) else None, "chance_accuracy": None}
         act_bytes = pl.micro_batch_size * self.train_x.shape[1] * int(getattr(self.workload, "width")) * 4
         hop_count = 0
+        check_memory: dict[int, dict] = {}  # each check's memory for the run (a monitor's running statistics)
         for rnd in range(sc.federation.rounds):
             t0 = time.perf_counter()
+            self.current_round = rnd  # what the checks read (a monitor's statistics are per round)
             active = sc.window.active(rnd) and bool(self.attack.surfaces)
             for p in self.peers:
                 p.served, p.grad = 0, None
             flagged: dict[int, str] = {}
             acted: dict[int, int] = {}  # malicious peer → hops it served while the attack acted
+            completed = 0  # micro-batches that went through every stage
             recomputed = 0
             leaves = {}  # the round's replicas: one leaf per (peer) on its stage's slice
             for mb in range(pl.micro_batches):
@@ -258,7 +270,7 @@ class SwarmRun:
                         inp.register_hook(lambda g, c=ctx: self.attack.tamper_gradient(g, c))
                     for check in self.checks:
                         verdict = check.verify_hop(self, s, peer, inp, sent, params[self.slices[s]],
-                                                   self._np["checks"])
+                                                   self._np["checks"], check_memory.setdefault(id(check), {}))
                         recomputed += int(verdict.recomputed)
                         if verdict.failed:
                             peer.flags += 1
@@ -269,6 +281,7 @@ class SwarmRun:
                     if acting:
                         acted[peer.pid] = acted.get(peer.pid, 0) + 1
                     h = sent
+                completed += 1
                 loss = F.cross_entropy(h.reshape(-1, h.shape[-1]), y.reshape(-1))
                 if loss.requires_grad:  # a lazy last stage replaying a stale output cuts the graph
                     loss.backward()
@@ -333,7 +346,8 @@ class SwarmRun:
                 round=rnd, accuracy=acc, loss=loss_v, accepted=accepted,
                 malicious=[p.malicious and active for p in self.peers],
                 participating=participating, dropped={}, rejected=dict(sorted(rejected.items())),
-                bytes_on_wire=2 * act_bytes * sum(p.served for p in self.peers),
+                # an activation forward and its gradient back over each of the stages − 1 links
+                bytes_on_wire=2 * act_bytes * (pl.stages - 1) * completed,
                 sim_time_s=0.0, wall_time_s=time.perf_counter() - t0, defense_time_s=0.0, extra=extra)
             records.append(rec)
             if on_round is not None:
