@@ -14,6 +14,10 @@ one of those moves, acting on every hop it serves inside the attack window:
   (``"identity"``; at the last stage, whose output has another shape, its previous output), or
   replays its previous output (``"stale"``). Its layers get no gradient.
 
+* :class:`CrashAtSync` — the crash-timing attack: the peer computes honestly all round (with
+  ``advertise``, it draws most of its stage's traffic), then leaves just before its stage
+  synchronises, so the work of every micro-batch it served is lost to its stage.
+
 Each takes ``advertise`` (default 1): the factor by which the peer overstates its throughput to
 the router. SWARM's stochastic wiring sends a peer traffic in proportion to its throughput, so a
 peer that advertises 10× draws most of its stage's micro-batches (routing capture) — and its
@@ -30,7 +34,7 @@ from redteam.types import Attack, StageContext, Surface, param_error
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ActivationTamper", "GradientTamper", "LazyPeer"]
+__all__ = ["ActivationTamper", "GradientTamper", "LazyPeer", "CrashAtSync"]
 
 
 def _perturb(t: "torch.Tensor", kind: str, strength: float, gen: "torch.Generator") -> "torch.Tensor":
@@ -156,3 +160,21 @@ class LazyPeer(Attack):
         if last is None or last.shape != out.shape:
             return out
         return last
+
+
+@dataclass(frozen=True, slots=True)
+class CrashAtSync(Attack):
+    """Serve honestly, then leave at the worst moment: just before the stage's sync (module
+    docstring). With ``advertise`` > 1 it first draws most of its stage's micro-batches."""
+
+    advertise: float = 1.0
+    leaves_before_sync: ClassVar[bool] = True
+    surfaces: ClassVar[tuple[str, ...]] = (Surface.PIPELINE,)
+    summary: ClassVar[str] = "Crash timing: a stage peer takes traffic all round and leaves just before the sync"
+    reference: ClassVar[str] = "the churn threat model of SWARM (Ryabinin et al., ICML 2023) and GWTF"
+
+    def validate_advertise(self, v: float) -> None:
+        _check_advertise(self, v)
+
+    def advertise_throughput(self, speed: float) -> float:
+        return speed * float(self.advertise)

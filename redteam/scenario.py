@@ -289,6 +289,11 @@ class PipelineSpec:
     attacker_stage: int = _rule(1, lambda v: isinstance(v, int) and v >= 0, "must be an integer ≥ 0")
     attackers: int = _rule(0, lambda v: isinstance(v, int) and v >= 0, "must be an integer ≥ 0")
     throughput_sigma: float = _rule(0.5, _nonneg, "must be ≥ 0")
+    # churn: the chance that an honest peer crashes on a hop it serves (it is gone until the round
+    # ends and its round's work is lost); crash_tolerance: re-route the hop to another peer of the
+    # stage (GWTF) instead of losing the micro-batch
+    churn: float = _rule(0.0, lambda v: _prob(v) and v < 1, "must be in [0, 1)")
+    crash_tolerance: bool = True
     checks: tuple[PluginSpec, ...] = ()
 
 

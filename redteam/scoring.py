@@ -53,7 +53,9 @@ Definitions (also in the README's "Metrics" section):
   ``detection_latency``: for each tampering peer that was banned, the micro-batches it served
   while the attack acted before the ban, averaged; ``undetected_attackers``: tampering peers
   never banned; ``check_overhead``: stage forwards recomputed by the checks per hop (each hop is
-  a stage forward and backward, about three forwards). ``None`` for data-parallel runs.
+  a stage forward and backward, about three forwards); ``lost_micro_batches``: micro-batches
+  lost with a crashed peer; ``lost_work``: the share of hops whose work was lost because their
+  peer crashed or left before its stage's sync. ``None`` for data-parallel runs.
 """
 
 from __future__ import annotations
@@ -272,7 +274,8 @@ def durability(records: Sequence[RoundRecord], after_k: int = 10, threshold: flo
 def pipeline_metrics(records: Sequence[RoundRecord]) -> dict[str, Any]:
     """The ``[pipeline]`` regime's detection latency and check overhead (module docstring);
     all ``None`` for a data-parallel run."""
-    out: dict[str, Any] = {"detection_latency": None, "undetected_attackers": None, "check_overhead": None}
+    out: dict[str, Any] = {"detection_latency": None, "undetected_attackers": None, "check_overhead": None,
+                           "lost_micro_batches": None, "lost_work": None}
     info = [r.extra["pipeline"] for r in records if isinstance(r.extra.get("pipeline"), dict)]
     if not info:
         return out
@@ -289,6 +292,8 @@ def pipeline_metrics(records: Sequence[RoundRecord]) -> dict[str, Any]:
     out["detection_latency"] = sum(caught) / len(caught) if caught else None
     out["undetected_attackers"] = sum(1 for p in acted if p not in banned) if acted else None
     out["check_overhead"] = recomputed / hops if hops else None
+    out["lost_micro_batches"] = sum(int(i.get("lost_micro_batches", 0)) for i in info)
+    out["lost_work"] = sum(int(i.get("lost_hops", 0)) for i in info) / hops if hops else None
     return out
 
 
@@ -364,6 +369,8 @@ METRICS: dict[str, str] = {
                          "(mean over the banned ones)",
     "undetected_attackers": "[pipeline]: tampering peers never banned",
     "check_overhead": "[pipeline]: recomputed stage forwards per hop (the checks' extra compute)",
+    "lost_micro_batches": "[pipeline]: micro-batches lost with a crashed peer (no crash tolerance, or its stage empty)",
+    "lost_work": "[pipeline]: share of the hops whose work was lost (their peer crashed or left before the sync)",
 }
 
 
@@ -384,7 +391,7 @@ HIGHER_IS_BETTER: dict[str, bool] = {
     **dict.fromkeys(("accuracy_drop", "asr", "fpr", "fp", "fn", "final_loss", "final_bits_per_byte",
                      "final_perplexity", "bits_per_byte_increase", "perplexity_increase", "false_trigger_rate",
                      "near_miss_trigger_rate", "asr_at_end_of_window", "asr_after_k", "backdoor_lifespan",
-                     "detection_latency", "undetected_attackers", "check_overhead",
+                     "detection_latency", "undetected_attackers", "check_overhead", "lost_micro_batches", "lost_work",
                      "rounds_to_target", "rounds_to_target_loss", "slowdown_rounds", "rejected_updates",
                      "dropped_updates", "wall_time_per_round_s", "defense_time_per_round_s", "sim_time_s"), False),
 }

@@ -211,3 +211,27 @@ def test_pipeline_only_plugins_are_refused_in_the_data_parallel_regime():
         Federation(parse_scenario({**base, "attack": "lazy_peer"}))
     with pytest.raises(InvalidParameter, match="needs a \\[pipeline\\]"):
         Federation(parse_scenario({**base, "defense": {"pipeline": [{"name": "redundant_recompute"}, {"name": "mean"}]}}))
+
+
+def test_churn_with_and_without_crash_tolerance():
+    """Honest peers crash on 15 % of hops: re-routing (GWTF's crash tolerance) keeps the micro-batches
+    that a pipeline without it loses; a crashed peer's work for the round is lost either way."""
+    def lost(tolerance):
+        d = doc("none", churn=0.15, crash_tolerance=tolerance, micro_batches=12)
+        _, res = run(d)
+        m = summarize(res.records)
+        rer = sum(rec.extra["pipeline"]["rerouted_hops"] for rec in res.records)
+        return m["lost_micro_batches"], rer, m["lost_work"], res.records
+    lt, rt, wt, recs = lost(True)
+    lf, rf, wf, _ = lost(False)
+    assert rf == 0 and rt > 0 and lf > lt
+    assert wt > 0 and any(rec.dropped for rec in recs)
+    assert all("crashed" in why for rec in recs for why in rec.dropped.values())
+
+
+def test_crash_at_sync_with_routing_capture_wastes_its_stage():
+    def work(advertise):
+        _, res = run(doc({"name": "crash_at_sync", "advertise": advertise}, micro_batches=12, throughput_sigma=0.0))
+        return summarize(res.records)["lost_work"]
+    plain, captured = work(1.0), work(20.0)
+    assert 0.0 < plain < 0.2 and captured > 0.25  # one stage of three is a third of the hops

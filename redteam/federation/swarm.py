@@ -55,7 +55,7 @@ from .training import BatchedTrainer
 
 __all__ = ["SwarmRun", "stage_of_parameter"]
 
-_STREAMS = ("split", "roles", "init", "train", "network", "attack", "defense", "checks")
+_STREAMS = ("split", "roles", "init", "train", "network", "attack", "defense", "checks", "churn")
 
 
 def stage_of_parameter(name: str, layers: int, stages: int) -> int:
@@ -80,6 +80,7 @@ class _Peer:
     malicious: bool
     served: int = 0
     flags: int = 0
+    down: str = ""  # why it left this round (crashed, or left before the sync): its round's work is lost
     banned_at: int | None = None
     grad: torch.Tensor | None = None
 
@@ -211,7 +212,7 @@ class SwarmRun:
 
     # ------------------------------------------------------------------ routing
     def _route(self, s: int, hop: int, active: bool) -> _Peer | None:
-        pool = [p for p in self.peers if p.stage == s and p.banned_at is None]
+        pool = [p for p in self.peers if p.stage == s and p.banned_at is None and not p.down]
         if not pool:
             return None
         if self.pl.routing == "round_robin":
@@ -244,7 +245,8 @@ class SwarmRun:
             self.current_round = rnd  # what the checks read (a monitor's statistics are per round)
             active = sc.window.active(rnd) and bool(self.attack.surfaces)
             for p in self.peers:
-                p.served, p.grad = 0, None
+                p.served, p.grad, p.down = 0, None, ""
+            lost = rerouted = 0
             flagged: dict[int, str] = {}
             acted: dict[int, int] = {}  # malicious peer → hops it served while the attack acted
             completed = 0  # micro-batches that went through every stage
@@ -257,7 +259,18 @@ class SwarmRun:
                 if any(r is None for r in route):
                     break  # a stage with no peer left: the pipeline is down for the rest of the round
                 h: torch.Tensor = x
+                dropped_mb = False
                 for s, peer in enumerate(route):
+                    # churn: an honest peer may crash on this hop; its round's work is lost with it
+                    while pl.churn and not peer.malicious and self._np["churn"].random() < pl.churn:
+                        peer.down = f"crashed at micro-batch {hop_count} (churn)"
+                        nxt = self._route(s, hop_count, active) if pl.crash_tolerance else None
+                        if nxt is None:
+                            dropped_mb = True
+                            break
+                        peer, rerouted = nxt, rerouted + 1
+                    if dropped_mb:
+                        break
                     leaf = leaves.get(peer.pid)
                     if leaf is None:
                         leaf = leaves[peer.pid] = params[self.slices[s]].detach().clone().requires_grad_(True)
@@ -281,6 +294,10 @@ class SwarmRun:
                     if acting:
                         acted[peer.pid] = acted.get(peer.pid, 0) + 1
                     h = sent
+                if dropped_mb:  # lost with a crashed peer (no crash tolerance, or no peer left in the stage)
+                    lost += 1
+                    hop_count += 1
+                    continue
                 completed += 1
                 loss = F.cross_entropy(h.reshape(-1, h.shape[-1]), y.reshape(-1))
                 if loss.requires_grad:  # a lazy last stage replaying a stale output cuts the graph
@@ -291,8 +308,15 @@ class SwarmRun:
             rejected: dict[int, str] = {}
             refused: dict[int, str] = {}
             new = params.clone()
+            # a crash-timing attacker leaves just before the sync: its stage loses its round's work
+            if active and getattr(self.attack, "leaves_before_sync", False):
+                for p in self.peers:
+                    if p.malicious and p.served and not p.down:
+                        p.down = "left just before the stage sync"
+                        acted[p.pid] = acted.get(p.pid, 0)
             for s in range(pl.stages):
-                members = [p for p in self.peers if p.stage == s and p.served > 0 and p.banned_at is None]
+                members = [p for p in self.peers if p.stage == s and p.served > 0 and p.banned_at is None
+                           and not p.down]
                 for p in self.peers:
                     if p.stage == s and p.served > 0 and p.banned_at is not None:
                         rejected[p.pid] = f"banned at micro-batch {p.banned_at}: {flagged.get(p.pid, 'failed checks')}"
@@ -334,6 +358,10 @@ class SwarmRun:
                 "acted": dict(sorted(acted.items())),
                 "recomputed_hops": recomputed,
                 "hops": sum(p.served for p in self.peers),
+                "lost_micro_batches": lost,
+                "rerouted_hops": rerouted,
+                "departed": {p.pid: p.down for p in self.peers if p.down},
+                "lost_hops": sum(p.served for p in self.peers if p.down),
             }}
             if refused:
                 extra["pipeline"]["refused"] = refused
@@ -345,7 +373,8 @@ class SwarmRun:
             rec = RoundRecord(
                 round=rnd, accuracy=acc, loss=loss_v, accepted=accepted,
                 malicious=[p.malicious and active for p in self.peers],
-                participating=participating, dropped={}, rejected=dict(sorted(rejected.items())),
+                participating=participating, dropped={p.pid: p.down for p in self.peers if p.down and p.served},
+                rejected=dict(sorted(rejected.items())),
                 # an activation forward and its gradient back over each of the stages − 1 links
                 bytes_on_wire=2 * act_bytes * (pl.stages - 1) * completed,
                 sim_time_s=0.0, wall_time_s=time.perf_counter() - t0, defense_time_s=0.0, extra=extra)
