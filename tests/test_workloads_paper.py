@@ -157,3 +157,15 @@ def test_text_workload_reads_a_hugging_face_folder(tmp_path):
         WORKLOADS.create("text", {"hf_dir": str(tmp_path), "hf_column": "n"}).load(0)
     with pytest.raises(InvalidParameter, match="not both"):
         WORKLOADS.create("text", {"hf_dir": str(tmp_path), "text_dir": str(tmp_path)})
+
+
+def test_pixel_attacks_take_the_workloads_image_shape(tmp_path):
+    """A backdoor (alone or in a composition) that leaves image_shape unset addresses CIFAR's
+    3×32×32 images, not digits' 8×8 default."""
+    make_cifar10(tmp_path, per_batch=4)
+    for attack in ({"name": "backdoor"},
+                   {"name": "compose", "attacks": [{"name": "backdoor"}, {"name": "model_replacement"}]}):
+        fed = _fed({"name": "cifar10", "dir": str(tmp_path), "model": "lenet5"}, attack=attack)
+        assert fed.attack.image_shape == (3, 32, 32) if attack["name"] == "backdoor" else True
+        res = fed.run()
+        assert "asr" in res.records[-1].extra

@@ -141,6 +141,12 @@ class Federation:
         }
 
         self.workload = build_workload(scenario.workload.name, dict(scenario.workload.params))
+        # pixel-pattern attacks address the workload's images: an image_shape they leave unset is the workload's
+        shape = tuple(getattr(self.workload, "image_shape", ()) or ())
+        scenario_attack = scenario.attack
+        if getattr(self.workload, "input_kind", "") == "image" and shape:
+            self.attack_spec = _fill_image_shape(self.attack_spec, shape)
+            scenario_attack = _fill_image_shape(scenario.attack, shape)
         ds = self.workload.load(scenario.seed)
         self.num_classes = ds.num_classes
         self.dataset_source = ds.source  # what the data is, with its digest where the workload computes one
@@ -239,7 +245,7 @@ class Federation:
         self._false_trigger: tuple[torch.Tensor, torch.Tensor] | None = None
         self._near_miss: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._targeted_parts: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        for candidate in (self.attack, build_attack(scenario.attack)):
+        for candidate in (self.attack, build_attack(scenario_attack)):
             targeted_test = getattr(candidate, "targeted_test", None)
             if targeted_test is None:
                 continue
@@ -488,6 +494,32 @@ class Federation:
                     **({"upper_defense": repr(self.upper_defense)} if self.hierarchy.depth > 1 else {})},
             wall_time_s=time.perf_counter() - t_run,
         )
+
+
+def _fill_image_shape(spec: PluginSpec, shape: tuple[int, ...]) -> PluginSpec:
+    """``spec`` with ``image_shape = shape`` where its attack (or a part of a composition) has
+    that parameter and leaves it unset."""
+    import dataclasses
+
+    from ..registry import ATTACKS
+
+    def fill(name: str, params: dict[str, Any]) -> dict[str, Any]:
+        out = dict(params)
+        try:
+            cls = ATTACKS.get(name)
+        except RedteamError:
+            return out
+        fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+        if "image_shape" in fields and "image_shape" not in out:
+            out["image_shape"] = list(shape)
+        parts = out.get("attacks")
+        if isinstance(parts, (list, tuple)):
+            out["attacks"] = [({**t, **fill(t["name"], {k: v for k, v in t.items() if k != "name"})}
+                               if isinstance(t, dict) and isinstance(t.get("name"), str) else t) for t in parts]
+        return out
+
+    filled = fill(spec.name, dict(spec.params))
+    return spec if filled == dict(spec.params) else PluginSpec(spec.name, filled)
 
 
 def _check_poisoned_labels(name: str, attack: Any, data: ClientData, client: int, num_classes: int) -> None:
