@@ -137,6 +137,7 @@ class LazyPeer(Attack):
 
     mode: Literal["identity", "stale"] = "identity"
     advertise: float = 1.0
+    skips_compute: ClassVar[bool] = True  # its hops cost it no compute (the simulated time)
     surfaces: ClassVar[tuple[str, ...]] = (Surface.PIPELINE,)
     summary: ClassVar[str] = "Lazy stage peer: forwards its input (or a stale output) instead of computing"
     reference: ClassVar[str] = "Lu et al., ICML 2024; the free-rider of SWARM's threat model (Ryabinin et al., ICML 2023)"

@@ -35,6 +35,7 @@ class HopVerdict:
     failed: bool
     recomputed: bool
     reason: str = ""
+    verifier: int | None = None  # the peer that recomputed the hop
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,16 +87,16 @@ class RedundantRecompute(Filter):
             return HopVerdict(False, False)
         verifier = others[int(rng.integers(len(others)))]
         if verifier.malicious and peer.malicious:
-            return HopVerdict(False, True)  # the accomplice vouches for it
+            return HopVerdict(False, True, verifier=verifier.pid)  # the accomplice vouches for it
         with torch.no_grad():
             ref = run.stage_forward(stage, inp.detach(), stage_params.detach())
             got = sent.detach()
             if got.shape != ref.shape:
                 return HopVerdict(True, True, f"redundant recompute: output shape {tuple(got.shape)} "
-                                              f"!= {tuple(ref.shape)}")
+                                              f"!= {tuple(ref.shape)}", verifier.pid)
             gap = float((got - ref).abs().max()) if ref.numel() else 0.0
             bound = self.tolerance * (1.0 + float(ref.abs().max()) if ref.numel() else 1.0)
         if not gap <= bound:
             return HopVerdict(True, True, f"redundant recompute by peer {verifier.pid}: max |Δ| = {gap:.3g} "
-                                          f"> {bound:.3g}")
-        return HopVerdict(False, True)
+                                          f"> {bound:.3g}", verifier.pid)
+        return HopVerdict(False, True, verifier=verifier.pid)

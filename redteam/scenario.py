@@ -294,6 +294,9 @@ class PipelineSpec:
     # stage (GWTF) instead of losing the micro-batch
     churn: float = _rule(0.0, lambda v: _prob(v) and v < 1, "must be in [0, 1)")
     crash_tolerance: bool = True
+    # simulated time: a hop (a stage's forward and backward on one micro-batch) takes
+    # hop_time_s / speed on its peer; a recomputation (a forward) a third of that
+    hop_time_s: float = _rule(0.01, _pos, "must be > 0")
     checks: tuple[PluginSpec, ...] = ()
 
 

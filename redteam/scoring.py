@@ -55,7 +55,11 @@ Definitions (also in the README's "Metrics" section):
   never banned; ``check_overhead``: stage forwards recomputed by the checks per hop (each hop is
   a stage forward and backward, about three forwards); ``lost_micro_batches``: micro-batches
   lost with a crashed peer; ``lost_work``: the share of hops whose work was lost because their
-  peer crashed or left before its stage's sync. ``None`` for data-parallel runs.
+  peer crashed or left before its stage's sync; ``pipeline_throughput``: micro-batches that went
+  through every stage per simulated second (a hop takes ``[pipeline] hop_time_s`` / the peer's
+  speed, a recomputation a third of that; peers work in parallel and a round lasts as long as
+  its busiest peer); ``idle_share``: the working peers' mean idle share of a round. ``None`` for
+  data-parallel runs.
 """
 
 from __future__ import annotations
@@ -275,7 +279,8 @@ def pipeline_metrics(records: Sequence[RoundRecord]) -> dict[str, Any]:
     """The ``[pipeline]`` regime's detection latency and check overhead (module docstring);
     all ``None`` for a data-parallel run."""
     out: dict[str, Any] = {"detection_latency": None, "undetected_attackers": None, "check_overhead": None,
-                           "lost_micro_batches": None, "lost_work": None}
+                           "lost_micro_batches": None, "lost_work": None, "pipeline_throughput": None,
+                           "idle_share": None}
     info = [r.extra["pipeline"] for r in records if isinstance(r.extra.get("pipeline"), dict)]
     if not info:
         return out
@@ -294,6 +299,11 @@ def pipeline_metrics(records: Sequence[RoundRecord]) -> dict[str, Any]:
     out["check_overhead"] = recomputed / hops if hops else None
     out["lost_micro_batches"] = sum(int(i.get("lost_micro_batches", 0)) for i in info)
     out["lost_work"] = sum(int(i.get("lost_hops", 0)) for i in info) / hops if hops else None
+    sim = sum(float(i.get("sim_time_s") or 0.0) for i in info)
+    completed = sum(int(i.get("completed", 0)) for i in info)
+    out["pipeline_throughput"] = completed / sim if sim > 0 and completed else None
+    idle = [float(i["idle_share"]) for i in info if i.get("idle_share") is not None]
+    out["idle_share"] = sum(idle) / len(idle) if idle else None
     return out
 
 
@@ -371,6 +381,8 @@ METRICS: dict[str, str] = {
     "check_overhead": "[pipeline]: recomputed stage forwards per hop (the checks' extra compute)",
     "lost_micro_batches": "[pipeline]: micro-batches lost with a crashed peer (no crash tolerance, or its stage empty)",
     "lost_work": "[pipeline]: share of the hops whose work was lost (their peer crashed or left before the sync)",
+    "pipeline_throughput": "[pipeline]: micro-batches through every stage per simulated second",
+    "idle_share": "[pipeline]: mean share of the working peers' time idle in a round (the busiest sets its length)",
 }
 
 
@@ -387,11 +399,11 @@ LANGUAGE_MODEL_METRICS: frozenset[str] = frozenset({
 #: direction: neither way is better in general.
 HIGHER_IS_BETTER: dict[str, bool] = {
     **dict.fromkeys(("final_accuracy", "final_accuracy_last_k", "recall", "precision", "f1", "tn", "tp",
-                     "accuracy_at_end_of_window"), True),
+                     "accuracy_at_end_of_window", "pipeline_throughput"), True),
     **dict.fromkeys(("accuracy_drop", "asr", "fpr", "fp", "fn", "final_loss", "final_bits_per_byte",
                      "final_perplexity", "bits_per_byte_increase", "perplexity_increase", "false_trigger_rate",
                      "near_miss_trigger_rate", "asr_at_end_of_window", "asr_after_k", "backdoor_lifespan",
-                     "detection_latency", "undetected_attackers", "check_overhead", "lost_micro_batches", "lost_work",
+                     "detection_latency", "undetected_attackers", "check_overhead", "lost_micro_batches", "lost_work", "idle_share",
                      "rounds_to_target", "rounds_to_target_loss", "slowdown_rounds", "rejected_updates",
                      "dropped_updates", "wall_time_per_round_s", "defense_time_per_round_s", "sim_time_s"), False),
 }

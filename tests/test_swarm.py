@@ -235,3 +235,16 @@ def test_crash_at_sync_with_routing_capture_wastes_its_stage():
         return summarize(res.records)["lost_work"]
     plain, captured = work(1.0), work(20.0)
     assert 0.0 < plain < 0.2 and captured > 0.25  # one stage of three is a third of the hops
+
+
+def test_simulated_time_throughput_and_idle_share():
+    """Peers work in parallel and a round lasts as long as the busiest: routing capture piles the
+    stage's work on one peer (lower throughput), recomputation adds work (lower throughput)."""
+    def metrics(attack="none", **kw):
+        _, res = run(doc(attack, micro_batches=12, **kw))
+        m = summarize(res.records)
+        assert all(rec.sim_time_s > 0 for rec in res.records) and 0.0 <= m["idle_share"] < 1.0
+        return m["pipeline_throughput"]
+    honest = metrics()
+    assert metrics({"name": "activation_tamper", "advertise": 20.0}) < honest
+    assert metrics(checks=[{"name": "redundant_recompute", "fraction": 0.5}]) < honest

@@ -80,6 +80,7 @@ class _Peer:
     malicious: bool
     served: int = 0
     flags: int = 0
+    busy: float = 0.0  # simulated seconds of compute this round
     down: str = ""  # why it left this round (crashed, or left before the sync): its round's work is lost
     banned_at: int | None = None
     grad: torch.Tensor | None = None
@@ -245,7 +246,7 @@ class SwarmRun:
             self.current_round = rnd  # what the checks read (a monitor's statistics are per round)
             active = sc.window.active(rnd) and bool(self.attack.surfaces)
             for p in self.peers:
-                p.served, p.grad, p.down = 0, None, ""
+                p.served, p.grad, p.down, p.busy = 0, None, "", 0.0
             lost = rerouted = 0
             flagged: dict[int, str] = {}
             acted: dict[int, int] = {}  # malicious peer → hops it served while the attack acted
@@ -285,12 +286,17 @@ class SwarmRun:
                         verdict = check.verify_hop(self, s, peer, inp, sent, params[self.slices[s]],
                                                    self._np["checks"], check_memory.setdefault(id(check), {}))
                         recomputed += int(verdict.recomputed)
+                        if verdict.recomputed and verdict.verifier is not None:  # a forward on the verifier
+                            v = self.peers[verdict.verifier]
+                            v.busy += pl.hop_time_s / 3 / v.speed
                         if verdict.failed:
                             peer.flags += 1
                             flagged[peer.pid] = verdict.reason
                             if peer.flags >= check.strikes and peer.banned_at is None:
                                 peer.banned_at = hop_count
                     peer.served += 1
+                    if not (acting and getattr(self.attack, "skips_compute", False)):
+                        peer.busy += pl.hop_time_s / peer.speed
                     if acting:
                         acted[peer.pid] = acted.get(peer.pid, 0) + 1
                     h = sent
@@ -362,9 +368,17 @@ class SwarmRun:
                 "rerouted_hops": rerouted,
                 "departed": {p.pid: p.down for p in self.peers if p.down},
                 "lost_hops": sum(p.served for p in self.peers if p.down),
+                "completed": completed,
             }}
             if refused:
                 extra["pipeline"]["refused"] = refused
+            # simulated time: peers work in parallel, each on its own hops in turn; the round lasts
+            # as long as its busiest peer (a lazy peer that skips its compute is never busy)
+            makespan = max((p.busy for p in self.peers), default=0.0)
+            working = [p for p in self.peers if p.served or p.busy]
+            extra["pipeline"]["sim_time_s"] = makespan
+            extra["pipeline"]["idle_share"] = (1.0 - sum(p.busy for p in working) / (len(working) * makespan)
+                                               if working and makespan > 0 else None)
             if rnd == 0:
                 extra["untrained"] = untrained
             if not sc.window.is_full:
@@ -377,7 +391,7 @@ class SwarmRun:
                 rejected=dict(sorted(rejected.items())),
                 # an activation forward and its gradient back over each of the stages − 1 links
                 bytes_on_wire=2 * act_bytes * (pl.stages - 1) * completed,
-                sim_time_s=0.0, wall_time_s=time.perf_counter() - t0, defense_time_s=0.0, extra=extra)
+                sim_time_s=makespan, wall_time_s=time.perf_counter() - t0, defense_time_s=0.0, extra=extra)
             records.append(rec)
             if on_round is not None:
                 on_round(rec)
