@@ -285,7 +285,7 @@ class PipelineSpec:
     peers_per_stage: int = _rule(3, lambda v: isinstance(v, int) and 1 <= v <= 1024, "must be an integer in [1, 1024]")
     micro_batches: int = _rule(8, lambda v: isinstance(v, int) and 1 <= v <= 100_000, "must be an integer in [1, 100000]")
     micro_batch_size: int = _rule(8, lambda v: isinstance(v, int) and 1 <= v <= 65_536, "must be an integer in [1, 65536]")
-    routing: Literal["swarm", "round_robin"] = "swarm"
+    routing: Literal["swarm", "flow", "round_robin"] = "swarm"
     attacker_stage: int = _rule(1, lambda v: isinstance(v, int) and v >= 0, "must be an integer ≥ 0")
     attackers: int = _rule(0, lambda v: isinstance(v, int) and v >= 0, "must be an integer ≥ 0")
     throughput_sigma: float = _rule(0.5, _nonneg, "must be ≥ 0")

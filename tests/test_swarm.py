@@ -42,7 +42,7 @@ def test_stages_cut_the_layers_evenly():
     assert stage_of_parameter("tok.weight", 5, 3) == 0 and stage_of_parameter("head.bias", 5, 3) == 2
 
 
-@pytest.mark.parametrize("routing", ["swarm", "round_robin"])
+@pytest.mark.parametrize("routing", ["swarm", "flow", "round_robin"])
 def test_honest_pipeline_is_one_sgd_step_on_the_round_micro_batches(routing):
     """Each stage's peers merged by the sample-weighted mean: every round is exactly the SGD step
     a single process takes on the mean loss of the round's micro-batches (same batches: the run's
@@ -248,3 +248,12 @@ def test_simulated_time_throughput_and_idle_share():
     honest = metrics()
     assert metrics({"name": "activation_tamper", "advertise": 20.0}) < honest
     assert metrics(checks=[{"name": "redundant_recompute", "fraction": 0.5}]) < honest
+
+
+def test_flow_routing_balances_heterogeneous_peers_and_is_captured_by_a_false_advertisement():
+    def throughput(routing, attack="none"):
+        _, res = run(doc(attack, micro_batches=12, routing=routing, throughput_sigma=1.0))
+        return summarize(res.records)["pipeline_throughput"]
+    flow, swarm, rr = throughput("flow"), throughput("swarm"), throughput("round_robin")
+    assert flow > swarm > rr  # the load-balancing router beats proportional wiring beats turns
+    assert throughput("flow", {"name": "activation_tamper", "advertise": 20.0}) < flow

@@ -17,7 +17,13 @@ who trains what and who merges whose updates:
 
 * **routing** — ``"swarm"``: SWARM's stochastic wiring, each hop to a peer of the stage drawn with
   probability proportional to its advertised throughput (log-normal speeds, ``throughput_sigma``,
-  from the run's network stream; an attacker may overstate its own: routing capture); ``"round_robin"``: peers in turn. A banned peer gets no more traffic.
+  from the run's network stream; an attacker may overstate its own: routing capture); ``"flow"``:
+  a centralised greedy stand-in for the flow optimisation of GWTF (Blagoev, Cox, Decouchant &
+  Chen, "Go With The Flow: Churn-Tolerant Decentralized Training of Large Language Models", arXiv
+  2509.21221), which minimises the largest cost of any micro-batch's flow: each hop goes to the
+  peer of the stage that would finish it first by the advertised speeds, balancing the round's
+  load (GWTF's decentralised simulated annealing and its link latency and bandwidth terms are not
+  modelled); ``"round_robin"``: peers in turn. A banned peer gets no more traffic.
 * **one round** — ``micro_batches`` micro-batches of ``micro_batch_size`` windows each, drawn from
   the training pool by the run's training stream; each goes forward through its route (a malicious
   peer's :meth:`~redteam.types.Attack.tamper_activation` decides what it sends on) and backward
@@ -81,6 +87,7 @@ class _Peer:
     served: int = 0
     flags: int = 0
     busy: float = 0.0  # simulated seconds of compute this round
+    planned: float = 0.0  # the flow router's estimate of that, from advertised speeds
     down: str = ""  # why it left this round (crashed, or left before the sync): its round's work is lost
     banned_at: int | None = None
     grad: torch.Tensor | None = None
@@ -223,6 +230,11 @@ class SwarmRun:
                       for p in pool])
         if not np.all(np.isfinite(w)) or w.sum() <= 0:
             raise RedteamError(f"attack {self.attack_spec.name!r}: advertise_throughput gave {w.tolist()}")
+        if self.pl.routing == "flow":  # the peer that would finish this hop first, by what peers advertise
+            finish = [p.planned + self.pl.hop_time_s / float(wk) for p, wk in zip(pool, w)]
+            k = int(np.argmin(finish))
+            pool[k].planned = finish[k]
+            return pool[k]
         return pool[int(self._np["network"].choice(len(pool), p=w / w.sum()))]
 
     # ------------------------------------------------------------------ one run
@@ -246,7 +258,7 @@ class SwarmRun:
             self.current_round = rnd  # what the checks read (a monitor's statistics are per round)
             active = sc.window.active(rnd) and bool(self.attack.surfaces)
             for p in self.peers:
-                p.served, p.grad, p.down, p.busy = 0, None, "", 0.0
+                p.served, p.grad, p.down, p.busy, p.planned = 0, None, "", 0.0, 0.0
             lost = rerouted = 0
             flagged: dict[int, str] = {}
             acted: dict[int, int] = {}  # malicious peer → hops it served while the attack acted
