@@ -137,3 +137,22 @@ def test_html_report_command_is_shell_quoted(tmp_path):
     page = render_html(load_report(out), ["accuracy_drop"])
     cmd = [html.unescape(x) for x in re.findall(r"redteam report [^\n<]*", page)]
     assert [shlex.split(c) for c in cmd] == [["redteam", "report", str(out)]]
+
+
+def test_the_defenders_markdown_header_escapes_the_reference_label():
+    """issue 22 §3: "cost vs LABEL" names the reference defense by its matrix label; rendered with
+    python-markdown (MkDocs' renderer), an unescaped label ran as a script."""
+    import markdown
+
+    from redteam.report import report_from_rows
+    from redteam.report.formats import to_markdown
+    from test_defender_answer import cell_rows
+
+    evil = '<script>alert(1)</script>'
+    rows = cell_rows(evil, "alie", [0.9], [0.5]) + cell_rows("median", "alie", [0.85], [0.7])
+    rep = report_from_rows(rows, meta={"scenario_doc": {"matrix": {"defenses": [{"name": "mean", "label": evil},
+                                                                               "median"]}}})
+    md = to_markdown(rep, ["accuracy_drop"])
+    assert any("cost vs" in line for line in md.splitlines())
+    html = markdown.markdown(md, extensions=["tables"])
+    assert "<script" not in html

@@ -220,7 +220,9 @@ def defenders_markdown(report: Report) -> list[str]:
         if g.headline:
             lines.append("")
         header, body = defender_columns(g, summary)
-        lines += _md_table(header, [[r[0], md_text(r[1]), *[md_text(x) for x in r[2:]]] for r in body], right_from=2)
+        # the header names the reference defense by its label ("cost vs LABEL"): a scenario's string
+        lines += _md_table([md_text(h) for h in header],
+                           [[md_text(r[0]), md_text(r[1]), *[md_text(x) for x in r[2:]]] for r in body], right_from=2)
         lines += ["", " ".join(md_text(n) for n in defender_notes(g, summary)), ""]
     return lines
 
