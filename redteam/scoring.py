@@ -477,12 +477,15 @@ def mean_ci(values: Sequence[float | None], confidence: float = 0.95) -> dict[st
     xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     if not xs:
         return {"mean": None, "lo": None, "hi": None, "n": 0}
-    m = sum(xs) / len(xs)
-    if len(xs) == 1:
+    n = len(xs)
+    m = sum(x / n for x in xs)  # divided first: values near float64's range do not overflow the sum
+    if n == 1:
         return {"mean": m, "lo": m, "hi": m, "n": 1}
-    var = sum((x - m) ** 2 for x in xs) / (len(xs) - 1)
-    half = _t_quantile(0.5 + confidence / 2, len(xs) - 1) * math.sqrt(var / len(xs))
-    return {"mean": m, "lo": m - half, "hi": m + half, "n": len(xs)}
+    # the deviations scaled by the largest one before squaring (1e300 ** 2 overflows float64)
+    scale = max(abs(x - m) for x in xs)
+    sd_over_scale = math.sqrt(sum(((x - m) / scale) ** 2 for x in xs) / (n - 1)) if scale > 0 else 0.0
+    half = _t_quantile(0.5 + confidence / 2, n - 1) * (scale * (sd_over_scale / math.sqrt(n)))
+    return {"mean": m, "lo": m - half, "hi": m + half, "n": n}
 
 
 # two-sided 95 % Student-t critical values t_{0.975, ν} for ν = 1..30 (standard tables)

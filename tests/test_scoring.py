@@ -339,3 +339,14 @@ def test_final_accuracy_last_k():
         final_accuracy_last_k(recs, 0)
     assert summarize(recs)["final_accuracy_last_k"] == 0.8  # default k = 1
     assert summarize(recs, last_k=2)["final_accuracy_last_k"] == pytest.approx(0.86)
+
+
+def test_mean_ci_near_float64s_range_does_not_overflow():
+    """issue 22 §2: a legal scenario (latency_ms = 1e300) gave sim times whose squared deviations
+    overflowed, crashing the matrix after every run and every later report of the store."""
+    from redteam.scoring import mean_ci
+
+    small, big = mean_ci([1.0, 1.5, 2.0]), mean_ci([1e300, 1.5e300, 2e300])
+    for k in ("mean", "lo", "hi"):
+        assert big[k] == pytest.approx(small[k] * 1e300, rel=1e-12)
+    assert mean_ci([1.7e308, 1.7e308])["mean"] == pytest.approx(1.7e308)
