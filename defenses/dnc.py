@@ -130,7 +130,8 @@ class DnC(Aggregator):
         check_count(self, "f", v)
 
     def validate_c(self, v: float) -> None:
-        check_number(self, "c", v, low=0.0)
+        # c·f clients are removed; beyond a million times f no round has that many (and c·f would overflow)
+        check_number(self, "c", v, low=0.0, high=1e6)
 
     def validate_b(self, v: int) -> None:
         check_count(self, "b", v, allow_none=False, minimum=1)

@@ -463,6 +463,10 @@ def expand(
             f"{where}: [matrix].seeds = {shown(seeds_spec)}: {n_seeds} replicates, more than the cap of "
             f"{limits.max_seeds} (REDTEAM_MAX_SEEDS raises it)"
         )
+    if isinstance(seeds_spec, list) and len(set(seeds_spec)) != len(seeds_spec):
+        dup = sorted({s for s in seeds_spec if seeds_spec.count(s) > 1})
+        raise InvalidScenario(f"{where}: [matrix].seeds = {shown(seeds_spec)}: replicate indices must be distinct "
+                              f"(repeated: {', '.join(map(str, dup[:5]))}); a repeated index is the same run")
     seeds = tuple(range(seeds_spec)) if isinstance(seeds_spec, int) else tuple(seeds_spec)
 
     settings_tab = mx.get("settings", {})

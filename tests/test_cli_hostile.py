@@ -172,3 +172,20 @@ def test_atomic_write_replaces_a_symlink_target_instead_of_writing_through_it(tm
     mask = os.umask(0)
     os.umask(mask)
     assert (link.stat().st_mode & 0o777) == (0o666 & ~mask)
+
+
+@pytest.mark.parametrize("body,says", [
+    ('[transport]\ncodec = "topk"\ncodec_params = { name = "x" }\n', "has no parameter 'name'"),
+    ('[defense]\nname = "dnc"\nc = 1e308\n', "DnC.c = 1e+308"),
+    ('[matrix]\nseeds = [1, 1]\n', "replicate indices must be distinct"),
+])
+def test_issue22_inputs_are_one_line_errors(tmp_path, capsys, body, says):
+    """issue 22 §5: each of these was a traceback (TypeError, OverflowError, sqlite IntegrityError)."""
+    from redteam.cli import main
+
+    p = tmp_path / "s.toml"
+    p.write_text('[federation]\nclients = 6\nrounds = 1\nmalicious_fraction = 0.34\n[attack]\nname = "sign_flip"\n'
+                 + body)
+    assert main(["matrix", str(p), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0] and "Traceback" not in err[0]

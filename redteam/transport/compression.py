@@ -787,7 +787,7 @@ class RandK(_Sparse):
 CODECS: dict[str, type[Codec]] = {c.name: c for c in (Dense, Float16, BFloat16, Int8, TopK, RandK)}
 
 
-def make_codec(name: str, **params: Any) -> Codec:
+def make_codec(name: str, /, **params: Any) -> Codec:
     """Build the codec registered as ``name`` (see :data:`CODECS`) with ``params``."""
     if name not in CODECS:
         close = difflib.get_close_matches(str(name), list(CODECS), n=3, cutoff=0.5)
