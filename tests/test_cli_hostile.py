@@ -189,3 +189,13 @@ def test_issue22_inputs_are_one_line_errors(tmp_path, capsys, body, says):
     assert main(["matrix", str(p), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and says in err[0] and "Traceback" not in err[0]
+
+
+def test_a_5000_digit_integer_in_a_limits_file_is_one_line(tmp_path, capsys):
+    from redteam.cli import main
+
+    p = tmp_path / "lim.toml"
+    p.write_text("[model]\nparams = " + "9" * 5000 + "\n")
+    assert main(["limits", str(p)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "digits" in err[0]

@@ -361,4 +361,6 @@ def load_limits(path: str | Path) -> LimitsConfig:
         raise InvalidScenario(f"{name}: not UTF-8 text") from None
     except (tomllib.TOMLDecodeError, RecursionError) as exc:
         raise InvalidScenario(f"{name}: not valid TOML: {str(exc).splitlines()[0][:200]}") from None
+    except ValueError as exc:  # an integer literal over Python's digit limit (issue 22 §5)
+        raise InvalidScenario(f"{name}: invalid TOML: {str(exc).splitlines()[0][:120]}") from None
     return parse_limits(doc, file=name, base_dir=str(p.resolve().parent))
