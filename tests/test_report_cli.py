@@ -305,7 +305,7 @@ def test_matrix_prints_summary_and_writes_html(tmp_path, capsys):
     assert code == 0 and json.loads(js)["scenario"]["name"] == "tiny"
 
 
-def test_unfinished_cells_are_marked_and_not_judged(tmp_path, capsys):
+def test_unfinished_cells_are_marked_and_fail_closed(tmp_path, capsys):
     path = make_store(tmp_path / "partial")
     with ResultsStore(path, create=False) as st:
         plan = st.plan()
@@ -315,7 +315,11 @@ def test_unfinished_cells_are_marked_and_not_judged(tmp_path, capsys):
     code, out, err = run(capsys, "report", path, "--fail-if", "accuracy_drop > 0.12")
     assert code == 1
     assert "16/17 runs finished" in out and "…" in out
-    assert "1 cell(s) have no finished run" in err and "median[" not in err.split("fail:")[1]
+    assert "1 cell(s) have no finished run" in err
+    assert "median[sign_flip,malicious_fraction=0.25]: no finished run (fails closed)" in err.split("fail:")[1]
+    # a gate that passes every finished cell still fails on the cell nothing can be said of
+    code, _, err = run(capsys, "report", path, "--fail-if", "accuracy_drop > 10")
+    assert code == 1 and "fails closed" in err
 
 
 def test_print_summary_without_a_store_says_so(tmp_path):

@@ -86,13 +86,23 @@ def _default_metrics(fmt: str, report: Any) -> list[str]:
 
 
 def fail_if_cells(report: Any, condition: Any) -> list[tuple[Any, dict[str, float | None]]]:
-    """The cells (with the values the condition read) for which ``condition`` holds."""
+    """The cells (with the values the condition read) that fail: those for which ``condition``
+    holds, and — failing closed (issue 22 §7) — those with no finished run and those where a
+    metric the condition reads is present but not a finite number (a damaged or hand-edited store)."""
     out = []
     for c in report.cells:
         values = {m: c.value(m) for m in condition.metrics}
-        if condition.holds(values):
+        if c.finished == 0 or _unreadable(values) or condition.holds(values):
             out.append((c, values))
     return out
+
+
+def _unreadable(values: dict[str, Any]) -> list[str]:
+    """The metrics whose value is present but not a finite number."""
+    import math
+
+    return [m for m, v in values.items() if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                                                or not math.isfinite(v))]
 
 
 def _write(text: str, out: str | None) -> None:
@@ -154,8 +164,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 0
     unjudged = [c.cell_id for c in report.cells if c.finished == 0]
     if unjudged:
-        print(f"--fail-if: {len(unjudged)} cell(s) have no finished run; their metrics are undefined",
-              file=sys.stderr)
+        print(f"--fail-if: {len(unjudged)} cell(s) have no finished run; nothing can be judged there, so the "
+              "gate fails closed on them", file=sys.stderr)
     from ..runner.outputs import terminal_safe
 
     failing = fail_if_cells(report, condition)
@@ -167,6 +177,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     n = len(failing) + len(broken)
     print(f"--fail-if {condition.text!r}: {n} of {len(report.cells)} cell(s) fail:", file=sys.stderr)
     for c, values in failing:
+        if c.finished == 0:
+            print(f"  {terminal_safe(c.cell_id)}: no finished run (fails closed)", file=sys.stderr)
+            continue
+        bad = _unreadable(values)
+        if bad:
+            print(f"  {terminal_safe(c.cell_id)}: {', '.join(bad)} not a finite number in the store (fails closed)",
+                  file=sys.stderr)
+            continue
         vals = ", ".join(f"{m} = {'null' if v is None else fmt_value(m, v)}" for m, v in values.items())
         why = f" (and the model broke in {c.broken} of {c.finished} seed(s))" if c.broken else ""
         print(f"  {terminal_safe(c.cell_id)}: {vals}{why}", file=sys.stderr)

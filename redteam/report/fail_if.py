@@ -22,6 +22,9 @@ seed) makes every comparison it takes part in *false*. ``not`` negates that resu
 usual, so ``not asr < 0.2`` is *true* for a cell without an ASR; write
 ``asr >= 0.2`` rather than ``not asr < 0.2`` to gate only the cells that have one.
 
+**No finished run, or a value that is not a number, fails closed** (``redteam report
+--fail-if``): such a cell fails the gate whatever the condition says.
+
 **A broken model fails closed.** ``redteam report --fail-if`` fails a cell whose model
 broke in any finished seed (the round loop flagged ``model_nonfinite`` in a round's
 ``extra``, or the final loss is NaN/inf), whatever the condition says: metrics that are
