@@ -342,3 +342,18 @@ def test_labels_are_escaped_in_html_and_figures():
     page = render_html(report_from_rows(rows, meta={"scenario_name": "<i>x</i>"}), ["accuracy_drop"])
     assert "<script" not in page and "<u>" not in page and "<i>x" not in page
     assert "&lt;script&gt;" in page and "&lt;i&gt;x" in page
+
+
+def test_report_writes_nothing_to_the_store_it_reads(tmp_path, capsys):
+    """issue 22 §7: `redteam report` opened the store for writing (schema statements, journal
+    mode); a report is a reader: the file's bytes stay the same and no side file appears."""
+    import hashlib
+
+    path = make_store(tmp_path / "ro")
+    db = path / "results.sqlite" if path.is_dir() else path
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    side = sorted(p.name for p in db.parent.iterdir())
+    code, out, err = run(capsys, "report", path)
+    assert code == 0, err
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+    assert sorted(p.name for p in db.parent.iterdir()) == side

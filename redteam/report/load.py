@@ -64,7 +64,7 @@ def load_report(
         raise StoreError(f"{p}: no results store here (run `redteam matrix SCENARIO --out {p}` first)")
     _check_readonly(p / STORE_NAME if p.is_dir() else p)
     try:
-        with ResultsStore(p, create=False) as store:
+        with ResultsStore(p, create=False, readonly=True) as store:  # a report writes nothing to the store
             rows = store.results(with_rounds=True)
             meta = {k: _json_meta(store, k) for k in
                     ("scenario_name", "scenario_file", "scenario_digest", "versions", "reproduce", "scenario_doc",

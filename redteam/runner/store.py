@@ -182,19 +182,28 @@ def store_file(path: str | Path) -> Path:
 class ResultsStore:
     """Open (creating if asked) the store at ``path`` (a directory or a ``.sqlite`` file)."""
 
-    def __init__(self, path: str | Path, *, create: bool = True) -> None:
+    def __init__(self, path: str | Path, *, create: bool = True, readonly: bool = False) -> None:
         p = Path(path)
         if p.suffix != ".sqlite":
-            if create:
+            if create and not readonly:
                 p.mkdir(parents=True, exist_ok=True)
             p = p / STORE_NAME
-        if not create and not p.exists():
+        if (not create or readonly) and not p.exists():
             raise StoreError(f"{p}: no results store here (run `redteam matrix SCENARIO --out DIR` first)")
         if p.exists():
             check_store_file(p)
         else:
             _create_store(p)
         self.path = p
+        if readonly:  # a reader (redteam report) writes nothing: no schema statement, no journal mode
+            try:
+                self._db = connect_readonly(p)
+                v = self.meta("schema_version")
+            except sqlite3.DatabaseError as exc:
+                raise StoreError(f"{p}: not a redteam results store ({exc})") from None
+            if v != str(SCHEMA_VERSION):
+                raise StoreError(f"{p}: store schema version {v}, this redteam reads {SCHEMA_VERSION}")
+            return
         try:
             self._db = sqlite3.connect(p, timeout=60.0, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
