@@ -353,7 +353,23 @@ def test_report_writes_nothing_to_the_store_it_reads(tmp_path, capsys):
     db = path / "results.sqlite" if path.is_dir() else path
     before = hashlib.sha256(db.read_bytes()).hexdigest()
     side = sorted(p.name for p in db.parent.iterdir())
-    code, out, err = run(capsys, "report", path)
+    import sqlite3
+
+    import redteam.runner.store as store_mod
+
+    opened: list[str] = []
+    real = sqlite3.connect
+
+    def spy(target, *a, **k):
+        opened.append(str(target))
+        return real(target, *a, **k)
+
+    import pytest as _pytest
+
+    with _pytest.MonkeyPatch.context() as mp:
+        mp.setattr(store_mod.sqlite3, "connect", spy)
+        code, out, err = run(capsys, "report", path)
     assert code == 0, err
+    assert opened and all("mode=ro" in t for t in opened), opened  # every connection read-only
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before
     assert sorted(p.name for p in db.parent.iterdir()) == side
