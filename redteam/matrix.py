@@ -370,6 +370,10 @@ def _entry_label(entry: Any, kind: str, where: str, i: int) -> tuple[str, dict[s
     label = table.pop("label", None)
     if label is not None and not isinstance(label, str):
         raise InvalidScenario(f"{where}: [matrix].{kind}[{i}].label = {shown(label)}: must be a string")
+    cap = Limits.from_env().max_label_chars
+    if isinstance(label, str) and len(label) > cap:
+        raise InvalidScenario(f"{where}: [matrix].{kind}[{i}].label: {len(label)} characters, more than the cap of "
+                              f"{cap} (REDTEAM_MAX_LABEL_CHARS raises it)")
     if "pipeline" in table:
         stages = table["pipeline"]
         if not isinstance(stages, list) or not stages or not all(

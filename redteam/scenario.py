@@ -47,7 +47,8 @@ from typing import Any, Callable, Literal, Mapping
 
 from .errors import InvalidParameter, InvalidScenario, RedteamError
 from .registry import ATTACKS, DEFENSES, WORKLOADS, _coerce
-from .scenario_limits import Limits, check_federation, check_integers, read_scenario_bytes, scan_text, shown
+from .scenario_limits import (Limits, check_federation, check_integers, check_work, read_scenario_bytes, scan_text,
+                              shown)
 
 __all__ = [
     "Scenario",
@@ -508,7 +509,8 @@ def _describe(tp: Any) -> str:
     return str(tp)
 
 
-def _plugin(table: Any, section: str, where: _Where, registry: Any, check: bool = True) -> PluginSpec:
+def _plugin(table: Any, section: str, where: _Where, registry: Any, check: bool = True,
+            limits: Limits | None = None) -> PluginSpec:
     if isinstance(table, str):
         table = {"name": table}
     if not isinstance(table, Mapping):
@@ -519,11 +521,18 @@ def _plugin(table: Any, section: str, where: _Where, registry: Any, check: bool 
     params = {k: v for k, v in table.items() if k != "name"}
     if not isinstance(name, str) or not name or len(name) > 100:
         raise where.err(f"[{section}].name", name, "must be a registered name (a short string)")
-    if check:
+    if check:  # the plugin's own checks first: its message is the more precise
         try:
             registry.create(name, params)
         except RedteamError as exc:
             raise InvalidScenario(f"{where.file}: [{section}]: {exc}") from None
+    lim = limits if limits is not None else Limits.from_env()
+    check_work(section, params, lim, where.file, kind=section)
+    for k, v in params.items():  # a composition's parts (compose, adaptive) carry their own loops
+        if isinstance(v, list):
+            for i, part in enumerate(v):
+                if isinstance(part, Mapping):
+                    check_work(f"{section}.{k}[{i}]", part, lim, where.file)
     return PluginSpec(name, params)
 
 

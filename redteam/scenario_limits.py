@@ -59,6 +59,11 @@ class Limits:
     max_batch_size: int = 65_536
     max_shards_per_client: int = 10_000
     max_samples_per_step: int = 1 << 22
+    # issue 22 §4: the plugin parameters that scale work or memory (checked by check_work)
+    max_plugin_iterations: int = 10_000   # attack / defense loops: steps, niters, n_iter, max_iter
+    max_model_width: int = 8_192          # workload width / hidden / channels / embed
+    max_model_layers: int = 256           # workload layers / heads
+    max_label_chars: int = 200            # a matrix entry's label
     allow_include_outside: bool = False
 
     @classmethod
@@ -267,3 +272,24 @@ def check_federation(fed: Any, limits: Limits, file: str) -> None:
             f"{file}: [federation].batch_size = {fed.batch_size}: clients × batch_size = {per_step} samples per "
             f"batched step, more than {limits.max_samples_per_step} (REDTEAM_MAX_SAMPLES_PER_STEP raises the cap)"
         )
+
+
+#: plugin parameters that count iterations of a loop (capped by ``max_plugin_iterations``)
+ITERATION_KEYS = ("steps", "niters", "n_iter", "max_iter", "iterations", "n_steps")
+#: workload parameters that size the model (``max_model_width`` / ``max_model_layers``)
+WIDTH_KEYS = ("width", "hidden", "channels", "embed")
+DEPTH_KEYS = ("layers", "heads")
+
+
+def check_work(section: str, params: Mapping[str, Any], limits: "Limits", file: str, kind: str = "") -> None:
+    """Refuse a plugin parameter that would scale work or memory past its cap (one line, naming
+    the key, the cap and the variable that raises it). ``kind``: ``"workload"`` for the model's sizes."""
+    caps = [(ITERATION_KEYS, limits.max_plugin_iterations, "REDTEAM_MAX_PLUGIN_ITERATIONS")]
+    if kind == "workload":
+        caps += [(WIDTH_KEYS, limits.max_model_width, "REDTEAM_MAX_MODEL_WIDTH"),
+                 (DEPTH_KEYS, limits.max_model_layers, "REDTEAM_MAX_MODEL_LAYERS")]
+    for keys, cap, var in caps:
+        for k in keys:
+            v = params.get(k)
+            if isinstance(v, int) and not isinstance(v, bool) and v > cap:
+                raise InvalidScenario(f"{file}: [{section}].{k} = {v}: more than the cap of {cap} ({var} raises it)")

@@ -347,3 +347,34 @@ def test_values_in_messages_are_cut_to_about_60_characters():
         parse_scenario({"federation": {"clients": 10**5000}}, file="api")
     assert str(ei.value) == ("api: [federation].clients = an integer of about 5001 digits: must be ≤ 100000 "
                              "(REDTEAM_MAX_CLIENTS raises the cap)")
+
+
+@pytest.mark.parametrize("doc,says", [
+    ({"workload": {"name": "text", "width": 100_000}}, "[workload].width = 100000: more than the cap of 8192"),
+    ({"workload": {"name": "text", "layers": 10_000}}, "REDTEAM_MAX_MODEL_LAYERS"),
+    ({"defense": {"name": "dnc", "niters": 10**7}}, "[defense].niters"),
+    ({"defense": {"pipeline": [{"name": "centered_clipping", "n_iter": 10**9}, {"name": "mean"}]}},
+     "[defense.pipeline[0]].n_iter"),
+    ({"attack": {"name": "compose", "attacks": [{"name": "neurotoxin", "steps": 10**6}]}}, "[attack.attacks[0]].steps"),
+])
+def test_parameters_that_scale_work_are_capped(doc, says):
+    """issue 22 §4: the text model's size and the plugins' loops (hangs and allocation tracebacks)."""
+    from redteam.scenario import parse_scenario
+
+    with pytest.raises(InvalidScenario) as e:
+        parse_scenario(doc)
+    assert says in str(e.value)
+
+
+def test_the_work_caps_are_raised_from_the_environment(monkeypatch):
+    from redteam.scenario import parse_scenario
+
+    monkeypatch.setenv("REDTEAM_MAX_PLUGIN_ITERATIONS", "20000000")
+    parse_scenario({"defense": {"name": "dnc", "niters": 10**7}})
+
+
+def test_a_huge_matrix_label_is_refused():
+    from redteam.matrix import expand
+
+    with pytest.raises(InvalidScenario, match="REDTEAM_MAX_LABEL_CHARS"):
+        expand({"matrix": {"attacks": [{"name": "sign_flip", "label": "x" * 100_000}]}}, "t.toml")
