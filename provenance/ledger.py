@@ -173,6 +173,16 @@ class Ledger:
         self.close()
 
     # ------------------------------------------------------------------ reading
+    def _check_intact(self) -> None:
+        """Raise :class:`ProvenanceError` unless SQLite finds the file's pages intact."""
+        try:
+            rows = [r[0] for r in self._conn.execute("PRAGMA quick_check(5)").fetchall()]
+        except sqlite3.DatabaseError as exc:
+            raise ProvenanceError(f"{self.path}: damaged ledger ({exc})") from None
+        if rows != ["ok"]:
+            raise ProvenanceError(f"{self.path}: damaged ledger (SQLite integrity check: "
+                                  f"{one_line('; '.join(map(str, rows)), 160)})")
+
     @property
     def size(self) -> int:
         return self._conn.execute("SELECT COALESCE(MAX(idx) + 1, 0) FROM entries").fetchone()[0]
@@ -451,6 +461,7 @@ class Ledger:
         """Write the log for independent checking: ``entries.jsonl`` (one Rekor-style entry
         per line), ``checkpoints.jsonl``, ``checkpoint`` (latest note), ``trusted_root.json``
         and ``log.pub``. Returns the paths."""
+        self._check_intact()  # a damaged file must not export as a shorter, valid-looking log
         d = Path(out_dir)
         d.mkdir(parents=True, exist_ok=True)
         paths = {k: d / v for k, v in (("entries", "entries.jsonl"), ("checkpoints", "checkpoints.jsonl"),

@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import signal
 import sqlite3
+from pathlib import Path
 import subprocess
 import sys
 import time
@@ -344,3 +345,20 @@ def test_proofs_read_only_log_n_subtrees_through_the_primary_key(ledger, monkeyp
     sql = "SELECT level, idx, hash FROM nodes WHERE (level=? AND idx=?) OR (level=? AND idx=?)"
     plan = " ".join(str(r) for r in ledger._conn.execute("EXPLAIN QUERY PLAN " + sql, (0, 1, 1, 0)))
     assert "USING PRIMARY KEY" in plan and "SCAN nodes" not in plan
+
+
+def test_export_of_a_damaged_ledger_is_refused_not_shortened(ledger, tmp_path):
+    """issue 22 §5: a damaged page must not export as a shorter, valid-looking log."""
+    path = ledger.path
+    ledger.close()
+    data = bytearray(path.read_bytes())
+    page = 4096
+    for start in range(2 * page, len(data), page):  # overwrite every page after the schema's
+        data[start + 100:start + page] = b"\xab" * (page - 100)
+    path.write_bytes(bytes(data))
+    for suffix in ("-wal", "-shm"):
+        Path(str(path) + suffix).unlink(missing_ok=True)
+    with pytest.raises(ProvenanceError, match="damaged ledger|not a ledger|cannot open"):
+        with Ledger.open(path) as led:
+            led.export(tmp_path / "exp")
+    assert not (tmp_path / "exp" / "entries.jsonl").exists()
