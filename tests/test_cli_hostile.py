@@ -199,3 +199,22 @@ def test_a_5000_digit_integer_in_a_limits_file_is_one_line(tmp_path, capsys):
     assert main(["limits", str(p)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "digits" in err[0]
+
+
+def test_text_dir_with_a_non_utf8_file_name_is_one_line(tmp_path, capsys):
+    """issue 22 §5: a document whose name's bytes are not UTF-8 crashed the manifests (UnicodeEncodeError)."""
+    import os
+
+    from redteam.cli import main
+
+    d = tmp_path / "docs"
+    (d / "pkg").mkdir(parents=True)
+    with open(os.path.join(os.fsencode(d / "pkg"), b"bad\xff.txt"), "wb") as f:
+        f.write(b"some text for the model to read. " * 40)
+    (d / "pkg" / "good.txt").write_text("another document with text. " * 40)
+    p = tmp_path / "t.toml"
+    p.write_text(f'[workload]\nname = "text"\ntext_dir = "{d}"\ncontext = 8\nwidth = 8\nheads = 2\nlayers = 1\n'
+                 '[federation]\nclients = 2\nrounds = 1\npartition = "iid"\n')
+    assert main(["run", str(p)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not UTF-8" in err[0]

@@ -122,12 +122,26 @@ def directory_documents(text_dir: str | Path) -> list[Document]:
     if not base.is_dir():
         raise InvalidParameter(f"text_dir = {str(text_dir)!r}: not a directory")
     docs: list[Document] = []
-    for path in sorted(base.rglob("*")):
+    try:
+        paths = sorted(base.rglob("*"))
+    except OSError as exc:  # an unreadable folder inside the tree
+        raise InvalidParameter(f"text_dir = {str(text_dir)!r}: cannot list {exc.filename!r}: {exc.strerror}") from None
+    for path in paths:
         if path.is_symlink() or not path.is_file():
             continue
         rel = path.relative_to(base)
+        try:
+            rel.as_posix().encode("utf-8")
+        except UnicodeEncodeError:  # the name's bytes are not UTF-8: manifests and logs could not name it
+            raise InvalidParameter(f"text_dir = {str(text_dir)!r}: the file name {rel.as_posix()!r} is not UTF-8; "
+                                   "rename it (documents are named in signed manifests)") from None
         group = rel.parts[0] if len(rel.parts) > 1 else rel.as_posix()
-        docs.append(Document(rel.as_posix(), group, path.read_bytes(), str(path.resolve())))
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise InvalidParameter(f"text_dir = {str(text_dir)!r}: cannot read {rel.as_posix()!r}: "
+                                   f"{exc.strerror}") from None
+        docs.append(Document(rel.as_posix(), group, data, str(path.resolve())))
     if not docs:
         raise InvalidParameter(f"text_dir = {str(text_dir)!r}: contains no files")
     return docs
