@@ -65,7 +65,32 @@ def _check_strength(obj: object, v: float) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class ActivationTamper(Attack):
+class _StagePeer(Attack):
+    """What every stage-peer attack shares: the ``advertise`` factor (routing capture)."""
+
+    advertise: float = 1.0
+    surfaces: ClassVar[tuple[str, ...]] = (Surface.PIPELINE,)
+
+    def validate_advertise(self, v: float) -> None:
+        _check_advertise(self, v)
+
+    def advertise_throughput(self, speed: float) -> float:
+        return speed * float(self.advertise)
+
+
+@dataclass(frozen=True, slots=True)
+class _Perturbing(_StagePeer):
+    """The checks of ``kind`` and ``strength`` (:func:`_perturb`'s parameters)."""
+
+    def validate_kind(self, v: str) -> None:
+        _check_kind(self, v)
+
+    def validate_strength(self, v: float) -> None:
+        _check_strength(self, v)
+
+
+@dataclass(frozen=True, slots=True)
+class ActivationTamper(_Perturbing):
     """The stage's output, tampered before it is sent to the next stage.
 
     * ``kind``: ``"noise"`` (default; adds ``strength`` × RMS(output) × N(0, 1) noise, Lu et
@@ -75,58 +100,30 @@ class ActivationTamper(Attack):
 
     kind: Literal["noise", "scale", "sign"] = "noise"
     strength: float = 1.0
-    advertise: float = 1.0
-    surfaces: ClassVar[tuple[str, ...]] = (Surface.PIPELINE,)
     summary: ClassVar[str] = "Stage peer tampers with the activations it forwards (noise, scale, sign)"
     reference: ClassVar[str] = "Lu et al., ICML 2024 (pipeline-parallel decentralized training)"
-
-    def validate_kind(self, v: str) -> None:
-        _check_kind(self, v)
-
-    def validate_advertise(self, v: float) -> None:
-        _check_advertise(self, v)
-
-    def advertise_throughput(self, speed: float) -> float:
-        return speed * float(self.advertise)
-
-    def validate_strength(self, v: float) -> None:
-        _check_strength(self, v)
 
     def tamper_activation(self, out: "torch.Tensor", inp: "torch.Tensor", ctx: StageContext) -> "torch.Tensor":
         return _perturb(out, self.kind, float(self.strength), ctx.generator)
 
 
 @dataclass(frozen=True, slots=True)
-class GradientTamper(Attack):
+class GradientTamper(_Perturbing):
     """The gradient the stage sends back to the previous stage, tampered (``kind`` and
     ``strength`` as :class:`ActivationTamper`'s). A first-stage peer has no previous stage: there
     it does nothing."""
 
     kind: Literal["noise", "scale", "sign"] = "sign"
     strength: float = 1.0
-    advertise: float = 1.0
-    surfaces: ClassVar[tuple[str, ...]] = (Surface.PIPELINE,)
     summary: ClassVar[str] = "Stage peer tampers with the gradients it sends back (noise, scale, sign)"
     reference: ClassVar[str] = "Lu et al., ICML 2024 (pipeline-parallel decentralized training)"
-
-    def validate_kind(self, v: str) -> None:
-        _check_kind(self, v)
-
-    def validate_advertise(self, v: float) -> None:
-        _check_advertise(self, v)
-
-    def advertise_throughput(self, speed: float) -> float:
-        return speed * float(self.advertise)
-
-    def validate_strength(self, v: float) -> None:
-        _check_strength(self, v)
 
     def tamper_gradient(self, grad: "torch.Tensor", ctx: StageContext) -> "torch.Tensor":
         return _perturb(grad, self.kind, float(self.strength), ctx.generator)
 
 
 @dataclass(frozen=True, slots=True)
-class LazyPeer(Attack):
+class LazyPeer(_StagePeer):
     """A peer that skips its stage's compute and still takes the traffic.
 
     * ``mode``: ``"identity"`` (default) forwards its input unchanged (a stage of transformer
@@ -136,21 +133,13 @@ class LazyPeer(Attack):
     """
 
     mode: Literal["identity", "stale"] = "identity"
-    advertise: float = 1.0
     skips_compute: ClassVar[bool] = True  # its hops cost it no compute (the simulated time)
-    surfaces: ClassVar[tuple[str, ...]] = (Surface.PIPELINE,)
     summary: ClassVar[str] = "Lazy stage peer: forwards its input (or a stale output) instead of computing"
     reference: ClassVar[str] = "Lu et al., ICML 2024; the free-rider of SWARM's threat model (Ryabinin et al., ICML 2023)"
 
     def validate_mode(self, v: str) -> None:
         if v not in ("identity", "stale"):
             raise param_error(self, "mode", v, 'must be "identity" or "stale"')
-
-    def validate_advertise(self, v: float) -> None:
-        _check_advertise(self, v)
-
-    def advertise_throughput(self, speed: float) -> float:
-        return speed * float(self.advertise)
 
     def tamper_activation(self, out: "torch.Tensor", inp: "torch.Tensor", ctx: StageContext) -> "torch.Tensor":
         key = ("lazy_last", ctx.peer)
@@ -164,18 +153,10 @@ class LazyPeer(Attack):
 
 
 @dataclass(frozen=True, slots=True)
-class CrashAtSync(Attack):
+class CrashAtSync(_StagePeer):
     """Serve honestly, then leave at the worst moment: just before the stage's sync (module
     docstring). With ``advertise`` > 1 it first draws most of its stage's micro-batches."""
 
-    advertise: float = 1.0
     leaves_before_sync: ClassVar[bool] = True
-    surfaces: ClassVar[tuple[str, ...]] = (Surface.PIPELINE,)
     summary: ClassVar[str] = "Crash timing: a stage peer takes traffic all round and leaves just before the sync"
     reference: ClassVar[str] = "the churn threat model of SWARM (Ryabinin et al., ICML 2023) and GWTF"
-
-    def validate_advertise(self, v: float) -> None:
-        _check_advertise(self, v)
-
-    def advertise_throughput(self, speed: float) -> float:
-        return speed * float(self.advertise)

@@ -280,7 +280,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for m in methods:
             res[m] = _run_child(m, args, os.path.join(tmp, f"{m}.pt"))
-        saved = {m: torch.load(os.path.join(tmp, f"{m}.pt")) for m in methods if isinstance(res[m], dict)}
+        saved = {m: torch.load(os.path.join(tmp, f"{m}.pt"), weights_only=True) for m in methods if isinstance(res[m], dict)}
     first = next((r for r in res.values() if isinstance(r, dict)), None)
     if first is not None:
         print(f"parameters {first['d']:,}; torch threads {first['threads']}; {first['device_name']}\n")

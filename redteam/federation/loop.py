@@ -73,11 +73,27 @@ from .server_opt import make_server_optimizer
 from .state import ClientStates
 from .training import BatchedTrainer, LocalTraining, StackedData
 
-__all__ = ["Federation", "RunResult", "resolve_device"]
+__all__ = ["Federation", "RunResult", "resolve_device", "random_streams"]
 
 # appended streams never change the earlier ones (SeedSequence children are indexed)
 _STREAMS = ("split", "roles", "init", "train", "network", "attack", "defense", "codec", "merge", "root",
             "keys", "provenance", "sampling")
+
+
+def random_streams(scenario: Scenario, names: tuple[str, ...]
+                   ) -> tuple[dict[str, np.random.Generator], dict[str, torch.Generator]]:
+    """Independent numpy and torch streams, one per name, spawned from the scenario seed
+    (appending a name never changes the earlier ones); with ``[scenario] training_seed`` the
+    ``init`` and ``train`` streams come from that seed instead."""
+    seeds = dict(zip(names, np.random.SeedSequence(scenario.seed).spawn(len(names))))
+    training_seed = getattr(scenario.scenario, "training_seed", None)
+    if training_seed is not None:  # model init and batches from their own seed
+        own = dict(zip(names, np.random.SeedSequence(training_seed).spawn(len(names))))
+        seeds["init"], seeds["train"] = own["init"], own["train"]
+    gens = {k: np.random.default_rng(s) for k, s in seeds.items()}
+    torch_gens = {k: torch.Generator(device="cpu").manual_seed(int(s.generate_state(1, np.uint64)[0] >> np.uint64(1)))
+                  for k, s in seeds.items()}
+    return gens, torch_gens
 
 
 def resolve_device(device: str) -> torch.device:
@@ -128,17 +144,7 @@ class Federation:
         self.device = resolve_device(device)
         self.attack_spec = attack if attack is not None else scenario.attack
         fed = scenario.federation
-        ss = np.random.SeedSequence(scenario.seed)
-        seeds = dict(zip(_STREAMS, ss.spawn(len(_STREAMS))))
-        training_seed = getattr(scenario.scenario, "training_seed", None)
-        if training_seed is not None:  # model init and batches from their own seed
-            own = dict(zip(_STREAMS, np.random.SeedSequence(training_seed).spawn(len(_STREAMS))))
-            seeds["init"], seeds["train"] = own["init"], own["train"]
-        self._np = {k: np.random.default_rng(s) for k, s in seeds.items()}
-        self._torch = {
-            k: torch.Generator(device="cpu").manual_seed(int(s.generate_state(1, np.uint64)[0] >> np.uint64(1)))
-            for k, s in seeds.items()
-        }
+        self._np, self._torch = random_streams(scenario, _STREAMS)
 
         self.workload = build_workload(scenario.workload.name, dict(scenario.workload.params))
         # pixel-pattern attacks address the workload's images: an image_shape they leave unset is the workload's

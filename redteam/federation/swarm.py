@@ -108,7 +108,7 @@ class SwarmRun:
 
     def __init__(self, scenario: Scenario, *, device: str = "cpu", attack: PluginSpec | None = None,
                  warmup_dir: str | None = None) -> None:
-        from .loop import resolve_device
+        from .loop import random_streams, resolve_device
 
         if scenario.pipeline is None:
             raise InvalidParameter("SwarmRun needs a scenario with a [pipeline] section")
@@ -117,13 +117,7 @@ class SwarmRun:
         self.device = resolve_device(device)
         self.attack_spec = attack if attack is not None else scenario.attack
         self._ran = False
-        seeds = dict(zip(_STREAMS, np.random.SeedSequence(scenario.seed).spawn(len(_STREAMS))))
-        if scenario.scenario.training_seed is not None:  # model init and batches from their own seed
-            own = dict(zip(_STREAMS, np.random.SeedSequence(scenario.scenario.training_seed).spawn(len(_STREAMS))))
-            seeds["init"], seeds["train"] = own["init"], own["train"]
-        self._np = {k: np.random.default_rng(s) for k, s in seeds.items()}
-        self._torch = {k: torch.Generator(device="cpu").manual_seed(int(s.generate_state(1, np.uint64)[0] >> np.uint64(1)))
-                       for k, s in seeds.items()}
+        self._np, self._torch = random_streams(scenario, _STREAMS)
         if scenario.workload.name != "text":
             raise InvalidParameter(f"[pipeline]: the pipeline regime cuts the 'text' transformer into stages; "
                                    f"workload {scenario.workload.name!r} is not one")
