@@ -12,6 +12,12 @@
   reads any order statistic off them (median, trimmed-mean cut points).
 * :func:`finite_rows`, :func:`row_norms`, :func:`combine` — row screening, float64
   norms and weighted sums that a zero-weight NaN row cannot spoil.
+* :func:`rescale_pow2`, :func:`rescale_rows_pow2` — exact power-of-two rescaling of rows
+  whose squares would underflow (float64 entries below 2⁻³⁰⁰: at 1e-170 every squared
+  distance is 0) or overflow, before distances or cosines are taken: a power of two
+  changes no rounding, so a decision on the rescaled rows is the one on the rows, and
+  it does not change when every row is multiplied by 2ᵏ. Rows inside the window are
+  returned as they are (the same tensor: results there are bit for bit as before).
 * small validation helpers that raise :func:`~redteam.types.param_error` messages.
 """
 
@@ -27,6 +33,18 @@ if TYPE_CHECKING:
 
 #: Columns per float64 block when accumulating a Gram matrix (bounded temporary memory).
 GRAM_CHUNK = 16384
+
+#: float64 rows whose largest |entry| is below this are rescaled (by an exact power of two)
+#: before their products are taken: squared differences of entries down to 2⁻²⁰⁰ of the
+#: largest stay normal numbers above it, and at 1e-170 every square underflows to 0
+TINY64 = 2.0 ** -300
+#: … and above this (squares near 2¹⁰⁰⁰, summed over the columns, overflow float64)
+HUGE64 = 2.0 ** 500
+#: float32 rows multiplied in float32 (the pairwise kernel's cosines): below 2⁻⁴⁰ the
+#: float32 products of the entries underflow
+TINY32 = 2.0 ** -40
+#: the smallest positive float64 (subnormal): the underflow error of one float64 product
+ETA64 = 2.0 ** -1074
 
 
 # -- parameter checks -----------------------------------------------------------------
@@ -90,12 +108,23 @@ def row_norms(updates: "torch.Tensor", chunk: int = GRAM_CHUNK) -> "torch.Tensor
 
     float32 rows take the fast float32 norm; rows where its squares could have
     overflowed (result ≥ 1e18 or non-finite) or underflowed (result < 1e-15) are
-    recomputed in float64 block by block, as are rows of any other dtype.
+    recomputed in float64 block by block, as are rows of any other dtype. float64 rows
+    whose norm came out below 2⁻⁴⁸⁰ (squares that may have underflowed: a row of
+    1e-170 has norm 0 in plain float64) are measured again as 2⁻ᵏ·‖2ᵏxᵢ‖ with 2ᵏ an
+    exact power of two bringing the row's largest entry near 1.
     """
     import torch
 
     if updates.dtype == torch.float64:
-        return torch.linalg.vector_norm(updates, dim=1)
+        out = torch.linalg.vector_norm(updates, dim=1)
+        low = out < 2.0 ** -480
+        if bool(low.any()):
+            rows = low.nonzero().flatten()
+            sub = updates.index_select(0, rows)
+            scaled, k = rescale_rows_pow2(sub, low=2.0 ** -400, high=math.inf, target=0)
+            if k is not None:
+                out[rows] = times_pow2(torch.linalg.vector_norm(scaled, dim=1), -k)
+        return out
     if updates.dtype == torch.float32:
         out = torch.linalg.vector_norm(updates, dim=1).to(torch.float64)
         redo = ~torch.isfinite(out) | (out >= 1e18) | (out < 1e-15)
@@ -183,6 +212,83 @@ def finite_or_refuse(obj: Any, agg: "torch.Tensor", rows: "torch.Tensor") -> "to
     raise InvalidParameter(f"{type(obj).__name__}: the updates are finite but their sums overflow "
                            f"{str(rows.dtype).removeprefix('torch.')} (entries up to "
                            f"{float(rows.abs().max()):.4g}); rescale the updates")
+
+
+# -- exact power-of-two rescaling -------------------------------------------------------
+def finite_peak(x: "torch.Tensor", finite: "torch.Tensor | None" = None) -> float:
+    """The largest |entry| of the finite rows of ``x`` (``finite``: their mask, when known); 0 if none."""
+    import torch
+
+    ok = finite_rows(x) if finite is None else finite
+    rows = x if bool(ok.all()) else x[ok]
+    if rows.numel() == 0:
+        return 0.0
+    lo, hi = torch.aminmax(rows)
+    return max(abs(float(lo)), abs(float(hi)))
+
+
+def pow2_exponent(peak: float, *, low: float = TINY64, high: float = HUGE64, target: int = 400) -> int:
+    """k with peak·2ᵏ in [2^(target − 1), 2^target) when ``peak`` lies outside
+    [low, high]; 0 when it lies inside (or is 0 or not finite): nothing to rescale."""
+    if not (peak > 0 and math.isfinite(peak)) or low <= peak <= high:
+        return 0
+    return target - math.frexp(peak)[1]
+
+
+def times_pow2(x: "torch.Tensor", k: "int | torch.Tensor") -> "torch.Tensor":
+    """``x``·2ᵏ (``k`` an int, or per row an integer tensor ``(n,)``), in ``x``'s dtype,
+    in steps of at most 2^±1000 taken in float64 so that no factor over- or underflows:
+    exact wherever the result is a normal number (and for every scaling up of finite
+    values that stays finite)."""
+    import torch
+
+    out = x if x.dtype == torch.float64 else x.to(torch.float64)
+    if isinstance(k, int):
+        while k:
+            step = max(-1000, min(1000, k))
+            out = out * math.ldexp(1.0, step)
+            k -= step
+    else:
+        kk = k.to(device=x.device, dtype=torch.int64)
+        shape = (-1,) + (1,) * (x.dim() - 1)
+        two = torch.tensor(2.0, dtype=torch.float64, device=x.device)
+        while bool((kk != 0).any()):
+            step = kk.clamp(-1000, 1000)
+            out = out * torch.pow(two, step.to(torch.float64)).reshape(shape)
+            kk = kk - step
+    return out if out.dtype == x.dtype else out.to(x.dtype)
+
+
+def rescale_pow2(x: "torch.Tensor", *, finite: "torch.Tensor | None" = None, low: float = TINY64,
+                 high: float = HUGE64, target: int = 400) -> tuple["torch.Tensor", int]:
+    """(``x``·2ᵏ, k): the rows times one power of two that brings their largest finite
+    |entry| into [2^(target − 1), 2^target) when it lies outside [low, high]; ``x``
+    itself and 0 otherwise. Distances and cosines of the result are those of ``x`` in
+    units of 2ᵏ (2²ᵏ for squares), with the same rounding, so a decision taken on them
+    is the decision on ``x`` and does not change when ``x`` is scaled by a power of two."""
+    k = pow2_exponent(finite_peak(x, finite), low=low, high=high, target=target)
+    return (times_pow2(x, k), k) if k else (x, 0)
+
+
+def rescale_rows_pow2(x: "torch.Tensor", *, low: float, high: float, target: int = 0
+                      ) -> tuple["torch.Tensor", "torch.Tensor | None"]:
+    """(rows rescaled, k ``(n,)`` int64 or ``None``): every row whose largest |entry| lies
+    outside [low, high] multiplied by its own power of two 2^kᵢ, bringing that entry into
+    [2^(target − 1), 2^target) (exact); the other rows (and zero or non-finite ones) as
+    they are. Cosines do not depend on a row's scale, so they may be taken on the result.
+    ``None`` (and ``x`` itself) when no row needs it."""
+    import torch
+
+    if x.numel() == 0:
+        return x, None
+    lo, hi = torch.aminmax(x, dim=1)  # no copy of x; a non-finite row gives a non-finite peak
+    peak = torch.maximum(lo.abs(), hi.abs()).to(torch.float64)
+    out_of = torch.isfinite(peak) & (peak > 0) & ((peak < low) | (peak > high))
+    if not bool(out_of.any()):
+        return x, None
+    k = torch.where(out_of, target - torch.frexp(peak).exponent.to(torch.int64),
+                    torch.zeros_like(peak, dtype=torch.int64))
+    return times_pow2(x, k), k
 
 
 # -- distances -------------------------------------------------------------------------

@@ -57,6 +57,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from ._common import ETA64, TINY32, TINY64, rescale_pow2, rescale_rows_pow2
+
 if TYPE_CHECKING:
     import torch
 
@@ -223,7 +225,7 @@ def _centred_gram(x: "torch.Tensor", careful: bool = False) -> tuple["torch.Tens
             b = x[:, start:start + step].to(torch.float64)
             b = b - b.mean(dim=0)
             g.addmm_(b, b.T)
-        return g, 0.0
+        return g, underflow_term(x)
     return _block_gram(x, _worth_centring(x), careful), 4.0 * d * ETA32
 
 
@@ -239,7 +241,11 @@ class PairwiseDistances:
       (non-finite rows are their own group).
 
     ``rows`` are the input rows, or — for float64 rows beyond ~2⁵⁰⁰ whose squares would
-    overflow — the input times a power of two (exact), distances in those units.
+    overflow, or below 2⁻³⁰⁰ whose squares would underflow (at 1e-170 every distance
+    was 0 and every score tied) — the input times 2^``exponent`` (exact), distances in
+    those units (``exponent`` is 0 otherwise). float64 bounds include the underflow of
+    the products (at most 2⁻¹⁰⁷⁴ each), so a distance that underflowed is never taken
+    as exact.
     """
 
     rows: "torch.Tensor"
@@ -248,6 +254,13 @@ class PairwiseDistances:
     finite: "torch.Tensor"
     group: "torch.Tensor"
     passes: int = 0  # float64 passes over the rows made so far by :meth:`recentred`
+    exponent: int = 0  # rows = input·2^exponent (exact power-of-two rescaling), 0: the input
+
+    @property
+    def floor(self) -> float:
+        """The absolute underflow term of a float64 distance of these rows (0 for float32 rows,
+        whose differences and squares are normal float64 numbers)."""
+        return underflow_term(self.rows)
 
     @property
     def lower(self) -> "torch.Tensor":
@@ -283,7 +296,7 @@ class PairwiseDistances:
         got = (full >= 0) & (self.error > 0)
         d = self.rows.shape[1]
         approx = torch.where(got, full, self.approx)
-        error = torch.where(got, full * ((d + 3) * U64), self.error)
+        error = torch.where(got, full * ((d + 3) * U64) + self.floor, self.error)
         return replace(self, approx=approx, error=error)
 
     def recentred(self, centre: int, rows: "torch.Tensor | None" = None) -> "PairwiseDistances":
@@ -330,6 +343,7 @@ class PairwiseDistances:
         dist = (sq[pos[sub]][:, None] + sq[None, :] - 2.0 * g).clamp_min_(0.0)
         norm = sq.sqrt()
         err = 1.5 * (_gamma(max(d, 1), U64) + 4 * U64) * (norm[pos[sub]][:, None] + norm[None, :]).square()
+        err = err + self.floor
         approx, error = self.approx.clone(), self.error.clone()
         cur_a, cur_e = approx[sub[:, None], idx[None, :]], error[sub[:, None], idx[None, :]]
         better = err < cur_e
@@ -379,6 +393,15 @@ def exact_sq_distances(x: "torch.Tensor", i: "torch.Tensor", j: "torch.Tensor",
     return out
 
 
+def underflow_term(x: "torch.Tensor") -> float:
+    """Bound on what underflow adds to a float64 squared distance of rows of ``x``: each of
+    the (≤ 4d) products or squares behind it rounds by at most 2⁻¹⁰⁷⁵; 0 for rows of a
+    narrower dtype (their products are exact or normal in float64)."""
+    import torch
+
+    return 4.0 * x.shape[1] * ETA64 if x.dtype == torch.float64 else 0.0
+
+
 def _duplicate_groups(x: "torch.Tensor", suspect: "torch.Tensor", finite: "torch.Tensor") -> "torch.Tensor":
     """Group ids (smallest member index) of bitwise-equal rows among suspected pairs."""
     import torch
@@ -422,17 +445,18 @@ def pairwise(x: "torch.Tensor") -> PairwiseDistances:
             all_ok, rows = True, x
         else:
             g = None
+    exponent = 0
     if g is None:
         finite = _finite_rows(x)
         all_ok = bool(finite.all())
         rows = x if all_ok else x[finite]
         if x.dtype == torch.float64 and rows.numel():
-            # float64 rows past ~1e154 overflow their own squares: work on rows scaled by a
-            # power of two (exact), so distances and decisions are those of x, in scaled units
-            peak = float(torch.aminmax(rows).max.abs().max(torch.aminmax(rows).min.abs()))
-            if peak > 2.0 ** 500:
-                shift = 2.0 ** -(math.frexp(peak)[1] - 400)
-                x = x * shift
+            # float64 rows past ~1e154 overflow their own squares, rows below ~1e-90 underflow
+            # them (at 1e-170 every distance was 0, every score tied, and the tie went to
+            # the content keys, which the sender sets): work on the rows times a power of two
+            # (exact), so distances and decisions are those of x, in scaled units
+            x, exponent = rescale_pow2(x, finite=finite)
+            if exponent:
                 rows = x if all_ok else x[finite]
         g, absolute = _centred_gram(rows, careful=True)
     sq = torch.diagonal(g).clamp_min(0.0)
@@ -456,7 +480,7 @@ def pairwise(x: "torch.Tensor") -> PairwiseDistances:
     same = group[:, None] == group[None, :]
     dist = torch.where(same, torch.zeros_like(dist), dist)
     err = torch.where(same, torch.zeros_like(err), err)
-    return PairwiseDistances(rows=x, approx=dist, error=err, finite=finite, group=group)
+    return PairwiseDistances(rows=x, approx=dist, error=err, finite=finite, group=group, exponent=exponent)
 
 
 def sq_distances(x: "torch.Tensor", rtol: float = 1e-9) -> "torch.Tensor":
@@ -497,9 +521,18 @@ def gram(x: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
 
 def cosine_similarities(x: "torch.Tensor") -> "torch.Tensor":
     """cos(xᵢ, xⱼ) ``(n, n)`` float64 in [−1, 1]; 0 where either row is zero or
-    non-finite. The diagonal is 1 for non-zero finite rows."""
+    non-finite. The diagonal is 1 for non-zero finite rows.
+
+    A cosine does not depend on either row's scale: rows whose products would underflow
+    (float32 rows below 2⁻⁴⁰, float64 rows below 2⁻³⁰⁰) or overflow float64 (above 2⁴⁰⁰)
+    are first multiplied by their own power of two (exact), so such a row keeps its
+    direction instead of counting as a zero row."""
     import torch
 
+    if x.dtype == torch.float32:
+        x, _ = rescale_rows_pow2(x, low=TINY32, high=math.inf)
+    elif x.dtype == torch.float64:  # squares of rows up to 2⁴⁰⁰ summed over d ≤ 2²⁰⁰ columns stay finite
+        x, _ = rescale_rows_pow2(x, low=TINY64, high=2.0 ** 400)
     ok = _finite_rows(x)
     rows = x if bool(ok.all()) else torch.where(ok[:, None], x, torch.zeros_like(x))
     g, _ = gram(rows)

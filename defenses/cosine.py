@@ -25,7 +25,7 @@ from redteam.errors import InvalidParameter
 from redteam.pipeline import Filter, FilterResult
 from redteam.types import ServerContext
 
-from ._common import GRAM_CHUNK, check_choice, check_number, finite_rows, row_norms
+from ._common import GRAM_CHUNK, TINY64, check_choice, check_number, finite_rows, rescale_rows_pow2, row_norms
 from .median import coordinate_median
 
 if TYPE_CHECKING:
@@ -35,9 +35,17 @@ __all__ = ["CosineFilter", "cosine_to", "root_update_of"]
 
 
 def cosine_to(updates: "torch.Tensor", ref: "torch.Tensor", chunk: int = GRAM_CHUNK) -> "torch.Tensor":
-    """cos(xᵢ, r) for every row, in float64; 0 where either vector is zero."""
+    """cos(xᵢ, r) for every row, in float64; 0 where either vector is zero.
+
+    float64 vectors whose products would underflow (largest entry below 2⁻³⁰⁰) or
+    overflow (above 2⁴⁰⁰) are first multiplied by their own power of two (exact): a
+    cosine does not depend on the scale, and a vector of 1e-170 is not a zero vector."""
     import torch
 
+    if updates.dtype == torch.float64:
+        updates, _ = rescale_rows_pow2(updates, low=TINY64, high=2.0 ** 400)
+    if ref.dtype == torch.float64:
+        ref = rescale_rows_pow2(ref[None, :], low=TINY64, high=2.0 ** 400)[0][0]
     n, d = updates.shape
     dot = torch.zeros(n, dtype=torch.float64, device=updates.device)
     for start in range(0, d, chunk):

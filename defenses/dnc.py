@@ -51,8 +51,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from redteam.pipeline import Aggregator
 from redteam.types import Decision, ServerContext, param_error, sample_weights
 
-from ._common import check_choice, check_count, check_number, finite_rows, generator_of
-from ._stats import convex_mean, order_low_first, power_of_two_below, tie_classes
+from ._common import TINY64, check_choice, check_count, check_number, finite_rows, generator_of, rescale_pow2
+from ._stats import convex_mean, order_low_first, tie_classes
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -66,15 +66,16 @@ def dnc_scores(sub: "torch.Tensor") -> "torch.Tensor":
     """Outlier scores ``(n,)`` float64 of the rows of ``sub`` ``(n, b)`` (finite rows):
     the squared projection of each centred row on the top right singular vector.
 
-    Scores scale with the square of the rows; rows so large that a sum overflows are
-    scored after an exact power-of-two rescaling, in units of that scale² (the ranking,
-    all DnC uses, is the same)."""
+    Scores scale with the square of the rows; rows so large that a sum overflows (largest
+    entry above 1e150), or so small that the products underflow (below 2⁻³⁰⁰: at 1e-170
+    every score was 0, every row tied and the tie went to the rows' fingerprints, which
+    the senders set), are scored after an exact power-of-two rescaling that brings the
+    largest entry into [½, 1), in units of that scale² (the ranking, all DnC uses, is the
+    one of the rows, whatever power of two they are multiplied by)."""
     import torch
 
     x = sub.to(torch.float64)
-    top = float(x.abs().max()) if x.numel() else 0.0
-    if top > 1e150:  # centring or the Gram product could overflow
-        x = x * power_of_two_below(top)
+    x, _ = rescale_pow2(x, low=TINY64, high=1e150, target=0)  # centring or the Gram could over/underflow
     centred = x - x.mean(dim=0, keepdim=True)
     gram = centred @ centred.T
     scale = float(gram.diagonal().max()) if gram.numel() else 0.0

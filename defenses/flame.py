@@ -48,7 +48,8 @@ from redteam.errors import InvalidParameter
 from redteam.pipeline import Aggregator
 from redteam.types import Decision, ServerContext
 
-from ._common import check_choice, check_count, check_number, combine, finite_rows, generator_of, gram64
+from ._common import (TINY64, check_choice, check_count, check_number, combine, finite_rows, generator_of, gram64,
+                      rescale_pow2, rescale_rows_pow2)
 from ._stats import clip_scales, midpoint_median, power_of_two_below, safe_norms, saturate
 
 if TYPE_CHECKING:
@@ -127,13 +128,21 @@ class FLAME(Aggregator):
 
     def _gram(self, rows: "torch.Tensor", ctx: ServerContext) -> "torch.Tensor":
         """Gram matrix of what the cosines compare; only directions matter, so rows whose
-        products overflow float64 are rescaled first (by an exact power of two)."""
+        products overflow float64 are rescaled first (by an exact power of two), and so are
+        float64 rows whose products underflow (largest entry below 2⁻³⁰⁰, each row by its own
+        power of two: at 1e-170 every row counted as a zero row, at cosine distance 0 from
+        the others, and all of them were admitted)."""
         import torch
 
         if self.space == "updates":
+            if rows.dtype == torch.float64:
+                lo, hi = torch.aminmax(rows, dim=1)
+                if bool((torch.maximum(lo.abs(), hi.abs()) < TINY64).any()):
+                    rows, _ = rescale_rows_pow2(rows, low=TINY64, high=2.0 ** 400)
             g = gram64(rows)
-            if not bool(torch.isfinite(g).all()):
-                g = gram64(rows.to(torch.float64) * power_of_two_below(float(rows.abs().max())))
+            if not bool(torch.isfinite(g).all()):  # each row by its own power of two: a moderate row
+                # next to one of 1e300 keeps its direction (one common factor flushed it to zero)
+                g = gram64(rescale_rows_pow2(rows.to(torch.float64), low=TINY64, high=2.0 ** 400)[0])
             return g
         if ctx.global_params is None:
             raise InvalidParameter("FLAME(space='models'): ctx.global_params is needed to form the local models")
@@ -142,7 +151,10 @@ class FLAME(Aggregator):
             raise InvalidParameter(f"FLAME(space='models'): ctx.global_params has shape {tuple(glob.shape)}, "
                                    f"expected ({rows.shape[1]},)")
         # ⟨G + Δᵢ, G + Δⱼ⟩ = ‖G‖² + ⟨G, Δᵢ⟩ + ⟨G, Δⱼ⟩ + ⟨Δᵢ, Δⱼ⟩
-        both = gram64(torch.cat([glob.to(rows.dtype)[None, :], rows]))
+        both_rows = torch.cat([glob.to(rows.dtype)[None, :], rows])
+        if both_rows.dtype == torch.float64:  # tiny models: all of them times one power of two
+            both_rows, _ = rescale_pow2(both_rows, low=TINY64, high=math.inf, target=0)
+        both = gram64(both_rows)
         gd = both[0, 1:]
         g = both[1:, 1:] + gd[:, None] + gd[None, :] + both[0, 0]
         if not bool(torch.isfinite(g).all()):

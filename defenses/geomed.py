@@ -13,17 +13,26 @@ from the weighted mean, and stops when the objective's relative change is at mos
 Every iterate is a convex combination z = Σ cᵢ xᵢ (or zero), so ‖z − xᵢ‖² =
 cᵀGc − 2(Gc)ᵢ + Gᵢᵢ with G the float64 Gram matrix of the updates: the whole
 iteration runs on n × n numbers, and the d-dimensional aggregate is formed once.
+
+Scale. Rows whose Gram matrix overflows float64 (entries near 1e154 and beyond) are
+iterated on after an exact power-of-two rescaling, with ν rescaled alike: the same
+iteration, so the same coefficients (before, such rows were refused). ν is an absolute
+distance, so the rule is not scale-invariant below it: rows much smaller than ν (e.g.
+1e-170 with ν = 1e-6) all sit within ν of each other and the result is their weighted
+mean, as the smoothed algorithm specifies.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from redteam.pipeline import Aggregator
 from redteam.types import Decision, ServerContext, sample_weights
 
-from ._common import check_choice, check_count, check_number, combine, finite_or_refuse, finite_rows, gram64
+from ._common import (HUGE64, check_choice, check_count, check_number, combine, finite_or_refuse, finite_rows, gram64,
+                      rescale_pow2)
 
 if TYPE_CHECKING:
     import torch
@@ -127,8 +136,15 @@ class GeometricMedian(Aggregator):
             return Decision(aggregate=zero, accepted=ok, weights=torch.zeros_like(alpha).to(updates.dtype),
                             reasons=reasons, state={"iterations": 0, "converged": False, "objective": 0.0})
         rows = updates if bool(ok.all()) else torch.where(ok[:, None], updates, torch.zeros_like(updates))
-        c, it, converged, obj = weiszfeld(gram64(rows), alpha, nu=self.nu, tol=self.tol,
-                                          max_iter=self.max_iter, init=self.init)
+        gram, nu, k = gram64(rows), self.nu, 0
+        if not bool(torch.isfinite(gram).all()):
+            # float64 rows whose products overflow: the iteration on the rows times 2ᵏ (exact)
+            # with ν times 2ᵏ is the same iteration (distances and ν scale alike), in those units
+            scaled, k = rescale_pow2(rows.to(torch.float64), low=0.0, high=HUGE64)
+            if k:
+                gram, nu = gram64(scaled), math.ldexp(self.nu, k)
+        c, it, converged, obj = weiszfeld(gram, alpha, nu=nu, tol=self.tol, max_iter=self.max_iter, init=self.init)
+        obj = math.ldexp(obj, -k) if k else obj
         w = c.to(updates.dtype)
         agg = combine(c, rows, convex=True) if bool(torch.isfinite(c).all()) else w @ rows
         return Decision(

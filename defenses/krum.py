@@ -25,6 +25,17 @@ sum of all distances) enters the ranking. Copies of one update (bitwise equal ro
 cannot be told apart: the selection's weight is shared equally among them and all
 are accepted, so the accepted clients do not depend on the clients' order either.
 
+Scale. The selection does not change when every update is multiplied by a power of
+two. float64 updates whose largest entry is below 2⁻³⁰⁰ or above 2⁵⁰⁰ are ranked on
+the updates times an exact power of two (:func:`~defenses._common.rescale_pow2`): at
+1e-170 every squared distance underflowed to 0, every score tied, and the tie went to
+the content keys, which the senders set (issue 22 §6); ``Decision.state`` then carries
+``scale_exponent`` k, the scores being those of the updates × 2ᵏ. A cut that still falls
+inside a tie made by underflow (rows spanning more range than one power of two brings
+into float64, e.g. updates of 1e-200 next to one of 1e100) is refused with
+:class:`~redteam.errors.InvalidParameter`. float32 updates never need this: their
+differences and squares are normal float64 numbers.
+
 A non-finite update is infinitely far from everyone and never selected (rejected with
 the reason "non-finite update"); when no update is finite, Krum and Multi-Krum return
 zeros with everyone rejected and Bulyan refuses.
@@ -85,8 +96,8 @@ def content_keys(updates: "torch.Tensor", rows: "torch.Tensor | None" = None) ->
     return keys
 
 
-def _lowest(pd: PairwiseDistances, k: int, alive: "torch.Tensor", m: int, every_row: bool = False
-            ) -> tuple[list[int], PairwiseDistances, "torch.Tensor"]:
+def _lowest(pd: PairwiseDistances, k: int, alive: "torch.Tensor", m: int, every_row: bool = False,
+            what: str = "Krum") -> tuple[list[int], PairwiseDistances, "torch.Tensor"]:
     """The ``m`` alive, finite rows with the lowest Krum scores (``k`` nearest alive others).
 
     Decided from the rounding intervals of the float32 distances where they settle it;
@@ -95,6 +106,8 @@ def _lowest(pd: PairwiseDistances, k: int, alive: "torch.Tensor", m: int, every_
     its own error bound only, go to the smaller content keys, then the lower position.
     Returns the chosen indices (best first), the refined distances and the scores.
     ``every_row``: see :func:`~defenses._pairwise.resolve_k_smallest_sums`.
+    A cut inside a tie that only underflow made (see :func:`_refuse_underflow_tie`) is
+    refused with :class:`~redteam.errors.InvalidParameter` naming ``what``.
     """
     import torch
 
@@ -127,9 +140,45 @@ def _lowest(pd: PairwiseDistances, k: int, alive: "torch.Tensor", m: int, every_
         order = torch.arange(amb.numel(), device=amb.device)
         for c in reversed(cols):  # stable sorts, least significant key first
             order = order[torch.argsort(c[order], stable=True)]
-        chosen += amb[order][: m - len(chosen)].tolist()
+        take = m - len(chosen)
+        if 0 < take < int(amb.numel()) and pd.floor > 0:
+            _refuse_underflow_tie(pd, amb[order], cls[order], s[order], e[order], take, k, what)
+        chosen += amb[order][:take].tolist()
         score = torch.where(torch.isfinite(exact), exact, score)
     return chosen, pd, score
+
+
+def _refuse_underflow_tie(pd: PairwiseDistances, ranked: "torch.Tensor", cls: "torch.Tensor",
+                          score: "torch.Tensor", err: "torch.Tensor", take: int, k: int, what: str) -> None:
+    """Refuse when the cut after the first ``take`` of ``ranked`` falls inside a tie of
+    different rows that underflow made: a score below what float64 resolves next to the
+    underflow of its products (k·4d·2⁻¹⁰⁷⁴, times 2⁵³), with a non-zero bound (not a score
+    of exact copies). After :func:`~defenses._common.rescale_pow2` that happens only when
+    the rows span more range than one power of two can bring into float64 (e.g. rows of
+    1e-200 next to one of 1e100); the tie would fall to the content keys, which the
+    senders set."""
+    import torch
+
+    edge = cls[take - 1]
+    if bool(cls[take] != edge):
+        return
+    tied = cls == edge
+    members = ranked[tied]
+    if int(torch.unique(pd.group[members]).numel()) < 2:
+        return
+    floor = (2.0 ** 53) * max(k, 1) * pd.floor
+    blurred = (err[tied] > 0) & (score[tied] + err[tied] <= floor)
+    if not bool(blurred.any()):
+        return
+    from ._common import finite_peak
+
+    peak = math.ldexp(finite_peak(pd.rows, pd.finite), -pd.exponent)
+    top = math.ldexp(float((score[tied] + err[tied]).max()), -2 * pd.exponent)
+    raise InvalidParameter(
+        f"{what}: cannot rank updates {sorted(members.tolist())}: their squared distances underflow float64 "
+        f"(scores ≤ {top:.3g}, below what float64 resolves) while the largest entry is {peak:.3g}; the "
+        "updates span more range than one power-of-two rescaling brings into float64, and the tie would "
+        "fall to values the updates set. Rescale the updates (or drop the far ones) before aggregating")
 
 
 def _credit(pd: PairwiseDistances, chosen: list[int], n: int, m: int, like: "torch.Tensor") -> "torch.Tensor":
@@ -203,7 +252,7 @@ class Krum(Aggregator):
         k = _neighbours(self, self.neighbours, n, f)
         pd = pairwise(updates)
         alive = torch.ones(n, dtype=torch.bool, device=pd.approx.device)
-        chosen, pd, scores = _lowest(pd, k, alive, 1)
+        chosen, pd, scores = _lowest(pd, k, alive, 1, what="Krum")
         reasons = _nonfinite_reasons(pd)
         if not chosen:  # no finite update at all
             zero = torch.zeros(updates.shape[1], dtype=updates.dtype, device=updates.device)
@@ -214,19 +263,22 @@ class Krum(Aggregator):
         w = _credit(pd, chosen, n, 1, updates)
         accepted = w > 0
         best_score = float(scores[best])
+        units = _units(pd)
         for j in (~accepted).nonzero().flatten().tolist():
             reasons.setdefault(j, f"not selected by Krum (score {float(scores[j]):.6g}; "
-                                  f"the selected update scored {best_score:.6g})")
-        return Decision(
-            aggregate=updates[best].clone(),
-            accepted=accepted,
-            weights=w,
-            reasons=reasons,
-            state={"f": f, "neighbours": k, "scores": scores.tolist(), "selected": [best]},
-        )
+                                  f"the selected update scored {best_score:.6g}{units})")
+        state = {"f": f, "neighbours": k, "scores": scores.tolist(), "selected": [best]}
+        if pd.exponent:
+            state["scale_exponent"] = pd.exponent
+        return Decision(aggregate=updates[best].clone(), accepted=accepted, weights=w, reasons=reasons, state=state)
 
 
-def _iterative_krum(pd: PairwiseDistances, f: int, count: int, clamp: bool) -> list[int]:
+def _units(pd: PairwiseDistances) -> str:
+    """How to read scores of rescaled rows (empty for rows taken as they are)."""
+    return f"; scores of the updates × 2^{pd.exponent}" if pd.exponent else ""
+
+
+def _iterative_krum(pd: PairwiseDistances, f: int, count: int, clamp: bool, what: str = "Krum") -> list[int]:
     """Apply Krum ``count`` times, each time to the rows not yet chosen.
 
     On r remaining rows Krum uses r − f − 2 neighbours; with ``clamp`` this is raised
@@ -245,7 +297,7 @@ def _iterative_krum(pd: PairwiseDistances, f: int, count: int, clamp: bool) -> l
         if clamp:
             k = max(k, 1)
         k = min(k, r - 1)
-        pick, pd, _ = _lowest(pd, k, alive, 1, every_row=True)
+        pick, pd, _ = _lowest(pd, k, alive, 1, every_row=True, what=what)
         if not pick:
             break
         chosen.append(pick[0])
@@ -302,7 +354,7 @@ class MultiKrum(Aggregator):
                 raise param_error(self, "m", self.m, f"must be ≤ n (n = {n})")
             k = _neighbours(self, self.neighbours, n, f)
             alive = torch.ones(n, dtype=torch.bool, device=pd.approx.device)
-            chosen, pd, scores = _lowest(pd, k, alive, m)
+            chosen, pd, scores = _lowest(pd, k, alive, m, what="Multi-Krum")
             state: dict[str, Any] = {"f": f, "m": m, "neighbours": k, "scores": scores.tolist()}
         else:
             limit = n - 2 * f - 2
@@ -310,9 +362,11 @@ class MultiKrum(Aggregator):
             if m > limit:
                 raise param_error(self, "m", self.m,
                                   f"must be ≤ n − 2f − 2 = {limit} with variant = 'iterative' (n = {n}, f = {f})")
-            chosen = _iterative_krum(pd, f, m, clamp=False)
+            chosen = _iterative_krum(pd, f, m, clamp=False, what="Multi-Krum")
             state = {"f": f, "m": m}
         state["selected"] = list(chosen)
+        if pd.exponent:
+            state["scale_exponent"] = pd.exponent
         reasons = _nonfinite_reasons(pd)
         if not chosen:
             zero = torch.zeros(updates.shape[1], dtype=updates.dtype, device=updates.device)
@@ -367,7 +421,7 @@ class Bulyan(Aggregator):
         theta = n - 2 * f
         beta = theta - 2 * f
         pd = pairwise(updates)
-        chosen = _iterative_krum(pd, f, theta, clamp=True)
+        chosen = _iterative_krum(pd, f, theta, clamp=True, what="Bulyan")
         reasons = _nonfinite_reasons(pd)
         if len(chosen) < beta:
             raise InvalidParameter(
@@ -380,8 +434,10 @@ class Bulyan(Aggregator):
         accepted = _credit(pd, chosen, n, len(chosen), updates) > 0
         for j in (~accepted).nonzero().flatten().tolist():
             reasons.setdefault(j, f"not among the θ = {theta} updates selected by Bulyan's iterative Krum")
-        return Decision(aggregate=agg, accepted=accepted, reasons=reasons,
-                        state={"f": f, "theta": theta, "beta": beta, "selected": chosen})
+        state = {"f": f, "theta": theta, "beta": beta, "selected": chosen}
+        if pd.exponent:
+            state["scale_exponent"] = pd.exponent
+        return Decision(aggregate=agg, accepted=accepted, reasons=reasons, state=state)
 
 
 def _closest_to_median_mean(s: "torch.Tensor", beta: int) -> "torch.Tensor":
