@@ -42,6 +42,7 @@ from ..requirements import unmet
 from ..scenario import baseline_attack, durability_params, parse_scenario
 from ..scoring import summarize
 from ..types import RoundRecord
+from .claims import Claims, Owner, WorkQueue, live_owners
 from .single import sanitize
 from .store import PlanRow, ResultsStore, StoreError, StoreView, read_store
 
@@ -181,14 +182,26 @@ def execute_unit(doc: dict[str, Any], device: str = "cpu", threads: str | int | 
 # ------------------------------------------------------------------------ executors
 
 
-Phases = list[list[Unit]]
+#: The phases of a matrix (baselines, then attacked runs), each a queue of the units this
+#: driver may compute (:class:`~.claims.WorkQueue`: it claims each unit in the store as it
+#: hands it out, and holds back those another live driver computes). An executor takes
+#: from a phase while it has room, waits while the phase's only remaining units are
+#: another driver's, and ends the phase when :attr:`~.claims.WorkQueue.done` and nothing
+#: of its own is in flight, so that a phase's runs are all in the store before the next.
+Phases = list[WorkQueue]
 
 
 def _local(phases: Phases, device: str, workers: int, ray_address: str | None,
            policy: str | int | None = None) -> Iterator[tuple[Unit, dict]]:
     for phase in phases:
-        for u in phase:
-            yield u, execute_unit(u.doc, device, policy, u.where, 1)
+        while True:
+            u = phase.take()
+            if u is not None:
+                yield u, execute_unit(u.doc, device, policy, u.where, 1)
+            elif phase.done:
+                break
+            else:
+                phase.wait()
 
 
 #: How often a process-pool worker checks that its driver is still alive (seconds).
@@ -243,9 +256,20 @@ def _drain(pool: Any, phases: Phases, device: str, policy: str | int | None,
     from concurrent.futures.process import BrokenProcessPool
 
     for phase in phases:
-        pending = {pool.submit(execute_unit, u.doc, device, policy, u.where, workers): u for u in phase}
-        while pending:
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+        pending: dict[Any, Unit] = {}
+        while True:
+            while len(pending) < workers:  # keep every worker busy, claiming one unit at a time
+                u = phase.take()
+                if u is None:
+                    break
+                pending[pool.submit(execute_unit, u.doc, device, policy, u.where, workers)] = u
+            if not pending:
+                if phase.done:
+                    break
+                phase.wait()
+                continue
+            # while another driver holds some of the phase, look again now and then (it may die)
+            done, _ = wait(pending, timeout=None if phase.done else phase.poll_s, return_when=FIRST_COMPLETED)
             for fut in done:
                 u = pending.pop(fut)
                 try:
@@ -277,9 +301,19 @@ def _ray(phases: Phases, device: str, workers: int, ray_address: str | None,
             policy = 1
         task = ray.remote(num_cpus=1)(execute_unit)
         for phase in phases:
-            refs = {task.remote(u.doc, device, policy, u.where, workers): u for u in phase}
-            while refs:
-                done, _ = ray.wait(list(refs), num_returns=1)
+            refs: dict[Any, Unit] = {}
+            while True:
+                while len(refs) < workers:
+                    u = phase.take()
+                    if u is None:
+                        break
+                    refs[task.remote(u.doc, device, policy, u.where, workers)] = u
+                if not refs:
+                    if phase.done:
+                        break
+                    phase.wait()
+                    continue
+                done, _ = ray.wait(list(refs), num_returns=1, timeout=None if phase.done else phase.poll_s)
                 for ref in done:
                     u = refs.pop(ref)
                     yield u, ray.get(ref)
@@ -360,10 +394,16 @@ def run_matrix(
         raise RedteamError(f"{p}: " + "; ".join(missing) + " ([scenario] requires)")
 
     store = ResultsStore(out)
+    claims: Claims | None = None
     try:
         finished = store.finished_keys()
         planned = {r.run_key for r in rows} | {r.baseline_key for r in rows}
         if finished and not resume:
+            others = live_owners(store)
+            if others:
+                raise StoreError(
+                    f"{store.path} is being filled by another redteam matrix ({_owners_text(others)}); pass --resume "
+                    "to share its work (each run is computed once, by one of them), or choose another --out")
             raise StoreError(
                 f"{store.path} already holds results; pass --resume to continue it, or choose another --out"
             )
@@ -392,23 +432,39 @@ def run_matrix(
         computed = 0
         run = _EXEC[executor]
 
-        def report(label: str) -> None:
-            if on_progress:
-                on_progress(done, total, label)
+        claims = Claims(store)  # other drivers on this store skip what this one claims, and the reverse
+        phases: list[WorkQueue] = []
 
-        phases = [p for p in (todo_b, todo_a) if p]
+        def report(label: str) -> None:
+            if on_progress:  # done: in the store when this driver began, computed since, by it or by others
+                on_progress(done + computed + sum(q.finished_elsewhere for q in phases), total, label)
+
+        last_wait: list[str] = [""]
+
+        def waiting(owners: list[Owner], n: int) -> None:  # said once per change, not at every look
+            label = f"waiting for {n} run(s) that another redteam matrix ({_owners_text(owners)}) is computing"
+            if label != last_wait[0]:
+                last_wait[0] = label
+                report(label)
+
+        phases = [WorkQueue(p, claims, on_wait=waiting) for p in (todo_b, todo_a) if p]
         if phases:
-            report(_label(phases[0][0]))
+            report(_label(phases[0].units[0]))
         if executor != "local":  # shared warm-ups once, here, before workers would each compute them
             prepare_warmups(todo_b + todo_a, device, lambda label: report(label))
         for unit, result in run(phases, device, workers, ray_address, threads):
             _record(store, unit, result)
-            done += 1
             computed += 1
             report(_label(unit))
         return MatrixSummary(store.path, total, computed, total - computed, time.perf_counter() - t0)
     finally:
+        if claims is not None:
+            claims.close()
         store.close()
+
+
+def _owners_text(owners: list[Owner]) -> str:
+    return ", ".join(o.describe() for o in owners) or "a process that just ended"
 
 
 # ------------------------------------------------------------ one store, one definition

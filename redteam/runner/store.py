@@ -7,6 +7,9 @@ Tables:
   attacked run and of its baseline run;
 * ``runs``: one row per finished run (attacked or baseline) — its metrics, per-round
   records, the concrete scenario's digest and the package versions.
+* ``owners`` and ``claims``: which ``redteam matrix`` driver computes which run now, so
+  that several drivers on one store share the work (:mod:`.claims`); never read by
+  reports, and added to an older store the first time a writer opens it.
 
 Crash safety: a run's row is written in one transaction when the run has finished, and
 only then; a process killed at any moment (``kill -9`` included) leaves either the whole
@@ -76,6 +79,15 @@ CREATE TABLE IF NOT EXISTS runs (
     wall_time_s REAL NOT NULL,
     finished_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS owners (
+    owner TEXT PRIMARY KEY,
+    pid INTEGER NOT NULL,
+    host TEXT NOT NULL,
+    node TEXT NOT NULL,
+    started TEXT NOT NULL,
+    heartbeat REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS claims (run_key TEXT PRIMARY KEY, owner TEXT NOT NULL);
 """
 
 
