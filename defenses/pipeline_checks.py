@@ -12,6 +12,22 @@ accomplice (the attackers collude), so a stage whose other peers are all attacke
 The recomputation costs one extra stage forward per checked hop: the run reports how many
 (``extra["pipeline"]["recomputed_hops"]``).
 
+:class:`ActivationCommitment` is the commit-and-audit alternative: every hop's output is
+committed to (a SHA-256 of the output rounded to ``bits`` mantissa bits), a sampled fraction of
+the commitments is kept with the hop's input, and at the end of the round — before the stages
+synchronise — another peer of the stage recomputes each kept hop and compares digests. Proof of
+Learning (Jia, Yaghini, Choquette-Choo, Dullerud, Thudi, Chandrasekaran & Papernot, "Proof-of-
+Learning: Definitions and Practice", IEEE S&P 2021) verifies training the same way: the prover
+logs, the verifier recomputes a sample of the logged steps and compares within a tolerance;
+Verde (Arun, Soni, Vidal, Weng, Bonneau & Isik, Gensyn, 2025) compares hashes of outputs, which
+needs kernels that give the same bits on every peer (its RepOps). Here the rounding is that
+tolerance: ``bits = 23`` keeps every float32 bit (bit equality), fewer bits forgive honest kernels
+that sum in another order — except where a value sits at a rounding boundary, so an honest peer
+can still fail (the false positives this rule trades for a hash). Its difference from
+:class:`RedundantRecompute` is *when*: the audit is deferred to the round's end, so a cheating
+peer is banned only after its round's hops (its detection latency is larger), while the honest
+path pays one hash per hop and no waiting for a verifier.
+
 In the aggregation path (a stage's ``[defense]``) a check accepts every update unchanged.
 """
 
@@ -27,7 +43,7 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
-__all__ = ["RedundantRecompute", "HopVerdict"]
+__all__ = ["RedundantRecompute", "ActivationCommitment", "HopVerdict", "commitment"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,3 +116,94 @@ class RedundantRecompute(Filter):
             return HopVerdict(True, True, f"redundant recompute by peer {verifier.pid}: max |Δ| = {gap:.3g} "
                                           f"> {bound:.3g}", verifier.pid)
         return HopVerdict(False, True, verifier=verifier.pid)
+
+
+def commitment(t: "torch.Tensor", bits: int) -> str:
+    """SHA-256 (hex) of ``t`` with each value rounded to ``bits`` mantissa bits (``bits`` ≥ 23:
+    the float32 bits as they are), its shape included: what a peer commits to for an output."""
+    import hashlib
+
+    import torch
+
+    x = t.detach().to("cpu", torch.float32).contiguous()
+    if bits < 23:
+        m, e = torch.frexp(x)
+        scale = float(2 ** bits)
+        x = torch.ldexp(torch.round(m * scale) / scale, e)
+        x = torch.where(x == 0, torch.zeros_like(x), x)  # −0 and +0 commit alike
+    h = hashlib.sha256(repr(tuple(x.shape)).encode())
+    h.update(x.numpy().tobytes())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class ActivationCommitment(Filter):
+    """Commit to every hop's output; audit a sampled ``fraction`` at the round's end (module docstring).
+
+    * ``fraction``: the share of hops audited (default 0.25);
+    * ``bits``: mantissa bits kept before hashing, in [1, 23] (default 23: bit equality, Verde's
+      convention; fewer forgive reordered float sums, at the rounding boundaries' risk);
+    * ``strikes``: failed audits before the peer is banned (default 1).
+    """
+
+    fraction: float = 0.25
+    bits: int = 23
+    strikes: int = 1
+    acts_at: ClassVar[str] = "pipeline"
+    screens_nonfinite: ClassVar[bool] = False
+    summary: ClassVar[str] = "Pipeline: commit to each hop's output (SHA-256); audit a sample at the round's end"
+    reference: ClassVar[str] = "Jia et al., IEEE S&P 2021 (Proof-of-Learning); Arun et al., 2025 (Verde)"
+
+    def validate_fraction(self, v: float) -> None:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+            raise param_error(self, "fraction", v, "must be in [0, 1]")
+
+    def validate_bits(self, v: int) -> None:
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 23:
+            raise param_error(self, "bits", v, "must be an integer in [1, 23] (23: every float32 bit)")
+
+    def validate_strikes(self, v: int) -> None:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise param_error(self, "strikes", v, "must be an integer ≥ 1")
+
+    def filter(self, updates: "torch.Tensor", ctx: ServerContext) -> FilterResult:
+        import torch
+
+        n = int(updates.shape[0])
+        return FilterResult(updates=updates, accepted=torch.ones(n, dtype=torch.bool, device=updates.device))
+
+    def verify_hop(self, run: Any, stage: int, peer: Any, inp: "torch.Tensor", sent: "torch.Tensor",
+                   stage_params: "torch.Tensor", rng: "np.random.Generator", memory: dict | None = None) -> HopVerdict:
+        """Take the hop's commitment; keep it with its input when the hop is sampled for audit.
+        Nothing is decided on the hop itself (:meth:`audit_round` decides)."""
+        if memory is None or self.fraction <= 0 or rng.random() >= self.fraction:
+            return HopVerdict(False, False)
+        memory.setdefault("log", []).append((stage, peer.pid, inp.detach(), commitment(sent, self.bits)))
+        return HopVerdict(False, False)
+
+    def audit_round(self, run: Any, stage_params: Any, rng: "np.random.Generator",
+                    memory: dict) -> list[tuple[int, HopVerdict]]:
+        """Recompute the round's kept hops on another peer of each one's stage and compare
+        digests; ``stage_params(s)`` gives stage ``s``'s parameters of the round. Returns
+        ``(peer, verdict)`` per audited hop; the log is emptied."""
+        import torch
+
+        out: list[tuple[int, HopVerdict]] = []
+        log, memory["log"] = memory.get("log", []), []
+        for stage, pid, inp, digest in log:
+            others = [p for p in run.peers if p.stage == stage and p.pid != pid and p.banned_at is None]
+            if not others:
+                continue
+            verifier = others[int(rng.integers(len(others)))]
+            if verifier.malicious and run.peers[pid].malicious:
+                out.append((pid, HopVerdict(False, True, verifier=verifier.pid)))  # the accomplice vouches
+                continue
+            with torch.no_grad():
+                ref = run.stage_forward(stage, inp, stage_params(stage).detach())
+            if commitment(ref, self.bits) != digest:
+                out.append((pid, HopVerdict(True, True, f"commitment audit by peer {verifier.pid}: the hop's output "
+                                                        f"does not match its recomputation ({self.bits} bits)",
+                                            verifier.pid)))
+            else:
+                out.append((pid, HopVerdict(False, True, verifier=verifier.pid)))
+        return out

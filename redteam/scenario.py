@@ -297,6 +297,11 @@ class PipelineSpec:
     crash_tolerance: bool = True
     # simulated time: a hop (a stage's forward and backward on one micro-batch) takes
     # hop_time_s / speed on its peer; a recomputation (a forward) a third of that
+    # reputation in the router: a peer's routing weight is its advertised throughput times its
+    # reputation (starts at 1), multiplied by reputation_penalty at each failed check and raised
+    # by reputation_recovery (up to 1) at each passed one; 1 and 0: no reputation
+    reputation_penalty: float = _rule(1.0, lambda v: isinstance(v, (int, float)) and 0 <= v <= 1, "must be in [0, 1]")
+    reputation_recovery: float = _rule(0.0, lambda v: isinstance(v, (int, float)) and 0 <= v <= 1, "must be in [0, 1]")
     hop_time_s: float = _rule(0.01, _pos, "must be > 0")
     checks: tuple[PluginSpec, ...] = ()
 
@@ -405,7 +410,7 @@ class Scenario:
         # keys added by issue 20 appear only when set, so that every earlier scenario keeps
         # its digest (a results store made before them still resumes)
         for section, defaults in _LATE_DEFAULTS.items():
-            tab = d.get(section, {})
+            tab = d.get(section) or {}
             for key, default in defaults.items():
                 if key in tab and tab[key] == default:
                     del tab[key]
@@ -441,6 +446,7 @@ class Scenario:
 #: keys added after results stores existed: left out of :meth:`Scenario.to_dict` at their default
 _LATE_DEFAULTS: dict[str, dict[str, Any]] = {
     "scenario": {"warmup_rounds": 0, "start_from": None, "requires": ()},
+    "pipeline": {"reputation_penalty": 1.0, "reputation_recovery": 0.0},
     "federation": {"clients_per_round": None, "attacker_selection": "random", "attackers_per_round": None},
     "window": {"window": None, "every": 1, "after_k": 10, "lifespan_threshold": 0.5},
 }
@@ -620,10 +626,6 @@ def parse_scenario(
             raise where.err("[pipeline].attacker_stage", pl.attacker_stage, f"must be a stage in [0, {pl.stages - 1}]")
         if pl.attackers > pl.peers_per_stage:
             raise where.err("[pipeline].attackers", pl.attackers, f"is more than the stage's {pl.peers_per_stage} peers")
-        info = kw.get("scenario", ScenarioInfo())
-        if info.warmup_rounds or info.start_from:
-            raise InvalidScenario(f"{where.file}: [scenario] warmup_rounds / start_from are not supported with "
-                                  "[pipeline] yet (the pipeline starts from the workload's initial model)")
         fed = kw.get("federation", FederationSpec())
         if fed.clients_per_round is not None or fed.attacker_selection != "random":
             raise InvalidScenario(f"{where.file}: [federation] clients_per_round / attacker_selection do not apply "

@@ -40,6 +40,7 @@ __all__ = [
     "Surface",
     "TrainingHook",
     "StageContext",
+    "PipelineView",
 ]
 
 
@@ -52,7 +53,7 @@ class Surface:
     PROVENANCE = "provenance"  # forge_provenance: manifests and keys
     HIERARCHY = "hierarchy"  # choose_identity, tamper_subaggregate: merge groups and sub-aggregators
     TRAINING = "training"  # training_hook: the malicious clients' own local training, step by step
-    PIPELINE = "pipeline"  # tamper_activation, tamper_gradient: a stage peer of a model-parallel pipeline
+    PIPELINE = "pipeline"  # tamper_activation, tamper_gradient, tamper_stage_update: a stage peer of a pipeline
 
     ALL = (DATA, UPDATES, TRANSPORT, PROVENANCE, HIERARCHY, TRAINING, PIPELINE)
 
@@ -64,7 +65,8 @@ class StageContext:
     ``stage`` (0-based) of ``n_stages``; ``peer``: the peer's id (unique over all stages);
     ``micro_batch``: the hop's micro-batch, counted from the start of the run; ``generator``:
     the attack's random stream; ``state``: the attack's memory for the run (one dict, shared by
-    every malicious peer: the attackers collude)."""
+    every malicious peer: the attackers collude); ``pipeline``: what a peer knows of the training
+    it joined (:class:`PipelineView`; given at the stage sync, ``None`` on a hop)."""
 
     round: int
     stage: int
@@ -73,6 +75,29 @@ class StageContext:
     micro_batch: int
     generator: "torch.Generator"
     state: dict = field(default_factory=dict)
+    pipeline: "PipelineView | None" = None
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineView:
+    """What a stage peer knows of the pipeline it joined, for attacks that prepare offline (the
+    stage backdoor of Ersoy et al., arXiv 2604.02372, knows the *starting* weights of every stage):
+
+    * ``params0``: the flat starting parameters of the whole model (read-only: never modify);
+    * ``slices``: each stage's slice of the flat vector;
+    * ``loss(flat, x, y)``: the whole model's differentiable mean loss with parameters ``flat`` on
+      inputs ``x`` and targets ``y`` (targets −100 are masked), for offline training;
+    * ``data_x``, ``data_y``: text of the task's distribution the peer may train on offline (the
+      training pool: it stands in for the attacker's own corpus);
+    * ``peers_per_stage``: the size of each stage's pool (the replicas a stage update is merged with).
+    """
+
+    params0: "torch.Tensor"
+    slices: tuple[slice, ...]
+    loss: Callable[["torch.Tensor", "torch.Tensor", "torch.Tensor"], "torch.Tensor"]
+    data_x: "torch.Tensor"
+    data_y: "torch.Tensor"
+    peers_per_stage: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -405,6 +430,11 @@ class Attack:
         """A malicious stage peer's backward pass: return the gradient it sends to the previous
         stage, given the honest gradient with respect to its input."""
         return grad
+
+    def tamper_stage_update(self, update: "torch.Tensor", ctx: StageContext) -> "torch.Tensor":
+        """A malicious stage peer's update at its stage's sync: return the ``(d_stage,)`` change to
+        its stage's parameters it submits, given its honest one (``ctx.pipeline`` is set)."""
+        return update
 
     def training_hook(self, ctx: AttackContext) -> "TrainingHook | None":
         """Return how the malicious clients train this round (``None``: like honest clients).

@@ -135,7 +135,7 @@ def test_sampled_checks_catch_a_lazy_peer_later_and_cheaper():
     ({"pipeline": {"attacker_stage": 3}}, "must be a stage"),
     ({"pipeline": {"attackers": 4}}, "more than the stage"),
     ({"pipeline": {"checks": [{"name": "median"}]}}, "not a pipeline check"),
-    ({"scenario": {"warmup_rounds": 2}}, "not supported with"),
+    ({"federation": {"clients_per_round": 2}}, "do not apply"),
     ({"attack": "sign_flip"}, "not on a pipeline stage"),
 ])
 def test_bad_pipeline_scenarios_are_one_clear_line(change, msg):
@@ -257,3 +257,97 @@ def test_flow_routing_balances_heterogeneous_peers_and_is_captured_by_a_false_ad
     flow, swarm, rr = throughput("flow"), throughput("swarm"), throughput("round_robin")
     assert flow > swarm > rr  # the load-balancing router beats proportional wiring beats turns
     assert throughput("flow", {"name": "activation_tamper", "advertise": 20.0}) < flow
+
+
+# ---------------------------------------------------------------- warm-up, backdoor, commitments, reputation
+
+def test_pipeline_starts_from_its_own_clean_warm_up():
+    """warmup_rounds under [pipeline]: the same pipeline with no attacker and no checks, run for
+    R rounds; round 0 of every cell starts from its final model."""
+    d = doc({"name": "lazy_peer"}, checks=[{"name": "redundant_recompute"}])
+    d["scenario"]["warmup_rounds"] = 2
+    r, res = run(d)
+    clean = doc()
+    clean["federation"]["rounds"] = 2
+    clean["pipeline"]["attackers"] = 0
+    c, _ = run(clean)
+    assert torch.equal(r.params0, c.final_params)
+    assert res.records[0].extra["start"]["warmup"]["rounds"] == 2
+    assert not torch.equal(r.params0, r.params_init)
+
+
+def test_stage_backdoor_vector_backdoors_the_starting_model_and_is_injected_gradually():
+    """Offline, the stage's backdoor vector τ (trained on the stage alone, from the starting
+    weights) plants the trigger: ASR at θ₀ + τ is far above θ₀'s. Online, the peer adds
+    scale · τ / inject_rounds to its first inject_rounds updates, then nothing."""
+    from redteam.registry import ATTACKS
+    from redteam.types import StageContext
+
+    d = doc({"name": "stage_backdoor"})
+    d["workload"]["width"] = 32  # width 16 cannot hold the trigger in its middle block at all
+    r = SwarmRun(parse_scenario(d))
+    a = ATTACKS.create("stage_backdoor", {"offline_steps": 150, "offline_lr": 1e-2, "scale": 2.0,
+                                          "inject_rounds": 2})
+    tx, ty = a.targeted_test(r.test_x, r.test_y)
+    state: dict = {}
+    ctx = StageContext(0, 1, 3, 4, 0, torch.Generator().manual_seed(0), state, r.view)
+    tau = a.backdoor_vector(StageContext(0, 1, 3, 4, 0, torch.Generator().manual_seed(0), {}, r.view))
+    sl = r.slices[1]
+    backdoored = r.params0.clone()
+    backdoored[sl] += tau
+    assert r.trainer.evaluate(backdoored, tx, ty)[0] >= 0.9 > 0.1 >= r.trainer.evaluate(r.params0, tx, ty)[0]
+    assert torch.equal(r.params0, r.view.params0)  # the offline training did not touch the run's model
+    u = torch.zeros(sl.stop - sl.start)
+    first, second, third = (a.tamper_stage_update(u, ctx) for _ in range(3))
+    assert torch.allclose(first, tau) and torch.allclose(second, tau) and torch.equal(third, u)
+
+
+def test_stage_backdoor_hops_are_honest_so_recomputation_never_flags_it():
+    checks = [{"name": "redundant_recompute", "fraction": 1.0}]
+    _, res = run(doc({"name": "stage_backdoor", "offline_steps": 20}, checks=checks))
+    m = summarize(res.records)
+    assert m["undetected_attackers"] == 1 and m["fpr"] == 0.0
+    assert all("asr" in rec.extra for rec in res.records)
+
+
+def test_commitment_digest_keeps_the_bits_it_says():
+    from defenses.pipeline_checks import commitment
+
+    x = torch.tensor([1.0, -3.5, 0.3])
+    one_ulp = torch.nextafter(x, torch.full_like(x, 10.0))
+    assert commitment(x, 23) == commitment(x.clone(), 23) != commitment(one_ulp, 23)
+    assert commitment(x, 10) == commitment(one_ulp, 10)  # one ulp does not cross a 10-bit boundary here
+    assert commitment(x, 10) != commitment(x * 1.01, 10)
+    assert commitment(torch.tensor([0.0]), 10) == commitment(torch.tensor([-0.0]), 10)
+    assert commitment(x, 23) != commitment(x.reshape(3, 1), 23)  # the shape is committed too
+
+
+def test_commitment_audit_bans_a_lazy_peer_at_the_round_end():
+    """The deferred audit catches what the recomputation catches, but only once the round's hops
+    are done: the ban comes at the end of the round, after the lazy peer served its traffic, and
+    its update is left out of that round's sync."""
+    _, res = run(doc({"name": "lazy_peer"}, checks=[{"name": "activation_commitment", "fraction": 1.0}]))
+    m = summarize(res.records)
+    assert m["undetected_attackers"] == 0 and m["fpr"] == 0.0
+    first = res.records[0]
+    pid = res.malicious[0]
+    assert first.extra["pipeline"]["banned_at"][pid] == 6  # micro_batches: the round's end
+    assert "commitment audit" in first.rejected[pid]
+    assert first.accepted[pid] is False
+    _, eager = run(doc({"name": "lazy_peer"}, checks=[{"name": "redundant_recompute", "fraction": 1.0}]))
+    assert m["detection_latency"] >= summarize(eager.records)["detection_latency"]
+    _, grad = run(doc({"name": "gradient_tamper"}, checks=[{"name": "activation_commitment", "fraction": 1.0}]))
+    assert summarize(grad.records)["undetected_attackers"] == 1  # forward commitments cannot see the backward
+
+
+def test_reputation_starves_a_flagged_peer_before_its_ban():
+    """With three strikes to a ban, a router that trusts a flagged peer less sends it less
+    traffic in the meantime."""
+    served = {}
+    for penalty in (1.0, 0.05):
+        _, res = run(doc({"name": "lazy_peer"}, checks=[{"name": "redundant_recompute", "fraction": 1.0,
+                                                          "strikes": 3}],
+                         micro_batches=12, reputation_penalty=penalty))
+        pid = res.malicious[0]
+        served[penalty] = sum(rec.extra["pipeline"]["served"].get(pid, 0) for rec in res.records)
+    assert served[0.05] < served[1.0]

@@ -17,12 +17,13 @@ __all__ = ["make_run"]
 
 
 def make_run(scenario: Scenario, *, device: str = "cpu", attack: PluginSpec | None = None,
-             warmup_dir: str | None = None) -> Any:
-    """The run object of ``scenario``'s regime (``attack`` overrides its attack: the baseline)."""
+             warmup_dir: str | None = None, start: Any = None) -> Any:
+    """The run object of ``scenario``'s regime (``attack`` overrides its attack: the baseline;
+    ``start``: the flat parameters round 0 starts from, instead of the workload's initial model)."""
     if scenario.pipeline is not None:
         from .swarm import SwarmRun
 
-        return SwarmRun(scenario, device=device, attack=attack, warmup_dir=warmup_dir)
+        return SwarmRun(scenario, device=device, attack=attack, warmup_dir=warmup_dir, start=start)
     from .loop import Federation
 
-    return Federation(scenario, device=device, attack=attack, warmup_dir=warmup_dir)
+    return Federation(scenario, device=device, attack=attack, warmup_dir=warmup_dir, start=start)

@@ -54,7 +54,7 @@ import torch.nn.functional as F
 
 from ..errors import InvalidParameter, RedteamError
 from ..scenario import PluginSpec, Scenario
-from ..types import RoundRecord, ServerContext, StageContext, Surface
+from ..types import PipelineView, RoundRecord, ServerContext, StageContext, Surface
 from .builders import build_attack, build_defense, build_workload
 from .params import ParamSpec
 from .training import BatchedTrainer
@@ -90,6 +90,7 @@ class _Peer:
     planned: float = 0.0  # the flow router's estimate of that, from advertised speeds
     down: str = ""  # why it left this round (crashed, or left before the sync): its round's work is lost
     banned_at: int | None = None
+    reputation: float = 1.0  # the router's trust: lowered by failed checks, raised by passed ones
     grad: torch.Tensor | None = None
 
 
@@ -107,7 +108,7 @@ class SwarmRun:
     """A SWARM pipeline built from a scenario with ``[pipeline]``; ``run()`` executes all rounds."""
 
     def __init__(self, scenario: Scenario, *, device: str = "cpu", attack: PluginSpec | None = None,
-                 warmup_dir: str | None = None) -> None:
+                 warmup_dir: str | None = None, start: torch.Tensor | None = None) -> None:
         from .loop import random_streams, resolve_device
 
         if scenario.pipeline is None:
@@ -134,7 +135,20 @@ class SwarmRun:
         model = self.workload.build_model(self._torch["init"]).to(self.device)
         self.model = model
         self.spec = ParamSpec.of(model)
-        self.params0 = self.spec.flatten(model).to(self.device)
+        self.params_init = self.spec.flatten(model).to(self.device)
+        # the model round 0 starts from: the workload's initial model, a model file or a shared
+        # clean warm-up of the same pipeline ([scenario] start_from / warmup_rounds; .warmup)
+        self._start_info: dict[str, Any] = {}
+        if start is not None:
+            self.params0 = start.to(self.device, torch.float32).clone()
+        else:
+            from .warmup import start_params
+
+            self.params0, self._start_info = start_params(scenario, self.spec, self.params_init, self.device,
+                                                          warmup_dir, self.dataset_source)
+        if self.params0.shape != self.params_init.shape:
+            raise InvalidParameter(f"the starting model has {self.params0.numel()} parameters, the workload's "
+                                   f"model {self.params_init.numel()}")
         self.trainer = BatchedTrainer(self.workload, model, self.spec)
         # the stage of each parameter, and each stage's slice of the flat vector (contiguous)
         stage_of = [stage_of_parameter(n, layers, pl.stages) for n in self.spec.names]
@@ -191,6 +205,17 @@ class SwarmRun:
         self._prev: dict[int, torch.Tensor] = {}
         self._causal = torch.ones(self.train_x.shape[1], self.train_x.shape[1], dtype=torch.bool,
                                   device=self.device).tril()
+        # a targeted attack's test inputs (ASR); the no-attack baseline is scored on the same ones
+        self._targeted: tuple[torch.Tensor, torch.Tensor] | None = None
+        for candidate in (self.attack, build_attack(scenario.attack)):
+            targeted_test = getattr(candidate, "targeted_test", None)
+            if targeted_test is not None:
+                tx, ty = targeted_test(ds.test_x, ds.test_y)
+                self._targeted = (tx.to(self.device), ty.to(self.device))
+                break
+        # what a peer knows of the training it joined (offline attacks read it; never modified)
+        self.view = PipelineView(params0=self.params0.detach(), slices=tuple(self.slices), loss=self.full_loss,
+                                 data_x=self.train_x, data_y=self.train_y, peers_per_stage=pl.peers_per_stage)
 
     # ------------------------------------------------------------------ one stage
     def stage_forward(self, s: int, h: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
@@ -212,6 +237,32 @@ class SwarmRun:
             h = functional_call(m.head, {"weight": named["head.weight"], "bias": named["head.bias"]}, (h,))
         return h
 
+    def full_loss(self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The whole model's mean next-byte loss with parameters ``flat`` (targets −100 masked),
+        through the stages in turn: differentiable in ``flat``."""
+        h = x
+        for s, sl in enumerate(self.slices):
+            h = self.stage_forward(s, h, flat[sl])
+        return F.cross_entropy(h.reshape(-1, h.shape[-1]), y.reshape(-1), ignore_index=-100)
+
+    def _judge(self, peer: _Peer, verdict: Any, strikes: int, flagged: dict[int, str], hop: int) -> int:
+        """Apply a check's verdict on one of ``peer``'s hops: the verifier's recomputation costs
+        it a forward; a failure is a strike (``strikes`` of them ban the peer, from micro-batch
+        ``hop`` on) and lowers its reputation; a pass restores some. Returns 1 if recomputed."""
+        pl = self.pl
+        if verdict.recomputed and verdict.verifier is not None:  # a forward on the verifier
+            v = self.peers[verdict.verifier]
+            v.busy += pl.hop_time_s / 3 / v.speed
+        if verdict.failed:
+            peer.flags += 1
+            peer.reputation *= pl.reputation_penalty
+            flagged[peer.pid] = verdict.reason
+            if peer.flags >= strikes and peer.banned_at is None:
+                peer.banned_at = hop
+        elif verdict.recomputed:
+            peer.reputation = min(1.0, peer.reputation + pl.reputation_recovery)
+        return int(verdict.recomputed)
+
     # ------------------------------------------------------------------ routing
     def _route(self, s: int, hop: int, active: bool) -> _Peer | None:
         pool = [p for p in self.peers if p.stage == s and p.banned_at is None and not p.down]
@@ -224,8 +275,11 @@ class SwarmRun:
                       for p in pool])
         if not np.all(np.isfinite(w)) or w.sum() <= 0:
             raise RedteamError(f"attack {self.attack_spec.name!r}: advertise_throughput gave {w.tolist()}")
+        w = w * np.array([p.reputation for p in pool])  # the router trusts a flagged peer less
+        if w.sum() <= 0:
+            w = np.ones(len(pool))
         if self.pl.routing == "flow":  # the peer that would finish this hop first, by what peers advertise
-            finish = [p.planned + self.pl.hop_time_s / float(wk) for p, wk in zip(pool, w)]
+            finish = [p.planned + (self.pl.hop_time_s / float(wk) if wk > 0 else math.inf) for p, wk in zip(pool, w)]
             k = int(np.argmin(finish))
             pool[k].planned = finish[k]
             return pool[k]
@@ -242,8 +296,12 @@ class SwarmRun:
         records: list[RoundRecord] = []
         attack_state: dict = {}
         t_run = time.perf_counter()
-        acc0, loss0 = self.trainer.evaluate(params, self.test_x, self.test_y)
+        acc0, loss0 = self.trainer.evaluate(self.params_init, self.test_x, self.test_y)
         untrained = {"accuracy": acc0, "loss": loss0 if math.isfinite(loss0) else None, "chance_accuracy": None}
+        start_info: dict[str, Any] = {}
+        if self._start_info:  # the model the run starts from, as evaluated before round 0
+            s_acc, s_loss = self.trainer.evaluate(self.params0, self.test_x, self.test_y)
+            start_info = {**self._start_info, "accuracy": s_acc, "loss": s_loss if math.isfinite(s_loss) else None}
         act_bytes = pl.micro_batch_size * self.train_x.shape[1] * int(getattr(self.workload, "width")) * 4
         hop_count = 0
         check_memory: dict[int, dict] = {}  # each check's memory for the run (a monitor's running statistics)
@@ -291,15 +349,7 @@ class SwarmRun:
                     for check in self.checks:
                         verdict = check.verify_hop(self, s, peer, inp, sent, params[self.slices[s]],
                                                    self._np["checks"], check_memory.setdefault(id(check), {}))
-                        recomputed += int(verdict.recomputed)
-                        if verdict.recomputed and verdict.verifier is not None:  # a forward on the verifier
-                            v = self.peers[verdict.verifier]
-                            v.busy += pl.hop_time_s / 3 / v.speed
-                        if verdict.failed:
-                            peer.flags += 1
-                            flagged[peer.pid] = verdict.reason
-                            if peer.flags >= check.strikes and peer.banned_at is None:
-                                peer.banned_at = hop_count
+                        recomputed += self._judge(peer, verdict, check.strikes, flagged, hop_count)
                     peer.served += 1
                     if not (acting and getattr(self.attack, "skips_compute", False)):
                         peer.busy += pl.hop_time_s / peer.speed
@@ -315,6 +365,13 @@ class SwarmRun:
                 if loss.requires_grad:  # a lazy last stage replaying a stale output cuts the graph
                     loss.backward()
                 hop_count += 1
+            # deferred checks (a commitment audit) judge the round's hops before the stages sync
+            for check in self.checks:
+                audit = getattr(check, "audit_round", None)
+                if audit is not None:
+                    for pid, verdict in audit(self, lambda st: params[self.slices[st]], self._np["checks"],
+                                              check_memory.setdefault(id(check), {})):
+                        recomputed += self._judge(self.peers[pid], verdict, check.strikes, flagged, hop_count)
             # stage sync: each peer's SGD step on its mean gradient, merged by the defense
             accepted = [False] * self.n_peers
             rejected: dict[int, str] = {}
@@ -338,8 +395,18 @@ class SwarmRun:
                 for p in members:
                     g = leaves[p.pid].grad
                     g = torch.zeros_like(leaves[p.pid]) if g is None else g
-                    rows.append(-lr * g / p.served)
-                upd = torch.stack(rows).detach()
+                    row = (-lr * g / p.served).detach()
+                    if active and p.malicious:  # what it submits at the sync (a stage backdoor's injection)
+                        sctx = StageContext(rnd, s, pl.stages, p.pid, hop_count, self._torch["attack"], attack_state,
+                                            self.view)
+                        got = self.attack.tamper_stage_update(row, sctx)
+                        if not isinstance(got, torch.Tensor) or got.shape != row.shape:
+                            raise RedteamError(f"attack {self.attack_spec.name!r}: tamper_stage_update returned "
+                                               f"{getattr(got, 'shape', type(got).__name__)}, not the stage's "
+                                               f"{tuple(row.shape)}")
+                        row = got.detach().to(row.dtype)
+                    rows.append(row)
+                upd = torch.stack(rows)
                 w = torch.tensor([float(p.served) for p in members], device=self.device)
                 ctx = ServerContext(round=rnd, n_clients=len(members), weights=w, global_params=params[self.slices[s]],
                                     previous_update=self._prev.get(s), generator=self._torch["defense"],
@@ -363,7 +430,10 @@ class SwarmRun:
                         rejected[p.pid] = dec.reasons.get(k, "rejected")
             params = new
             acc, loss_v = self.trainer.evaluate(params, self.test_x, self.test_y)
-            extra: dict[str, Any] = {"pipeline": {
+            extra: dict[str, Any] = {}
+            if self._targeted is not None:
+                extra["asr"] = self.trainer.evaluate(params, *self._targeted)[0]
+            extra["pipeline"] = {
                 "served": {p.pid: p.served for p in self.peers if p.served},
                 "flagged": dict(sorted(flagged.items())),
                 "banned_at": {p.pid: p.banned_at for p in self.peers if p.banned_at is not None},
@@ -375,7 +445,7 @@ class SwarmRun:
                 "departed": {p.pid: p.down for p in self.peers if p.down},
                 "lost_hops": sum(p.served for p in self.peers if p.down),
                 "completed": completed,
-            }}
+            }
             if refused:
                 extra["pipeline"]["refused"] = refused
             # simulated time: peers work in parallel, each on its own hops in turn; the round lasts
@@ -387,6 +457,8 @@ class SwarmRun:
                                                if working and makespan > 0 else None)
             if rnd == 0:
                 extra["untrained"] = untrained
+                if start_info:
+                    extra["start"] = start_info
             if not sc.window.is_full:
                 extra["attack_active"] = sc.window.active(rnd)
             participating = [p.served > 0 or (p.banned_at is not None and p.pid in rejected) for p in self.peers]

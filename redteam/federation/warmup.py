@@ -6,9 +6,11 @@ ICML 2022, and Bagdasaryan et al., AISTATS 2020). Two ways to say so in a scenar
 
 * ``[scenario] warmup_rounds = R``: before round 0, R rounds of clean FedAvg — the scenario's
   workload, federation, transport and seed, with attack ``none``, defense ``mean``, a flat
-  hierarchy and no attack window. That warm-up does not depend on the cell's attack or
-  defense, so every cell of a matrix with the same seed and the same federation shares it:
-  it is computed once, kept in memory for the process, and written to the warm-up directory
+  hierarchy and no attack window (under ``[pipeline]``: R rounds of the same pipeline with no
+  attacker and no hop checks, its stages merged by ``mean``). That warm-up does not depend on
+  the cell's attack or defense, so every cell of a matrix with the same seed and the same
+  federation shares it: it is computed once, kept in memory for the process, and written to
+  the warm-up directory
   (``<out>/warmups/`` of a matrix, ``REDTEAM_WARMUP_DIR`` elsewhere) from which later runs
   and other worker processes read it back. Only the model is carried over: clients'
   momentum, error-feedback residuals and optimizer states, and the defenses' memory, start
@@ -134,8 +136,12 @@ def warmup_scenario(scenario: "Scenario") -> "Scenario":
     from ..scenario import AttackWindow, HierarchySpec, PluginSpec
 
     info, fed = scenario.scenario, scenario.federation
+    pipeline = scenario.pipeline
+    if pipeline is not None:  # the same pipeline, honest and unchecked
+        pipeline = dataclasses.replace(pipeline, attackers=0, checks=())
     return dataclasses.replace(
         scenario,
+        pipeline=pipeline,
         scenario=dataclasses.replace(info, warmup_rounds=0, requires=(), name="warmup", description=""),
         federation=dataclasses.replace(fed, rounds=info.warmup_rounds, attacker_selection="random",
                                        attackers_per_round=None),
@@ -217,9 +223,9 @@ def _remember(key: str, flat: torch.Tensor) -> None:
 
 
 def _compute(scenario: "Scenario", start: torch.Tensor, device: torch.device) -> torch.Tensor:
-    from .loop import Federation
+    from .regimes import make_run
 
     ws = warmup_scenario(scenario)
-    fed = Federation(ws, device=device.type if device.index is None else str(device), start=start)
-    fed.run()
-    return fed.final_params.detach().clone()
+    run = make_run(ws, device=device.type if device.index is None else str(device), start=start)
+    run.run()
+    return run.final_params.detach().clone()

@@ -128,7 +128,8 @@ WARMUP_DIR = "warmups"
 def prepare_warmups(units: list[Unit], device: str, report: Callable[[str], None] | None = None) -> int:
     """Compute each distinct warm-up of ``units`` once, into its warm-up directory (so that
     parallel workers read it instead of each computing it); returns how many were computed."""
-    from ..federation.loop import Federation, resolve_device
+    from ..federation.loop import resolve_device
+    from ..federation.regimes import make_run
     from ..federation.warmup import warmup_key
 
     seen: set[str] = set()
@@ -149,7 +150,7 @@ def prepare_warmups(units: list[Unit], device: str, report: Callable[[str], None
         seen.add(key)
         if report is not None:
             report(f"warm-up ({sc.scenario.warmup_rounds} rounds, seed {sc.seed})")
-        Federation(sc, device=device, warmup_dir=run["warmup_dir"])
+        make_run(sc, device=device, warmup_dir=run["warmup_dir"])  # building the run computes its warm-up
         made += 1
     return made
 

@@ -14,7 +14,66 @@ CTX_TENSORS = ("own_updates", "visible_updates", "global_params", "weights", "pr
 HOOKS = (("craft_updates", Surface.UPDATES), ("poison_data", Surface.DATA),
          ("tamper_chunks", Surface.TRANSPORT), ("forge_provenance", Surface.PROVENANCE),
          ("choose_identity", Surface.HIERARCHY), ("tamper_subaggregate", Surface.HIERARCHY),
-         ("tamper_activation", Surface.PIPELINE), ("tamper_gradient", Surface.PIPELINE))
+         ("tamper_activation", Surface.PIPELINE), ("tamper_gradient", Surface.PIPELINE),
+         ("tamper_stage_update", Surface.PIPELINE))
+
+
+def toy_pipeline(seed: int) -> Any:
+    """A two-stage stand-in for a pipeline's view (:class:`~redteam.types.PipelineView`): a byte
+    bigram model, embedding (256 × 8) then head (8 × 256), on random byte windows; small enough
+    that an attack's offline preparation runs in the contract checks."""
+    import torch
+    import torch.nn.functional as F
+
+    from redteam.types import PipelineView
+
+    g = torch.Generator().manual_seed(seed)
+    flat = 0.1 * torch.randn(2 * 256 * 8, generator=g)
+    w = torch.randint(0, 256, (64, 13), generator=g)
+
+    def loss(p: "torch.Tensor", x: "torch.Tensor", y: "torch.Tensor") -> "torch.Tensor":
+        logits = p[: 256 * 8].reshape(256, 8)[x] @ p[256 * 8:].reshape(8, 256)
+        return F.cross_entropy(logits.reshape(-1, 256), y.reshape(-1), ignore_index=-100)
+
+    return PipelineView(params0=flat, slices=(slice(0, 256 * 8), slice(256 * 8, 2 * 256 * 8)), loss=loss,
+                        data_x=w[:, :-1].contiguous(), data_y=w[:, 1:].contiguous(), peers_per_stage=2)
+
+
+def check_stage_update(plugin: Attack, label: str, seed: int, where: str, tally: K.Tally) -> None:
+    """A stage peer's update at the sync, on :func:`toy_pipeline`: same shape, dtype and device,
+    finite, neither the update nor the view's parameters modified, the same output for the same
+    generator state and a fresh memory."""
+    import torch
+
+    from redteam.types import StageContext
+
+    hook = "tamper_stage_update"
+    view = toy_pipeline(seed)
+    upd = 0.01 * torch.randn(256 * 8, generator=torch.Generator().manual_seed(seed + 1))
+    snap = K.snapshot({"update": upd, "ctx.pipeline.params0": view.params0})
+    g = generator(seed)
+    state = g.get_state()
+
+    def call(gen: Any) -> Any:
+        ctx = StageContext(round=0, stage=1, n_stages=2, peer=3, micro_batch=0, generator=gen, state={},
+                           pipeline=view)
+        return plugin.tamper_stage_update(upd, ctx)
+
+    got = K.call(label, hook, lambda: call(g), where, tally)
+    if got is K.REFUSED:
+        return
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(upd.shape) or got.dtype != upd.dtype \
+            or got.device != upd.device:
+        K.fail(label, K.P_SHAPE, f"{hook} returned {getattr(got, 'shape', type(got).__name__)}; the stage's update is "
+               f"{tuple(upd.shape)} {K.dtype_name(upd)} on {upd.device}", where)
+    if not getattr(plugin, "produces_nonfinite", False) and not K.finite(got):
+        K.fail(label, K.P_FINITE, f"{hook} returned non-finite entries from finite inputs", where)
+    if changed := K.mutated(snap):
+        K.fail(label, K.P_MUTATION, f"{hook} modified {', '.join(changed)} in place", where)
+    again = K.call(label, hook, lambda: call(K.regenerate(g, state)), where, None)
+    if not K.same(got, again):
+        K.fail(label, K.P_DETERMINISTIC, "two calls with generators in the same state differ", where)
+    tally.ok(hook)
 
 
 def check_stage(plugin: Attack, label: str, hook: str, seed: int, where: str, tally: K.Tally) -> None:

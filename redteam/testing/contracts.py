@@ -229,6 +229,8 @@ def check_attack(
         for stage_hook in ("tamper_activation", "tamper_gradient"):
             if stage_hook in hooks:
                 A.check_stage(plugin, label, stage_hook, case.seed, where, tally)
+        if "tamper_stage_update" in hooks:
+            A.check_stage_update(plugin, label, case.seed, where, tally)
 
     if ctx is not None or data is not None:
         hooks = [h for h in hooks if (data is not None if h == "poison_data" else ctx is not None)]
@@ -250,6 +252,8 @@ def check_attack(
                 A.check_identity(plugin, label, ctx, 4, "the given ctx", tally)
             elif h in ("tamper_activation", "tamper_gradient"):
                 A.check_stage(plugin, label, h, 0, "the given ctx", tally)
+            elif h == "tamper_stage_update":
+                A.check_stage_update(plugin, label, 0, "the given ctx", tally)
             else:
                 A.check_subaggregate(plugin, label, ctx, "the given ctx", tally)
     else:
