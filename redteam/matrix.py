@@ -222,6 +222,8 @@ class Expectation:
         if stat is None or stat.get("mean") is None or n < 2:
             return (f"{self.metric}: over = \"interval\" needs values from ≥ 2 seeds; {cid} has {n}, "
                     "so its 95 % interval is undefined")
+        if stat.get("lo") is None or stat.get("hi") is None:  # mean_ci: ends past float64's range
+            return f"{self.metric}: the 95 % interval of {cid} is undefined ({stat.get('undefined') or 'no ends'})"
         return None
 
     def _compare(self, left: Mapping[str, Any], right: Mapping[str, Any], left_id: str, right_id: str) -> str | None:

@@ -60,6 +60,17 @@ Definitions (also in the README's "Metrics" section):
   speed, a recomputation a third of that; peers work in parallel and a round lasts as long as
   its busiest peer); ``idle_share``: the working peers' mean idle share of a round. ``None`` for
   data-parallel runs.
+
+Undefined metrics (issue 22 §2). A metric that cannot be computed for a run is ``None``,
+never a crash and never NaN/inf: :func:`summarize` computes each metric (or group of
+metrics) on its own, and one whose arithmetic fails (``OverflowError``,
+``ZeroDivisionError``, ``FloatingPointError``, a math-domain ``ValueError``) or whose value
+is NaN or ±inf (a simulated time past float64's range, from a legal ``latency_ms = 1e308``)
+becomes ``None`` with the reason under ``summary["undefined"][metric]``; the other metrics
+of the run are kept. The store keeps those reasons with the run's metrics and ``redteam
+report`` prints them under the tables (:func:`undefined_reasons` gathers them per cell).
+Metrics that are ``None`` by definition (0/0 ratios, ASR of an untargeted attack) carry no
+reason.
 """
 
 from __future__ import annotations
@@ -91,7 +102,17 @@ __all__ = [
     "rounds_to_target_loss",
     "durability",
     "pipeline_metrics",
+    "UNDEFINED",
+    "undefined_reasons",
 ]
+
+#: The key of :func:`summarize`'s result that maps each metric that could not be computed
+#: for the run to the reason (module docstring); ``{}`` when every metric could be.
+UNDEFINED = "undefined"
+
+#: What a metric's arithmetic raises on legal but extreme values: overflow, division by
+#: zero, floating-point traps (ArithmeticError), and math-domain errors (ValueError).
+_ARITHMETIC_ERRORS = (ArithmeticError, ValueError)
 
 
 def final_accuracy(records: Sequence[RoundRecord]) -> float:
@@ -432,47 +453,100 @@ def summarize(
     (a classifier workload) leaves out :data:`LANGUAGE_MODEL_METRICS`; ``True`` or
     ``None`` (the kind is not known) keeps them. ``after_k`` and ``lifespan_threshold``
     parametrise :func:`durability` (``[attack] after_k`` / ``lifespan_threshold``).
+
+    ``summary["undefined"]`` (:data:`UNDEFINED`) maps every metric that could not be
+    computed for this run (an arithmetic error, or a NaN/inf value) to the reason; such a
+    metric is ``None``. Nothing here raises on the run's values.
     """
-    det = detection(records)
+    if last_k < 1:  # a bad argument, not a run whose metric cannot be computed
+        raise ValueError(f"final_accuracy_last_k: k = {last_k}: must be ≥ 1")
     n = max(len(records), 1)
-    rtt = rounds_to_target(records, target_accuracy)
-    out: dict[str, Any] = {
-        "final_accuracy": final_accuracy(records),
-        "final_accuracy_last_k": final_accuracy_last_k(records, last_k),
-        "final_loss": _finite_or_none(final_loss(records)),
-        "rounds_to_target": rtt,
-        "target_accuracy": target_accuracy,
-        "asr": attack_success_rate(records),
-        "precision": det.precision,
-        "recall": det.recall,
-        "f1": det.f1,
-        "fpr": det.fpr,
-        "tp": det.tp, "fp": det.fp, "tn": det.tn, "fn": det.fn,
-        "bytes_on_wire": sum(r.bytes_on_wire for r in records),
-        "dropped_updates": sum(len(r.dropped) for r in records),
-        "rejected_updates": sum(len(r.rejected) for r in records),
-        **envelope(records),
-        "wall_time_per_round_s": sum(r.wall_time_s for r in records) / n,
-        "defense_time_per_round_s": sum(r.defense_time_s for r in records) / n,
-        "sim_time_s": sum(r.sim_time_s for r in records),
-        **language_model(records, baseline),
-        **durability(records, after_k, lifespan_threshold),
-        **pipeline_metrics(records),
-    }
+    out: dict[str, Any] = {}
+    undefined: dict[str, str] = {}
+
+    def put(keys: Sequence[str], compute: Any) -> None:
+        """``compute()`` → one value (one key) or a dict of them; an arithmetic error makes
+        every key of the group undefined, with the reason."""
+        try:
+            got = compute()
+        except _ARITHMETIC_ERRORS as exc:
+            why = f"could not be computed: {type(exc).__name__}: {exc}"
+            for k in keys:
+                out[k] = None
+                undefined[k] = why
+            return
+        if isinstance(got, dict):
+            out.update(got)
+        else:
+            out[keys[0]] = got
+
+    def det_dict() -> dict[str, Any]:
+        det = detection(records)
+        return {"precision": det.precision, "recall": det.recall, "f1": det.f1, "fpr": det.fpr,
+                "tp": det.tp, "fp": det.fp, "tn": det.tn, "fn": det.fn}
+
+    put(("final_accuracy",), lambda: final_accuracy(records))
+    put(("final_accuracy_last_k",), lambda: final_accuracy_last_k(records, last_k))
+    put(("final_loss",), lambda: _finite_or_none(final_loss(records)))
+    put(("rounds_to_target",), lambda: rounds_to_target(records, target_accuracy))
+    out["target_accuracy"] = target_accuracy
+    put(("asr",), lambda: attack_success_rate(records))
+    put(("precision", "recall", "f1", "fpr", "tp", "fp", "tn", "fn"), det_dict)
+    put(("bytes_on_wire",), lambda: sum(r.bytes_on_wire for r in records))
+    put(("dropped_updates",), lambda: sum(len(r.dropped) for r in records))
+    put(("rejected_updates",), lambda: sum(len(r.rejected) for r in records))
+    put(("envelope_norm", "envelope_cos", "envelope_cos_margin"), lambda: envelope(records))
+    put(("wall_time_per_round_s",), lambda: sum(r.wall_time_s for r in records) / n)
+    put(("defense_time_per_round_s",), lambda: sum(r.defense_time_s for r in records) / n)
+    put(("sim_time_s",), lambda: sum(r.sim_time_s for r in records))
+    lm_keys = ["final_bits_per_byte", "final_perplexity", "false_trigger_rate", "near_miss_trigger_rate",
+               "rounds_to_target_loss"] + (["bits_per_byte_increase", "perplexity_increase"] if baseline is not None
+                                           else [])
+    put(lm_keys, lambda: language_model(records, baseline))
+    put(("asr_at_end_of_window", "accuracy_at_end_of_window", "asr_after_k", "backdoor_lifespan",
+         "lifespan_censored"), lambda: durability(records, after_k, lifespan_threshold))
+    put(("detection_latency", "undetected_attackers", "check_overhead", "lost_micro_batches", "lost_work",
+         "pipeline_throughput", "idle_share"), lambda: pipeline_metrics(records))
     if baseline is not None:
-        out["accuracy_drop"] = accuracy_drop(records, baseline)
-        b_rtt = rounds_to_target(baseline, target_accuracy)
-        out["slowdown_rounds"] = (rtt - b_rtt) if (rtt is not None and b_rtt is not None) else None
+        put(("accuracy_drop",), lambda: accuracy_drop(records, baseline))
+
+        def slowdown() -> int | None:
+            rtt, b_rtt = out.get("rounds_to_target"), rounds_to_target(baseline, target_accuracy)
+            return (rtt - b_rtt) if (rtt is not None and b_rtt is not None) else None
+
+        put(("slowdown_rounds",), slowdown)
+    for k, v in out.items():  # NaN and ±inf are undefined too: JSON has neither, and a mean over them means nothing
+        if isinstance(v, float) and not math.isfinite(v) and k != "target_accuracy":
+            out[k] = None
+            undefined.setdefault(k, f"not a finite number ({v!r}): "
+                                    + ("no round was recorded" if not records and math.isnan(v) else
+                                       "its value left float64's range" if math.isinf(v) else
+                                       "its arithmetic gave NaN"))
     if is_language_model is False:
         for key in LANGUAGE_MODEL_METRICS:
             out.pop(key, None)
+            undefined.pop(key, None)
+    out[UNDEFINED] = undefined
     return out
+
+
+def undefined_reasons(metrics: Any) -> dict[str, str]:
+    """The reasons a run's stored metrics give for undefined values (``{}`` when none, or for
+    a store written before they were kept)."""
+    if not isinstance(metrics, dict):
+        return {}
+    got = metrics.get(UNDEFINED)
+    if not isinstance(got, dict):
+        return {}
+    return {str(k): str(v) for k, v in got.items() if isinstance(v, str)}
 
 
 def mean_ci(values: Sequence[float | None], confidence: float = 0.95) -> dict[str, Any]:
     """Mean over seeds with a two-sided Student-t interval; ``None`` values are skipped.
 
     One value gives an interval of zero width around it (reported, not hidden: ``n = 1``).
+    An interval whose ends leave float64's range (values near ±1.8e308) has ``lo`` and ``hi``
+    ``None``, with the reason under ``"undefined"``; the mean is always finite.
     """
     xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     if not xs:
@@ -483,9 +557,20 @@ def mean_ci(values: Sequence[float | None], confidence: float = 0.95) -> dict[st
         return {"mean": m, "lo": m, "hi": m, "n": 1}
     # the deviations scaled by the largest one before squaring (1e300 ** 2 overflows float64)
     scale = max(abs(x - m) for x in xs)
-    sd_over_scale = math.sqrt(sum(((x - m) / scale) ** 2 for x in xs) / (n - 1)) if scale > 0 else 0.0
+    if math.isinf(scale):  # values on both sides of ±9e307: x − m itself overflows; scale first (exact)
+        p2 = math.ldexp(1.0, -math.frexp(max(abs(x) for x in xs))[1])
+        devs = [x * p2 - m * p2 for x in xs]
+        top = max(abs(v) for v in devs)
+        sd_over_scale = math.sqrt(sum((v / top) ** 2 for v in devs) / (n - 1))
+        scale = top / p2  # may be inf: the interval is then past float64's range
+    else:
+        sd_over_scale = math.sqrt(sum(((x - m) / scale) ** 2 for x in xs) / (n - 1)) if scale > 0 else 0.0
     half = _t_quantile(0.5 + confidence / 2, n - 1) * (scale * (sd_over_scale / math.sqrt(n)))
-    return {"mean": m, "lo": m - half, "hi": m + half, "n": n}
+    lo, hi = m - half, m + half
+    if not (math.isfinite(lo) and math.isfinite(hi)):  # the ends, not the mean, leave float64's range
+        return {"mean": m, "lo": None, "hi": None, "n": n,
+                "undefined": "the interval's ends are past float64's range"}
+    return {"mean": m, "lo": lo, "hi": hi, "n": n}
 
 
 # two-sided 95 % Student-t critical values t_{0.975, ν} for ν = 1..30 (standard tables)

@@ -142,7 +142,8 @@ def test_summarize_worked_example():
     assert out["target_accuracy"] == 0.9
     # every documented metric is produced (and nothing undocumented but the counts)
     assert set(METRICS) <= set(out)
-    assert set(out) - set(METRICS) == {"tp", "fp", "tn", "fn", "target_accuracy"}
+    assert set(out) - set(METRICS) == {"tp", "fp", "tn", "fn", "target_accuracy", "undefined"}
+    assert out["undefined"] == {}  # every metric of this run could be computed
 
 
 def test_summarize_defaults_and_a_single_round():
@@ -157,7 +158,9 @@ def test_summarize_without_baseline_and_without_rounds():
     out = summarize([R0, R1])
     assert "accuracy_drop" not in out and "slowdown_rounds" not in out
     empty = summarize([])
-    assert math.isnan(empty["final_accuracy"]) and empty["final_loss"] is None
+    # no round: the final accuracy is undefined (it was NaN), with the reason
+    assert empty["final_accuracy"] is None and empty["final_loss"] is None
+    assert "no round was recorded" in empty["undefined"]["final_accuracy"]
     assert empty["rounds_to_target"] is None and empty["precision"] is None
     assert empty["wall_time_per_round_s"] == 0.0
 

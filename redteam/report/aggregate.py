@@ -5,7 +5,9 @@ table, Markdown, JSON, CSV and HTML writers only format; no writer computes a nu
 
 * :func:`aggregate_cells`: per cell, the mean over its finished seeds of every metric,
   with a two-sided Student-t interval (:func:`redteam.scoring.mean_ci`; ``None`` values,
-  e.g. an ASR of an untargeted attack, are skipped, so ``n`` may be below the seed count).
+  e.g. an ASR of an untargeted attack, are skipped, so ``n`` may be below the seed count),
+  and the reasons its runs give for metrics they could not compute
+  (:func:`redteam.scoring.undefined_reasons`; :func:`undefined_notes` words them).
 * :func:`convergence`: per cell, accuracy per round, attacked and baseline, averaged
   over seeds.
 * :func:`breakdown`: per (attack, defense, other settings) the breakdown fraction over a
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..errors import RedteamError
-from ..scoring import METRICS, breakdown_fraction, mean_ci
+from ..scoring import METRICS, breakdown_fraction, mean_ci, undefined_reasons
 
 __all__ = [
     "REPORT_METRICS",
@@ -46,6 +48,7 @@ __all__ = [
     "axis_labels",
     "fraction_axis",
     "resolve_metrics",
+    "undefined_notes",
     "ReportError",
 ]
 
@@ -92,6 +95,9 @@ class CellSummary:
     finished: int  # seeds with a finished run
     metrics: Mapping[str, Stat] = field(hash=False)
     broken: int = 0  # finished seeds whose model (attacked or baseline) became non-finite
+    #: metric → why some finished seeds could not compute it (and in how many), e.g. a
+    #: simulated time past float64's range; absent when every seed could (or it is 0/0)
+    undefined: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     def value(self, metric: str) -> float | None:
         """The seed mean of ``metric`` (``None``: undefined or nothing finished)."""
@@ -212,7 +218,10 @@ def _settings(d: Mapping[str, Any] | Settings) -> Settings:
 def _num(v: Any) -> float | None:
     if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
-    f = float(v)
+    try:
+        f = float(v)
+    except OverflowError:  # an integer past float64's range: no mean can be taken of it
+        return None
     return f if math.isfinite(f) else None
 
 
@@ -279,8 +288,25 @@ def aggregate_cells(rows: Sequence[Mapping[str, Any]], *, confidence: float = 0.
         first = rs[0]
         broken = sum(1 for r in done if model_broke(r))
         out.append(CellSummary(cell_id, first["attack"], first["defense"], _settings(first["settings"]),
-                               len(rs), len(done), stats, broken))
+                               len(rs), len(done), stats, broken, _why_undefined(done)))
     return tuple(out)
+
+
+def _why_undefined(done: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """Per metric, the distinct reasons the finished runs give for not computing it, with the
+    number of seeds: ``"… (2 of 3 seeds)"``."""
+    seen: dict[str, dict[str, int]] = {}
+    for r in done:
+        for m, why in undefined_reasons(r.get("metrics")).items():
+            seen.setdefault(m, {}).setdefault(why, 0)
+            seen[m][why] += 1
+    return {m: "; ".join(f"{why} ({k} of {len(done)} seed{'s' if len(done) != 1 else ''})" for why, k in whys.items())
+            for m, whys in seen.items()}
+
+
+def undefined_notes(cells: Sequence[CellSummary], metric: str) -> list[str]:
+    """One line per cell whose runs could not compute ``metric``: ``cell: reason``."""
+    return [f"{metric} undefined for {c.cell_id}: {c.undefined[metric]}" for c in cells if metric in c.undefined]
 
 
 #: The key a round record's ``extra`` carries (``True``) when the round loop refused a

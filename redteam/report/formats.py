@@ -28,7 +28,7 @@ import json
 import math
 from typing import Any, Sequence
 
-from .aggregate import REPORT_METRICS, Report, axis_labels, settings_groups
+from .aggregate import REPORT_METRICS, Report, axis_labels, settings_groups, undefined_notes
 from .defender import defenders_dict, na_note, rejects
 from .tables import LEGEND, cell_text, fmt_value, group_title, metric_grids, short_key
 
@@ -165,6 +165,8 @@ def to_markdown(report: Report, metrics: Sequence[str]) -> str:
                                [[md_text(a), *[cell_text(by.get((a, d)), m, rejects(report, d)) for d in defenses]]
                                 for a in attacks])
             lines.append("")
+        if notes := undefined_notes(report.cells, m):
+            lines += [f"- — {md_text(line)}" for line in notes] + [""]
     if report.breakdown:
         lines += [f"## Breakdown fraction ({md_text(short_key(report.breakdown[0].axis))})", "",
                   f"Smallest malicious fraction at which accuracy_drop > {report.accuracy_margin:g} "
@@ -254,6 +256,7 @@ def report_dict(report: Report, metrics: Sequence[str]) -> dict[str, Any]:
                 "seeds": seeds.get(c.cell_id, []),
                 "metrics": {m: {"mean": _f(s.mean), "lo": _f(s.lo), "hi": _f(s.hi), "n": s.n}
                             for m in metrics if (s := c.metrics.get(m)) is not None},
+                "undefined": {m: c.undefined[m] for m in metrics if m in c.undefined},
             }
             for c in report.cells
         ],

@@ -23,7 +23,8 @@ import shlex
 from pathlib import Path
 from typing import Any, Sequence
 
-from .aggregate import REPORT_METRICS, CellSummary, Curve, Report, axis_labels, fraction_axis, settings_groups
+from .aggregate import (REPORT_METRICS, CellSummary, Curve, Report, axis_labels, fraction_axis, settings_groups,
+                        undefined_notes)
 from .formats import _bd_text, toml_dump
 from .tables import LEGEND, cell_text, fmt_stat, fmt_value, group_title, metric_grids, short_key
 
@@ -430,8 +431,9 @@ def render_html(report: Report, metrics: Sequence[str] | None = None) -> str:
     parts.append('<h2 id="heatmaps">Heatmaps</h2>')
     parts.append(f'<p class="muted">Attacks as rows, defenses as columns. {_E(LEGEND)}; grey = undefined.</p>')
     for m in metrics:
+        notes = "".join(f'<p class="muted">— {_E(line)}</p>' for line in undefined_notes(report.cells, m))
         if not report.defined(m):
-            parts.append(f'<h3>{_E(m)}</h3><p class="muted">{_E(m)} is undefined for every cell.</p>')
+            parts.append(f'<h3>{_E(m)}</h3><p class="muted">{_E(m)} is undefined for every cell.</p>' + notes)
             continue
         parts.append(f"<h3>{_E(m)}</h3>")
         from .defender import na_note
@@ -439,7 +441,7 @@ def render_html(report: Report, metrics: Sequence[str] | None = None) -> str:
         no_reject = report.defenders.non_rejecting if report.defenders is not None else frozenset()
         note = na_note(report, m)
         parts.append(_img(heatmap_figure(report.cells, m, no_reject), f"heatmap of {m}",
-                          f"{m}: {REPORT_METRICS[m]}" + (f"; {note}" if note else "")))
+                          f"{m}: {REPORT_METRICS[m]}" + (f"; {note}" if note else "")) + notes)
 
     parts.append('<h2 id="fraction">Accuracy drop against the malicious fraction</h2>')
     fig = fraction_figure(report)

@@ -6,6 +6,8 @@ A matrix with ``[matrix.settings]`` axes gives one table per combination of sett
 value; ``—`` = undefined (e.g. ASR of an untargeted attack); ``…`` = no seed finished;
 a trailing ``*`` = some of the cell's seeds have not finished. A table wider than the
 terminal is stacked (see :mod:`redteam.report.fit`), so ``…`` never stands for a cut value.
+Under a table, a line per cell whose runs could not compute the metric gives their reason
+(e.g. a simulated time past float64's range).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from .aggregate import REPORT_METRICS, CellSummary, Report, Stat, axis_labels, settings_groups
+from .aggregate import REPORT_METRICS, CellSummary, Report, Stat, axis_labels, settings_groups, undefined_notes
 
 __all__ = [
     "fmt_value",
@@ -160,3 +162,5 @@ def print_tables(console: Any, report: Report, metrics: Sequence[str]) -> None:
         for title, t in metric_table(report, m, console.width):
             console.print(f"[bold]{escape(title)}[/bold]")
             console.print(t)
+        for line in undefined_notes(report.cells, m):  # why a — is there, when a run said why
+            console.print(f"[dim]— {escape(line)}[/dim]")
