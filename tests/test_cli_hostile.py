@@ -218,3 +218,20 @@ def test_text_dir_with_a_non_utf8_file_name_is_one_line(tmp_path, capsys):
     assert main(["run", str(p)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is not UTF-8" in err[0]
+
+
+@pytest.mark.parametrize("network", [
+    "bandwidth_mbps = 5e-324\n",
+    "bandwidth_mbps = 1e-300\nbandwidth_sigma = 1000.0\ndeadline_s = 10.0\nstragglers = \"partial\"\n",
+    "bandwidth_mbps = 5e-324\nrelay_fraction = 0.5\nloss = 0.3\ndeadline_s = 10.0\n",
+])
+def test_a_tiny_bandwidth_prints_no_numpy_warning(tmp_path, capsys, network):
+    """issue 22 §7: numpy's 'overflow/divide by zero encountered' RuntimeWarnings leaked for
+    tiny (legal) bandwidths; such an upload now takes forever, silently."""
+    import warnings
+
+    f = _scenario(tmp_path, TINY.format(name='"bw"') + "[transport.network]\n" + network)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert main(["run", str(f), "--quiet", "--device", "cpu"]) == 0
+    assert "Warning" not in capsys.readouterr().err

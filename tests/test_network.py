@@ -305,3 +305,30 @@ def test_integrity_invariant_under_random_tampering(seed, loss, relay, retries, 
     assert all(res.dropped[c] for c in res.dropped)
     assert {a for a, _, _ in res.mismatches} == set(res.detections)
     assert res.bytes_on_wire >= sum(mlen(up[c]) for c in up)
+
+
+@pytest.mark.parametrize("params", [
+    dict(bandwidth_mbps=5e-324, bandwidth_sigma=0.0),  # the smallest legal value: bytes/s underflow
+    dict(bandwidth_mbps=1e-300, bandwidth_sigma=30.0),  # a wide spread draws some links as 0
+    dict(bandwidth_mbps=1e-300, bandwidth_sigma=1000.0, compute_sigma=1000.0, latency_sigma=1000.0),  # exp overflows
+])
+@pytest.mark.parametrize("deadline,stragglers", [(None, "drop"), (10.0, "drop"), (10.0, "partial")])
+def test_a_tiny_bandwidth_warns_nothing_and_never_arrives(params, deadline, stragglers):
+    """issue 22 §7: numpy's divide/overflow RuntimeWarnings leaked to the user for tiny
+    bandwidths. A transfer too slow for a float takes forever: a straggler under a deadline,
+    without one an infinitely long round."""
+    import warnings
+
+    cfg = NetworkConfig(deadline_s=deadline, stragglers=stragglers, relay_fraction=0.5, loss=0.3, retries=2, **params)
+    up = uploads_for({c: payload(3000, c) for c in range(4)}, chunk_size=1024)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        net = Network(cfg, 4, np.random.default_rng(0))
+        steps = net.steps_by_deadline(list(up), 5, 3000)
+        assert net.ready_s(list(up), 0).tolist() == [0.0] * 4  # no steps take no time, even on an infinitely slow device
+        res = net.transmit(0, up, 5, np.random.default_rng(1), client_steps=dict(zip(up, steps.tolist())))
+    if deadline is None:  # everyone arrives (lost chunks aside), some after ~forever
+        assert res.round_time_s > 1e250 and set(res.payloads) | set(res.dropped) == set(up)
+    else:  # who could not make it is a straggler
+        assert res.round_time_s <= deadline and all(res.arrival_s[c] <= deadline for c in res.payloads)
+        assert res.dropped

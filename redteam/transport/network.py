@@ -177,8 +177,9 @@ def _profile(
     name: str, given: Sequence[float] | None, median: float, sigma: float, z: np.ndarray, positive: bool
 ) -> np.ndarray:
     """Per-client values: ``median·exp(sigma·z)``, or the explicit ``given`` array (checked)."""
-    if given is None:
-        return median * np.exp(sigma * z)
+    if given is None:  # a huge σ may overflow to an infinite value or underflow to 0: IEEE's answer stands
+        with np.errstate(over="ignore", under="ignore"):
+            return median * np.exp(sigma * z)
     arr = np.asarray(given, dtype=np.float64)
     in_range = (arr > 0).all() if positive else (arr >= 0).all()
     ok = arr.shape == z.shape and bool(np.isfinite(arr).all()) and bool(in_range)
@@ -221,7 +222,8 @@ class Network:
         self.compute_s = _profile(
             "compute_s_per_step", compute_s_per_step, c.compute_s_per_step, c.compute_sigma, z[2], False
         )
-        self.bytes_per_s = self.bandwidth_mbps * 1e6 / 8.0
+        with np.errstate(over="ignore", under="ignore"):
+            self.bytes_per_s = self.bandwidth_mbps * 1e6 / 8.0
 
     def __repr__(self) -> str:
         return f"Network({self.config!r}, n_clients={self.n_clients})"
@@ -242,7 +244,7 @@ class Network:
 
     def ready_s(self, clients: Sequence[int], local_steps: int) -> np.ndarray:
         """When each client's update is ready: steps·c_i."""
-        return local_steps * self.compute_s[np.asarray(clients, dtype=np.int64)]
+        return _times(local_steps, self.compute_s[np.asarray(clients, dtype=np.int64)])
 
     def steps_by_deadline(self, clients: Sequence[int], local_steps: int, payload_bytes: int) -> np.ndarray:
         """Local steps each client can finish and still deliver by the deadline, for the
@@ -255,7 +257,7 @@ class Network:
         cfg = self.config
         if cfg.deadline_s is None or cfg.stragglers != "partial":
             return full
-        upload = payload_bytes / self.bytes_per_s[ids] + self.latency_s[ids]
+        upload = _send_s(payload_bytes, self.bytes_per_s[ids]) + self.latency_s[ids]
         spare = np.maximum(cfg.deadline_s - upload, 0.0)
         c = self.compute_s[ids]
         fit = np.where(c > 0, np.floor(spare / np.where(c > 0, c, 1.0)), float(local_steps))
@@ -321,8 +323,9 @@ class Network:
             mlens = [len(uploads[c][0].to_json()) if isinstance(uploads[c][0], UpdateManifest) else 0 for c in ids]
         ready = self.ready_s(ids, local_steps)
         if client_steps is not None:  # partial work: ready after the steps each client ran
-            ready = np.array([client_steps.get(c, local_steps) for c in ids], dtype=np.float64) * self.compute_s[ids_arr]
-        done_all = ready + np.asarray(mlens, dtype=np.float64) / self.bytes_per_s[ids_arr]
+            ready = _times(np.array([client_steps.get(c, local_steps) for c in ids], dtype=np.float64),
+                           self.compute_s[ids_arr])
+        done_all = ready + _send_s(np.asarray(mlens, dtype=np.float64), self.bytes_per_s[ids_arr])
         manifest_done = dict(zip(ids, done_all.tolist()))
         finish0 = done_all + self.latency_s[ids_arr]
         finish: dict[int, float] = dict(zip(ids, finish0.tolist()))
@@ -369,11 +372,11 @@ class Network:
         run = np.cumsum(size)
         start = np.repeat(run[offsets[:-1] - 1] * (offsets[:-1] > 0), np.diff(offsets)) if len(valid) else run
         done = np.array([manifest_done[c] for c in valid], dtype=np.float64)
-        depart = np.repeat(done, np.diff(offsets)) + (run - start) / self.bytes_per_s[author]
+        depart = np.repeat(done, np.diff(offsets)) + _send_s(run - start, self.bytes_per_s[author])
         u = rng.random((3, len(keys)))
         relay = self._first_relays(author, ids, u[0] < cfg.relay_fraction, u[1])
         via = relay != author
-        forward = np.where(via, size / self.bytes_per_s[relay] + self.latency_s[relay], 0.0)
+        forward = np.where(via, _send_s(size, self.bytes_per_s[relay]) + self.latency_s[relay], 0.0)
         when = depart + self.latency_s[author] + forward
         lost = u[2] < cfg.loss
         hops = np.where(via, 2, 1)
@@ -417,7 +420,7 @@ class Network:
                 relay[pending] = self._refetch_sources(author[pending], ids, use_peer, u[1], relay[pending])
                 src = relay[pending]
                 fail_time = np.array([failure[k][1] for k in pending.tolist()])
-                when[pending] = fail_time + self.latency_s[src] + size[pending] / self.bytes_per_s[src]
+                when[pending] = fail_time + self.latency_s[src] + _send_s(size[pending], self.bytes_per_s[src])
                 lost[pending] = u[2] < cfg.loss
                 hops[pending] = 1
             sent = [k for k in (pending.tolist() if wave > 0 else range(len(keys))) if data[k] is not None]
@@ -786,6 +789,25 @@ class Network:
             if cand.size:
                 out[j] = cand[min(int(u[j] * cand.size), cand.size - 1)]
         return out
+
+
+def _send_s(nbytes: float | np.ndarray, bytes_per_s: np.ndarray) -> np.ndarray:
+    """Seconds to send ``nbytes`` over links of ``bytes_per_s``, without numpy warnings:
+    infinite where the link is so slow that the time overflows a float (a bandwidth of
+    1e-300 Mbit/s, or one a huge σ drew as 0): such an upload never arrives (a straggler
+    under a deadline; without one the round lasts forever); 0 where nothing is sent."""
+    n = np.asarray(nbytes, dtype=np.float64)
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        t = n / bytes_per_s
+    return np.where(n == 0, 0.0, t)
+
+
+def _times(steps: float | np.ndarray, seconds_each: np.ndarray) -> np.ndarray:
+    """``steps × seconds_each``; 0 steps take no time even on an infinitely slow device."""
+    n = np.asarray(steps, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        t = n * seconds_each
+    return np.where(n == 0, 0.0, t)
 
 
 def _first_sent(chunks: Sequence[bytes]) -> bytes | None:
