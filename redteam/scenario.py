@@ -39,7 +39,6 @@ import difflib
 import hashlib
 import json
 import math
-import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,8 +46,7 @@ from typing import Any, Callable, Literal, Mapping
 
 from .errors import InvalidParameter, InvalidScenario, RedteamError
 from .registry import ATTACKS, DEFENSES, WORKLOADS, _coerce
-from .scenario_limits import (Limits, check_federation, check_integers, check_work, read_scenario_bytes, scan_text,
-                              shown)
+from .scenario_limits import Limits, check_federation, check_work, read_toml, shown
 
 __all__ = [
     "Scenario",
@@ -560,7 +558,8 @@ def parse_scenario(
         if key not in allowed:
             close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
             hint = f"; did you mean [{close[0]}]?" if close else ""
-            raise InvalidScenario(f"{file}: unknown section [{key}]{hint} (allowed: {', '.join(allowed)})")
+            named = key if len(key) <= 60 else key[:59] + "…"  # a key may be as long as the file
+            raise InvalidScenario(f"{file}: unknown section [{named}]{hint} (allowed: {', '.join(allowed)})")
     kw: dict[str, Any] = {"source": file, "base_dir": str(base_dir)}
     if "scenario" in data:
         kw["scenario"] = _build(ScenarioInfo, data["scenario"], "scenario", where)
@@ -706,28 +705,7 @@ def _check_codec(spec: TransportSpec, where: _Where) -> None:
 def _read_toml(p: Path, via: str = "", limits: Limits | None = None) -> dict[str, Any]:
     origin = f" (included from {via})" if via else ""
     limits = limits if limits is not None else Limits.from_env()
-    raw = read_scenario_bytes(p, limits, origin)  # regular files under the size cap only
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InvalidScenario(f"{p}: not UTF-8 text{origin}") from None
-    try:
-        scan_text(text, limits, f"{p}")  # nesting and dotted-key depth, before tomllib recurses
-    except InvalidScenario as exc:
-        raise InvalidScenario(f"{exc}{origin}") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise InvalidScenario(f"{p}: invalid TOML: {exc}{origin}") from None
-    except ValueError as exc:  # e.g. an integer literal over Python's digit limit
-        raise InvalidScenario(f"{p}: invalid TOML: {shown(str(exc), 100)}{origin}") from None
-    except RecursionError:
-        raise InvalidScenario(f"{p}: nested too deeply to parse{origin}") from None
-    try:
-        check_integers(data, p.name)
-    except InvalidScenario as exc:
-        raise InvalidScenario(f"{exc}{origin}") from None
-    return data
+    return read_toml(p, limits, origin=origin)  # size, nesting, dotted keys, integers: see scenario_limits
 
 
 def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:

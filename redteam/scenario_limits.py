@@ -1,16 +1,19 @@
-"""Resource limits of scenario files: what a hostile or mistaken file may not make us do.
+"""Resource limits of scenario and limits files: what a hostile or mistaken file may not make us do.
 
-A scenario file crosses a trust boundary (CI runs files from pull requests), so the loader
-refuses, with a one-line :class:`~redteam.errors.InvalidScenario` and *before* any large
-allocation:
+A scenario file crosses a trust boundary (CI runs files from pull requests), and so does the
+input of ``redteam limits``. Both are read by :func:`read_toml`, which refuses, with a one-line
+:class:`~redteam.errors.InvalidScenario` and *before* any large allocation:
 
 * a file that is not a regular file (``/dev/zero``, a FIFO, a directory: opened with
   ``O_NONBLOCK`` so that a FIFO without a writer cannot block us), or larger than
   ``max_file_bytes``;
-* text nested deeper than ``max_nesting`` brackets or braces, or with a dotted key of more
-  than ``max_key_depth`` parts (``tomllib`` recurses on nesting and is quadratic in the depth
-  of a dotted key: a 200 KB key takes tens of GB), found by a cheap lexical scan before parsing;
+* a document nested deeper than ``max_nesting`` levels of tables and arrays (however they are
+  written: ``[a.b]`` headers, dotted keys, brackets or braces), or with a dotted key of more
+  than ``max_key_depth`` parts;
 * integers outside the signed 64-bit range, anywhere in the document;
+
+and the scenario loader then refuses:
+
 * an ``include`` outside the including scenario's directory (unless allowed);
 * a matrix of more than ``max_cells`` cells or ``max_seeds`` replicates, counted from the
   axis lengths before anything is expanded, or more than ``max_expectations`` ``[[expect]]``
@@ -18,6 +21,55 @@ allocation:
 * a federation whose per-round work exceeds the caps below (clients, rounds, local steps,
   local epochs, batch size, shards per client, and clients × batch size samples in one
   batched step).
+
+How the TOML guard works, and why it cannot be talked past
+----------------------------------------------------------
+
+``tomllib`` is the parser; we do not rely on a lexer of our own to keep it cheap. What it
+costs was measured (CPython 3.11; tests/test_toml_guard.py repeats the hostile cases):
+
+* Almost everything it does is linear in the text: at most about 150 bytes of memory and a
+  few seconds per MiB in the worst inputs we could build (empty tables or arrays by the
+  hundred thousand, a million hex digits). ``max_file_bytes`` bounds that.
+* Nesting costs a few Python frames per level: it is bounded by the interpreter's recursion
+  limit (``RecursionError``, turned into one line), a few hundred levels at the default limit.
+* Keys are the one superlinear cost. A key of *p* parts is rebuilt as a tuple once per part
+  (time ∝ *p*²), and a ``key.with.parts = value`` line keeps a tuple for every prefix of the
+  key until the next table header (memory ∝ *p*²: about 4 bytes × *p*², 250 MB at 8,000
+  parts; a 100 KB line of 50,000 parts ran out of a 3 GiB cap after 17 s). Every statement
+  also walks the current header's parts, so a header of *h* parts makes each of the lines
+  below it cost *h* (a 0.9 MB file under a 1,400-part header: 57 s; with one dot on each
+  line, 1.2 GB as well).
+
+So the guard is three layers, and only the first depends on understanding TOML's syntax:
+
+1. :func:`scan_text`, a lexical pass that knows strings and comments, refuses too deep
+   brackets and too long dotted keys with the line they are on. It gives the precise message;
+   it is not what keeps the parser cheap. (It once took a backslash-escaped quote inside a
+   triple-quoted string for the string's end, and a 100 KB file could then hide a dotted key
+   of 50,000 parts from it: issue 22.) The cap on a key's parts rests on this layer alone; were
+   it fooled again, the next two still bound the parser's work and the document's depth.
+2. :func:`check_dot_work` needs no syntax at all. A TOML key cannot span lines (only spaces and
+   tabs may surround its dots; quoted parts are one-line strings), so a key or header has at
+   most one part more than its line has dots, whatever strings or comments share the line;
+   and each statement starts on a line of its own. With *D* the most dots on one line, *T*
+   the dots in the file and *L* its lines, the parser's work on keys is therefore below
+   (*D* + 1) × (*L* + *T*), which is refused above ``max_dot_work``. Strings, numbers and
+   comments can only make the count larger, never hide a key. The default, 2²¹, allows under
+   a second and about 15 MB of parsing at worst (measured), 700 times what the largest
+   shipped file needs (2,933); a false refusal takes a line of over a thousand dots (a long array of
+   floats on one line) in a file of some size, and the message says to split the line or
+   raise the budget.
+3. :func:`check_document` walks what the parser built, without recursion: no path deeper than
+   ``max_nesting`` tables and arrays, every integer in 64 bits. It sees the real document, so
+   nothing the lexer missed gets past it, and it builds key paths only for its message (a
+   long key above many entries once made it copy the key for each of them: a 1 MB file ran
+   out of a 3 GiB cap).
+
+Parsing in a child process under a memory cap would also bound the parser without knowing its
+syntax, but costs about 40 ms per file (measured on the test machine), a way to send the
+document back, and rlimits that not every platform has; the dot bound is tight enough to make
+it unnecessary.
 
 Every limit is a field of :class:`Limits`; the defaults are generous for real studies.
 Each can be raised through an environment variable ``REDTEAM_<FIELD NAME IN CAPITALS>``
@@ -31,13 +83,15 @@ import dataclasses
 import math
 import os
 import stat
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import InvalidScenario
 
-__all__ = ["Limits", "read_scenario_bytes", "scan_text", "check_integers", "check_federation", "shown"]
+__all__ = ["Limits", "read_toml", "read_scenario_bytes", "scan_text", "check_dot_work", "check_document",
+           "check_integers", "check_federation", "shown"]
 
 _INT64 = 2**63
 
@@ -49,6 +103,7 @@ class Limits:
     max_file_bytes: int = 1 << 20
     max_nesting: int = 32
     max_key_depth: int = 16
+    max_dot_work: int = 1 << 21           # (most dots on a line + 1) × (lines + dots): bounds tomllib's keys
     max_cells: int = 10_000
     max_seeds: int = 1_000
     max_expectations: int = 1_000
@@ -112,13 +167,14 @@ def shown(value: Any, width: int = 60) -> str:
 # ------------------------------------------------------------------------ reading
 
 
-def read_scenario_bytes(path: Path, limits: Limits, origin: str = "") -> bytes:
-    """The bytes of a scenario file, refusing non-regular files and files over the size cap."""
+def read_scenario_bytes(path: Path, limits: Limits, origin: str = "", what: str = "scenario") -> bytes:
+    """The bytes of a scenario file (or a ``what`` file), refusing non-regular files and files
+    over the size cap."""
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)
     except FileNotFoundError:
-        raise InvalidScenario(f"{path}: no such scenario file{origin}") from None
+        raise InvalidScenario(f"{path}: no such {what}{'' if what.endswith('file') else ' file'}{origin}") from None
     except OSError as exc:
         raise InvalidScenario(f"{path}: cannot read: {exc.strerror}{origin}") from None
     try:
@@ -127,7 +183,7 @@ def read_scenario_bytes(path: Path, limits: Limits, origin: str = "") -> bytes:
             kind = "a directory" if stat.S_ISDIR(st.st_mode) else (
                 "a FIFO" if stat.S_ISFIFO(st.st_mode) else (
                     "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a plain file"))
-            raise InvalidScenario(f"{path}: is {kind}: a scenario must be a regular file{origin}")
+            raise InvalidScenario(f"{path}: is {kind}: a {what} must be a regular file{origin}")
         cap = limits.max_file_bytes
         if st.st_size > cap:
             raise InvalidScenario(
@@ -153,6 +209,8 @@ def read_scenario_bytes(path: Path, limits: Limits, origin: str = "") -> bytes:
 def scan_text(text: str, limits: Limits, file: str) -> None:
     """Refuse, before ``tomllib`` sees it, text nested too deep or with too deep a dotted key.
 
+    The first layer of :func:`read_toml`, for its messages (they name the line); the bounds
+    that do not depend on it are :func:`check_dot_work` and :func:`check_document`.
     A single pass over the characters that knows TOML's four string forms and comments
     (so brackets and dots inside them do not count). ``[``/``{`` nesting is counted
     everywhere; dots are counted only where a key is expected: at the start of a line,
@@ -180,7 +238,15 @@ def scan_text(text: str, limits: Limits, file: str) -> None:
         if c == '"' or c == "'":
             triple = text.startswith(c * 3, i)
             if triple:
-                end = text.find(c * 3, i + 3)
+                j = i + 3
+                end = text.find(c * 3, j)
+                while c == '"' and end >= 0:  # a backslash escapes the next character, a quote too
+                    esc = text.find("\\", j, end)
+                    if esc < 0:
+                        break
+                    j = esc + 2  # j only moves forward: linear however many escapes
+                    if j > end:  # the escape took the first quote of that closing
+                        end = text.find(c * 3, j)
                 if end < 0:
                     return  # unterminated: tomllib reports it
                 while text.startswith(c, end + 3) and end + 3 < n:  # up to two quotes may close it
@@ -236,20 +302,121 @@ def scan_text(text: str, limits: Limits, file: str) -> None:
         i += 1
 
 
-def check_integers(node: Any, file: str, path: str = "") -> None:
-    """Every integer in a parsed document must fit a signed 64-bit integer."""
-    todo: list[tuple[Any, str]] = [(node, path)]
+def check_dot_work(text: str, limits: Limits, file: str) -> None:
+    """Refuse text on which ``tomllib``'s work on keys could exceed ``max_dot_work``.
+
+    Needs no knowledge of TOML's syntax. A key never spans lines, so a key or table header
+    has at most (dots on its line) + 1 parts, and every statement starts on a line of its own.
+    The parser's key handling costs, per statement, about the parts of the current header
+    plus those of the key, and, for a dotted key, that many pointers for each of its parts.
+    With D the most dots on one line, T the dots in the file and L its lines, all of that is
+    below (D + 1) × (L + T), whatever is inside strings or comments: that product is refused
+    above the budget.
+    """
+    budget = limits.max_dot_work
+    total = text.count(".")
+    lines = text.count("\n") + 1
+    if (total + 1) * (lines + total) <= budget:  # D ≤ T: nearly every file stops here
+        return
+    worst, worst_line = 0, 0
+    for number, line in enumerate(text.split("\n"), 1):  # "\n" only: other line breaks can sit in a key
+        d = line.count(".")
+        if d > worst:
+            worst, worst_line = d, number
+    work = (worst + 1) * (lines + total)
+    if work > budget:
+        raise InvalidScenario(
+            f"{file}: line {worst_line} has {worst} dots, in a file of {lines} lines and {total} dots: "
+            f"({worst} + 1) × ({lines} + {total}) = {work}, more than {budget} (dotted keys and table "
+            "headers cost the TOML parser about that; split long lines, or REDTEAM_MAX_DOT_WORK raises the budget)"
+        )
+
+
+def _path_text(link: Any) -> str:
+    """``[section].key[3].sub`` for a path kept as nested ``(parent, key)`` pairs; long keys cut."""
+    parts: list[Any] = []
+    while link is not None:
+        link, key = link
+        parts.append(key)
+    parts.reverse()
+    out = []
+    for i, k in enumerate(parts):
+        if isinstance(k, int):
+            out.append(f"[{k}]")
+        else:
+            k = str(k)
+            k = k if k.isprintable() else repr(k)[1:-1]  # a key may hold a newline: the message is one line
+            k = k if len(k) <= 40 else k[:39] + "…"
+            out.append(f"[{k}]" if i == 0 else f".{k}")
+    text = "".join(out)
+    return text if len(text) <= 200 else text[:99] + "…" + text[-100:]
+
+
+def check_document(node: Any, limits: Limits | None, file: str) -> None:
+    """What the parser built: no path deeper than ``max_nesting`` tables and arrays (``limits``
+    None: no depth cap), and every integer in a signed 64-bit integer.
+
+    Iterative, and a key's path is kept as a link to its parent's, turned into text only for
+    the message: building each path eagerly copied a long key once per entry beneath it.
+    """
+    cap = limits.max_nesting if limits is not None else None
+    todo: list[tuple[Any, int, Any]] = [(node, 0, None)]
     while todo:
-        v, p = todo.pop()
+        v, depth, link = todo.pop()
         if isinstance(v, bool):
             continue
         if isinstance(v, int):
             if not -_INT64 <= v < _INT64:
-                raise InvalidScenario(f"{file}: {p or 'value'} = {shown(v)}: integers must fit in 64 bits")
-        elif isinstance(v, dict):
-            todo.extend((x, f"{p}.{k}" if p else f"[{k}]") for k, x in v.items())
-        elif isinstance(v, list):
-            todo.extend((x, f"{p}[{i}]") for i, x in enumerate(v))
+                where = _path_text(link) or "value"
+                raise InvalidScenario(f"{file}: {where} = {shown(v)}: integers must fit in 64 bits")
+            continue
+        if isinstance(v, (dict, list)):
+            if cap is not None and depth > cap:
+                raise InvalidScenario(
+                    f"{file}: {_path_text(link)}: nested more than {cap} levels deep (tables and arrays, "
+                    "however written) (REDTEAM_MAX_NESTING)"
+                )
+            items = v.items() if isinstance(v, dict) else enumerate(v)
+            todo.extend((x, depth + 1, (link, k)) for k, x in items)
+
+
+def check_integers(node: Any, file: str, path: str = "") -> None:
+    """Every integer in a parsed document must fit a signed 64-bit integer."""
+    check_document(node if not path else {path: node}, None, file)
+
+
+def read_toml(path: Path, limits: Limits, *, origin: str = "", what: str = "scenario") -> dict[str, Any]:
+    """Read a TOML file from a user under ``limits``: the one way scenario and limits files are read.
+
+    A regular file under ``max_file_bytes``; UTF-8; :func:`scan_text` (precise messages),
+    :func:`check_dot_work` (bounds the parser whatever the lexer thinks), ``tomllib``, then
+    :func:`check_document` on what it built. Every refusal is one :class:`InvalidScenario` line
+    naming the file (``origin``, e.g. " (included from a.toml)", is appended).
+    """
+    raw = read_scenario_bytes(path, limits, origin, what)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidScenario(f"{path}: not UTF-8 text{origin}") from None
+    try:
+        scan_text(text, limits, f"{path}")  # nesting and dotted-key depth, with the line
+        check_dot_work(text, limits, f"{path}")  # the parser's quadratic work, context-free
+    except InvalidScenario as exc:
+        raise InvalidScenario(f"{exc}{origin}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:  # its message can quote a whole key: cut it, keep "(at line …)"
+        why = str(exc) if len(str(exc)) <= 200 else str(exc)[:139] + "…" + str(exc)[-60:]
+        raise InvalidScenario(f"{path}: invalid TOML: {why}{origin}") from None
+    except ValueError as exc:  # e.g. an integer literal over Python's digit limit
+        raise InvalidScenario(f"{path}: invalid TOML: {shown(str(exc), 100)}{origin}") from None
+    except RecursionError:
+        raise InvalidScenario(f"{path}: nested too deeply to parse{origin}") from None
+    try:
+        check_document(data, limits, path.name)
+    except InvalidScenario as exc:
+        raise InvalidScenario(f"{exc}{origin}") from None
+    return data
 
 
 def check_federation(fed: Any, limits: Limits, file: str) -> None:

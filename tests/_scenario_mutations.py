@@ -36,6 +36,11 @@ def shipped_documents() -> list[dict[str, Any]]:
     return docs
 
 
+def limits_documents() -> list[dict[str, Any]]:
+    """The parsed shipped limits file (the input of ``redteam limits``)."""
+    return [tomllib.loads((ROOT / "scenarios" / "limits.toml").read_text("utf-8"))]
+
+
 # ------------------------------------------------------------------------- writer
 
 
@@ -133,6 +138,42 @@ def _deep(depth: int, leaf: str = "1") -> _Raw:
     return _Raw("[" * depth + leaf + "]" * depth)
 
 
+#: Strings that once desynchronised the pre-parse scan (issue 22 §1): in a triple-quoted basic
+#: string, a backslash-escaped quote followed by two quotes looked like the closing, and the
+#: real closing like the start of a string that never closed, so nothing after it was checked.
+#: (The last two close where they seem to: a literal string has no escapes, and an escaped
+#: backslash escapes nothing after it.) Each is followed, on the next line of the same table,
+#: by something the scan must still see.
+DESYNC_STRINGS = ['"""x\\""" """', '"""\\"""\\""" """', "'''x\\'''", '"""x\\\\"""']
+HIDDEN_TAILS = ["k" + ".a" * 19 + " = 1", "k" + ".a" * 2_000 + " = 1", "k" + ".a" * 50_000 + " = 1",
+                "[k" + ".a" * 50_000 + "]", "k = " + "[" * 40 + "]" * 40, "k = " + "[" * 300 + "]" * 300,
+                "k = " + "{a = " * 40 + "1" + "}" * 40, "k = " + "[" * 5000 + "]" * 5000]
+
+
+def _hidden(pair: tuple[str, str]) -> _Raw:
+    return _Raw(f"{pair[0]}\n{pair[1]}")
+
+
+def hidden_values() -> st.SearchStrategy[_Raw]:
+    """A desynchronising string as a value, then a deep key or deep nesting on the next line."""
+    return st.tuples(st.sampled_from(DESYNC_STRINGS), st.sampled_from(HIDDEN_TAILS)).map(_hidden)
+
+
+def hostile_corpus(docs: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Fixed hostile files, run on every fuzz run whatever its budget: each desynchronising
+    string with each hidden tail, in the first table of the first document."""
+    import copy
+
+    out = []
+    for i, head in enumerate(DESYNC_STRINGS):
+        for j, tail in enumerate(HIDDEN_TAILS):
+            doc = copy.deepcopy(docs[0])
+            section = next(k for k, v in doc.items() if isinstance(v, dict))
+            doc[section]["note"] = _hidden((head, tail))
+            out.append((f"desync{i}-tail{j}", dump(doc)))
+    return out
+
+
 def hostile_values() -> st.SearchStrategy[Any]:
     scalar = st.one_of(
         st.sampled_from(HUGE_INTS),
@@ -156,6 +197,7 @@ def hostile_values() -> st.SearchStrategy[Any]:
         scalar,
         nested,
         st.sampled_from([50, 200, 1000, 5000]).map(_deep),
+        hidden_values(),
         st.sampled_from([[{}], [[]], {"name": 5}, {"name": ["mean"]}, {"name": {"x": 1}}, {"pipeline": {}},
                          {"pipeline": [[]]}, {"pipeline": [5]}, ["mean", 5], [[1, 2], {"a": 1}]]),
     )

@@ -177,6 +177,9 @@ def test_analytic_bytes_and_round_time_agree_with_the_simulator(codec):
     ({"bogus": 1}, r"unknown key 'bogus'"),
     ({"model": [{"name": "m", "layers": 2, "hidden": 10, "heads": 3}]}, r"heads = 3: must divide hidden = 10"),
     ({"target_tokens": float("nan")}, r"target_tokens = nan"),
+    # a required number left out was None in the formulas (a TypeError; found by the limits fuzz)
+    ({"model": [{"name": "m", "hidden": 64, "heads": 2}]}, r"\[\[limits.model\]\] #1.layers: missing"),
+    ({"gpu": [{"name": "g", "memory_gb": 8, "tflops": 10, "price_per_hour": 0.1}]}, r"#1.power_w: missing"),
 ])
 def test_bad_limits_files_are_one_line_errors(over, match):
     with pytest.raises(InvalidScenario, match=match) as exc:

@@ -8,19 +8,16 @@ a comment, and README "redteam limits" for the formulas they feed.
 from __future__ import annotations
 
 import math
-import os
-import stat
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import InvalidScenario
+from ..scenario_limits import Limits, read_toml
 
 __all__ = ["ModelShape", "GPU", "Training", "TransportPlan", "Peers", "Cluster", "NonIID", "LimitsConfig",
            "load_limits", "parse_limits"]
 
-_MAX_BYTES = 1 << 20
 _CODECS = ("none", "fp16", "bf16", "int8", "topk", "randk")
 
 
@@ -144,13 +141,15 @@ class _Checker:
     def keys(self, t: Mapping[str, Any], allowed: set[str], where: str) -> None:
         for k in t:
             if k not in allowed:
-                raise InvalidScenario(f"{self.file}: {where}: unknown key {k!r} (allowed: {', '.join(sorted(allowed))})")
+                named = repr(k) if len(k) <= 60 else repr(k[:59] + "…")  # a key may be as long as the file
+                raise InvalidScenario(
+                    f"{self.file}: {where}: unknown key {named} (allowed: {', '.join(sorted(allowed))})")
 
     def num(self, t: Mapping[str, Any], key: str, where: str, default: Any, *, low: float = 0.0,
             low_open: bool = True, high: float = math.inf, integer: bool = False) -> Any:
         v = t.get(key, default)
-        if v is None and default is None:
-            return None
+        if v is None:  # no default: the key is required (TOML has no null)
+            raise InvalidScenario(f"{self.file}: {where}.{key}: missing: a required number")
         ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
         if integer:
             ok = ok and (isinstance(v, int) or float(v).is_integer()) and abs(v) < 2**53
@@ -338,29 +337,9 @@ def parse_limits(doc: Mapping[str, Any], *, file: str = "<limits>", base_dir: st
 
 
 def load_limits(path: str | Path) -> LimitsConfig:
-    """Read and validate a limits file: a regular file of at most 1 MiB, TOML."""
+    """Read and validate a limits file, under the same bounds as a scenario file (see
+    :func:`redteam.scenario_limits.read_toml`: a regular file under ``REDTEAM_MAX_FILE_BYTES``,
+    nesting, dotted keys, 64-bit integers)."""
     p = Path(path)
-    name = p.name
-    try:
-        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError as exc:
-        raise InvalidScenario(f"{name}: cannot read: {exc.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise InvalidScenario(f"{name}: not a regular file")
-        if st.st_size > _MAX_BYTES:
-            raise InvalidScenario(f"{name}: {st.st_size} bytes: a limits file may be at most {_MAX_BYTES} bytes")
-        with os.fdopen(fd, "rb", closefd=False) as fh:
-            raw = fh.read(_MAX_BYTES + 1)
-    finally:
-        os.close(fd)
-    try:
-        doc = tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise InvalidScenario(f"{name}: not UTF-8 text") from None
-    except (tomllib.TOMLDecodeError, RecursionError) as exc:
-        raise InvalidScenario(f"{name}: not valid TOML: {str(exc).splitlines()[0][:200]}") from None
-    except ValueError as exc:  # an integer literal over Python's digit limit (issue 22 §5)
-        raise InvalidScenario(f"{name}: invalid TOML: {str(exc).splitlines()[0][:120]}") from None
-    return parse_limits(doc, file=name, base_dir=str(p.resolve().parent))
+    doc = read_toml(p, Limits.from_env(), what="limits file")
+    return parse_limits(doc, file=p.name, base_dir=str(p.resolve().parent))
