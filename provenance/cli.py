@@ -260,8 +260,25 @@ def _verify(args: argparse.Namespace) -> int:
 
             with Ledger.open(args.ledger) as led:
                 log_key, origin = led.log_public, led.origin
+        require = _require_tlog(args)
+        vm = doc.get("verificationMaterial")
+        entries = vm.get("tlogEntries") if isinstance(vm, dict) else None
+        trusted = bool(args.trusted_root or args.ledger)
+        if entries and not trusted:  # bad input, before any work; the message names the CLI's options
+            raise _err(f"{args.file}: the bundle has a transparency-log entry: pass --trusted-root FILE or "
+                       "--ledger FILE to check it")
+        missing = isinstance(vm, dict) and not entries and (require or (require is None and trusted))
+        # a missing entry is checked here, after the signature and the trusted root, so that the
+        # message names the command's options (the library's names its Python arguments)
         r = _bundle.verify_bundle(doc, key, trusted_root=trusted_root, log_key=log_key, origin=origin,
-                                  require_tlog=_require_tlog(args))
+                                  require_tlog=False if missing else require)
+        if missing:
+            raise VerificationFailed(
+                f"{args.file}: the bundle has no transparency-log entry"
+                + ("" if require else f" ({'--trusted-root' if args.trusted_root else '--ledger'} trusts a log; "
+                                      "--allow-missing-tlog relaxes this)")
+                + "; `redteam ledger append LEDGER ENVELOPE --out BUNDLE` or `redteam provenance sign "
+                  "--ledger LEDGER --log-key KEY` writes a bundle that has one")
         payload, keyid = r.payload, r.keyid
         info.update(logIndex=r.log_index, treeSize=r.tree_size, origin=r.origin)
     else:
