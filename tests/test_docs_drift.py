@@ -65,7 +65,9 @@ def test_the_provenance_walk_through_is_marked_runnable():
 
 @pytest.mark.parametrize("where, setup, cmds", runnable_blocks(), ids=[w for w, _, _ in runnable_blocks()])
 def test_runnable_doc_block_runs_as_written(where, setup, cmds, tmp_path):
-    """Each command of the block, in order, in a fresh folder, as a user types it: exit 0."""
+    """Each command of the block, in order, in a fresh folder, as a user types it: exit 0;
+    a command whose comment says "(JSON" prints JSON."""
+    import json
     import os
     import subprocess
     import sys
@@ -77,6 +79,11 @@ def test_runnable_doc_block_runs_as_written(where, setup, cmds, tmp_path):
     for cmd in cmds:
         r = subprocess.run(["bash", "-c", cmd], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
         assert r.returncode == 0, f"{where}: `{cmd}` exited {r.returncode}: {r.stderr.strip()[-2000:]}"
+        if re.search(r"\(JSON\b", _comment(cmd)):  # labelled JSON: prints JSON
+            try:
+                json.loads(r.stdout)
+            except ValueError:
+                pytest.fail(f"{where}: `{cmd}` is labelled JSON but printed: {r.stdout[:300]!r}")
 
 
 # ------------------------------------------------------------------ provenance errors name the CLI's options
@@ -118,3 +125,20 @@ def test_a_logged_bundle_without_a_trusted_log_names_the_cli_flags(signed, capsy
     assert "--trusted-root" in err and "--ledger" in err and "log_key" not in err, err
     assert signed(["provenance", "verify", "bundle.json", "--pub", "client.pub", "--require-tlog"]) == 1
     assert "no transparency-log entry" in capsys.readouterr().err
+
+
+def test_ledger_prove_prints_what_its_help_says(signed, capsys):
+    """Text by default, JSON with --json, and the help says which."""
+    import json
+
+    from redteam.cli import build_parser
+
+    assert signed(["ledger", "prove", "ledger.sqlite", "0"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("inclusion proof of entry 0") and "checkpoint:" in text
+    assert signed(["ledger", "prove", "ledger.sqlite", "0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["logIndex"] == 0
+    sub = next(a for a in build_parser()._actions if isinstance(a, __import__("argparse")._SubParsersAction))
+    ledger = next(a for a in sub.choices["ledger"]._actions if hasattr(a, "choices") and isinstance(a.choices, dict))
+    helps = {c.dest: c.help for c in ledger._choices_actions}
+    assert "text; JSON with --json" in helps["prove"], helps["prove"]
