@@ -439,6 +439,9 @@ def _common(p: argparse.ArgumentParser, passphrase: bool = False) -> None:
         g.add_argument("--passphrase-file", metavar="FILE", help="read the key passphrase from this file")
 
 
+_LEDGER_HELP = "the ledger's SQLite file (made by `redteam ledger init`)"
+
+
 def register(subparsers: Any) -> None:
     """Add the ``provenance`` and ``ledger`` command groups (leaf parsers set ``func``)."""
     prov = subparsers.add_parser("provenance", help="keys, dataset manifests, DSSE signing and verification")
@@ -446,7 +449,8 @@ def register(subparsers: Any) -> None:
 
     p = ps.add_parser("keygen", help="generate a key pair (P-256 for clients/data, Ed25519 for a log)")
     p.add_argument("--out", required=True, metavar="PREFIX", help="writes PREFIX.pem (0600) and PREFIX.pub")
-    p.add_argument("--type", choices=("p256", "ed25519"), default="p256")
+    p.add_argument("--type", choices=("p256", "ed25519"), default="p256",
+                   help="p256 (ECDSA P-256: clients and data; the default) or ed25519 (a ledger's log key)")
     p.add_argument("--force", action="store_true", help="replace an existing key pair")
     _common(p, passphrase=True)
     p.set_defaults(func=_wrap(_keygen))
@@ -454,13 +458,13 @@ def register(subparsers: Any) -> None:
     p = ps.add_parser("manifest", help="build a dataset manifest (in-toto statement, model-signing layout)")
     p.add_argument("directory", nargs="?", help="dataset directory")
     p.add_argument("--shard", action="append", default=[], metavar="NAME=PATH", help="an in-memory style shard")
-    p.add_argument("--client", required=True)
-    p.add_argument("--dataset", required=True)
-    p.add_argument("--version", required=True)
+    p.add_argument("--client", required=True, help="the client (data owner) the manifest belongs to")
+    p.add_argument("--dataset", required=True, help="the dataset's name")
+    p.add_argument("--version", required=True, help="the dataset's version")
     p.add_argument("--license", required=True, help="SPDX license expression")
     p.add_argument("--license-source", default="", help="where the license was asserted (URL or path)")
-    p.add_argument("--source", default="")
-    p.add_argument("--creator", default="")
+    p.add_argument("--source", default="", help="where the data came from (URL or description)")
+    p.add_argument("--creator", default="", help="who created the data")
     p.add_argument("--created-at", default=None, help="RFC 3339 time (default: now)")
     p.add_argument("--name", default=None, help="subject name (default: the directory's name)")
     p.add_argument("--ignore", action="append", default=[], metavar="PATH", help="extra path to skip")
@@ -471,8 +475,9 @@ def register(subparsers: Any) -> None:
     p = ps.add_parser("sign", help="sign a statement into a DSSE envelope or Sigstore bundle")
     p.add_argument("statement", help="in-toto statement JSON ('-' for stdin)")
     p.add_argument("--key", help="P-256 private key (PEM)")
-    p.add_argument("--format", choices=("bundle", "dsse"), default="bundle")
-    p.add_argument("--out", default=None)
+    p.add_argument("--format", choices=("bundle", "dsse"), default="bundle",
+                   help="bundle: a Sigstore bundle v0.3 (the default); dsse: a bare DSSE envelope")
+    p.add_argument("--out", default=None, help="write the signed document here (default: stdout)")
     p.add_argument("--ledger", default=None, help="also log it in this ledger (bundle gets the log entry)")
     p.add_argument("--log-key", default=None, help="the ledger's Ed25519 private key")
     p.add_argument("--sigstore", action="store_true", help="keyless signing through Sigstore (network + OIDC)")
@@ -482,7 +487,7 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_wrap(_sign))
 
     p = ps.add_parser("verify", help="verify a bundle or DSSE envelope (and the data it describes)")
-    p.add_argument("file")
+    p.add_argument("file", help="a Sigstore bundle or a bare DSSE envelope (JSON; '-' for stdin)")
     p.add_argument("--pub", help="the signer's P-256 public key")
     p.add_argument("--trusted-root", default=None, help="Sigstore trusted root describing the log")
     p.add_argument("--ledger", default=None, help="trust this ledger's log key for the bundle's log entry")
@@ -491,7 +496,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--allow-missing-tlog", action="store_true",
                    help="accept a bundle without a log entry even though a log is trusted")
     p.add_argument("--data", default=None, help="dataset directory to check against the manifest")
-    p.add_argument("--shard", action="append", default=[], metavar="NAME=PATH")
+    p.add_argument("--shard", action="append", default=[], metavar="NAME=PATH",
+                   help="a shard to check against the manifest (repeat for each)")
     p.add_argument("--identity", default=None, help="Sigstore keyless: expected signer identity")
     p.add_argument("--issuer", default=None, help="Sigstore keyless: expected OIDC issuer")
     _common(p)
@@ -501,7 +507,7 @@ def register(subparsers: Any) -> None:
     ls = led.add_subparsers(dest="ledger_command", required=True, metavar="COMMAND")
 
     p = ls.add_parser("init", help="create a ledger")
-    p.add_argument("ledger")
+    p.add_argument("ledger", help="the ledger's SQLite file to create")
     p.add_argument("--key", required=True, help="the log's Ed25519 private key")
     p.add_argument("--origin", required=True, help="log origin / checkpoint key name, e.g. example.org/log")
     p.add_argument("--trusted-root", default=None, help="also write a Sigstore trusted_root.json here")
@@ -509,7 +515,7 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_wrap(_ledger_init))
 
     p = ls.add_parser("append", help="log a signed envelope; prints its index (bundle with --out)")
-    p.add_argument("ledger")
+    p.add_argument("ledger", help=_LEDGER_HELP)
     p.add_argument("envelope", help="DSSE envelope JSON, or a bundle holding one")
     p.add_argument("--pub", required=True, help="the signer's P-256 public key (checked before logging)")
     p.add_argument("--key", required=True, help="the log's Ed25519 private key")
@@ -518,27 +524,27 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_wrap(_ledger_append))
 
     p = ls.add_parser("prove", help="inclusion proof of an entry and the checkpoint it is against (text; JSON with --json)")
-    p.add_argument("ledger")
-    p.add_argument("index", type=int)
-    p.add_argument("--tree-size", type=int, default=None)
+    p.add_argument("ledger", help=_LEDGER_HELP)
+    p.add_argument("index", type=int, help="the entry's index in the log")
+    p.add_argument("--tree-size", type=int, default=None, help="prove against this tree size (default: the current one)")
     _common(p)
     p.set_defaults(func=_wrap(_ledger_prove))
 
     p = ls.add_parser("consistency", help="consistency proof between two tree sizes (text; JSON with --json)")
-    p.add_argument("ledger")
-    p.add_argument("old", type=int)
-    p.add_argument("new", type=int, nargs="?", default=None)
+    p.add_argument("ledger", help=_LEDGER_HELP)
+    p.add_argument("old", type=int, help="the older tree size")
+    p.add_argument("new", type=int, nargs="?", default=None, help="the newer tree size (default: the current one)")
     _common(p)
     p.set_defaults(func=_wrap(_ledger_consistency))
 
     p = ls.add_parser("checkpoint", help="print the latest signed checkpoint (the signed note; JSON with --json)")
-    p.add_argument("ledger")
-    p.add_argument("--size", type=int, default=None)
+    p.add_argument("ledger", help=_LEDGER_HELP)
+    p.add_argument("--size", type=int, default=None, help="the checkpoint of this tree size (default: the latest)")
     _common(p)
     p.set_defaults(func=_wrap(_ledger_checkpoint))
 
     p = ls.add_parser("verify", help="recompute the tree and check every signed checkpoint")
-    p.add_argument("ledger")
+    p.add_argument("ledger", help=_LEDGER_HELP)
     p.add_argument("--log-pub", default=None, help="the log public key you trust (default: the stored one)")
     p.add_argument("--witness", action="append", default=[], metavar="FILE", help="a checkpoint seen elsewhere")
     p.add_argument("--no-signatures", action="store_true", help="skip re-verifying each entry's DSSE signature")
@@ -546,8 +552,8 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_wrap(_ledger_verify))
 
     p = ls.add_parser("export", help="export entries, checkpoints, trusted root and log key")
-    p.add_argument("ledger")
-    p.add_argument("--out", required=True)
+    p.add_argument("ledger", help=_LEDGER_HELP)
+    p.add_argument("--out", required=True, metavar="DIR", help="folder to write the export into")
     _common(p)
     p.set_defaults(func=_wrap(_ledger_export))
 
