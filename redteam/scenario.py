@@ -59,6 +59,7 @@ __all__ = [
     "PluginSpec",
     "AttackWindow",
     "PipelineSpec",
+    "GossipSpec",
     "WINDOW_KEYS",
     "baseline_attack",
     "durability_params",
@@ -304,6 +305,31 @@ class PipelineSpec:
     checks: tuple[PluginSpec, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class GossipSpec:
+    """``[gossip]``: the serverless gossip regime (:mod:`redteam.federation.gossip`): the
+    ``[federation] clients`` are the nodes of a graph, each with its own model; after its local
+    training each honest node merges its neighbours' models by the ``[defense]`` rule
+    (:mod:`redteam.federation.graphs` for the topologies and mixing weights)."""
+
+    topology: Literal["ring", "torus", "erdos_renyi", "exponential", "two_worlds", "complete"] = "ring"
+    # erdos_renyi: each pair's edge probability; torus: grid rows (unset: the divisor of n nearest
+    # √n); two_worlds: edges from each node of the first half into the second
+    probability: float = _rule(0.3, lambda v: _prob(v) and v > 0, "must be in (0, 1]")
+    rows: int | None = _rule(None, lambda v: v is None or (isinstance(v, int) and v >= 1), "must be an integer ≥ 1")
+    bridges: int = _rule(1, lambda v: isinstance(v, int) and v >= 1, "must be an integer ≥ 1")
+    mixing: Literal["metropolis_hastings", "uniform"] = "metropolis_hastings"
+    # gossip steps after each round's local training
+    steps: int = _rule(1, lambda v: isinstance(v, int) and 1 <= v <= 1000, "must be an integer in [1, 1000]")
+    attackers: int = _rule(0, lambda v: isinstance(v, int) and v >= 0, "must be an integer ≥ 0")
+    # random: the attackers are nodes of the graph drawn at random; hubs: the highest-degree nodes;
+    # everywhere: the graph is built on the honest nodes and each attacker is linked to every
+    # honest node (Gaucher et al.'s setting: b = attackers Byzantine neighbours per honest node)
+    placement: Literal["random", "hubs", "everywhere"] = "random"
+    # time-varying graph: each round, each edge is down with this probability (weights recomputed)
+    churn: float = _rule(0.0, lambda v: _prob(v) and v < 1, "must be in [0, 1)")
+
+
 #: keys of ``[attack]`` that say *when* the attack acts (and how its durability is scored),
 #: not parameters of the attack plugin (:class:`AttackWindow`)
 WINDOW_KEYS = ("window", "every", "after_k", "lifespan_threshold")
@@ -386,6 +412,7 @@ class Scenario:
     defense: tuple[PluginSpec, ...] = (PluginSpec("mean"),)
     window: AttackWindow = field(default_factory=AttackWindow)
     pipeline: PipelineSpec | None = None
+    gossip: GossipSpec | None = None
     source: str = ""
     # the scenario file's directory (relative ``start_from`` paths); not part of the digest
     base_dir: str = field(default="", compare=False)
@@ -416,6 +443,8 @@ class Scenario:
                 d.pop("window", None)
         if d.get("pipeline", 0) is None:
             d.pop("pipeline")
+        if d.get("gossip", 0) is None:
+            d.pop("gossip")
         return json.loads(json.dumps(d, default=str))
 
     def digest(self) -> str:
@@ -553,7 +582,7 @@ def parse_scenario(
     if not isinstance(data, Mapping):
         raise where.err("document", data, "must be a table of sections")
     allowed = ("scenario", "workload", "federation", "transport", "hierarchy", "attack", "defense",
-               "pipeline", "matrix", "expect")
+               "pipeline", "gossip", "matrix", "expect")
     for key in data:
         if key not in allowed:
             close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
@@ -629,8 +658,34 @@ def parse_scenario(
         if fed.clients_per_round is not None or fed.attacker_selection != "random":
             raise InvalidScenario(f"{where.file}: [federation] clients_per_round / attacker_selection do not apply "
                                   "to [pipeline], whose peers take micro-batches by routing")
+    if "gossip" in data:
+        kw["gossip"] = _check_gossip(_build(GossipSpec, data["gossip"], "gossip", where),
+                                     kw.get("federation", FederationSpec()), "pipeline" in kw, where)
     _check_protocol(kw.get("federation", FederationSpec()), kw.get("window", AttackWindow()), where)
     return Scenario(**kw)
+
+
+def _check_gossip(g: GossipSpec, fed: FederationSpec, pipeline: bool, where: _Where) -> GossipSpec:
+    """``[gossip]`` against the federation: the nodes are its clients, the attackers ``[gossip]``'s."""
+    if pipeline:
+        raise InvalidScenario(f"{where.file}: [gossip] and [pipeline] are two regimes; a scenario takes one")
+    n = fed.clients
+    if g.attackers >= n:
+        raise where.err("[gossip].attackers", g.attackers, f"must leave an honest node among the {n} clients")
+    if fed.malicious_fraction > 0:
+        raise where.err("[federation].malicious_fraction", fed.malicious_fraction,
+                        "must be 0 under [gossip], whose attackers are [gossip] attackers (with their placement)")
+    if fed.clients_per_round is not None or fed.attacker_selection != "random":
+        raise InvalidScenario(f"{where.file}: [federation] clients_per_round / attacker_selection do not apply "
+                              "to [gossip], where every node trains and gossips in every round")
+    honest = n - g.attackers if g.placement == "everywhere" else n
+    if honest < 2:
+        raise where.err("[gossip].attackers", g.attackers, f"leaves {honest} honest node(s) to build the graph on")
+    if g.topology == "torus" and g.rows is not None and honest % g.rows:
+        raise where.err("[gossip].rows", g.rows, f"must divide the {honest} nodes of the torus")
+    if g.topology == "two_worlds" and g.bridges > honest - honest // 2:
+        raise where.err("[gossip].bridges", g.bridges, f"must be ≤ {honest - honest // 2}, the second half's size")
+    return g
 
 
 def check_protocol(scenario: "Scenario", file: str) -> None:

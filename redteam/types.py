@@ -40,6 +40,7 @@ __all__ = [
     "Surface",
     "TrainingHook",
     "StageContext",
+    "GossipContext",
     "PipelineView",
 ]
 
@@ -54,8 +55,44 @@ class Surface:
     HIERARCHY = "hierarchy"  # choose_identity, tamper_subaggregate: merge groups and sub-aggregators
     TRAINING = "training"  # training_hook: the malicious clients' own local training, step by step
     PIPELINE = "pipeline"  # tamper_activation, tamper_gradient, tamper_stage_update: a stage peer of a pipeline
+    GOSSIP = "gossip"  # craft_gossip: what a Byzantine node of a gossip graph sends each honest neighbour
 
-    ALL = (DATA, UPDATES, TRANSPORT, PROVENANCE, HIERARCHY, TRAINING, PIPELINE)
+    ALL = (DATA, UPDATES, TRANSPORT, PROVENANCE, HIERARCHY, TRAINING, PIPELINE, GOSSIP)
+
+
+@dataclass(frozen=True, slots=True)
+class GossipContext:
+    """What the Byzantine neighbours of one honest node see in one gossip step
+    (:mod:`redteam.federation.gossip`; they are omniscient and collude, as in the papers).
+
+    ``target``: the honest node they send to, with model ``target_model`` ``(d,)``;
+    ``neighbours`` / ``neighbour_models`` ``(h, d)`` / ``neighbour_weights`` ``(h,)``: its honest
+    neighbours, their models and its mixing weights W_ij for them; ``self_weight``: W_ii;
+    ``attackers`` / ``attacker_weights``: its Byzantine neighbours and their weights;
+    ``own_models`` ``(k, d)``: those attackers' own (honestly trained) models. The graph of the
+    honest nodes: ``honest`` (their node ids), ``honest_models`` ``(m, d)``, ``laplacian``
+    ``(m, m)`` (of the honest subgraph, weighted by W), ``fiedler`` ``(m,)`` (its Fiedler vector)
+    and ``position`` (the target's index in ``honest``). ``generator`` and ``state`` (the attack's
+    memory for the run) as in :class:`AttackContext`."""
+
+    round: int
+    step: int
+    target: int
+    target_model: "torch.Tensor"
+    neighbours: tuple[int, ...]
+    neighbour_models: "torch.Tensor"
+    neighbour_weights: "torch.Tensor"
+    self_weight: float
+    attackers: tuple[int, ...]
+    attacker_weights: "torch.Tensor"
+    own_models: "torch.Tensor"
+    honest: tuple[int, ...]
+    honest_models: "torch.Tensor"
+    laplacian: "torch.Tensor"
+    fiedler: "torch.Tensor"
+    position: int
+    generator: "torch.Generator"
+    state: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +277,9 @@ class ServerContext:
     evaluate_loss: Callable[["torch.Tensor"], "torch.Tensor"] | None = None
     root_update: Callable[[], "torch.Tensor"] | None = None
     client_ids: tuple[int, ...] = ()
+    #: the gossip regime: the position of the merging node's own row (a zero row: the rows are
+    #: x_j − x_i, centred on its model) among the rows; ``None`` on a server
+    own_row: int | None = None
 
     @classmethod
     def default(cls, updates: "torch.Tensor", **overrides: Any) -> "ServerContext":
@@ -435,6 +475,12 @@ class Attack:
         """A malicious stage peer's update at its stage's sync: return the ``(d_stage,)`` change to
         its stage's parameters it submits, given its honest one (``ctx.pipeline`` is set)."""
         return update
+
+    def craft_gossip(self, ctx: "GossipContext") -> "torch.Tensor":
+        """What the Byzantine neighbours of honest node ``ctx.target`` send it in one gossip step:
+        ``(len(ctx.attackers), d)`` models, one per Byzantine neighbour (``Surface.GOSSIP``; a
+        Byzantine node may send each neighbour something else). Default: their own models."""
+        return ctx.own_models
 
     def training_hook(self, ctx: AttackContext) -> "TrainingHook | None":
         """Return how the malicious clients train this round (``None``: like honest clients).

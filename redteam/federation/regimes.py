@@ -3,7 +3,8 @@
 A scenario without ``[pipeline]`` is data-parallel (:class:`~.loop.Federation`: every client
 holds the whole model; a server, or a tree of sub-aggregators, merges their updates); with
 ``[pipeline]`` it is model-parallel (:class:`~.swarm.SwarmRun`: the model cut into stages served
-by pools of peers). Both take the same arguments, run with ``run(on_round)`` and return the same
+by pools of peers); with ``[gossip]`` it is serverless (:class:`~.gossip.GossipRun`: every node
+keeps its own model and merges its neighbours' on a graph). All take the same arguments, run with ``run(on_round)`` and return the same
 records, so the runners, the store, the reports and the pytest plugin never ask which.
 """
 
@@ -24,6 +25,10 @@ def make_run(scenario: Scenario, *, device: str = "cpu", attack: PluginSpec | No
         from .swarm import SwarmRun
 
         return SwarmRun(scenario, device=device, attack=attack, warmup_dir=warmup_dir, start=start)
+    if getattr(scenario, "gossip", None) is not None:
+        from .gossip import GossipRun
+
+        return GossipRun(scenario, device=device, attack=attack, warmup_dir=warmup_dir, start=start)
     from .loop import Federation
 
     return Federation(scenario, device=device, attack=attack, warmup_dir=warmup_dir, start=start)

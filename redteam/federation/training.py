@@ -161,6 +161,10 @@ class BatchedTrainer:
     ) -> torch.Tensor:
         """Return the local parameters ``(len(clients), d)`` after local training.
 
+        ``global_params`` is the ``(d,)`` model every client starts from, or ``(len(clients), d)``:
+        one starting row per client (the gossip regime's nodes, each with its own model; FedProx's
+        term then pulls each row towards its own start).
+
         ``clients`` indexes rows of ``data`` (the participating clients, in order).
         ``states`` holds per-client state (AdamW moments, the sampler's position) read and
         written for ``clients``; it is required for ``optimizer="adamw"`` and
@@ -170,7 +174,12 @@ class BatchedTrainer:
         """
         n = int(clients.shape[0])
         device = global_params.device
-        params = global_params.unsqueeze(0).expand(n, -1).clone()
+        if global_params.ndim == 2:  # each client from its own start (a gossip node's model)
+            if hook is not None or int(global_params.shape[0]) != n:
+                raise ValueError("BatchedTrainer.train: per-client starting rows need one row per client and no hook")
+            params = global_params.clone()
+        else:
+            params = global_params.unsqueeze(0).expand(n, -1).clone()
         if n == 0:
             return params
         stateful = cfg.optimizer != "sgd" or cfg.sampling != "with_replacement"

@@ -1,0 +1,246 @@
+"""Per-node robust rules of serverless gossip (the ``[gossip]`` regime, :mod:`redteam.federation.gossip`).
+
+In the gossip regime an honest node i merges what its neighbours sent it. It calls its defense
+with rows **centred on its own model**: row j is x_j − x_i (the node's own row, a zero row, is
+included with its self-weight W_ii, at position ``ServerContext.own_row``), the weights are its row
+of the mixing matrix W, and the aggregate is the node's move: x_i ← x_i + aggregate. Plain gossip
+is the weighted mean (``mean``): x_i + Σ_j W_ij (x_j − x_i). Today's rules apply unchanged to a
+neighbourhood (``median``, ``trimmed_mean`` …: translation-equivariant rules give the same model
+as on the raw neighbour models). The rules here are the decentralised ones:
+
+* :class:`ClippedGossip` — self-centred clipping (He, Karimireddy & Jaggi, "Byzantine-Robust
+  Decentralized Learning via ClippedGossip", arXiv 2202.01545; code
+  ``epfml/byzantine-robust-decentralized-optimizer``): x_i ← x_i + Σ_j W_ij CLIP(x_j − x_i, τ_i),
+  CLIP(v, τ) = v · min(1, τ / ‖v‖). The centre is the node's own model. The radius τ_i:
+  ``tau`` when set; else ``tau_rule = "he"`` — the paper's choice τ_i² = (1/δ_i) Σ_{j honest}
+  W_ij ‖x_j − x_i‖², with δ_i the Byzantine weight, where a node that does not know who is
+  honest takes for the honest set its nearest rows holding weight 1 − δ_i (δ_i = b × its
+  largest neighbour weight); or ``"second_largest"`` — the authors' release's practical choice,
+  the second-largest neighbour distance.
+* :class:`CSPlus` — CS+ of Gaucher, Dieuleveut & Hendrikx ("Unified Breakdown Analysis for
+  Byzantine Robust Gossip", ICML 2025, arXiv 2410.10418; code
+  ``renaudgaucher/Byzantine-Robust-Gossip``): the same clipped sum, with τ_i set so that the
+  farthest rows carrying weight at least 2δ_i are clipped: τ_i is the largest distance among
+  the nearest rows whose cumulative weight stays ≤ (total − 2δ_i) — 0 when no row fits (a node
+  that cannot outweigh its Byzantine neighbours keeps its model), ∞ when δ_i = 0. With unit
+  weights and b Byzantine neighbours: the 2b farthest neighbours are clipped to the distance of
+  the nearest unclipped one. (CS+–RG steps by η Σ_j w_ij CLIP(x_j − x_i, τ_i); here the weights
+  are W's, whose row sums to 1, so η = 1.)
+* :class:`IOS` — Iterative Outlier Scissors (Wu, Chen & Ling, "Byzantine-Resilient Decentralized
+  Stochastic Optimization With Robust Aggregation Rules", IEEE TSP 2023), as Gaucher et al.
+  compare it: b times, drop the remaining row (never the node's own) farthest from the weighted
+  mean of the remaining rows; the aggregate is the weighted mean of what is left.
+
+``b`` is the number of Byzantine neighbours a node tolerates; in a scenario it defaults to the
+attackers' count ([gossip] attackers). A non-finite row is rejected with its reason and the rule
+runs on the rest. Outside the gossip regime (a server's rows, no ``own_row``) the centre is the
+server's current model: the rows are updates, as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Literal
+
+from redteam.pipeline import Aggregator
+from redteam.types import Decision, ServerContext, param_error, sample_weights
+
+from ._common import check_choice, check_count, check_number, finite_rows
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["ClippedGossip", "CSPlus", "IOS", "clip_radius_cs_plus", "clip_radius_he"]
+
+_TOL = 1e-9
+
+
+def _screen(updates: "torch.Tensor", ctx: ServerContext) -> tuple["torch.Tensor", "torch.Tensor", dict[int, str]]:
+    """(weights normalised to sum 1 over the finite rows, with 0 on the others; the finite mask; reasons)."""
+    import torch
+
+    n = updates.shape[0]
+    ok = finite_rows(updates)
+    w = sample_weights(ctx, n, updates).to(torch.float64).clamp_min(0) * ok.to(torch.float64)
+    total = w.sum()
+    w = w / total if float(total) > 0 else w
+    reasons = {i: "non-finite update" for i in (~ok).nonzero().flatten().tolist()}
+    return w, ok, reasons
+
+
+def _byzantine_weight(b: int, w: "torch.Tensor", own_row: int | None) -> float:
+    """δ = b × the largest weight of a row other than the node's own."""
+    import torch
+
+    others = w.clone()
+    if own_row is not None and 0 <= own_row < others.shape[0]:
+        others[own_row] = 0
+    return float(b) * float(others.max()) if others.numel() else 0.0
+
+
+def clip_radius_cs_plus(dist: "torch.Tensor", w: "torch.Tensor", delta: float) -> float:
+    """CS+'s radius: the largest distance among the nearest rows whose cumulative weight stays
+    ≤ Σw − 2δ (0 when none does; ∞ when δ = 0)."""
+    import torch
+
+    if delta <= 0:
+        return float("inf")
+    order = torch.argsort(dist)
+    cum = torch.cumsum(w[order], 0)
+    fits = (cum <= float(w.sum()) - 2.0 * delta + _TOL).nonzero().flatten()
+    return float(dist[order][int(fits[-1])]) if fits.numel() else 0.0
+
+
+def clip_radius_he(dist: "torch.Tensor", w: "torch.Tensor", delta: float) -> float:
+    """He et al.'s radius with the honest set taken as the nearest rows holding weight Σw − δ:
+    √(Σ_{those} w_j d_j² / δ) (∞ when δ = 0)."""
+    import torch
+
+    if delta <= 0:
+        return float("inf")
+    order = torch.argsort(dist)
+    cum = torch.cumsum(w[order], 0)
+    keep = order[cum <= float(w.sum()) - delta + _TOL]
+    return float(torch.sqrt((w[keep] * dist[keep] ** 2).sum() / delta))
+
+
+def _clipped_sum(rows: "torch.Tensor", w: "torch.Tensor", tau: float) -> tuple["torch.Tensor", "torch.Tensor"]:
+    """Σ_j w_j CLIP(row_j, τ) in float64 (rows with weight 0 contribute nothing), and each row's scale."""
+    import torch
+
+    x = torch.where(w[:, None] > 0, rows.to(torch.float64), torch.zeros((), dtype=torch.float64, device=rows.device))
+    dist = x.norm(dim=1)
+    scale = torch.ones_like(dist)
+    if tau != float("inf"):
+        scale = torch.where(dist > tau, tau / dist.clamp_min(1e-300), scale)
+    return (w * scale) @ x, scale
+
+
+@dataclass(frozen=True, slots=True)
+class _Clipped(Aggregator):
+    b: int | None = None
+    from_malicious_count: ClassVar[tuple[str, ...]] = ("b",)
+    # a neighbourhood too small to outweigh b Byzantine neighbours does not move (radius 0)
+    unanimity: ClassVar[bool] = False
+
+    def validate_b(self, v: int | None) -> None:
+        check_count(self, "b", v)
+
+    def _b(self) -> int:
+        if self.b is None:
+            raise param_error(self, "b", None, "is unset: give the number of Byzantine neighbours to tolerate; "
+                                               "in a scenario it defaults to [gossip] attackers")
+        return self.b
+
+    def radius(self, dist: "torch.Tensor", w: "torch.Tensor", delta: float, own_row: int | None) -> float:
+        raise NotImplementedError  # pragma: no cover
+
+    def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
+        import torch
+
+        b = self._b()
+        w, ok, reasons = _screen(updates, ctx)
+        rows = torch.where(ok[:, None], updates.to(torch.float64), torch.zeros((), dtype=torch.float64,
+                                                                              device=updates.device))
+        delta = _byzantine_weight(b, w, ctx.own_row)
+        dist = rows.norm(dim=1)
+        dist = torch.where(ok, dist, torch.full_like(dist, float("inf")))
+        tau = self.radius(dist, w, delta, ctx.own_row) if bool(ok.any()) else 0.0
+        agg, scale = _clipped_sum(rows, w, tau)
+        return Decision(aggregate=agg.to(updates.dtype), accepted=ok, weights=(w * scale).to(updates.dtype),
+                        reasons=reasons, state={"tau": tau, "byzantine_weight": delta})
+
+
+@dataclass(frozen=True, slots=True)
+class ClippedGossip(_Clipped):
+    """Self-centred clipping (He, Karimireddy & Jaggi 2022): x_i + Σ_j W_ij CLIP(x_j − x_i, τ_i)
+    (module docstring). ``tau``: a fixed radius; unset, ``tau_rule`` chooses it per node and round."""
+
+    tau: float | None = None
+    tau_rule: Literal["he", "second_largest"] = "he"
+    summary: ClassVar[str] = "gossip: self-centred clipping of neighbour differences (ClippedGossip)"
+    reference: ClassVar[str] = "He, Karimireddy & Jaggi, arXiv 2202.01545 (2022)"
+
+    def validate_tau(self, v: float | None) -> None:
+        check_number(self, "tau", v, low=0.0, allow_none=True)
+
+    def validate_tau_rule(self, v: str) -> None:
+        check_choice(self, "tau_rule", v, ("he", "second_largest"))
+
+    def radius(self, dist: "torch.Tensor", w: "torch.Tensor", delta: float, own_row: int | None) -> float:
+        import torch
+
+        if self.tau is not None:
+            return float(self.tau)
+        if self.tau_rule == "second_largest":
+            d = dist.clone()
+            if own_row is not None:
+                d[own_row] = -1.0
+            d = d[(w > 0) & (d >= 0)]
+            if d.numel() == 0:
+                return 0.0
+            top = torch.sort(d, descending=True).values
+            return float(top[1] if top.numel() >= 2 else top[0])
+        return clip_radius_he(dist, w, delta)
+
+
+@dataclass(frozen=True, slots=True)
+class CSPlus(_Clipped):
+    """CS+ (Gaucher, Dieuleveut & Hendrikx, ICML 2025): clip the farthest neighbours of weight
+    ≥ 2δ to the distance of the nearest unclipped one (module docstring)."""
+
+    summary: ClassVar[str] = "gossip: CS+ — clip the farthest 2b (by weight) neighbour differences"
+    reference: ClassVar[str] = "Gaucher, Dieuleveut & Hendrikx, ICML 2025 (arXiv 2410.10418)"
+
+    def radius(self, dist: "torch.Tensor", w: "torch.Tensor", delta: float, own_row: int | None) -> float:
+        return clip_radius_cs_plus(dist, w, delta)
+
+
+@dataclass(frozen=True, slots=True)
+class IOS(Aggregator):
+    """Iterative Outlier Scissors (Wu, Chen & Ling 2023): b times, drop the remaining row (never
+    ``own_row``) farthest from the weighted mean of the remaining rows; average what is left."""
+
+    b: int | None = None
+    from_malicious_count: ClassVar[tuple[str, ...]] = ("b",)
+    symmetric: ClassVar[bool] = False  # the node's own row is never dropped
+    summary: ClassVar[str] = "gossip: iterative outlier scissors over the neighbourhood"
+    reference: ClassVar[str] = "Wu, Chen & Ling, IEEE TSP 2023"
+
+    def validate_b(self, v: int | None) -> None:
+        check_count(self, "b", v)
+
+    def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
+        import torch
+
+        if self.b is None:
+            raise param_error(self, "b", None, "is unset: give the number of rows to drop; in a scenario it "
+                                               "defaults to [gossip] attackers")
+        w, ok, reasons = _screen(updates, ctx)
+        rows = torch.where(ok[:, None], updates.to(torch.float64), torch.zeros((), dtype=torch.float64,
+                                                                              device=updates.device))
+        keep = ok & (w > 0)
+        dropped: list[int] = []
+        for _ in range(self.b):
+            cand = keep.clone()
+            if ctx.own_row is not None and 0 <= ctx.own_row < cand.shape[0]:
+                cand[ctx.own_row] = False
+            if not bool(cand.any()):
+                break
+            wk = w * keep.to(w.dtype)
+            mean = (wk @ rows) / wk.sum()
+            dist = (rows - mean).norm(dim=1)
+            dist = torch.where(cand, dist, torch.full_like(dist, -1.0))
+            j = int(torch.argmax(dist))
+            keep[j] = False
+            dropped.append(j)
+        wk = w * keep.to(w.dtype)
+        total = wk.sum()
+        agg = (wk @ rows) / total if float(total) > 0 else torch.zeros_like(rows[0])
+        for j in dropped:
+            reasons[j] = "dropped by IOS (farthest from the neighbourhood's mean)"
+        accepted = keep | (ok & (w == 0))
+        accepted[dropped] = False if dropped else accepted[dropped]
+        return Decision(aggregate=agg.to(updates.dtype), accepted=accepted, weights=(wk / total if float(total) > 0
+                                                                                       else wk).to(updates.dtype),
+                        reasons=reasons, state={"dropped": dropped})

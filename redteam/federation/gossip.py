@@ -1,0 +1,388 @@
+"""Serverless gossip: every node keeps its own model and merges its neighbours' (issue 26 §1).
+
+The regime (``[gossip]`` in a scenario; DESIGN.md, "Regimes") shares the round's shape and its
+outputs with the data-parallel federation: the same workloads, partitions, attack and defense
+registries, and the same :class:`~redteam.types.RoundRecord` per round (the clients are the
+graph's nodes), so the store, reports, ``[[expect]]`` rows and the pytest plugin work unchanged.
+What differs is who merges whose models:
+
+* **graph** — ``[gossip] topology`` on the ``[federation] clients`` nodes
+  (:mod:`.graphs`: ring, torus, Erdős–Rényi, exponential, two worlds, complete) with mixing
+  weights W (Metropolis–Hastings by default); with ``churn`` each round's graph loses each edge
+  with that probability (a time-varying graph; W recomputed). The ``attackers`` Byzantine nodes
+  are nodes of the graph drawn at random (``placement = "random"``), its highest-degree nodes
+  (``"hubs"``), or extra nodes linked to every honest node (``"everywhere"``: the graph is built
+  on the honest nodes, and each honest node has b = attackers Byzantine neighbours, as in
+  Gaucher, Dieuleveut & Hendrikx, ICML 2025).
+* **one round** — every node trains locally from its own model (one batched program over the
+  nodes: :class:`~.training.BatchedTrainer` with one starting row per node), then ``steps``
+  gossip steps: each honest node i calls the ``[defense]`` rule on the rows it received, centred
+  on its own model (row 0 its own zero row with weight W_ii, then x_j − x_i for each neighbour j
+  with weight W_ij; ``ServerContext.own_row = 0``) and moves by the aggregate. With ``mean`` this
+  is plain gossip x_i ← x_i + Σ_j W_ij (x_j − x_i) = Σ_j W_ij x_j; the robust rules of
+  :mod:`defenses.gossip` (ClippedGossip, CS+, IOS) and today's rules apply the same way.
+* **Byzantine nodes** — in the attack window they do not merge; each sends each honest
+  neighbour its own message: a ``Surface.GOSSIP`` attack's :meth:`~redteam.types.Attack.craft_gossip`
+  (the topology-aware attacks of :mod:`attacks.gossip`), or an update attack's ``craft_updates``
+  applied per neighbour (its context centred on the target: ``global_params`` = x_i, the rows
+  x_j − x_i of the target's neighbourhood; the message is x_i + the crafted row), or, for a data
+  attack, their model trained on poisoned data. Outside the window they are honest nodes.
+* **the record** — ``accuracy`` / ``loss``: the mean over the honest nodes (the nodes not placed
+  as attackers, the same set in the attacked run and its baseline) of each node's test accuracy
+  and loss; ``extra["gossip"]``: ``worst_accuracy`` / ``worst_loss`` (the worst honest node),
+  ``consensus_distance`` (the mean squared distance of the honest models to their mean),
+  ``spectral_gap`` (1 − the second-largest eigenvalue modulus of the round's W),
+  ``algebraic_connectivity`` (μ₂ of the honest subgraph's Laplacian), ``edges`` and, where a
+  node's rule refused to run, ``refused``. A node's rows are *accepted* in a round when every
+  honest neighbour that judged them used them (IOS drops rows; the clipping rules never do).
+  ``bytes_on_wire``: every model sent along an edge (both ways) in every gossip step.
+
+Deterministic under the seed: the graph, the roles, the batches and the churn come from their
+own streams, so the baseline (attack ``none``) sees the same graph, data and batches.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from ..errors import InvalidParameter, RedteamError
+from ..scenario import PluginSpec, Scenario
+from ..types import AttackContext, ClientData, GossipContext, RoundRecord, ServerContext, Surface
+from . import graphs
+from .builders import build_attack, build_defense, build_workload, needs_server_data
+from .params import ParamSpec
+from .partition import deal
+from .state import ClientStates
+from .training import BatchedTrainer, LocalTraining, StackedData
+
+__all__ = ["GossipRun", "gossip_step", "consensus_distance"]
+
+_STREAMS = ("split", "roles", "init", "train", "topology", "attack", "defense", "churn")
+_SURFACES = {Surface.UPDATES, Surface.DATA, Surface.GOSSIP}
+
+
+def consensus_distance(x: torch.Tensor) -> float:
+    """The mean squared distance of the rows of ``x`` to their mean."""
+    x = x.to(torch.float64)
+    return float(((x - x.mean(0)) ** 2).sum(1).mean()) if x.shape[0] else 0.0
+
+
+@dataclass
+class StepResult:
+    """One gossip step: the new models, and what each honest node's rule said about its rows."""
+
+    models: torch.Tensor
+    accepted: dict[int, bool] = field(default_factory=dict)
+    rejected: dict[int, str] = field(default_factory=dict)
+    refused: dict[int, str] = field(default_factory=dict)
+
+
+def gossip_step(x: torch.Tensor, adj: np.ndarray, w: np.ndarray, merging: list[int], defense: Any,
+                messages: Callable[[int, list[int], list[int]], torch.Tensor] | None = None,
+                byzantine: set[int] | frozenset[int] = frozenset(), *, rnd: int = 0,
+                generator: torch.Generator | None = None, states: dict[int, dict] | None = None) -> StepResult:
+    """One synchronous gossip step on the models ``x`` ``(n, d)``: each node of ``merging`` calls
+    ``defense`` on its rows centred on its model (its zero row first, weight W_ii; then its
+    neighbours) and moves by the aggregate. A neighbour in ``byzantine`` sends what
+    ``messages(i, honest_neighbours, byzantine_neighbours)`` returns for it (``(k, d)`` models),
+    the others their models. Nodes not merging keep their models."""
+    out = x.clone()
+    res = StepResult(out)
+    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    for i in merging:
+        nbrs = np.flatnonzero(adj[i]).tolist()
+        hon = [j for j in nbrs if j not in byzantine]
+        byz = [j for j in nbrs if j in byzantine]
+        xi = x[i]
+        parts = [torch.zeros_like(xi).unsqueeze(0), x[hon] - xi]
+        if byz:
+            sent = messages(i, hon, byz) if messages is not None else x[byz]
+            if tuple(sent.shape) != (len(byz), x.shape[1]):
+                raise RedteamError(f"gossip: the attack sent node {i} rows of shape {tuple(sent.shape)}, "
+                                   f"expected {(len(byz), x.shape[1])}")
+            parts.append(sent.to(x.dtype) - xi)
+        rows = torch.cat(parts)
+        ids = (i, *hon, *byz)
+        weights = torch.tensor([w[i, i], *(w[i, j] for j in hon), *(w[i, j] for j in byz)], dtype=x.dtype,
+                               device=x.device)
+        ctx = ServerContext(round=rnd, n_clients=len(ids), weights=weights, global_params=xi, generator=gen,
+                            state=(states or {}).get(i, {}), client_ids=ids, own_row=0)
+        try:
+            dec = defense(rows, ctx)
+        except InvalidParameter as exc:  # e.g. Krum on a neighbourhood too small for it
+            res.refused[i] = f"node {i} kept its model: {exc}"
+            continue
+        if states is not None:
+            states[i] = dict(dec.state)
+        agg = dec.aggregate.to(x.dtype)
+        if not bool(torch.isfinite(agg).all()):
+            res.refused[i] = f"node {i} kept its model: non-finite aggregate"
+            continue
+        out[i] = xi + agg
+        for k in range(1, len(ids)):
+            ok = bool(dec.accepted[k])
+            j = ids[k]
+            res.accepted[j] = res.accepted.get(j, True) and ok
+            if not ok:
+                res.rejected.setdefault(j, f"node {i}: {dec.reasons.get(k, 'rejected')}")
+    return res
+
+
+@dataclass
+class _RunResult:
+    attack: str
+    defense: str
+    records: list[RoundRecord]
+    malicious: list[int]
+    params: dict[str, Any] = field(default_factory=dict)
+    wall_time_s: float = 0.0
+
+
+class GossipRun:
+    """A gossip graph built from a scenario with ``[gossip]``; ``run()`` executes all rounds."""
+
+    def __init__(self, scenario: Scenario, *, device: str = "cpu", attack: PluginSpec | None = None,
+                 warmup_dir: str | None = None, start: torch.Tensor | None = None) -> None:
+        from .loop import random_streams, resolve_device
+
+        if scenario.gossip is None:
+            raise InvalidParameter("GossipRun needs a scenario with a [gossip] section")
+        self.scenario = scenario
+        self.g = g = scenario.gossip
+        fed = scenario.federation
+        self.device = resolve_device(device)
+        self.attack_spec = attack if attack is not None else scenario.attack
+        self._ran = False
+        self._np, self._torch = random_streams(scenario, _STREAMS)
+        if scenario.scenario.warmup_rounds:
+            raise InvalidParameter("[scenario].warmup_rounds: a warm-up is a data-parallel run; the [gossip] regime "
+                                   "starts every node from the workload's model (or [scenario] start_from)")
+        self.workload = build_workload(scenario.workload.name, dict(scenario.workload.params))
+        ds = self.workload.load(scenario.seed)
+        self.num_classes = ds.num_classes
+        self.dataset_source = ds.source
+        n = self.n = fed.clients
+        f = g.attackers
+        # the graph and the roles
+        rng = self._np["topology"]
+        if g.placement == "everywhere":
+            bad = sorted(self._np["roles"].choice(n, size=f, replace=False).tolist()) if f else []
+            honest = [i for i in range(n) if i not in set(bad)]
+            sub = graphs.build_graph(g.topology, len(honest), rng, probability=g.probability, rows=g.rows,
+                                     bridges=g.bridges)
+            adj = np.zeros((n, n), dtype=bool)
+            adj[np.ix_(honest, honest)] = sub
+            for b_ in bad:
+                adj[b_, honest] = adj[honest, b_] = True
+        else:
+            adj = graphs.build_graph(g.topology, n, rng, probability=g.probability, rows=g.rows, bridges=g.bridges)
+            if g.placement == "hubs":
+                deg = adj.sum(1)
+                bad = sorted(sorted(range(n), key=lambda i: (-int(deg[i]), i))[:f])
+            else:
+                bad = sorted(self._np["roles"].choice(n, size=f, replace=False).tolist()) if f else []
+        self.adj = adj
+        self.malicious = bad
+        self.is_malicious = np.zeros(n, dtype=bool)
+        self.is_malicious[bad] = True
+        self.honest = [i for i in range(n) if not self.is_malicious[i]]
+
+        self.attack = build_attack(self.attack_spec)
+        surfaces = set(self.attack.surfaces)
+        if surfaces - _SURFACES:
+            raise InvalidParameter(f"attack {self.attack_spec.name!r} acts on {', '.join(sorted(surfaces - _SURFACES))}; "
+                                   "the [gossip] regime takes gossip, update and data attacks (no server, "
+                                   "no transport, no pipeline)")
+        honest_deg = int(adj[self.honest].sum(1).max()) if self.honest else 0
+        self.defense = build_defense(scenario.defense, n_malicious=f, most_updates=honest_deg + 1)
+        if needs_server_data(self.defense):
+            raise InvalidParameter(f"[defense] {scenario.defense_label()}: the rule needs server-held data, and the "
+                                   "[gossip] regime has no server; use a rule without server data")
+
+        # data: the partition of the federation (no server root sample)
+        pool = np.arange(len(ds.train_y))
+        labels = ds.train_y.numpy()[pool] if ds.groups is None else (
+            ds.groups.numpy()[pool] if fed.partition in ("by_group", "natural") else ds.train_y.numpy()[pool])
+        parts = deal(labels, n, bad, fed.partition, fed.malicious_data_rule, self._np["split"], alpha=fed.alpha,
+                     shards_per_client=fed.shards_per_client, beta=fed.quantity_beta, min_samples=fed.min_samples)
+        clean, clients = [], []
+        for i, p in enumerate(parts):
+            cd = ClientData(ds.train_x[pool[p]], ds.train_y[pool[p]])
+            clean.append(cd)
+            if self.is_malicious[i] and Surface.DATA in surfaces:
+                cd = self.attack.poison_data(cd, i, self._torch["attack"])
+            clients.append(cd)
+        self.data = StackedData.stack(clients).to(self.device)
+        self._phases = (self.data, self.data)
+        if not scenario.window.is_full and Surface.DATA in surfaces:
+            self._phases = (StackedData.stack(clean).to(self.device), self.data)
+        self.test_x, self.test_y = ds.test_x.to(self.device), ds.test_y.to(self.device)
+        self._targeted: tuple[torch.Tensor, torch.Tensor] | None = None
+        for candidate in (self.attack, build_attack(scenario.attack)):
+            targeted_test = getattr(candidate, "targeted_test", None)
+            if targeted_test is not None:
+                tx, ty = targeted_test(ds.test_x, ds.test_y)
+                self._targeted = (tx.to(self.device), ty.to(self.device))
+                break
+
+        model = self.workload.build_model(self._torch["init"])
+        self.spec = ParamSpec.of(model)
+        self.params_init = self.spec.flatten(model).to(self.device)
+        self._start_info: dict[str, Any] = {}
+        if start is not None:
+            self.params0 = start.to(self.device, torch.float32).clone()
+        else:
+            from .warmup import start_params
+
+            self.params0, self._start_info = start_params(scenario, self.spec, self.params_init, self.device,
+                                                          warmup_dir, self.dataset_source)
+        if self.params0.shape != self.params_init.shape:
+            raise InvalidParameter(f"the starting model has {self.params0.numel()} parameters, the workload's "
+                                   f"model {self.params_init.numel()}")
+        self.trainer = BatchedTrainer(self.workload, model.to(self.device), self.spec)
+        self.local = LocalTraining(
+            steps=fed.local_steps, epochs=fed.local_epochs, batch_size=fed.batch_size, lr=fed.lr, prox_mu=fed.prox_mu,
+            optimizer=fed.local_optimizer, weight_decay=fed.local_weight_decay, betas=tuple(fed.local_betas),
+            sampling=fed.sampling)
+        self.states = ClientStates(n, self.device)
+        self.final_params: torch.Tensor | None = None
+        self.final_models: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------ messages
+    def _messages(self, rnd: int, step: int, x: torch.Tensor, adj: np.ndarray, w: np.ndarray,
+                  spectral: tuple[torch.Tensor, torch.Tensor], attack_state: dict
+                  ) -> Callable[[int, list[int], list[int]], torch.Tensor]:
+        lap, fied = spectral
+        pos = {h: k for k, h in enumerate(self.honest)}
+        honest_models = x[self.honest]
+        dt = x.dtype
+
+        def send(i: int, hon: list[int], byz: list[int]) -> torch.Tensor:
+            xi = x[i]
+            if Surface.GOSSIP in self.attack.surfaces:
+                ctx = GossipContext(
+                    round=rnd, step=step, target=i, target_model=xi, neighbours=tuple(hon), neighbour_models=x[hon],
+                    neighbour_weights=torch.tensor([w[i, j] for j in hon], dtype=dt, device=x.device),
+                    self_weight=float(w[i, i]), attackers=tuple(byz),
+                    attacker_weights=torch.tensor([w[i, j] for j in byz], dtype=dt, device=x.device),
+                    own_models=x[byz], honest=tuple(self.honest), honest_models=honest_models, laplacian=lap,
+                    fiedler=fied, position=pos[i], generator=self._torch["attack"], state=attack_state)
+                return self.attack.craft_gossip(ctx)
+            if Surface.UPDATES in self.attack.surfaces:
+                ids = (i, *hon, *byz)
+                rows = torch.cat([torch.zeros_like(xi).unsqueeze(0), x[hon] - xi, x[byz] - xi])
+                mal_rows = tuple(range(1 + len(hon), len(ids)))
+                own = rows[list(mal_rows)]
+                visible = rows[: 1 + len(hon)] if self.attack.omniscient else own
+                actx = AttackContext(
+                    round=rnd, n_clients=len(ids), malicious=tuple(byz), own_updates=own, visible_updates=visible,
+                    global_params=xi, generator=self._torch["attack"], num_classes=self.num_classes,
+                    weights=torch.tensor([w[i, j] for j in ids], dtype=dt, device=x.device),
+                    malicious_rows=mal_rows, attack_state=attack_state,
+                    visible_clients=ids[: 1 + len(hon)] if self.attack.omniscient else tuple(byz))
+                crafted = self.attack.craft_updates(actx)
+                if tuple(crafted.shape) != tuple(own.shape):
+                    raise RedteamError(f"attack {self.attack_spec.name!r}: craft_updates returned shape "
+                                       f"{tuple(crafted.shape)}, expected {tuple(own.shape)}")
+                return xi + crafted.to(dt)
+            return x[byz]  # a data attack: its (poisoned) model
+
+        return send
+
+    # ------------------------------------------------------------------ one run
+    def run(self, on_round: Callable[[RoundRecord], None] | None = None) -> _RunResult:
+        if self._ran:
+            raise RedteamError("this GossipRun has already run; build a new one for another run")
+        self._ran = True
+        sc, g = self.scenario, self.g
+        n = self.n
+        x = self.params0.unsqueeze(0).expand(n, -1).clone()
+        nodes = torch.arange(n, device=self.device)
+        records: list[RoundRecord] = []
+        attack_state: dict = {}
+        node_states: dict[int, dict] = {}
+        t_run = time.perf_counter()
+        acc0, loss0 = self.trainer.evaluate(self.params_init, self.test_x, self.test_y)
+        untrained = {"accuracy": acc0, "loss": loss0 if math.isfinite(loss0) else None, "chance_accuracy": None}
+        y = self.test_y
+        if y.dtype in (torch.int64, torch.int32) and y.ndim == 1 and y.numel() and int(y.min()) >= 0:
+            untrained["chance_accuracy"] = float(torch.bincount(y).max()) / y.numel()
+        dim = self.spec.dim
+        for rnd in range(sc.federation.rounds):
+            t0 = time.perf_counter()
+            acting = sc.window.active(rnd) and bool(self.attack.surfaces)
+            data = self._phases[int(acting)]
+            adj = graphs.drop_edges(self.adj, g.churn, self._np["churn"]) if g.churn else self.adj
+            w = graphs.mixing_matrix(adj, g.mixing)
+            # local training: every node from its own model, batched over the nodes
+            x = self.trainer.train(x, data, nodes, self.local, self._torch["train"], states=self.states)
+            hs = self.honest
+            adj_h = adj[np.ix_(hs, hs)]
+            lap = graphs.laplacian(adj_h, w[np.ix_(hs, hs)])
+            spectral = (torch.as_tensor(lap, dtype=x.dtype, device=self.device),
+                        torch.as_tensor(graphs.fiedler_vector(lap), dtype=x.dtype, device=self.device))
+            byz = frozenset(self.malicious) if acting else frozenset()
+            merging = [i for i in range(n) if i not in byz]
+            accepted_all: dict[int, bool] = {}
+            rejected: dict[int, str] = {}
+            refused: dict[int, str] = {}
+            t_def = 0.0
+            for step in range(g.steps):
+                send = self._messages(rnd, step, x, adj, w, spectral, attack_state) if byz else None
+                t1 = time.perf_counter()
+                res = gossip_step(x, adj, w, merging, self.defense, send, byz, rnd=rnd,
+                                  generator=self._torch["defense"], states=node_states)
+                t_def += time.perf_counter() - t1
+                x = res.models
+                for j, ok in res.accepted.items():
+                    accepted_all[j] = accepted_all.get(j, True) and ok
+                for j, why in res.rejected.items():
+                    rejected.setdefault(j, why)
+                refused.update(res.refused)
+            # evaluation: each honest node's model
+            accs, losses = [], []
+            for i in hs:
+                a, l_ = self.trainer.evaluate(x[i], self.test_x, self.test_y)
+                accs.append(a)
+                losses.append(l_)
+            lap_unit = graphs.laplacian(adj_h)
+            extra: dict[str, Any] = {"gossip": {
+                "worst_accuracy": min(accs), "worst_loss": max(losses) if all(map(math.isfinite, losses)) else None,
+                "consensus_distance": consensus_distance(x[hs]),
+                "spectral_gap": graphs.spectral_gap(w),
+                "algebraic_connectivity": graphs.algebraic_connectivity(lap_unit),
+                "edges": int(adj.sum() // 2),
+            }}
+            if refused:
+                extra["gossip"]["refused"] = dict(sorted(refused.items()))
+            if self._targeted is not None:
+                extra["asr"] = sum(self.trainer.evaluate(x[i], *self._targeted)[0] for i in hs) / len(hs)
+            if rnd == 0:
+                extra["untrained"] = untrained
+                if self._start_info:
+                    extra["start"] = dict(self._start_info)
+            if not sc.window.is_full:
+                extra["attack_active"] = sc.window.active(rnd)
+            isolated = {i: "no edge this round (churn)" for i in range(n) if not adj[i].any()}
+            mean_loss = sum(losses) / len(losses)
+            rec = RoundRecord(
+                round=rnd, accuracy=sum(accs) / len(accs), loss=mean_loss if math.isfinite(mean_loss) else float("inf"),
+                accepted=[bool(accepted_all.get(i, False)) for i in range(n)],
+                malicious=[bool(self.is_malicious[i]) and acting for i in range(n)],
+                participating=[True] * n, dropped=isolated, rejected=dict(sorted(rejected.items())),
+                bytes_on_wire=4 * dim * int(adj.sum()) * g.steps,
+                sim_time_s=0.0, wall_time_s=time.perf_counter() - t0, defense_time_s=t_def, extra=extra)
+            records.append(rec)
+            if on_round is not None:
+                on_round(rec)
+        self.final_models = x
+        self.final_params = x[self.honest].mean(0)
+        return _RunResult(self.attack_spec.name, sc.defense_label(), records, list(self.malicious),
+                          {"attack": dict(self.attack_spec.params), "defense": repr(self.defense)},
+                          time.perf_counter() - t_run)
