@@ -562,14 +562,20 @@ class OneLineParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose usage errors are a single line (exit status 2)."""
 
     def error(self, message: str) -> "NoReturn":  # type: ignore[override]
-        self.exit(2, f"redteam: error: {self.prog}: {message}\n")
+        from redteam.cli import usage_error_line
+
+        self.exit(2, usage_error_line(self.prog, message) + "\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Standalone entry point: ``python -m provenance.cli provenance|ledger ...``."""
     parser = OneLineParser(prog="redteam", description="redteam provenance and ledger commands")
     register(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named by the command that got them
+        from redteam.cli import _leaf_parser
+
+        _leaf_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     return args.func(args)
 
 

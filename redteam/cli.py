@@ -13,7 +13,7 @@ from typing import Any, NoReturn, Sequence
 
 from .errors import RedteamError
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "usage_error_line"]
 
 _EPILOG = textwrap.dedent(
     """\
@@ -37,10 +37,27 @@ class _Parser(argparse.ArgumentParser):
     are built from the same class, so theirs are too)."""
 
     def error(self, message: str) -> "NoReturn":  # type: ignore[override]
-        from .runner.outputs import terminal_safe
+        self.exit(2, usage_error_line(self.prog, message) + "\n")
 
-        self.exit(2, f"redteam: error: {terminal_safe(self.prog)}: {terminal_safe(message)} "
-                     f"(see: {terminal_safe(self.prog)} --help)\n")
+
+def usage_error_line(prog: str, message: str) -> str:
+    """``redteam: error: [COMMAND: ]MESSAGE (see: PROG --help)``: one ``redteam:`` prefix,
+    then the sub-command the error concerns (none for the top level)."""
+    from .runner.outputs import terminal_safe
+
+    command = prog.split(" ", 1)[1] if prog.startswith("redteam ") else ("" if prog == "redteam" else prog)
+    where = f"{terminal_safe(command)}: " if command else ""
+    return f"redteam: error: {where}{terminal_safe(message)} (see: {terminal_safe(prog)} --help)"
+
+
+def _leaf_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub-)command parser that parsed ``args``: where an unknown option belongs."""
+    while True:
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        chosen = getattr(args, sub.dest, None) if sub is not None else None
+        if chosen not in (sub.choices if sub is not None else {}):
+            return parser
+        parser = sub.choices[chosen]
 
 
 _THREADS_HELP = ("intra-op threads per run: auto (default: 1 for small federations, a share of the cores "
@@ -170,7 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named by the command that got them, not by the top level
+        _leaf_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.show_version:
         from . import __version__
 

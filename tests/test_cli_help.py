@@ -32,3 +32,36 @@ def test_every_argument_of_every_command_has_help_text():
     assert len(items) > 100 and any(p == "redteam ledger prove index" for p, _ in items)
     missing = [p for p, h in items if not h or h == argparse.SUPPRESS or not str(h).strip()]
     assert not missing, f"no help text: {missing}"
+
+
+@pytest.mark.parametrize("argv, command", [
+    (["run", "x.toml", "--nope"], "run"),
+    (["run", "--nope", "x.toml"], "run"),
+    (["matrix", "x", "--nope"], "matrix"),
+    (["report", "d", "--nope"], "report"),
+    (["limits", "f.toml", "--nope"], "limits"),
+    (["ledger", "prove", "l.sqlite", "0", "--nope"], "ledger prove"),
+    (["provenance", "verify", "b.json", "--nope"], "provenance verify"),
+    (["attacks", "list", "--nope"], "attacks list"),
+    (["--nope"], None),
+])
+def test_an_unknown_flag_is_one_line_with_one_prefix_naming_its_command(argv, command, capsys):
+    from redteam.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.count("redteam: error:") == 1, err
+    assert not err.startswith("redteam: error: redteam"), err
+    where = f"{command}: " if command else ""
+    prog = f"redteam {command}" if command else "redteam"
+    assert err.startswith(f"redteam: error: {where}unrecognized arguments: --nope"), err
+    assert err.rstrip().endswith(f"(see: {prog} --help)"), err
+
+
+def test_the_standalone_provenance_entry_point_has_one_prefix():
+    proc = subprocess.run([sys.executable, "-m", "provenance.cli", "ledger", "prove", "l", "0", "--nope"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("redteam: error: ledger prove: unrecognized arguments: --nope"), proc.stderr
