@@ -22,6 +22,14 @@ _EPILOG = textwrap.dedent(
       redteam run scenarios/smoke.toml --json out.json machine-readable results too
       redteam run scenarios/smoke.toml --rounds 5      a quicker look
       redteam matrix scenarios/smoke.toml --dry-run    the cells, their seeds, the runs left, a time estimate
+      redteam matrix scenarios/smoke.toml --out results/smoke
+                                                       every cell x seed into a results store (--resume continues)
+      redteam report results/smoke --format html       the store's report: tables, heatmaps, the defender's summary
+      redteam limits scenarios/limits.toml             bandwidth, stragglers, memory and cost of a proposal's numbers
+      redteam provenance verify bundle.json --pub client.pub --data data/
+                                                       a signed dataset manifest and the files it names
+      redteam ledger verify ledger.sqlite              recompute a transparency log's tree and checkpoints
+      redteam data list                                the datasets a workload can read, and where they are
       redteam attacks list                             every registered attack, its parameters
       redteam defenses list                            every registered defense
       redteam workloads list                           models + data you can train

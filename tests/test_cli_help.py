@@ -34,6 +34,16 @@ def test_every_argument_of_every_command_has_help_text():
     assert not missing, f"no help text: {missing}"
 
 
+def test_top_level_examples_cover_every_command():
+    """`redteam --help` shows an example of each command, a matrix run into a store among them."""
+    from redteam.cli import _EPILOG
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    examples = [line.split()[1] for line in _EPILOG.splitlines() if line.strip().startswith("redteam ")]
+    assert not set(sub.choices) - set(examples), sorted(set(sub.choices) - set(examples))
+    assert "redteam matrix scenarios/smoke.toml --out results/smoke" in _EPILOG
+
+
 @pytest.mark.parametrize("argv, command", [
     (["run", "x.toml", "--nope"], "run"),
     (["run", "--nope", "x.toml"], "run"),
