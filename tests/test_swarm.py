@@ -351,3 +351,27 @@ def test_reputation_starves_a_flagged_peer_before_its_ban():
         pid = res.malicious[0]
         served[penalty] = sum(rec.extra["pipeline"]["served"].get(pid, 0) for rec in res.records)
     assert served[0.05] < served[1.0]
+
+
+def test_activation_monitor_catches_forward_and_backward_tampering_without_recomputing():
+    """The monitor compares each peer's activation and gradient statistics with its stage's other
+    peers: a lazy peer (forward) and a ×−20 gradient (backward, which no forward check sees) are
+    flagged; an honest pipeline is not; nothing is recomputed."""
+    mon = [{"name": "activation_monitor"}]
+    for attack in ({"name": "lazy_peer"}, {"name": "gradient_tamper", "kind": "scale", "strength": -20.0}):
+        _, res = run(doc(attack, checks=mon, micro_batches=12))
+        m = summarize(res.records)
+        assert m["undetected_attackers"] == 0 and m["fpr"] == 0.0, (attack, m)
+        assert m["check_overhead"] == 0.0
+    d = doc(checks=mon, micro_batches=12)
+    d["pipeline"]["attackers"] = 0
+    _, res = run(d)
+    assert not any(rec.extra["pipeline"]["flagged"] for rec in res.records)
+
+
+def test_activation_monitor_needs_an_honest_majority_in_the_stage():
+    """Two lazy peers of three: the stage's median is theirs, so the honest peer is the outlier."""
+    _, res = run(doc({"name": "lazy_peer"}, checks=[{"name": "activation_monitor"}],
+                     micro_batches=12, attackers=2))
+    m = summarize(res.records)
+    assert m["undetected_attackers"] == 2 and m["fpr"] > 0

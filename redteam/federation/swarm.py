@@ -263,6 +263,21 @@ class SwarmRun:
             peer.reputation = min(1.0, peer.reputation + pl.reputation_recovery)
         return int(verdict.recomputed)
 
+    def _backward_watch(self, s: int, peer: _Peer, received: dict, watchers: list, memory: dict,
+                        flagged: dict[int, str], hop: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        """A hook on stage ``s``'s input: the gradient ``peer`` sends back (after any tampering),
+        shown with the one it received to each backward monitor; it becomes what stage s − 1 received."""
+        def watch(g: torch.Tensor) -> torch.Tensor:
+            got = received.get(s)
+            if got is not None:
+                for check in watchers:
+                    verdict = check.verify_backward(self, s, peer, got, g, memory.setdefault(id(check), {}))
+                    self._judge(peer, verdict, check.strikes, flagged, hop)
+            received[s - 1] = g
+            return g
+
+        return watch
+
     # ------------------------------------------------------------------ routing
     def _route(self, s: int, hop: int, active: bool) -> _Peer | None:
         pool = [p for p in self.peers if p.stage == s and p.banned_at is None and not p.down]
@@ -305,6 +320,7 @@ class SwarmRun:
         act_bytes = pl.micro_batch_size * self.train_x.shape[1] * int(getattr(self.workload, "width")) * 4
         hop_count = 0
         check_memory: dict[int, dict] = {}  # each check's memory for the run (a monitor's running statistics)
+        watchers = [c for c in self.checks if getattr(c, "verify_backward", None) is not None and getattr(c, "backward", False)]
         for rnd in range(sc.federation.rounds):
             t0 = time.perf_counter()
             self.current_round = rnd  # what the checks read (a monitor's statistics are per round)
@@ -324,6 +340,7 @@ class SwarmRun:
                 if any(r is None for r in route):
                     break  # a stage with no peer left: the pipeline is down for the rest of the round
                 h: torch.Tensor = x
+                received: dict[int, torch.Tensor] = {}  # the gradient each stage's peer got back (monitors)
                 dropped_mb = False
                 for s, peer in enumerate(route):
                     # churn: an honest peer may crash on this hop; its round's work is lost with it
@@ -346,6 +363,9 @@ class SwarmRun:
                     sent = self.attack.tamper_activation(out, inp, ctx) if acting else out
                     if acting and s > 0 and inp.requires_grad:
                         inp.register_hook(lambda g, c=ctx: self.attack.tamper_gradient(g, c))
+                    if watchers and s > 0 and inp.requires_grad:  # after the tampering: what was sent back
+                        inp.register_hook(self._backward_watch(s, peer, received, watchers, check_memory, flagged,
+                                                                 hop_count))
                     for check in self.checks:
                         verdict = check.verify_hop(self, s, peer, inp, sent, params[self.slices[s]],
                                                    self._np["checks"], check_memory.setdefault(id(check), {}))
@@ -361,6 +381,8 @@ class SwarmRun:
                     hop_count += 1
                     continue
                 completed += 1
+                if watchers and h.requires_grad:
+                    h.register_hook(lambda g: received.__setitem__(pl.stages - 1, g))
                 loss = F.cross_entropy(h.reshape(-1, h.shape[-1]), y.reshape(-1))
                 if loss.requires_grad:  # a lazy last stage replaying a stale output cuts the graph
                     loss.backward()
