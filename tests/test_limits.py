@@ -233,3 +233,52 @@ def test_shipped_limits_file_parses():
     cfg = load_limits(Path(__file__).parent.parent / "scenarios" / "limits.toml")
     assert [m.name for m in cfg.models] == ["125M", "1B", "7B", "70B"]
     assert {g.memory_gb for g in cfg.gpus} >= {8, 12, 16, 24}
+
+
+_WIDE = (
+    '[limits]\nname = "w"\ntarget_tokens = 1e9\n'
+    '[[limits.model]]\nname = "tiny"\nlayers = 2\nhidden = 64\nheads = 2\nvocab = 256\n'
+    '[[limits.model]]\nname = "big"\nparams = 7e9\nlayers = 32\nhidden = 4096\nheads = 32\n'
+    + "".join(f'[[limits.gpu]]\nname = "Card Model {i} {8 * i}GB"\nmemory_gb = {8 * i}\ntflops = 10\n'
+              'price_per_hour = 0.1\npower_w = 200\n' for i in (1, 2, 3, 4))
+    + '[limits.peers]\ncounts = [4, 16]\nrounds = 5\n[limits.noniid]\nrun = false\n'
+    '[limits.transport]\ncodecs = [{ name = "int8" }, { name = "topk", fraction = 0.01 }]\nsample_params = 4096\n'
+)
+
+
+def test_limits_tables_never_break_a_word_at_80_columns(tmp_path, monkeypatch, capsys):
+    """At 80 columns every value is whole on one line and every header word is whole (issue
+    24 §1: "topk(fr / action= / 0.01)", "broadcas / t"); a table too wide is stacked. The
+    command honours COLUMNS when its output is not a terminal."""
+    import io
+    import re
+
+    from rich.cells import cell_len
+    from rich.console import Console
+
+    from redteam.cli import main
+    from redteam.limits import load_limits
+    from redteam.limits.cli import print_summary
+    from redteam.limits.compute import compute_all
+    from redteam.limits.render import summary_lines
+
+    f = tmp_path / "w.toml"
+    f.write_text(_WIDE)
+    res = compute_all(load_limits(f), lambda msg: None)
+    console = Console(width=80, file=io.StringIO(), markup=False, highlight=False)
+    print_summary(console, res)
+    lines = console.file.getvalue().splitlines()
+    assert max(cell_len(line) for line in lines) <= 80
+    tokens = {t for line in lines for t in re.split(r"[\s│┃]+", line) if t}
+    for _, header, rows in summary_lines(res):
+        for row in rows:
+            for cell in row:
+                assert any(cell in line for line in lines), f"value {cell!r} is broken across lines"
+        for h in header:
+            for word in h.split():
+                assert word in tokens, f"header word {word!r} of {h!r} is broken"
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["limits", str(f), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "(1) bandwidth" in out and max(cell_len(line) for line in out.splitlines()) <= 80
+    assert "topk(fraction=0.01)" in out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import textwrap
 import time
@@ -40,8 +41,29 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=_cmd_limits)
 
 
+def print_summary(console: Any, res: dict[str, Any]) -> None:
+    """The summary tables within ``console.width``: values never wrap or break (a table
+    too wide is stacked, repeating its first column), headers and titles wrap at words."""
+    from rich.text import Text
+
+    from ..report.fit import FitColumn, fit_tables
+    from ..runner.outputs import terminal_safe
+    from .render import summary_lines
+
+    for title, header, rows in summary_lines(res):
+        console.print(Text(terminal_safe(title)))
+        if not header:
+            continue
+        columns = [FitColumn(terminal_safe(h), "left" if i == 0 else "right") for i, h in enumerate(header)]
+        cells = [[Text(terminal_safe(c)) for c in row] for row in rows]
+        for span, table in fit_tables(console.width, columns, cells, keep=1):
+            if span:
+                console.print(Text(f"  columns {span[0]}–{span[1]} of {len(header) - 1}"))
+            console.print(table)
+
+
 def _cmd_limits(args: argparse.Namespace) -> int:
-    from ..runner.outputs import check_output_dir, terminal_safe
+    from ..runner.outputs import check_output_dir
     from .config import load_limits
 
     cfg = load_limits(args.file)
@@ -53,27 +75,17 @@ def _cmd_limits(args: argparse.Namespace) -> int:
             print(f"[{time.perf_counter() - t0:5.1f} s] {msg}", file=sys.stderr, flush=True)
 
     from .compute import compute_all
-    from .render import summary_lines, to_json, write_outputs
+    from .render import to_json, write_outputs
 
     res = compute_all(cfg, progress)
     if args.json:
         sys.stdout.write(to_json(res))
     else:
         from rich.console import Console
-        from rich.table import Table
-        from rich.text import Text
 
-        console = Console(width=None if sys.stdout.isatty() else 160, markup=False, highlight=False)
-        for title, header, rows in summary_lines(res):
-            if not header:
-                console.print(Text(terminal_safe(title)))
-                continue
-            t = Table(title=Text(terminal_safe(title)), title_justify="left")
-            for i, h in enumerate(header):
-                t.add_column(Text(h), justify="left" if i == 0 else "right", overflow="fold")
-            for row in rows:
-                t.add_row(*[Text(terminal_safe(c)) for c in row])
-            console.print(t)
+        # a pipe or a file gets 160 columns unless COLUMNS says otherwise
+        width = None if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit() else 160
+        print_summary(Console(width=width, markup=False, highlight=False), res)
     if out is not None:
         paths = write_outputs(res, Path(out))
         print(f"JSON: {paths['json']}\nHTML report: {paths['html']}", file=sys.stderr if args.json else sys.stdout)
