@@ -15,11 +15,15 @@ for a direction v_i that uses the graph:
   W_ib. Under plain gossip node i then moves by (1 − scale) Σ_j W_ij (x_j − x_i): ``scale = 1``
   freezes it (no mixing), ``scale > 1`` pushes it away from its neighbours.
 * :class:`Spectral` — Gaucher, Dieuleveut & Hendrikx ("Unified Breakdown Analysis for Byzantine
-  Robust Gossip", ICML 2025): v_i = u_i · Σ_k u_k x_k, with u the Fiedler vector of the honest
-  subgraph's Laplacian — the honest models' component along the graph's slowest-mixing mode,
-  sent back with the node's own sign and weight on that mode. It feeds the mode that gossip damps
-  least (on the two-worlds graph: the difference between the two halves), so the halves drift
-  apart. (The authors search the scale by line search against the rule; here it is a parameter.)
+  Robust Gossip", ICML 2025): v_i = (μ₂ / δ_i) · u_i · Σ_k u_k x_k, with u the Fiedler vector of
+  the honest subgraph's Laplacian L (weighted by W) and μ₂ its eigenvalue — the honest models'
+  component along the graph's slowest-mixing mode, fed back with the node's own sign and weight
+  on that mode. It feeds the mode that gossip damps least (on the two-worlds graph: the
+  difference between the two halves). Under plain gossip the honest models move by
+  X ← X − L X + scale · μ₂ · u uᵀX, so their Fiedler component is multiplied by
+  1 + (scale − 1) μ₂ per step: ``scale = 1`` holds it still, ``scale > 1`` makes it grow. (The
+  authors send x_i + c · u_i uᵀX and search c by line search against the rule; the μ₂/δ_i
+  normalisation here makes ``scale`` mean the same on every graph.)
 
 Both act in every gossip step of the attack window; outside it the Byzantine nodes gossip their
 own models, as honest nodes do.
@@ -69,9 +73,10 @@ class Dissensus(Attack):
 
 @dataclass(frozen=True, slots=True)
 class Spectral(Attack):
-    """Send x_i + scale · u_i (uᵀX) to honest node i, u the honest subgraph's Fiedler vector."""
+    """Send x_i + scale · (μ₂/δ_i) · u_i (uᵀX) to honest node i, u the honest subgraph's Fiedler
+    vector and μ₂ its eigenvalue (module docstring)."""
 
-    scale: float = 4.0
+    scale: float = 2.0
     surfaces: ClassVar[tuple[str, ...]] = (Surface.GOSSIP,)
     omniscient: ClassVar[bool] = True
     summary: ClassVar[str] = "gossip: feed the honest models' Fiedler-vector component back (spectral attack)"
@@ -81,8 +86,16 @@ class Spectral(Attack):
         _check_scale(self, v)
 
     def craft_gossip(self, ctx: GossipContext) -> "torch.Tensor":
+        import torch
+
         x = ctx.target_model
+        k = len(ctx.attackers)
+        delta = float(ctx.attacker_weights.sum())
+        lap = ctx.laplacian.to(torch.float64)
+        if delta <= 0 or lap.shape[0] < 2:
+            return x.unsqueeze(0).expand(k, -1).clone()
+        mu2 = float(torch.linalg.eigvalsh(lap)[1])
         u = ctx.fiedler.to(device=x.device, dtype=x.dtype)
         mode = u @ ctx.honest_models.to(x.dtype)  # (d,): the honest models' Fiedler component
-        v = u[ctx.position] * mode
-        return (x + self.scale * v).unsqueeze(0).expand(len(ctx.attackers), -1).clone()
+        v = (mu2 / delta) * u[ctx.position] * mode
+        return (x + self.scale * v).unsqueeze(0).expand(k, -1).clone()

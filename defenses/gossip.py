@@ -78,30 +78,32 @@ def _byzantine_weight(b: int, w: "torch.Tensor", own_row: int | None) -> float:
     return float(b) * float(others.max()) if others.numel() else 0.0
 
 
-def clip_radius_cs_plus(dist: "torch.Tensor", w: "torch.Tensor", delta: float) -> float:
-    """CS+'s radius: the largest distance among the nearest rows whose cumulative weight stays
-    ≤ Σw − 2δ (0 when none does; ∞ when δ = 0)."""
-    import torch
+def _weight_within(dist: "torch.Tensor", w: "torch.Tensor") -> "torch.Tensor":
+    """For each row, the weight of the rows at most as far as it (ties counted together, so the
+    radius does not depend on the rows' order)."""
+    return ((dist[None, :] <= dist[:, None]).to(w.dtype) * w[None, :]).sum(1)
 
+
+def clip_radius_cs_plus(dist: "torch.Tensor", w: "torch.Tensor", delta: float) -> float:
+    """CS+'s radius: the largest distance d whose rows at most d away weigh ≤ Σw − 2δ (0 when
+    none does; ∞ when δ = 0)."""
     if delta <= 0:
         return float("inf")
-    order = torch.argsort(dist)
-    cum = torch.cumsum(w[order], 0)
-    fits = (cum <= float(w.sum()) - 2.0 * delta + _TOL).nonzero().flatten()
-    return float(dist[order][int(fits[-1])]) if fits.numel() else 0.0
+    fits = _weight_within(dist, w) <= float(w.sum()) - 2.0 * delta + _TOL
+    return float(dist[fits].max()) if bool(fits.any()) else 0.0
 
 
 def clip_radius_he(dist: "torch.Tensor", w: "torch.Tensor", delta: float) -> float:
-    """He et al.'s radius with the honest set taken as the nearest rows holding weight Σw − δ:
+    """He et al.'s radius with the honest set taken as the nearest rows holding weight Σw − δ
+    (the rows whose distance d has rows at most d away weighing ≤ Σw − δ):
     √(Σ_{those} w_j d_j² / δ) (∞ when δ = 0)."""
     import torch
 
     if delta <= 0:
         return float("inf")
-    order = torch.argsort(dist)
-    cum = torch.cumsum(w[order], 0)
-    keep = order[cum <= float(w.sum()) - delta + _TOL]
-    return float(torch.sqrt((w[keep] * dist[keep] ** 2).sum() / delta))
+    keep = _weight_within(dist, w) <= float(w.sum()) - delta + _TOL
+    d = torch.where(keep, dist, torch.zeros_like(dist))
+    return float(torch.sqrt((w * keep.to(w.dtype) * d ** 2).sum() / delta))
 
 
 def _clipped_sum(rows: "torch.Tensor", w: "torch.Tensor", tau: float) -> tuple["torch.Tensor", "torch.Tensor"]:

@@ -60,6 +60,12 @@ Definitions (also in the README's "Metrics" section):
   speed, a recomputation a third of that; peers work in parallel and a round lasts as long as
   its busiest peer); ``idle_share``: the working peers' mean idle share of a round. ``None`` for
   data-parallel runs.
+* the ``[gossip]`` regime (:func:`gossip_metrics`; the nodes are the clients, and ``accuracy`` /
+  ``loss`` are the honest nodes' means): ``worst_honest_accuracy`` / ``worst_honest_loss``: the
+  worst honest node's test accuracy / loss after the last round; ``consensus_distance``: the mean
+  squared distance of the honest models to their mean after the last round;
+  ``spectral_gap``: 1 − the second-largest eigenvalue modulus of the mixing matrix, averaged over
+  the rounds (a time-varying graph has one per round). ``None`` for the other regimes.
 
 Undefined metrics (issue 22 §2). A metric that cannot be computed for a run is ``None``,
 never a crash and never NaN/inf: :func:`summarize` computes each metric (or group of
@@ -102,6 +108,7 @@ __all__ = [
     "rounds_to_target_loss",
     "durability",
     "pipeline_metrics",
+    "gossip_metrics",
     "UNDEFINED",
     "undefined_reasons",
 ]
@@ -328,6 +335,23 @@ def pipeline_metrics(records: Sequence[RoundRecord]) -> dict[str, Any]:
     return out
 
 
+def gossip_metrics(records: Sequence[RoundRecord]) -> dict[str, Any]:
+    """The ``[gossip]`` regime's worst honest node, consensus distance and spectral gap (module
+    docstring); all ``None`` for the other regimes."""
+    out: dict[str, Any] = {"worst_honest_accuracy": None, "worst_honest_loss": None, "consensus_distance": None,
+                           "spectral_gap": None}
+    info = [r.extra["gossip"] for r in records if isinstance(r.extra.get("gossip"), dict)]
+    if not info:
+        return out
+    last = info[-1]
+    out["worst_honest_accuracy"] = last.get("worst_accuracy")
+    out["worst_honest_loss"] = last.get("worst_loss")
+    out["consensus_distance"] = last.get("consensus_distance")
+    gaps = [float(i["spectral_gap"]) for i in info if i.get("spectral_gap") is not None]
+    out["spectral_gap"] = sum(gaps) / len(gaps) if gaps else None
+    return out
+
+
 def envelope(records: Sequence[RoundRecord]) -> dict[str, float | None]:
     """Envelope utilisation (REFERENCES §1.3): how close *accepted malicious* updates came
     to the validation bounds, over all rounds.
@@ -404,6 +428,10 @@ METRICS: dict[str, str] = {
     "lost_work": "[pipeline]: share of the hops whose work was lost (their peer crashed or left before the sync)",
     "pipeline_throughput": "[pipeline]: micro-batches through every stage per simulated second",
     "idle_share": "[pipeline]: mean share of the working peers' time idle in a round (the busiest sets its length)",
+    "worst_honest_accuracy": "[gossip]: the worst honest node's test accuracy after the last round",
+    "worst_honest_loss": "[gossip]: the worst honest node's test loss after the last round",
+    "consensus_distance": "[gossip]: mean squared distance of the honest models to their mean after the last round",
+    "spectral_gap": "[gossip]: 1 − second-largest eigenvalue modulus of the mixing matrix (mean over rounds)",
 }
 
 
@@ -420,11 +448,12 @@ LANGUAGE_MODEL_METRICS: frozenset[str] = frozenset({
 #: direction: neither way is better in general.
 HIGHER_IS_BETTER: dict[str, bool] = {
     **dict.fromkeys(("final_accuracy", "final_accuracy_last_k", "recall", "precision", "f1", "tn", "tp",
-                     "accuracy_at_end_of_window", "pipeline_throughput"), True),
+                     "accuracy_at_end_of_window", "pipeline_throughput", "worst_honest_accuracy"), True),
     **dict.fromkeys(("accuracy_drop", "asr", "fpr", "fp", "fn", "final_loss", "final_bits_per_byte",
                      "final_perplexity", "bits_per_byte_increase", "perplexity_increase", "false_trigger_rate",
                      "near_miss_trigger_rate", "asr_at_end_of_window", "asr_after_k", "backdoor_lifespan",
                      "detection_latency", "undetected_attackers", "check_overhead", "lost_micro_batches", "lost_work", "idle_share",
+                     "worst_honest_loss", "consensus_distance",
                      "rounds_to_target", "rounds_to_target_loss", "slowdown_rounds", "rejected_updates",
                      "dropped_updates", "wall_time_per_round_s", "defense_time_per_round_s", "sim_time_s"), False),
 }
@@ -507,6 +536,8 @@ def summarize(
          "lifespan_censored"), lambda: durability(records, after_k, lifespan_threshold))
     put(("detection_latency", "undetected_attackers", "check_overhead", "lost_micro_batches", "lost_work",
          "pipeline_throughput", "idle_share"), lambda: pipeline_metrics(records))
+    put(("worst_honest_accuracy", "worst_honest_loss", "consensus_distance", "spectral_gap"),
+        lambda: gossip_metrics(records))
     if baseline is not None:
         put(("accuracy_drop",), lambda: accuracy_drop(records, baseline))
 

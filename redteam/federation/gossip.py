@@ -9,7 +9,9 @@ What differs is who merges whose models:
 * **graph** — ``[gossip] topology`` on the ``[federation] clients`` nodes
   (:mod:`.graphs`: ring, torus, Erdős–Rényi, exponential, two worlds, complete) with mixing
   weights W (Metropolis–Hastings by default); with ``churn`` each round's graph loses each edge
-  with that probability (a time-varying graph; W recomputed). The ``attackers`` Byzantine nodes
+  with that probability (a time-varying graph; W recomputed). In the attack window the attackers
+  understate their degree (announce 1), so each honest neighbour i weighs them 1/(1 + deg_i), the
+  most Metropolis–Hastings gives a neighbour (the Byzantine weight the papers assume). The ``attackers`` Byzantine nodes
   are nodes of the graph drawn at random (``placement = "random"``), its highest-degree nodes
   (``"hubs"``), or extra nodes linked to every honest node (``"everywhere"``: the graph is built
   on the honest nodes, and each honest node has b = attackers Byzantine neighbours, as in
@@ -320,6 +322,11 @@ class GossipRun:
             data = self._phases[int(acting)]
             adj = graphs.drop_edges(self.adj, g.churn, self._np["churn"]) if g.churn else self.adj
             w = graphs.mixing_matrix(adj, g.mixing)
+            gap = graphs.spectral_gap(w)
+            if acting and self.malicious:  # the attackers announce degree 1: the largest weight MH gives them
+                claimed = adj.sum(1)
+                claimed[self.malicious] = 1
+                w = graphs.mixing_matrix(adj, g.mixing, claimed)
             # local training: every node from its own model, batched over the nodes
             x = self.trainer.train(x, data, nodes, self.local, self._torch["train"], states=self.states)
             hs = self.honest
@@ -355,7 +362,7 @@ class GossipRun:
             extra: dict[str, Any] = {"gossip": {
                 "worst_accuracy": min(accs), "worst_loss": max(losses) if all(map(math.isfinite, losses)) else None,
                 "consensus_distance": consensus_distance(x[hs]),
-                "spectral_gap": graphs.spectral_gap(w),
+                "spectral_gap": gap,
                 "algebraic_connectivity": graphs.algebraic_connectivity(lap_unit),
                 "edges": int(adj.sum() // 2),
             }}

@@ -114,9 +114,13 @@ def build_graph(topology: str, n: int, rng: np.random.Generator | None = None, *
     return _sym(a)
 
 
-def mixing_matrix(adj: np.ndarray, rule: str = "metropolis_hastings") -> np.ndarray:
-    """The symmetric, doubly stochastic mixing matrix W of the graph (float64; module docstring)."""
-    deg = adj.sum(axis=1).astype(np.float64)
+def mixing_matrix(adj: np.ndarray, rule: str = "metropolis_hastings", degrees: np.ndarray | None = None) -> np.ndarray:
+    """The symmetric, doubly stochastic mixing matrix W of the graph (float64; module docstring).
+
+    ``degrees``: the degrees the nodes announce, where some lie (a Byzantine node understating
+    its degree gets the largest weight Metropolis–Hastings gives a neighbour, 1/(1 + deg_i)); the
+    rows of the honest nodes are then what they use, and W is no longer symmetric."""
+    deg = adj.sum(axis=1).astype(np.float64) if degrees is None else np.asarray(degrees, dtype=np.float64)
     if rule == "metropolis_hastings":
         w = np.where(adj, 1.0 / (1.0 + np.maximum(deg[:, None], deg[None, :])), 0.0)
     elif rule == "uniform":
