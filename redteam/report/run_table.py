@@ -4,14 +4,16 @@ A terminal too narrow for every column gets the columns stacked, attack and defe
 repeated (:mod:`redteam.report.fit`); no value is ever cut to ``…``. Every label is text,
 never markup. A run whose model was destroyed (its ``model_destroyed``: a non-finite loss
 to the end) reads ``model destroyed (non-finite loss from round k)`` in place of its final
-accuracy: that number describes a broken model.
+accuracy: that number describes a broken model. A defense that flagged no update in any run
+(tp + fp = 0) reads ``n/a (does not reject)`` for detection, as in the matrix report: a recall
+of 0 would call a rule that never rejects a miss.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["print_run_table"]
+__all__ = ["flags_nothing", "print_run_table"]
 
 
 def _plain(text: object) -> Any:
@@ -64,6 +66,17 @@ def _quality_cells(run: dict[str, Any], lm: bool) -> tuple[str, str, str]:
     return bpb, change, _fmt(m.get("rounds_to_target_loss")) if not run["baseline"] else "—"
 
 
+def flags_nothing(doc: dict[str, Any]) -> bool:
+    """The defense flagged no judged update in any run of ``doc`` (tp + fp = 0 in each, the
+    baseline included): it does not reject, so its precision, recall and FPR say nothing
+    (the matrix report's rule, :data:`redteam.report.defender.REJECT_RULE`). False when a
+    run lacks the counts."""
+    runs = doc.get("runs") or ()
+    counts = [(r.get("metrics", {}).get("tp"), r.get("metrics", {}).get("fp")) for r in runs]
+    return bool(counts) and all(isinstance(tp, int) and isinstance(fp, int) for tp, fp in counts) \
+        and all(tp + fp == 0 for tp, fp in counts)
+
+
 def print_run_table(console: Any, doc: dict[str, Any]) -> None:
     """One row per run; a terminal too narrow for every column gets the columns stacked
     (attack and defense repeated), never a value cut to ``…``. A language model's runs are
@@ -88,6 +101,9 @@ def print_run_table(console: Any, doc: dict[str, Any]) -> None:
     names = ("attack", "defense", *quality, *(("ASR",) if asr else ()), "bytes on wire", "dropped", "rejected",
              "detect P / R", "FPR")
     columns = [FitColumn(col, "left" if col in ("attack", "defense") else "right") for col in names]
+    from .defender import NO_REJECT
+
+    silent = flags_nothing(doc)
     rows = []
     for run in doc["runs"]:
         m = run["metrics"]
@@ -99,9 +115,12 @@ def print_run_table(console: Any, doc: dict[str, Any]) -> None:
             _bytes(m["bytes_on_wire"]),
             str(m["dropped_updates"]),
             str(m["rejected_updates"]),
-            f"{_fmt(m['precision'])} / {_fmt(m['recall'])}",
-            _fmt(m["fpr"]),
+            NO_REJECT if silent else f"{_fmt(m['precision'])} / {_fmt(m['recall'])}",
+            "n/a" if silent else _fmt(m["fpr"]),
         )])
     console.print(_plain(title))
     for _, t in fit_tables(console.width, columns, rows, keep=2):
         console.print(t)
+    if silent:
+        console.print(_plain(f"{NO_REJECT}: {doc['runs'][-1]['defense']} flagged no update in any run "
+                             "(tp + fp = 0), so detection precision, recall and FPR do not apply"))
