@@ -296,13 +296,18 @@ class PipelineSpec:
     crash_tolerance: bool = True
     # simulated time: a hop (a stage's forward and backward on one micro-batch) takes
     # hop_time_s / speed on its peer; a recomputation (a forward) a third of that
+    hop_time_s: float = _rule(0.01, _pos, "must be > 0")
+    checks: tuple[PluginSpec, ...] = ()
     # reputation in the router: a peer's routing weight is its advertised throughput times its
     # reputation (starts at 1), multiplied by reputation_penalty at each failed check and raised
     # by reputation_recovery (up to 1) at each passed one; 1 and 0: no reputation
     reputation_penalty: float = _rule(1.0, lambda v: isinstance(v, (int, float)) and 0 <= v <= 1, "must be in [0, 1]")
     reputation_recovery: float = _rule(0.0, lambda v: isinstance(v, (int, float)) and 0 <= v <= 1, "must be in [0, 1]")
-    hop_time_s: float = _rule(0.01, _pos, "must be > 0")
-    checks: tuple[PluginSpec, ...] = ()
+    # links: a hop's sends (activations forward, gradients back) take latency_ms plus the bytes
+    # over the sender's uplink, drawn log-normal around bandwidth_mbps (0: links not modelled)
+    bandwidth_mbps: float = _rule(0.0, lambda v: _nonneg(v) and v <= 1e9, "must be in [0, 1e9] (0: not modelled)")
+    bandwidth_sigma: float = _rule(0.0, lambda v: _nonneg(v) and v <= 10, "must be in [0, 10]")
+    latency_ms: float = _rule(0.0, lambda v: _nonneg(v) and v <= 1e7, "must be in [0, 1e7]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -473,9 +478,10 @@ class Scenario:
 #: keys added after results stores existed: left out of :meth:`Scenario.to_dict` at their default
 _LATE_DEFAULTS: dict[str, dict[str, Any]] = {
     "scenario": {"warmup_rounds": 0, "start_from": None, "requires": ()},
-    "pipeline": {"reputation_penalty": 1.0, "reputation_recovery": 0.0},
     "federation": {"clients_per_round": None, "attacker_selection": "random", "attackers_per_round": None},
     "window": {"window": None, "every": 1, "after_k": 10, "lifespan_threshold": 0.5},
+    "pipeline": {"reputation_penalty": 1.0, "reputation_recovery": 0.0, "bandwidth_mbps": 0.0,
+                 "bandwidth_sigma": 0.0, "latency_ms": 0.0},
 }
 
 

@@ -375,3 +375,20 @@ def test_activation_monitor_needs_an_honest_majority_in_the_stage():
                      micro_batches=12, attackers=2))
     m = summarize(res.records)
     assert m["undetected_attackers"] == 2 and m["fpr"] > 0
+
+
+def test_links_cost_simulated_time_and_flow_routes_around_a_slow_uplink():
+    """A hop's sends take latency + bytes / uplink (worked by hand: 8 windows × 16 bytes × width
+    16 × 4 bytes = 8,192 bytes, 0.065536 s at 1 Mbit/s, + 5 ms). With heterogeneous uplinks the
+    flow router, which knows them, keeps more micro-batches per simulated second than SWARM's
+    throughput-proportional wiring, and both are slower than with free links."""
+    r = SwarmRun(parse_scenario(doc(bandwidth_mbps=1.0, latency_ms=5.0)))
+    assert r.send_time(r.peers[0]) == pytest.approx(0.005 + 8192 * 8 / 1e6, rel=1e-12)
+    assert r.hop_cost(r.peers[4], 1, 2.0) == pytest.approx(0.01 / 2.0 + 2 * (0.005 + 0.065536))
+    tput = {}
+    for routing in ("swarm", "flow"):
+        _, res = run(doc(routing=routing, bandwidth_mbps=2.0, bandwidth_sigma=1.5, latency_ms=1.0, micro_batches=12))
+        tput[routing] = summarize(res.records)["pipeline_throughput"]
+    _, free = run(doc(routing="flow", micro_batches=12))
+    assert tput["flow"] > tput["swarm"]
+    assert summarize(free.records)["pipeline_throughput"] > tput["flow"]

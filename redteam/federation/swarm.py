@@ -91,6 +91,7 @@ class _Peer:
     down: str = ""  # why it left this round (crashed, or left before the sync): its round's work is lost
     banned_at: int | None = None
     reputation: float = 1.0  # the router's trust: lowered by failed checks, raised by passed ones
+    uplink_mbps: float = math.inf  # its upload bandwidth (inf: links not modelled)
     grad: torch.Tensor | None = None
 
 
@@ -180,6 +181,13 @@ class SwarmRun:
         speeds = np.exp(self._np["network"].normal(0.0, pl.throughput_sigma, self.n_peers)) if pl.throughput_sigma \
             else np.ones(self.n_peers)
         self.peers = [_Peer(p, p // P, float(speeds[p]), p in bad) for p in range(self.n_peers)]
+        # links: each peer's uplink (log-normal around bandwidth_mbps) and the latency of a message;
+        # drawn only when modelled, so a run without them keeps its random streams
+        self._act_bytes = pl.micro_batch_size * self.train_x.shape[1] * int(getattr(self.workload, "width")) * 4
+        if pl.bandwidth_mbps > 0:
+            bw = pl.bandwidth_mbps * np.exp(self._np["network"].normal(0.0, pl.bandwidth_sigma, self.n_peers))
+            for peer, b in zip(self.peers, bw):
+                peer.uplink_mbps = float(b)
         self.malicious = sorted(bad)
         self.attack = build_attack(self.attack_spec)
         if self.attack.surfaces and Surface.PIPELINE not in self.attack.surfaces:
@@ -278,6 +286,19 @@ class SwarmRun:
 
         return watch
 
+    def send_time(self, peer: _Peer) -> float:
+        """Simulated seconds for ``peer`` to send one micro-batch's activations (or their
+        gradient) to the next (previous) stage: the latency plus the bytes over its uplink."""
+        pl = self.pl
+        return pl.latency_ms / 1000.0 + (self._act_bytes * 8 / (peer.uplink_mbps * 1e6) if pl.bandwidth_mbps > 0 else 0.0)
+
+    def hop_cost(self, peer: _Peer, stage: int, speed: float) -> float:
+        """Simulated seconds one hop keeps ``peer`` of ``stage`` busy at compute speed ``speed``:
+        its forward and backward, and the sends they make (forward to the next stage unless it
+        is the last; the gradient back unless it is the first)."""
+        sends = int(stage < self.pl.stages - 1) + int(stage > 0)
+        return self.pl.hop_time_s / speed + sends * self.send_time(peer)
+
     # ------------------------------------------------------------------ routing
     def _route(self, s: int, hop: int, active: bool) -> _Peer | None:
         pool = [p for p in self.peers if p.stage == s and p.banned_at is None and not p.down]
@@ -294,7 +315,7 @@ class SwarmRun:
         if w.sum() <= 0:
             w = np.ones(len(pool))
         if self.pl.routing == "flow":  # the peer that would finish this hop first, by what peers advertise
-            finish = [p.planned + (self.pl.hop_time_s / float(wk) if wk > 0 else math.inf) for p, wk in zip(pool, w)]
+            finish = [p.planned + (self.hop_cost(p, s, float(wk)) if wk > 0 else math.inf) for p, wk in zip(pool, w)]
             k = int(np.argmin(finish))
             pool[k].planned = finish[k]
             return pool[k]
@@ -317,7 +338,7 @@ class SwarmRun:
         if self._start_info:  # the model the run starts from, as evaluated before round 0
             s_acc, s_loss = self.trainer.evaluate(self.params0, self.test_x, self.test_y)
             start_info = {**self._start_info, "accuracy": s_acc, "loss": s_loss if math.isfinite(s_loss) else None}
-        act_bytes = pl.micro_batch_size * self.train_x.shape[1] * int(getattr(self.workload, "width")) * 4
+        act_bytes = self._act_bytes
         hop_count = 0
         check_memory: dict[int, dict] = {}  # each check's memory for the run (a monitor's running statistics)
         watchers = [c for c in self.checks if getattr(c, "verify_backward", None) is not None and getattr(c, "backward", False)]
@@ -373,6 +394,7 @@ class SwarmRun:
                     peer.served += 1
                     if not (acting and getattr(self.attack, "skips_compute", False)):
                         peer.busy += pl.hop_time_s / peer.speed
+                    peer.busy += (int(s < pl.stages - 1) + int(s > 0)) * self.send_time(peer)  # its sends
                     if acting:
                         acted[peer.pid] = acted.get(peer.pid, 0) + 1
                     h = sent
