@@ -119,6 +119,8 @@ class Limits:
     max_model_width: int = 8_192          # workload width / hidden / channels / embed
     max_model_layers: int = 256           # workload layers / heads
     max_label_chars: int = 200            # a matrix entry's label
+    max_text_files: int = 100_000         # files under a text workload's text_dir
+    max_text_bytes: int = 1 << 30         # their total size (every file is read whole, for its digest)
     allow_include_outside: bool = False
 
     @classmethod

@@ -220,6 +220,28 @@ def test_text_dir_with_a_non_utf8_file_name_is_one_line(tmp_path, capsys):
     assert len(err) == 1 and "is not UTF-8" in err[0]
 
 
+@pytest.mark.parametrize("env,msg", [({"REDTEAM_MAX_TEXT_FILES": "3"}, "more than 3 files"),
+                                     ({"REDTEAM_MAX_TEXT_BYTES": "2000"}, "more than 2,000 bytes")])
+def test_text_dir_too_many_files_or_bytes_is_one_line_before_reading(tmp_path, capsys, monkeypatch, env, msg):
+    """issue 22 §4/§5: text_dir read every file whole, however many and however large; the
+    tree is now capped (files and total bytes, each with a REDTEAM_MAX_* override) while it is
+    listed, before anything is read."""
+    from redteam.cli import main
+
+    d = tmp_path / "docs"
+    for i in range(5):
+        (d / f"g{i}").mkdir(parents=True)
+        (d / f"g{i}" / "doc.txt").write_text("a document with some words in it. " * 20)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    p = tmp_path / "t.toml"
+    p.write_text(f'[workload]\nname = "text"\ntext_dir = "{d}"\ncontext = 8\nwidth = 8\nheads = 2\nlayers = 1\n'
+                 '[federation]\nclients = 2\nrounds = 1\npartition = "iid"\n')
+    assert main(["run", str(p)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and msg in err[0] and "REDTEAM_MAX_TEXT_" in err[0]
+
+
 @pytest.mark.parametrize("network", [
     "bandwidth_mbps = 5e-324\n",
     "bandwidth_mbps = 1e-300\nbandwidth_sigma = 1000.0\ndeadline_s = 10.0\nstragglers = \"partial\"\n",

@@ -121,14 +121,32 @@ def directory_documents(text_dir: str | Path) -> list[Document]:
     base = Path(text_dir)
     if not base.is_dir():
         raise InvalidParameter(f"text_dir = {str(text_dir)!r}: not a directory")
-    docs: list[Document] = []
+    from ..scenario_limits import Limits
+
     try:
-        paths = sorted(base.rglob("*"))
+        limits = Limits.from_env()
+    except Exception as exc:  # a malformed REDTEAM_MAX_TEXT_* variable
+        raise InvalidParameter(str(exc)) from None
+    docs: list[Document] = []
+    # list lazily and stop at the caps: a tree of millions of files, or of huge ones, is refused
+    # before its names are sorted or a byte is read (every file is read whole, for its digest)
+    files: list[Path] = []
+    total = 0
+    try:
+        for path in base.rglob("*"):
+            if path.is_symlink() or not path.is_file():
+                continue
+            files.append(path)
+            if len(files) > limits.max_text_files:
+                raise InvalidParameter(f"text_dir = {str(text_dir)!r}: more than {limits.max_text_files:,} files "
+                                       "(REDTEAM_MAX_TEXT_FILES raises the cap)")
+            total += path.stat().st_size
+            if total > limits.max_text_bytes:
+                raise InvalidParameter(f"text_dir = {str(text_dir)!r}: more than {limits.max_text_bytes:,} bytes in "
+                                       "its files, each read whole (REDTEAM_MAX_TEXT_BYTES raises the cap)")
     except OSError as exc:  # an unreadable folder inside the tree
         raise InvalidParameter(f"text_dir = {str(text_dir)!r}: cannot list {exc.filename!r}: {exc.strerror}") from None
-    for path in paths:
-        if path.is_symlink() or not path.is_file():
-            continue
+    for path in sorted(files):
         rel = path.relative_to(base)
         try:
             rel.as_posix().encode("utf-8")
