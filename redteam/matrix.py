@@ -746,11 +746,11 @@ def check_cell(cell: Cell, metrics: Mapping[str, Any], expectations: Sequence[Ex
     ``over = "interval"`` row needs them: without them it sees one value and fails
     closed); ``partners`` maps a comparative row's index to its other cell and that cell's
     per-seed metrics (a comparative row without one fails closed)."""
-    from .scoring import mean_ci
+    from .scoring import mean_ci, metric_range
 
     def stat(seeds: Sequence[Mapping[str, Any]] | None, m: str) -> dict[str, Any]:
-        if seeds is not None:
-            return mean_ci([s.get(m) for s in seeds])
+        if seeds is not None:  # clamped to the metric's range, as the reports show it
+            return mean_ci([s.get(m) for s in seeds], bounds=metric_range(m))
         v = metrics.get(m)
         return {"mean": v, "lo": v, "hi": v, "n": 0 if v is None else 1}
 
@@ -760,7 +760,8 @@ def check_cell(cell: Cell, metrics: Mapping[str, Any], expectations: Sequence[Ex
             continue
         if e.comparative:
             got = (partners or {}).get(e.index)
-            right = None if got is None else mean_ci([s.get(e.metric) for s in got[1]])
+            right = None if got is None else mean_ci([s.get(e.metric) for s in got[1]],
+                                                     bounds=metric_range(e.metric))
             why = e.judge(stat(per_seed, e.metric), right, left_id=cell.id,
                           right_id="its partner cell" if got is None else got[0].id)
         elif e.over == "mean":

@@ -355,9 +355,9 @@ class _Outcome:
             shown.add(e.metric)
         for m in _CONTEXT_METRICS:
             if m not in shown and m in self.metrics:
-                from .scoring import mean_ci
+                from .scoring import mean_ci, metric_range
 
-                rows.append(self._row(m, mean_ci([s.get(m) for s in self.per_seed]), "", ""))
+                rows.append(self._row(m, mean_ci([s.get(m) for s in self.per_seed], bounds=metric_range(m)), "", ""))
         return "\n".join([*self.failures, "", head, *_columns(rows, indent="  ")]) + "\n"
 
     def _row(self, metric: str, ci: Mapping[str, Any], bound: str, verdict: str, *,
@@ -415,14 +415,14 @@ class _FileRun:
         """Run ``cell``'s seeds, and for each comparative row the seeds of the cell it is
         compared with, and check the expectations."""
         from .matrix import check_cell
-        from .scoring import mean_ci
+        from .scoring import mean_ci, metric_range
 
         per_seed = self.seeds_of(cell)
         means = _means(per_seed)
         partners: dict[int, tuple[Cell, list[dict[str, Any]]]] = {}
         checks: list[tuple[Expectation, dict[str, Any], str | None, _Other | None]] = []
         for e in expectations:
-            ci = mean_ci([s.get(e.metric) for s in per_seed])
+            ci = mean_ci([s.get(e.metric) for s in per_seed], bounds=metric_range(e.metric))
             if not e.comparative:
                 why = e.check(ci["mean"]) if e.over == "mean" else e.judge(ci)
                 checks.append((e, ci, why, None))
@@ -433,7 +433,7 @@ class _FileRun:
                 continue
             theirs = self.seeds_of(other)
             partners[e.index] = (other, theirs)
-            oci = mean_ci([s.get(e.metric) for s in theirs])
+            oci = mean_ci([s.get(e.metric) for s in theirs], bounds=metric_range(e.metric))
             checks.append((e, ci, e.judge(ci, oci, left_id=cell.id, right_id=other.id), (other, oci, theirs)))
         fails = check_cell(cell, means, expectations, per_seed=per_seed, partners=partners)
         return _Outcome(self.file, cell, means, per_seed, checks, fails)

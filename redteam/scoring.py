@@ -92,6 +92,8 @@ __all__ = [
     "LANGUAGE_MODEL_METRICS",
     "HIGHER_IS_BETTER",
     "metric_direction",
+    "METRIC_RANGES",
+    "metric_range",
     "attack_success_rate",
     "envelope",
     "mean_ci",
@@ -459,6 +461,30 @@ HIGHER_IS_BETTER: dict[str, bool] = {
 }
 
 
+#: The values a metric can take, ``(low, high)`` (``None``: unbounded on that side), so that a
+#: seed interval is clamped to what the metric can be (a recall's t-interval over 3 seeds can
+#: reach [-1.5, 2.9]; the mean cannot). Metrics not listed are unbounded.
+METRIC_RANGES: dict[str, tuple[float | None, float | None]] = {
+    **dict.fromkeys(("final_accuracy", "final_accuracy_last_k", "asr", "precision", "recall", "f1", "fpr",
+                     "false_trigger_rate", "near_miss_trigger_rate", "asr_at_end_of_window",
+                     "accuracy_at_end_of_window", "asr_after_k", "lifespan_censored", "lost_work", "idle_share",
+                     "worst_honest_accuracy", "spectral_gap"), (0.0, 1.0)),
+    "accuracy_drop": (-1.0, 1.0),
+    "envelope_cos": (-1.0, 1.0),
+    "final_perplexity": (1.0, None),
+    **dict.fromkeys(("tp", "fp", "tn", "fn", "bytes_on_wire", "dropped_updates", "rejected_updates",
+                     "rounds_to_target", "rounds_to_target_loss", "backdoor_lifespan", "detection_latency",
+                     "undetected_attackers", "check_overhead", "lost_micro_batches", "pipeline_throughput",
+                     "wall_time_per_round_s", "defense_time_per_round_s", "sim_time_s", "final_loss",
+                     "final_bits_per_byte", "worst_honest_loss", "consensus_distance", "envelope_norm"), (0.0, None)),
+}
+
+
+def metric_range(name: str) -> tuple[float | None, float | None]:
+    """``(low, high)`` of the values ``name`` can take (:data:`METRIC_RANGES`; ``(None, None)``: any)."""
+    return METRIC_RANGES.get(name, (None, None))
+
+
 def metric_direction(name: str) -> str | None:
     """``"higher"`` or ``"lower"`` (which values of ``name`` are better), or ``None``: no direction."""
     better = HIGHER_IS_BETTER.get(name)
@@ -572,12 +598,15 @@ def undefined_reasons(metrics: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in got.items() if isinstance(v, str)}
 
 
-def mean_ci(values: Sequence[float | None], confidence: float = 0.95) -> dict[str, Any]:
+def mean_ci(values: Sequence[float | None], confidence: float = 0.95, *,
+            bounds: tuple[float | None, float | None] | None = None) -> dict[str, Any]:
     """Mean over seeds with a two-sided Student-t interval; ``None`` values are skipped.
 
     One value gives an interval of zero width around it (reported, not hidden: ``n = 1``).
     An interval whose ends leave float64's range (values near ±1.8e308) has ``lo`` and ``hi``
     ``None``, with the reason under ``"undefined"``; the mean is always finite.
+    ``bounds`` (``(low, high)``, e.g. :func:`metric_range`): the values the metric can take;
+    the interval's ends are clamped to them (a recall's interval never leaves [0, 1]).
     """
     xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     if not xs:
@@ -601,6 +630,10 @@ def mean_ci(values: Sequence[float | None], confidence: float = 0.95) -> dict[st
     if not (math.isfinite(lo) and math.isfinite(hi)):  # the ends, not the mean, leave float64's range
         return {"mean": m, "lo": None, "hi": None, "n": n,
                 "undefined": "the interval's ends are past float64's range"}
+    if bounds is not None:
+        low, high = bounds
+        lo = lo if low is None else min(max(lo, low), m)
+        hi = hi if high is None else max(min(hi, high), m)
     return {"mean": m, "lo": lo, "hi": hi, "n": n}
 
 

@@ -24,6 +24,7 @@ from redteam.report import (
 )
 from redteam.report.aggregate import ReportError, resolve_metrics
 from redteam.report.tables import cell_text, fmt_stat, fmt_value
+from redteam.scoring import mean_ci
 
 FR = "federation.malicious_fraction"
 
@@ -60,7 +61,9 @@ def test_two_seeds_use_t_with_one_degree_of_freedom():
     # 0.4, 0.6: mean 0.5, s = √0.02 = 0.141421, se = 0.1, t(0.975, 1) = 12.706 → ± 1.2706
     rows = [row("c", rep=0, recall=0.4), row("c", rep=1, recall=0.6)]
     s = aggregate_cells(rows)[0].metrics["recall"]
-    assert s.mean == pytest.approx(0.5) and s.half_width == pytest.approx(1.2706)
+    assert mean_ci([0.4, 0.6])["hi"] == pytest.approx(0.5 + 1.2706)
+    # shown clamped to the values a recall can take (issue 24 §1)
+    assert s.mean == pytest.approx(0.5) and (s.lo, s.hi) == (0.0, 1.0) and s.half_width == pytest.approx(0.5)
 
 
 def test_undefined_values_are_skipped_and_single_value_has_no_half_width():

@@ -5,7 +5,9 @@ table, Markdown, JSON, CSV and HTML writers only format; no writer computes a nu
 
 * :func:`aggregate_cells`: per cell, the mean over its finished seeds of every metric,
   with a two-sided Student-t interval (:func:`redteam.scoring.mean_ci`; ``None`` values,
-  e.g. an ASR of an untargeted attack, are skipped, so ``n`` may be below the seed count),
+  e.g. an ASR of an untargeted attack, are skipped, so ``n`` may be below the seed count)
+  clamped to the values the metric can take (:func:`redteam.scoring.metric_range`: a
+  recall's interval stays in [0, 1], a count's above 0),
   and the reasons its runs give for metrics they could not compute
   (:func:`redteam.scoring.undefined_reasons`; :func:`undefined_notes` words them).
 * :func:`convergence`: per cell, accuracy per round, attacked and baseline, averaged
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..errors import RedteamError
-from ..scoring import METRICS, breakdown_fraction, mean_ci, undefined_reasons
+from ..scoring import METRICS, breakdown_fraction, mean_ci, metric_range, undefined_reasons
 
 __all__ = [
     "REPORT_METRICS",
@@ -80,9 +82,17 @@ class Stat:
     @property
     def half_width(self) -> float | None:
         """Half the interval's width, or ``None`` with fewer than two values."""
-        if self.n < 2 or self.mean is None or self.hi is None:
+        if self.n < 2 or self.mean is None or self.hi is None or self.lo is None:
             return None
-        return self.hi - self.mean
+        return (self.hi - self.lo) / 2
+
+    @property
+    def clamped(self) -> bool:
+        """The interval was cut at an end of the metric's range (so it is not ``mean ± half_width``)."""
+        if self.n < 2 or self.mean is None or self.hi is None or self.lo is None:
+            return False
+        up, down = self.hi - self.mean, self.mean - self.lo
+        return abs(up - down) > 1e-9 * max(abs(up), abs(down), 1e-300)
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,7 +293,7 @@ def aggregate_cells(rows: Sequence[Mapping[str, Any]], *, confidence: float = 0.
         done = [r for r in rs if r.get("finished") and r.get("metrics") is not None]
         stats = {}
         for m in REPORT_METRICS:
-            ci = mean_ci([_num(r["metrics"].get(m)) for r in done], confidence)
+            ci = mean_ci([_num(r["metrics"].get(m)) for r in done], confidence, bounds=metric_range(m))
             stats[m] = Stat(ci["mean"], ci["lo"], ci["hi"], ci["n"])
         first = rs[0]
         broken = sum(1 for r in done if model_broke(r))

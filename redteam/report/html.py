@@ -239,7 +239,8 @@ def fraction_figure(report: Report) -> Any | None:
                 continue
             xs = [f for f, _ in pts]
             ys = [s.mean for _, s in pts]
-            err = [s.half_width or 0.0 for _, s in pts]
+            err = [[s.mean - s.lo if s.lo is not None else 0.0 for _, s in pts],  # clamped intervals are asymmetric
+                   [s.hi - s.mean if s.hi is not None else 0.0 for _, s in pts]]
             ax.errorbar(xs, ys, yerr=err, marker="o", ms=3, lw=1.2, capsize=2, label=_wrap(defense, 40))
         ax.axhline(report.accuracy_margin, color="0.4", ls=":", lw=1)
         ax.set_title(_mpl(attack + (f" [{group_title(others)}]" if others else "")), fontsize=8)

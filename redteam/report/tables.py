@@ -64,12 +64,15 @@ def fmt_value(metric: str, v: float | None) -> str:
 
 
 def fmt_stat(metric: str, s: Stat | None) -> str:
-    """``mean ± half-width`` (the ± part only with two or more values)."""
+    """``mean ± half-width`` (the ± part only with two or more values); ``mean [lo, hi]`` when
+    the interval was clamped to the metric's range (a recall's stays in [0, 1])."""
     if s is None or s.mean is None:
         return "—"
     h = s.half_width
     text = fmt_value(metric, s.mean)
-    if h is not None:
+    if h is not None and s.clamped:
+        text += f" [{fmt_value(metric, s.lo)}, {fmt_value(metric, s.hi)}]"
+    elif h is not None:
         text += f" ± {fmt_value(metric, h)}"
     return text
 
