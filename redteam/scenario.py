@@ -60,6 +60,7 @@ __all__ = [
     "AttackWindow",
     "PipelineSpec",
     "GossipSpec",
+    "AsyncSpec",
     "WINDOW_KEYS",
     "baseline_attack",
     "durability_params",
@@ -335,6 +336,31 @@ class GossipSpec:
     churn: float = _rule(0.0, lambda v: _prob(v) and v < 1, "must be in [0, 1)")
 
 
+@dataclass(frozen=True, slots=True)
+class AsyncSpec:
+    """``[async]``: the asynchronous server (FedBuff, Nguyen et al., AISTATS 2022; asynchronous
+    DiLoCo, Liu et al. 2024; :mod:`redteam.federation.asyncrun`): every client trains from the model
+    version it last downloaded and sends its update when it is done (at a time drawn from the
+    ``[transport.network]`` compute and link draws); the server buffers arrivals and steps every
+    ``buffer_size`` of them, each weighted by its staleness τ (server steps since its base version):
+    s(τ) = 1 (``"constant"``) or 1/(1 + τ)^``exponent`` (``"polynomial"``). A server step is one
+    round of the record."""
+
+    buffer_size: int = _rule(10, lambda v: isinstance(v, int) and 1 <= v <= 1_000_000, "must be an integer ≥ 1")
+    staleness: Literal["constant", "polynomial"] = "polynomial"
+    exponent: float = _rule(0.5, lambda v: _nonneg(v) and v <= 100, "must be in [0, 100]")
+    # an update staler than this is dropped on arrival (None: any staleness is merged)
+    max_staleness: int | None = _rule(None, lambda v: v is None or (isinstance(v, int) and v >= 0),
+                                      "must be an integer ≥ 0 (or unset)")
+    # the server step's lr (None: [federation] server_lr, else the server optimizer's default)
+    server_lr: float | None = _rule(None, lambda v: v is None or _pos(v), "must be > 0")
+    # true: the server takes the base version a client claims (peers fetch models from each other);
+    # false: it uses the version it served that client (a lie then changes nothing)
+    trust_claims: bool = True
+    # σ of a log-normal factor on each job's duration (0: a client takes the same time every job)
+    jitter: float = _rule(0.0, lambda v: _nonneg(v) and v <= 10, "must be in [0, 10]")
+
+
 #: keys of ``[attack]`` that say *when* the attack acts (and how its durability is scored),
 #: not parameters of the attack plugin (:class:`AttackWindow`)
 WINDOW_KEYS = ("window", "every", "after_k", "lifespan_threshold")
@@ -418,6 +444,8 @@ class Scenario:
     window: AttackWindow = field(default_factory=AttackWindow)
     pipeline: PipelineSpec | None = None
     gossip: GossipSpec | None = None
+    # ``[async]`` (``async`` is a Python keyword)
+    asynchronous: AsyncSpec | None = None
     source: str = ""
     # the scenario file's directory (relative ``start_from`` paths); not part of the digest
     base_dir: str = field(default="", compare=False)
@@ -450,6 +478,8 @@ class Scenario:
             d.pop("pipeline")
         if d.get("gossip", 0) is None:
             d.pop("gossip")
+        if d.get("asynchronous", 0) is None:
+            d.pop("asynchronous")
         return json.loads(json.dumps(d, default=str))
 
     def digest(self) -> str:
@@ -588,7 +618,7 @@ def parse_scenario(
     if not isinstance(data, Mapping):
         raise where.err("document", data, "must be a table of sections")
     allowed = ("scenario", "workload", "federation", "transport", "hierarchy", "attack", "defense",
-               "pipeline", "gossip", "matrix", "expect")
+               "pipeline", "gossip", "async", "matrix", "expect")
     for key in data:
         if key not in allowed:
             close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
@@ -667,8 +697,27 @@ def parse_scenario(
     if "gossip" in data:
         kw["gossip"] = _check_gossip(_build(GossipSpec, data["gossip"], "gossip", where),
                                      kw.get("federation", FederationSpec()), "pipeline" in kw, where)
+    if "async" in data:
+        kw["asynchronous"] = _check_async(_build(AsyncSpec, data["async"], "async", where), kw, where)
     _check_protocol(kw.get("federation", FederationSpec()), kw.get("window", AttackWindow()), where)
     return Scenario(**kw)
+
+
+def _check_async(a: AsyncSpec, kw: Mapping[str, Any], where: _Where) -> AsyncSpec:
+    """``[async]`` against the other sections: one regime per scenario; every client is in flight."""
+    if "pipeline" in kw or "gossip" in kw:
+        other = "pipeline" if "pipeline" in kw else "gossip"
+        raise InvalidScenario(f"{where.file}: [async] and [{other}] are two regimes; a scenario takes one")
+    fed = kw.get("federation", FederationSpec())
+    if fed.clients_per_round is not None or fed.attacker_selection != "random":
+        raise InvalidScenario(f"{where.file}: [federation] clients_per_round / attacker_selection do not apply "
+                              "to [async], where every client trains again as soon as it has sent")
+    if kw.get("hierarchy", HierarchySpec()).depth > 1:
+        raise where.err("[hierarchy].depth", kw["hierarchy"].depth, "must be 1 under [async] (one server merges)")
+    if kw.get("transport", TransportSpec()).codec != "none":
+        raise where.err("[transport].codec", kw["transport"].codec, 'must be "none" under [async] '
+                        "(updates travel uncompressed; their upload time comes from the link draws)")
+    return a
 
 
 def _check_gossip(g: GossipSpec, fed: FederationSpec, pipeline: bool, where: _Where) -> GossipSpec:

@@ -42,6 +42,8 @@ __all__ = [
     "StageContext",
     "GossipContext",
     "PipelineView",
+    "AsyncContext",
+    "AsyncSend",
 ]
 
 
@@ -56,8 +58,45 @@ class Surface:
     TRAINING = "training"  # training_hook: the malicious clients' own local training, step by step
     PIPELINE = "pipeline"  # tamper_activation, tamper_gradient, tamper_stage_update: a stage peer of a pipeline
     GOSSIP = "gossip"  # craft_gossip: what a Byzantine node of a gossip graph sends each honest neighbour
+    ASYNC = "async"  # async_send: when an update of an asynchronous server lands, and the base version it claims
 
-    ALL = (DATA, UPDATES, TRANSPORT, PROVENANCE, HIERARCHY, TRAINING, PIPELINE, GOSSIP)
+    ALL = (DATA, UPDATES, TRANSPORT, PROVENANCE, HIERARCHY, TRAINING, PIPELINE, GOSSIP, ASYNC)
+
+
+@dataclass(frozen=True, slots=True)
+class AsyncContext:
+    """What a malicious client of an asynchronous server knows when its update is ready, or while
+    it holds one back (:mod:`redteam.federation.asyncrun`; the attackers collude).
+
+    ``client``: the attacker; ``trained_from``: the model version its update was computed from;
+    ``version``: the server's current version (server steps so far); ``time_s``: simulated time;
+    ``buffer_size``: K, the arrivals the server merges per step; ``buffered``: the updates in the
+    buffer now; ``buffered_malicious``: how many of those its colluders sent; ``holding``: the
+    attackers holding a ready update now (itself included); ``attackers``: every attacker of the
+    run; ``max_staleness``: the server's staleness bound (``None``: none); ``state``: the attack's
+    memory for the run (the same dict as ``AttackContext.attack_state``)."""
+
+    client: int
+    trained_from: int
+    version: int
+    time_s: float
+    buffer_size: int
+    buffered: int
+    buffered_malicious: int
+    holding: tuple[int, ...]
+    attackers: tuple[int, ...]
+    max_staleness: int | None = None
+    state: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class AsyncSend:
+    """An attacker's answer to :meth:`Attack.async_send`: ``hold`` its ready update back (it is
+    asked again after the next event), or send it now claiming it was computed from model version
+    ``claimed_version`` (``None``: the truth, ``trained_from``)."""
+
+    hold: bool = False
+    claimed_version: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -481,6 +520,12 @@ class Attack:
         ``(len(ctx.attackers), d)`` models, one per Byzantine neighbour (``Surface.GOSSIP``; a
         Byzantine node may send each neighbour something else). Default: their own models."""
         return ctx.own_models
+
+    def async_send(self, ctx: "AsyncContext") -> "AsyncSend | None":
+        """When a malicious client's update lands on an asynchronous server (``Surface.ASYNC``):
+        called when it is ready and again after every event while it is held; ``None`` sends it now
+        with the true base version."""
+        return None
 
     def training_hook(self, ctx: AttackContext) -> "TrainingHook | None":
         """Return how the malicious clients train this round (``None``: like honest clients).

@@ -4,7 +4,8 @@ A scenario without ``[pipeline]`` is data-parallel (:class:`~.loop.Federation`: 
 holds the whole model; a server, or a tree of sub-aggregators, merges their updates); with
 ``[pipeline]`` it is model-parallel (:class:`~.swarm.SwarmRun`: the model cut into stages served
 by pools of peers); with ``[gossip]`` it is serverless (:class:`~.gossip.GossipRun`: every node
-keeps its own model and merges its neighbours' on a graph). All take the same arguments, run with ``run(on_round)`` and return the same
+keeps its own model and merges its neighbours' on a graph); with ``[async]`` the server merges stale
+updates as they arrive (:class:`~.asyncrun.AsyncRun`: buffered, staleness-weighted). All take the same arguments, run with ``run(on_round)`` and return the same
 records, so the runners, the store, the reports and the pytest plugin never ask which.
 """
 
@@ -29,6 +30,10 @@ def make_run(scenario: Scenario, *, device: str = "cpu", attack: PluginSpec | No
         from .gossip import GossipRun
 
         return GossipRun(scenario, device=device, attack=attack, warmup_dir=warmup_dir, start=start)
+    if getattr(scenario, "asynchronous", None) is not None:
+        from .asyncrun import AsyncRun
+
+        return AsyncRun(scenario, device=device, attack=attack, warmup_dir=warmup_dir, start=start)
     from .loop import Federation
 
     return Federation(scenario, device=device, attack=attack, warmup_dir=warmup_dir, start=start)
