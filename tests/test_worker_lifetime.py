@@ -89,3 +89,107 @@ def test_workers_exit_when_the_driver_is_killed(tmp_path):
             os.killpg(driver.pid, signal.SIGKILL)  # whatever is left of the group
         except ProcessLookupError:
             pass
+
+
+def _tree(root: int) -> dict[int, tuple[str, str]]:
+    """pid → (start time, command line) of every live descendant of ``root``."""
+    procs: dict[int, tuple[int, str, str]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            procs[int(d.name)] = (int(fields[1]), fields[19], cmd)
+    found: dict[int, tuple[str, str]] = {}
+    todo = [root]
+    while todo:
+        parent = todo.pop()
+        for pid, (ppid, started, cmd) in procs.items():
+            if ppid == parent and pid not in found:
+                found[pid] = (started, cmd)
+                todo.append(pid)
+    return found
+
+
+def _same_alive(pid: int, started: str) -> bool:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[19] == started and fields[0] != "Z"
+
+
+def test_ray_processes_exit_when_the_driver_is_killed(tmp_path):
+    """issue 22 §7: after a kill -9 of a --executor ray driver, Ray's agents
+    (ray::DashboardAgent, ray::RuntimeEnvAgent) lived on for 60 to 120 s (they wait out a
+    timeout reporting the raylet's death to the dead GCS). Now the driver's reaper stops
+    every Ray process it started within seconds."""
+    pytest.importorskip("ray")
+    f = tmp_path / "m.toml"
+    f.write_text(MATRIX)
+    cmd = [sys.executable, "-m", "redteam.cli", "matrix", str(f), "--out", str(tmp_path / "out"), "--quiet",
+           "--executor", "ray", "--workers", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    driver = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                              env=env)
+    procs: dict[int, tuple[str, str]] = {}
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and driver.poll() is None:
+            procs = _tree(driver.pid)
+            if sum("ray::execute_unit" in cmd for _, cmd in procs.values()) == 2:
+                break
+            time.sleep(0.2)
+        assert driver.poll() is None and any("Agent" in c for _, c in procs.values()), "Ray did not start"
+        time.sleep(1.0)
+        procs = _tree(driver.pid)
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait()
+        deadline = time.time() + 20
+        while time.time() < deadline and any(_same_alive(p, s) for p, (s, _) in procs.items()):
+            time.sleep(0.2)
+        left = sorted(c[:60] for p, (s, c) in procs.items() if _same_alive(p, s))
+        assert not left, f"Ray processes outlived their killed driver by 20 s: {left}"
+    finally:
+        try:
+            os.killpg(driver.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for p, (s, _) in procs.items():
+            if _same_alive(p, s):
+                os.kill(p, signal.SIGKILL)
+
+
+def test_a_ray_matrix_that_ends_leaves_no_process_behind(tmp_path):
+    pytest.importorskip("ray")
+    from redteam.runner.matrix_run import run_matrix
+
+    f = tmp_path / "m.toml"
+    f.write_text(MATRIX.replace("rounds = 400", "rounds = 1").replace('"ipm"', "").replace("seeds = 2", "seeds = 1"))
+    before = set(_tree(os.getpid()))
+    assert run_matrix(f, tmp_path / "out", executor="ray", workers=2).computed == 2 + 2
+    deadline = time.time() + 30
+    while time.time() < deadline and set(_tree(os.getpid())) - before:
+        time.sleep(0.2)
+    left = {p: c for p, (_, c) in _tree(os.getpid()).items() if p not in before}
+    assert not left, f"left running: {left}"
+
+
+def test_an_unreachable_ray_address_is_one_line(tmp_path, capsys, monkeypatch):
+    """A --ray-address where no cluster answers was a ConnectionError traceback (after Ray's retries)."""
+    ray = pytest.importorskip("ray")
+    from redteam.cli import main
+
+    def refuse(*a, **k):
+        raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.9:6379")
+
+    monkeypatch.setattr(ray, "init", refuse)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    f = tmp_path / "m.toml"
+    f.write_text(MATRIX.replace("rounds = 400", "rounds = 1"))
+    assert main(["matrix", str(f), "--out", str(tmp_path / "o"), "--executor", "ray", "--ray-address",
+                 "10.0.0.9:6379", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--ray-address 10.0.0.9:6379: cannot use a Ray cluster there" in err[0]

@@ -11,7 +11,8 @@ Executors:
 * ``process``: a pool of worker processes on this machine (``--workers``, default the
   number of cores), each limited to ``cores / workers`` torch threads;
 * ``ray``: each run is a Ray task, on a local Ray instance or an existing cluster
-  (``--ray-address``); needs the optional extra ``redteam[ray]``.
+  (``--ray-address``); needs the optional extra ``redteam[ray]``. A local instance is
+  stopped by :mod:`.ray_reaper` when its driver dies without stopping it (``kill -9``).
 
 :func:`plan_matrix` is ``--dry-run``: the cells, each run's seed, what the store at
 ``--out`` already holds (read without writing), what a run would compute; :func:`probe`
@@ -290,11 +291,21 @@ def _ray(phases: Phases, device: str, workers: int, ray_address: str | None,
     except ImportError:
         raise RedteamError("the ray executor needs Ray: pip install 'redteam[ray]'") from None
     started = False
+    reaper = None
     if not ray.is_initialized():
         if ray_address:
-            ray.init(address=ray_address, log_to_driver=False)
-        else:
-            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+            try:
+                ray.init(address=ray_address, log_to_driver=False)
+            except (ConnectionError, ValueError) as exc:  # nothing there, or not a Ray address
+                raise RedteamError(f"--ray-address {ray_address}: cannot use a Ray cluster there "
+                                   f"({type(exc).__name__}: {str(exc).strip()})") from None
+        else:  # a local instance: stopped by the reaper should this driver die without stopping it
+            reaper = _start_reaper()
+            try:
+                ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+            except BaseException:
+                _stop_reaper(reaper)
+                raise
         started = True
     try:
         # a cluster's nodes are not this machine: one thread per task there unless told otherwise
@@ -321,6 +332,40 @@ def _ray(phases: Phases, device: str, workers: int, ray_address: str | None,
     finally:
         if started:
             ray.shutdown()
+        if reaper is not None:
+            _stop_reaper(reaper)
+
+
+def _start_reaper() -> Any:
+    """Start :mod:`.ray_reaper` for this driver (``None`` where it cannot run: no /proc)."""
+    import subprocess
+    import sys
+
+    if not os.path.isdir("/proc/self"):
+        return None
+    script = Path(__file__).with_name("ray_reaper.py")
+    try:
+        return subprocess.Popen([sys.executable, str(script), str(os.getpid())], stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                                close_fds=True)
+    except OSError:
+        return None
+
+
+def _stop_reaper(reaper: Any) -> None:
+    """Tell the reaper that Ray was stopped by this driver (it exits touching nothing)."""
+    if reaper is None:
+        return
+    try:
+        reaper.stdin.write(b"done\n")
+        reaper.stdin.close()
+    except OSError:
+        pass
+    try:
+        reaper.wait(timeout=10)
+    except Exception:
+        reaper.kill()
+        reaper.wait()
 
 
 _EXEC: dict[str, Callable[..., Iterator[tuple[Unit, dict]]]] = {"local": _local, "process": _process, "ray": _ray}
