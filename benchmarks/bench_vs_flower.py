@@ -1,74 +1,75 @@
 """The full redteam round beside the bare batched round, plain-torch training of the same
-federation and a Flower simulation of it, all measured in one run (issue 13's acceptance).
+federation and a Flower simulation of it, measured interleaved in one run (issue 13's
+acceptance; issue 23 §3 and issue 24 §2).
 
-    python benchmarks/bench_vs_flower.py                       # 20 and 100 clients, 15 rounds
-    python benchmarks/bench_vs_flower.py --clients 20 --rounds 10
-    python benchmarks/bench_vs_flower.py --no-reference        # our side only
+    bash benchmarks/reference/setup.sh                          # once: the references' venv
+    python benchmarks/bench_vs_flower.py                        # 20 and 100 clients, 15 rounds, 2 reps
+    python benchmarks/bench_vs_flower.py --clients 10 --rounds 4 --reps 2
+    python benchmarks/bench_vs_flower.py --no-reference         # our side only
+    python benchmarks/bench_vs_flower.py --export fed.npz --clients 20   # only write the federation
 
-The federation is the one in ``fl_common.py`` of the reference-bench directory named by
-``$PA_REFERENCE_DIR`` (not part of this repository): scikit-learn's
-digits (pixels / 16), a per-class Dirichlet(0.5) label partition, the MLP 64-64-10 (4,810
-parameters), 10 local SGD steps of batch 16 at lr 0.1 drawn with replacement, FedAvg
-weighted by sample counts, the global model scored on the test split after every round.
+**One federation.** redteam builds it (a ``Federation`` of the scenario in
+:func:`scenario_doc`: scikit-learn's digits (pixels / 16), a fixed stratified 25 % test split
+(1,347 train / 450 test), a per-class Dirichlet(0.5) label partition redrawn until every
+client has ≥ 2 samples, the MLP 64-64-10 (4,810 parameters), 10 local SGD steps of batch 16 at
+lr 0.1 drawn with replacement, FedAvg weighted by sample counts, the global model scored on
+the test split after every round) and writes it to a file: every client's rows, the test
+split, the initial weights and every minibatch of every round exactly as redteam's trainer
+draws them. The references in ``benchmarks/reference/`` (our code, their own venv) train that
+file, so all sides start from the same weights and see the same batches in the same order;
+their accuracy curves must agree with ours to float rounding, and the table prints the
+largest per-round difference ("Δacc") as the check that the comparison is like for like.
 
-**Our side** (in this process, one size after the other): ``Federation.run`` on a scenario
-with those settings (codec ``none``, defense ``mean``, no attack, no root sample). Its round
-wall time covers the whole round: batched local training, encode (error feedback), chunk +
-SHA-256 + Merkle root + manifest, the simulated network (every chunk checked against its
-digest), batched decode with the receiver's checks, merge, server step and evaluation. After
-every full round, from the second on (the first includes lazy initialisation), one **bare
-round** is timed from the on-round callback, as ``benchmarks/bench_scale.py`` does:
-``BatchedTrainer.train`` of every client (from the initial model: the cost does not depend on
-the values), the sample-weighted mean of the deltas and the step, nothing else (no evaluation:
-~0.1 ms here). Our side runs twice, before and after the references, so that a change of the
-machine's load while they ran shows as a gap between the two (both are printed); the table
-pools the two: medians over rounds 2..R of both runs; "full ÷ bare" is the median of the
-per-round ratios (each full round and the bare round right after it see the same load).
+(Before issue 23, the references drew their own split, partition, initial weights and
+batches: redteam reached 0.880 / 0.871 after 15 rounds at 20 / 100 clients against their
+0.904 / 0.900. Given the same file, a plain per-client torch loop reproduces redteam's
+curve exactly (0.880 at 20 clients, seed 0; final parameters within 2.4e-7), and over run
+seeds 0..7 redteam's own final accuracy at 20 clients spreads from 0.864 to 0.902 (sd 0.013),
+over test-split seeds 0..7 from 0.876 to 0.920: the gap was one draw of split, partition,
+initialisation and batches against another, not a difference in training.)
 
-**The references**, right after ours, from their own virtual environment (``$PA_VENV``,
-default ``pa-venv`` in the temp dir, built by ``bash $PA_REFERENCE_DIR/setup.sh``)
-as subprocesses writing JSON; this project never imports them:
+**Our side** (in this process): ``Federation.run`` of that scenario (codec ``none``, defense
+``mean``, no attack, no root sample). Its round wall time covers the whole round: batched
+local training, encode (error feedback), chunk + SHA-256 + Merkle root + manifest, the
+simulated network (every chunk checked against its digest), batched decode with the
+receiver's checks, merge, server step and evaluation. After every full round, from the second
+on (the first includes lazy initialisation), one **bare round** is timed from the on-round
+callback, as ``benchmarks/bench_scale.py`` does: ``BatchedTrainer.train`` of every client
+(from the initial model: the cost does not depend on the values), the sample-weighted mean of
+the deltas and the step, nothing else (no evaluation: ~0.1 ms here). "full ÷ bare" is the
+median of the per-round ratios (each full round and the bare round right after it see the
+same load).
 
-* ``bench_torch_fl.py --modes loop vmap``: the same federation in plain torch, a Python loop
-  over one ``nn.Module`` per client, and ``torch.func.vmap`` over stacked parameters (the bare
-  cost of batched training, with evaluation); steady rounds 2..R;
-* ``bench_flower.py``: Flower 1.41 ``run_simulation`` on the Ray backend (one CPU per client
-  actor); its round is the time between two server-side evaluations (steady: rounds 2..R), its
-  start-up the time from ``run_simulation`` to the first client's first call.
+**The references**, from their own virtual environment (``$REDTEAM_BENCH_VENV``, default
+``/tmp/redteam-bench-venv``, built by ``bash benchmarks/reference/setup.sh``), found next to
+this file in ``benchmarks/reference/`` and run as subprocesses that write JSON; this project
+never imports them:
 
-Every process gets ``OMP_NUM_THREADS = --threads`` (default 1, what ``--threads auto`` gives a
-digits run); ours also calls ``torch.set_num_threads``. Ray's actors run one thread each.
+* ``fl_federation.py --modes loop vmap``: the federation in plain torch, a Python loop over one
+  ``nn.Module`` per client, and ``torch.func.vmap`` over stacked parameters (the bare cost of
+  batched training, with evaluation);
+* ``flower_sim.py``: Flower's ``run_simulation`` on the Ray backend (one CPU per client actor),
+  a fresh process per run; its round is the time between two server-side evaluations, its
+  start-up the time from calling ``run_simulation`` to the end of round 1 (Flower evaluates
+  the initial model before Ray starts; round 1 starts Ray and creates the actors).
 
-Where our federation differs from fl_common's (same sizes, not the same bytes):
+**Interleaved, with the load.** ``--reps`` passes; in each, per client count, the three sides
+run one after the other, in reverse order on odd passes (ours, torch, Flower; then Flower,
+torch, ours), so that a load that drifts during the run falls on both sides. Every side's
+timed rounds (2..R of every pass) give min / median / max, and the 1-minute load average is
+read before and after each of its runs. A ratio across processes is printed only when the two
+sides' loads (the median over their runs of the mean of before and after) differ by at most
+``--load-bound`` (default 0.5): a ratio of two timings says something about the code only if
+both sides competed for the cores alike, and on a shared 2-core machine half a runnable
+process more on one side moves its timings by tens of percent (issue 23 saw Flower ÷ full
+swing from 120× to 8× in one run as the load changed). Otherwise the cell reads "load differs"
+and both loads are printed. "full ÷ bare" is always printed (same process, per round).
 
-* the test split: both 25 % stratified (1,347 train / 450 test), ours drawn with its own seed
-  (the digits workload's ``test_fraction = 0.25``), theirs by sklearn's ``train_test_split``;
-* the partition: the same rule (per class p ~ Dir(0.5·1ₙ), redrawn until every client has ≥ 2
-  samples) from a different random stream, so client sizes differ;
-* initial weights (our workload's initialiser, seeded) and minibatch indices (our own stream);
-* our round also runs what the references do not: the simulated network's timing, hashing,
-  verification and decoding of every update, the merge's checks; Flower's adds serialisation
-  and Ray's message passing. All three evaluate every round.
-
-Measured on this project's 2-core machine (shared; load average 1.0 at the start, 2.2 at the
-end), one run of ``python benchmarks/bench_vs_flower.py --rounds 15`` (72 s in all); medians
-of rounds 2..15, ours pooled from its passes before and after the references:
-
-    | clients | redteam full | redteam bare | full ÷ bare | reference vmap | full ÷ vmap |
-    |---|---|---|---|---|---|
-    | 20  | 18.7 ms | 14.3 ms | 1.25× | 13.0 ms | 1.44× |
-    | 100 | 52.3 ms | 40.8 ms | 1.30× | 33.7 ms | 1.55× |
-
-    | clients | per-client loop | Flower round (steady) | Flower start-up | Flower ÷ redteam full |
-    |---|---|---|---|---|
-    | 20  | 54.5 ms  | 311 ms  | 6.40 s | 16.7× |
-    | 100 | 276.1 ms | 1.07 s  | 7.43 s | 20.4× |
-
-Final accuracy after 15 rounds: redteam 0.880 / 0.871, the three references 0.904 / 0.900
-(the same model on a different split, partition and initialisation). "full ÷ bare", timed
-interleaved, held in a second run whose load rose from 2.1 to 5.5 while it ran (1.15× / 1.31×);
-the ratios across processes did not (Flower ÷ redteam full 4.9× / 11.8× there: our second pass
-ran 2–3× slower than our first, Flower's two actors less so), so read those with the load.
+Every process gets ``OMP_NUM_THREADS = --threads`` (default 1); ours also calls
+``torch.set_num_threads``. Ray's actors run one thread each. Our round also does what the
+references do not: the simulated network's timing, hashing, verification and decoding of
+every update, the merge's checks; Flower's adds serialisation and Ray's message passing. All
+sides evaluate every round.
 
 Nothing here is asserted; the machine is shared and the load average is printed.
 """
@@ -84,11 +85,19 @@ import sys
 import tempfile
 import time
 
-REFERENCE = os.environ.get("PA_REFERENCE_DIR", "")  # the reference-bench directory, outside the repository
+HERE = os.path.dirname(os.path.abspath(__file__))
+#: the reference implementations (our code), next to this file
+REFERENCE = os.path.join(HERE, "reference")
+#: their virtual environment, built by reference/setup.sh; $REDTEAM_BENCH_VENV overrides
+DEFAULT_VENV = "/tmp/redteam-bench-venv"
+
+
+def venv_python() -> str:
+    return os.path.join(os.environ.get("REDTEAM_BENCH_VENV", DEFAULT_VENV), "bin", "python")
 
 
 def scenario_doc(clients: int, rounds: int, seed: int) -> dict:
-    """fl_common's federation as a redteam scenario (module docstring: what differs)."""
+    """The compared federation as a redteam scenario (module docstring)."""
     return {
         "scenario": {"name": f"vs-flower-{clients}", "seed": seed},
         "workload": {"name": "digits", "hidden": 64, "test_fraction": 0.25},
@@ -101,15 +110,50 @@ def scenario_doc(clients: int, rounds: int, seed: int) -> dict:
     }
 
 
+def build(clients: int, rounds: int, seed: int):
+    from redteam.federation.loop import Federation
+    from redteam.scenario import parse_scenario
+
+    return Federation(parse_scenario(scenario_doc(clients, rounds, seed)), device="cpu")
+
+
+def export(clients: int, rounds: int, seed: int, path: str) -> None:
+    """Write the federation a fresh ``Federation`` of :func:`scenario_doc` will train: every
+    client's rows, the test split, the initial flat weights, the learning rate, and the
+    minibatch positions of every round and step as ``BatchedTrainer.train`` draws them (its
+    ``with_replacement`` branch: per step one ``(n, B)`` float64 draw from the ``train``
+    stream, floor(u · size))."""
+    import numpy as np
+    import torch
+
+    fed = build(clients, rounds, seed)
+    loc = fed.local
+    fc = fed.scenario.federation
+    if (loc.sampling != "with_replacement" or loc.epochs is not None or loc.optimizer != "sgd" or loc.prox_mu
+            or loc.weight_decay or fc.clients_per_round or fed.malicious or fed.server_lr != 1.0):
+        raise SystemExit("export: the scenario no longer is plain FedAvg with i.i.d. batches; update export()")
+    gen = torch.Generator()
+    gen.set_state(fed._torch["train"].get_state())  # the stream the run's training will draw from
+    n, steps, b = clients, loc.steps, loc.batch_size
+    sizes = fed.data.sizes.cpu()
+    batches = np.empty((rounds, steps, n, b), dtype=np.int64)
+    for r in range(rounds):
+        for s in range(steps):
+            u = torch.rand((n, b), generator=gen, dtype=torch.float64)
+            batches[r, s] = torch.floor(u * sizes[:, None]).to(torch.int64).numpy()
+    np.savez(path, x=fed.data.x.cpu().numpy(), y=fed.data.y.cpu().numpy(), offsets=fed.data.offsets.cpu().numpy(),
+             sizes=sizes.numpy(), x_test=fed.test_x.cpu().numpy(), y_test=fed.test_y.cpu().numpy(),
+             init=fed.params0.cpu().numpy(), hidden=np.int64(fed.workload.hidden), lr=np.float64(loc.lr),
+             batches=batches)
+
+
 def ours(clients: int, rounds: int, seed: int) -> dict:
     """Full rounds of ``Federation.run`` and, interleaved, bare batched rounds."""
     import torch
 
-    from redteam.federation.loop import Federation
-    from redteam.scenario import parse_scenario
-
+    load0 = os.getloadavg()[0]
     t = time.perf_counter()
-    fed = Federation(parse_scenario(scenario_doc(clients, rounds, seed)), device="cpu")
+    fed = build(clients, rounds, seed)
     build_s = time.perf_counter() - t
     part_t = torch.arange(clients)
     gen = torch.Generator().manual_seed(seed + 1)  # the bare rounds' own stream
@@ -131,63 +175,34 @@ def ours(clients: int, rounds: int, seed: int) -> dict:
         bare.append(bare_round(fed.params0))
 
     res = fed.run(on_round=on_round)
-    return {"clients": clients, "rounds": rounds, "build_s": build_s, "round1_s": res.records[0].wall_time_s,
-            "full_rounds_s": full, "bare_rounds_s": bare, "acc": res.records[-1].accuracy,
-            "sizes": [int(s) for s in fed.data.sizes.tolist()]}
+    return {"side": "redteam", "clients": clients, "build_s": build_s, "round1_s": res.records[0].wall_time_s,
+            "round_s": full, "bare_round_s": bare, "acc": [r.accuracy for r in res.records],
+            "load_before": load0, "load_after": os.getloadavg()[0]}
 
 
-def pooled(runs: list[dict]) -> dict:
-    """Medians over the timed rounds of every run of one size (before and after the references)."""
-    full = [s for r in runs for s in r["full_rounds_s"]]
-    bare = [s for r in runs for s in r["bare_rounds_s"]]
-    return {
-        "clients": runs[0]["clients"], "rounds": runs[0]["rounds"], "acc": runs[0]["acc"],
-        "full_s": statistics.median(full), "bare_s": statistics.median(bare),
-        "full_over_bare": statistics.median(f / b for f, b in zip(full, bare)),
-        "per_run": [(statistics.median(r["full_rounds_s"]), statistics.median(r["bare_rounds_s"])) for r in runs],
-    }
+def _subprocess(label: str, cmd: list[str], env: dict, timeout: int, out: str) -> list[dict]:
+    """Run one reference script; its JSON results (empty on failure, with the reason printed)."""
+    print(f"  {label}: {' '.join(os.path.basename(c) if i < 2 else c for i, c in enumerate(cmd))}",
+          file=sys.stderr, flush=True)
+    try:
+        p = subprocess.run(cmd, cwd=REFERENCE, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+        if p.returncode != 0:
+            tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
+            print(f"  ({label} failed, rc {p.returncode}: {' / '.join(tail)})", file=sys.stderr)
+    except subprocess.TimeoutExpired:
+        print(f"  ({label} ran past {timeout} s)", file=sys.stderr)
+    if not os.path.exists(out):
+        return []
+    with open(out) as fh:
+        results = json.load(fh).get("results", [])
+    os.unlink(out)
+    return results
 
 
-def references(python: str, clients: list[int], rounds: int, reps: int, env: dict, tmp: str,
-               timeout: int) -> tuple[dict, dict]:
-    """(plain-torch cells keyed by (mode, clients), Flower runs keyed by clients) from the venv."""
-    torch_json, flower_json = os.path.join(tmp, "torch_fl.json"), os.path.join(tmp, "flower.json")
-    cs = [str(c) for c in clients]
-    runs = [
-        ("plain torch (loop, vmap)", [python, "bench_torch_fl.py", "--clients", *cs, "--modes", "loop", "vmap",
-                                      "--rounds", str(rounds), "--reps", str(reps), "--json", torch_json]),
-        ("Flower simulation", [python, "bench_flower.py", "--clients", *cs, "--rounds", str(rounds),
-                               "--reps", str(reps), "--logdir", os.path.join(tmp, "flower_logs"),
-                               "--json", flower_json]),
-    ]
-    for label, cmd in runs:
-        print(f"  {label}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
-        try:
-            out = subprocess.run(cmd, cwd=REFERENCE, env=env, capture_output=True, text=True, timeout=timeout,
-                                 check=False)
-            if out.returncode != 0:
-                tail = (out.stderr or out.stdout).strip().splitlines()[-3:]
-                print(f"  ({label} failed, rc {out.returncode}: {' / '.join(tail)})", file=sys.stderr)
-        except subprocess.TimeoutExpired:
-            print(f"  ({label} ran past {timeout} s)", file=sys.stderr)
-    torch_cells: dict = {}
-    flower_runs: dict = {}
-    if os.path.exists(torch_json):
-        with open(torch_json) as fh:
-            for cell in json.load(fh).get("results", []):
-                torch_cells[(cell["mode"], cell["clients"])] = cell
-    if os.path.exists(flower_json):
-        with open(flower_json) as fh:
-            for r in json.load(fh).get("results", []):
-                if "error" in r:
-                    log = r.get("log")
-                    if log and os.path.exists(log):
-                        with open(log) as lf:
-                            last = lf.read().strip().splitlines()[-3:]
-                        print(f"  (Flower at {r['clients']} clients failed: {' / '.join(last)})", file=sys.stderr)
-                    continue
-                flower_runs.setdefault(r["clients"], []).append(r)
-    return torch_cells, flower_runs
+def spread(xs: list[float]) -> str:
+    if not xs:
+        return "—"
+    return f"{_ms(min(xs))} / {_ms(statistics.median(xs))} / {_ms(max(xs))}"
 
 
 def _ms(s: float | None) -> str:
@@ -196,114 +211,150 @@ def _ms(s: float | None) -> str:
     return f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.2f} s"
 
 
-def _x(a: float | None, b: float | None) -> str:
-    if not (a and b):
-        return "—"
-    return f"{a / b:.2f}×" if a / b < 100 else f"{a / b:,.0f}×"
+def side_load(runs: list[dict]) -> float | None:
+    """A side's load: the median over its runs of the mean of the load before and after."""
+    vals = [(r["load_before"] + r["load_after"]) / 2 for r in runs if "load_before" in r]
+    return statistics.median(vals) if vals else None
 
 
-def table(o: dict, torch_cells: dict, flower_runs: list[dict] | None, absent: str) -> None:
-    """One side-by-side table for one client count; ``absent`` fills a reference's empty cells."""
-    n = o["clients"]
-    full = o["full_s"]
-    loop, vmap = torch_cells.get(("loop", n)), torch_cells.get(("vmap", n))
-    fl_steady = fl_start = fl_acc = None
-    if flower_runs:
-        fl_steady = statistics.median(s for r in flower_runs for s in r["round_s"][1:])
-        starts = [r["startup_s"] for r in flower_runs if r.get("startup_s") is not None]
-        fl_start = statistics.median(starts) if starts else None
-        fl_acc = statistics.median(r["acc"][-1] for r in flower_runs)
-
-    def acc(cell: dict | None) -> str:
-        return f"{statistics.median(cell['final_acc']):.3f}" if cell else "—"
-
-    rows = [
-        ("redteam full round (Federation.run)", _ms(full), "1", f"{o['acc']:.3f}"),
-        ("redteam bare batched round (train + weighted mean + step)", _ms(o["bare_s"]), _x(o["bare_s"], full), "—"),
-        ("reference bare vmap round (plain torch, with evaluation)",
-         _ms(vmap["median"]) if vmap else absent, _x(vmap["median"], full) if vmap else "—", acc(vmap)),
-        ("reference per-client loop (plain torch)",
-         _ms(loop["median"]) if loop else absent, _x(loop["median"], full) if loop else "—", acc(loop)),
-        ("Flower 1.41 round, steady (Ray simulation)",
-         _ms(fl_steady) if fl_steady else absent, _x(fl_steady, full), f"{fl_acc:.3f}" if fl_acc else "—"),
-        ("Flower start-up (run_simulation → first client call, once)",
-         _ms(fl_start) if fl_start else absent, _x(fl_start, full), "—"),
-    ]
-    runs = " and ".join(f"full {_ms(f)} / bare {_ms(b)}" for f, b in o["per_run"])
-    where = "before and after the references, pooled" if len(o["per_run"]) > 1 else "one run"
-    print(f"\n{n} clients, medians of rounds 2..{o['rounds']} (redteam: {where}: {runs})\n")
-    print(f"| | per round | ÷ redteam full | accuracy after {o['rounds']} rounds |")
-    print("|---|---|---|---|")
-    for r in rows:
-        print("| " + " | ".join(r) + " |")
-    print(f"\nfull ÷ bare: {o['full_over_bare']:.2f}× (median of per-round ratios; "
-          f"{_x(full, o['bare_s'])} of medians); full ÷ reference vmap: "
-          f"{_x(full, vmap['median']) if vmap else '—'}; Flower ÷ redteam full: {_x(fl_steady, full)}; "
-          f"per-client loop ÷ redteam full: {_x(loop['median'], full) if loop else '—'}")
+def steady(r: dict) -> list[float]:
+    return r["round_s"] if r["side"] == "redteam" else r["round_s"][1:]
 
 
-def main() -> None:
+def report(n: int, rounds: int, sides: dict[str, list[dict]], bound: float, absent: str) -> None:
+    ours_runs = sides["redteam"]
+    acc0 = ours_runs[0]["acc"]
+    print(f"\n{n} clients, rounds 2..{rounds} of {len(ours_runs)} pass(es): min / median / max per round; "
+          "load average before → after each run\n")
+    print(f"| side | per round (min / median / max) | load | accuracy after {rounds} rounds | max Δacc vs redteam |")
+    print("|---|---|---|---|---|")
+
+    def row(label: str, runs: list[dict], key: str = "round_s") -> None:
+        if not runs:
+            print(f"| {label} | {absent} | | | |")
+            return
+        xs = [s for r in runs for s in (r[key] if r["side"] == "redteam" else r[key][1:])]
+        loads = ", ".join(f"{r['load_before']:.2f} → {r['load_after']:.2f}" for r in runs)
+        accs = " / ".join(f"{r['acc'][-1]:.3f}" for r in runs) if key == "round_s" else "—"
+        delta = "—"
+        if key == "round_s" and all(len(r["acc"]) == len(acc0) for r in runs):
+            delta = f"{max(abs(a - b) for r in runs for a, b in zip(r['acc'], acc0)):.4f}"
+        print(f"| {label} | {spread(xs)} | {loads} | {accs} | {delta} |")
+
+    row("redteam full round (Federation.run)", ours_runs)
+    row("redteam bare batched round (train + weighted mean + step)", ours_runs, "bare_round_s")
+    row("plain torch, vmap round (with evaluation)", sides["vmap"])
+    row("plain torch, per-client loop round", sides["loop"])
+    row("Flower round, steady (Ray simulation)", sides["flower"])
+    fl = sides["flower"]
+    if fl:
+        starts = [r["startup_s"] for r in fl if r.get("startup_s") is not None]
+        print(f"\nFlower start-up (run_simulation called → end of round 1: Ray, the actors, the first round), "
+              f"min / median / max: {spread(starts)}")
+    full = [s for r in ours_runs for s in r["round_s"]]
+    bare = [s for r in ours_runs for s in r["bare_round_s"]]
+    print(f"\nfull ÷ bare (same process, median of per-round ratios): "
+          f"{statistics.median(f / b for f, b in zip(full, bare)):.2f}×")
+    for label, side, flip in (("full ÷ vmap", "vmap", False), ("per-client loop ÷ full", "loop", True),
+                              ("Flower ÷ full", "flower", True)):
+        if not sides[side]:
+            continue
+        a, b = (sides[side], ours_runs) if flip else (ours_runs, sides[side])
+        print(f"{label}: {ratio_steady(a, b, bound)}")
+
+
+def ratio_steady(a: list[dict], b: list[dict], bound: float) -> str:
+    xa = [s for r in a for s in steady(r)]
+    xb = [s for r in b for s in steady(r)]
+    la, lb = side_load(a), side_load(b)
+    loads = f"loads {la:.2f} and {lb:.2f}"
+    if abs(la - lb) > bound:
+        return f"not printed: {loads} differ by more than ±{bound:g}"
+    q = statistics.median(xa) / statistics.median(xb)
+    return (f"{q:.2f}×" if q < 100 else f"{q:,.0f}×") + f" (medians; {loads})"
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, nargs="+", default=[20, 100], help="client counts (≤ 100: digits)")
     ap.add_argument("--rounds", type=int, default=15, help="rounds per run (≥ 3; round 1 is not counted)")
-    ap.add_argument("--reps", type=int, default=1, help="whole runs per reference cell")
+    ap.add_argument("--reps", type=int, default=2, help="interleaved passes (odd passes run the sides in reverse)")
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads of every process (OMP_NUM_THREADS)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-reference", action="store_true", help="time our side only")
-    ap.add_argument("--timeout", type=int, default=1800, help="seconds allowed to each reference script")
+    ap.add_argument("--no-flower", action="store_true", help="leave Flower out (plain torch only)")
+    ap.add_argument("--load-bound", type=float, default=0.5,
+                    help="largest difference of two sides' load averages for which a ratio is printed")
+    ap.add_argument("--timeout", type=int, default=1800, help="seconds allowed to each reference run")
+    ap.add_argument("--export", metavar="PATH", help="only write the federation of the first --clients to PATH")
     ap.add_argument("--json", help="also write every figure to this file")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.rounds < 3:
         ap.error(f"--rounds = {args.rounds}: must be ≥ 3 (round 1 is start-up, the median needs rounds 2..R)")
     if any(not 1 <= c <= 100 for c in args.clients):
-        ap.error(f"--clients = {args.clients}: each must be in [1, 100] (the references use digits up to 100)")
-    if args.threads < 1:
-        ap.error(f"--threads = {args.threads}: must be ≥ 1")
+        ap.error(f"--clients = {args.clients}: each must be in [1, 100] (digits)")
+    if args.threads < 1 or args.reps < 1:
+        ap.error("--threads and --reps must be ≥ 1")
 
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     import torch
 
     torch.set_num_threads(args.threads)
+    if args.export:
+        export(args.clients[0], args.rounds, args.seed, args.export)
+        print(f"wrote {args.export}: {args.clients[0]} clients, {args.rounds} rounds, seed {args.seed}")
+        return
+    python = venv_python()
+    have_ref = not args.no_reference and os.path.exists(python)
     print(f"cores {os.cpu_count()}, {args.threads} intra-op thread(s) per process, torch {torch.__version__}, "
-          f"load average {os.getloadavg()[0]:.1f} at start", flush=True)
-    mine: dict[int, list[dict]] = {n: [] for n in args.clients}
-
-    def our_side(when: str) -> None:
-        for n in args.clients:
-            o = ours(n, args.rounds, args.seed)
-            mine[n].append(o)
-            print(f"  redteam {n} clients ({when}): full {_ms(statistics.median(o['full_rounds_s']))}, "
-                  f"bare {_ms(statistics.median(o['bare_rounds_s']))}", file=sys.stderr, flush=True)
-
-    our_side("before the references")
-    load_ours = os.getloadavg()[0]
-
-    torch_cells: dict = {}
-    flower_runs: dict = {}
-    venv = os.environ.get("PA_VENV", os.path.join(tempfile.gettempdir(), "pa-venv"))
-    python = os.path.join(venv, "bin", "python")
-    have_ref = not args.no_reference and bool(REFERENCE) and os.path.exists(python) and os.path.isdir(REFERENCE)
+          f"load average {os.getloadavg()[0]:.2f} at start; references: "
+          + (f"{REFERENCE} with {python}" if have_ref else "not run"), flush=True)
     if not args.no_reference and not have_ref:
-        print(f"\n(references skipped: set PA_REFERENCE_DIR to the reference-bench directory and build its venv "
-              f"with `bash $PA_REFERENCE_DIR/setup.sh` (PA_VENV chooses where; now: {venv}), then run this again)")
-    if have_ref:
-        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-        with tempfile.TemporaryDirectory() as tmp:
-            torch_cells, flower_runs = references(python, args.clients, args.rounds, args.reps, env, tmp,
-                                                  args.timeout)
-        after = f", {os.getloadavg()[0]:.1f} after the references"
-        our_side("after the references")  # brackets the references: a load change shows as a gap
-        after += f", {os.getloadavg()[0]:.1f} after our second pass"
-    else:
-        after = ""
-    print(f"load average {load_ours:.1f} after our side{after}")
-    absent = "failed" if have_ref else "not run" if args.no_reference else "no venv"
+        print(f"(references skipped: no venv at {os.path.dirname(os.path.dirname(python))}; build it with "
+              "`bash benchmarks/reference/setup.sh` ($REDTEAM_BENCH_VENV chooses where), then run this again)")
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "FLWR_TELEMETRY_ENABLED": "0",
+           "PYTHONPATH": REFERENCE}
+    sides = {n: {"redteam": [], "loop": [], "vmap": [], "flower": []} for n in args.clients}
+    with tempfile.TemporaryDirectory() as tmp:
+        feds = {}
+        if have_ref:
+            for n in args.clients:
+                feds[n] = os.path.join(tmp, f"fed{n}.npz")
+                export(n, args.rounds, args.seed, feds[n])
+
+        def run_ours(n: int) -> None:
+            o = ours(n, args.rounds, args.seed)
+            sides[n]["redteam"].append(o)
+            print(f"  redteam {n} clients: full {_ms(statistics.median(o['round_s']))}, "
+                  f"bare {_ms(statistics.median(o['bare_round_s']))}", file=sys.stderr, flush=True)
+
+        def run_torch(n: int) -> None:
+            out = os.path.join(tmp, "torch.json")
+            cmd = [python, "fl_federation.py", "--federation", feds[n], "--modes", "loop", "vmap",
+                   "--threads", str(args.threads), "--json", out]
+            for r in _subprocess(f"plain torch, {n} clients", cmd, env, args.timeout, out):
+                sides[n][r["mode"]].append({**r, "side": r["mode"]})
+
+        def run_flower(n: int) -> None:
+            out = os.path.join(tmp, "flower.json")
+            cmd = [python, "flower_sim.py", "--federation", feds[n], "--json", out]
+            for r in _subprocess(f"Flower, {n} clients", cmd, env, args.timeout, out):
+                sides[n]["flower"].append({**r, "side": "flower"})
+
+        for rep in range(args.reps):
+            for n in args.clients:
+                order = [run_ours] + ([run_torch] if have_ref else []) + (
+                    [run_flower] if have_ref and not args.no_flower else [])
+                for fn in (order if rep % 2 == 0 else order[::-1]):
+                    fn(n)
+    print(f"load average {os.getloadavg()[0]:.2f} at the end; ratios across processes only where the two "
+          f"sides' loads differ by ≤ {args.load_bound:g}")
+    absent = "failed" if have_ref else "not run"
     for n in args.clients:
-        table(pooled(mine[n]), torch_cells, flower_runs.get(n), absent)
+        report(n, args.rounds, sides[n], args.load_bound, absent)
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"redteam": [o for n in args.clients for o in mine[n]], "torch_fl": [dict(c) for c in torch_cells.values()],
-                       "flower": [r for rs in flower_runs.values() for r in rs]}, fh, indent=1, default=str)
+            json.dump({str(n): s for n, s in sides.items()}, fh, indent=1, default=str)
 
 
 if __name__ == "__main__":
