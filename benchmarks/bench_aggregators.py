@@ -21,13 +21,21 @@ geometric median (3 iterations) 1.3 s, centered clipping 0.29 s; NNM ~31 GiB.
 The first row, the float32 Gram matrix x·xᵀ (one matmul), is the floor of every rule that
 needs all pairwise distances: they cannot be faster than it without skipping pairs.
 
-``--byzfl`` also runs that library's timing script (``bench_byzfl.py`` in the reference-bench
-directory named by ``$PA_REFERENCE_DIR``; not part of this repository) in its own virtual environment (``$PA_VENV``, default ``pa-venv`` in
-the temp dir; built by ``setup.sh`` there) as a subprocess, right after our cells, and
-prints, per (n, d), one side-by-side table: our rule, ByzFL's, their ratio, and
-our time over the Gram's. The two sets of figures come from the same minutes of the same
-machine. This project never imports it. (ByzFL's script uses f = n // 5; for the rules
-timed here the work does not depend on f.)
+``--byzfl`` also times ByzFL 0.0.11, the library a user would otherwise pick, on the same
+inputs: ``benchmarks/reference/byzfl_timing.py`` (our script, next to this one) in the
+reference venv (``$REDTEAM_BENCH_VENV``, default ``/tmp/redteam-bench-venv``, built by
+``bash benchmarks/reference/setup.sh``), a subprocess; this project never imports ByzFL. Every
+cell's input is ``torch.randn((n, d))`` from a generator seeded with 0, on both sides. Each of
+our rows that ByzFL has is matched by exact name and arguments (``byzfl_spec``): Average,
+Median, TrMean / Krum / MultiKrum / NNM+Average with our f = n // 10, GeometricMedian with our
+ν = 1e-6 and our iteration count (T = 3 beside the 3-iteration row; beside the
+to-convergence row, T = the iterations ours took on that input), CenteredClipping with our
+τ = 10 and L. The two sides are interleaved cell by cell (ours first on even cells, ByzFL's
+first on odd ones); one table per (n, d) gives both sides' min / median / max, the 1-minute
+load average around each, ByzFL ÷ redteam of the medians, and our time over the Gram's. The
+ratio is not printed where the two loads differ by more than ``--load-bound`` (default 0.5):
+on a shared 2-core machine a ratio taken under different loads measures the load, not the
+code.
 
 Distance rules (Krum, Multi-Krum, Bulyan, NNM, FoolsGold) share ``defenses/_pairwise``:
 float32 Gram blocks with a per-pair rounding bound, exact float64 work only for the
@@ -176,26 +184,84 @@ class WarmFLDetector:
 
 GRAM = "float32 Gram x·xᵀ (one matmul: the distance rules' floor)"
 
+#: the reference scripts (our code) next to this file, and their venv (reference/setup.sh)
+REFERENCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference")
+DEFAULT_VENV = "/tmp/redteam-bench-venv"
 
-def bench(names: list[str] | None, ns: list[int], ds: list[int], repeats_small: int, repeats_large: int
-          ) -> dict[str, dict[tuple[int, int], float]]:
-    """Print the table; return the median seconds per (label, (n, d))."""
-    gen = torch.Generator().manual_seed(0)
+
+def byzfl_spec(label: str, n: int, gm_iterations: int) -> str | None:
+    """The ByzFL aggregator (exact name and arguments, ``reference/byzfl_timing.py --agg``)
+    that does the work of our row ``label`` at n clients, or None. Same f as ours (n // 10);
+    the geometric median with our ν = 1e-6 and our iteration count (3, or what ours took to
+    converge on this input); centered clipping with our τ = 10 and L."""
+    f = n // 10
+    return {
+        "mean": "Average",
+        "median": "Median",
+        "trimmed_mean (b = n/10)": f"TrMean:f={f}",
+        "krum (f = n/10)": f"Krum:f={f}",
+        "multi_krum (f = n/10, m = n−f)": f"MultiKrum:f={f}",
+        "geometric_median (to convergence)": f"GeometricMedian:T={gm_iterations},nu=1e-6",
+        "geometric_median (3 iterations)": "GeometricMedian:T=3,nu=1e-6",
+        "centered_clipping (L = 1)": "CenteredClipping:L=1,tau=10",
+        "centered_clipping (L = 3)": "CenteredClipping:L=3,tau=10",
+        "nnm (f = n/10) → mean": f"NNM+Average:f={f}",
+    }.get(label)
+
+
+def run_byzfl(specs: list[str], n: int, d: int, repeats: int, threads: int) -> dict[str, dict]:
+    """ByzFL's timings of ``specs`` on this cell's input (same seed), from its own venv."""
+    python = os.path.join(os.environ.get("REDTEAM_BENCH_VENV", DEFAULT_VENV), "bin", "python")
+    if not specs:
+        return {}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "byzfl.json")
+        cmd = [python, "byzfl_timing.py", "--n", str(n), "--d", str(d), "--seed", str(CELL_SEED),
+               "--repeats", str(repeats), "--json", out, *(a for s in specs for a in ("--agg", s))]
+        if threads:
+            cmd += ["--threads", str(threads)]
+        p = subprocess.run(cmd, cwd=REFERENCE, check=False, capture_output=True, text=True)
+        if not os.path.exists(out):
+            tail = (p.stderr or p.stdout).strip().splitlines()[-2:]
+            print(f"# ByzFL n={n} d={d} wrote no results: {' / '.join(tail)}", file=sys.stderr)
+            return {}
+        with open(out) as fh:
+            cells = json.load(fh).get("results", [])
+    for c in cells:
+        print(f"# ByzFL {c['agg']} n={n} d={d}: {_fmt(c['median']) if 'median' in c else c.get('error')}",
+              file=sys.stderr, flush=True)
+    return {c["agg"]: c for c in cells}
+
+
+#: every cell's input is torch.randn((n, d)) from a generator seeded with this (ByzFL's too)
+CELL_SEED = 0
+
+
+def bench(names: list[str] | None, ns: list[int], ds: list[int], repeats_small: int, repeats_large: int,
+          byzfl: bool = False, threads: int = 0) -> tuple[dict[str, dict[tuple[int, int], dict]], dict]:
+    """Print the table; return per (label, (n, d)) our figures (min / median / max seconds, load
+    before and after) and, with ``byzfl``, ByzFL's per (n, d) keyed by our label.
+
+    With ``byzfl`` the two sides are interleaved cell by cell: on even cells ours run first,
+    on odd cells ByzFL's (a subprocess in its venv) does, on the same input."""
     cols = [(n, d) for d in ds for n in ns]
     rows: dict[str, dict[tuple[int, int], str]] = {}
-    secs: dict[str, dict[tuple[int, int], float]] = {}
-    for d in ds:
-        for n in ns:
-            x = torch.randn(n, d, generator=gen)
-            g0 = x.mean(dim=0) + 0.1 * torch.randn(d, generator=gen)
-            ctx = ServerContext.default(x, root_update=lambda g0=g0: g0)
-            repeats = repeats_small if d < 10**6 else repeats_large
-            gram = (GRAM, lambda x, ctx: x @ x.T)
-            for label, dfn in [gram, *defenses_for(n)]:
-                key = label.split(" ")[0]
-                if names and key not in names and label != GRAM:
-                    continue
+    secs: dict[str, dict[tuple[int, int], dict]] = {}
+    theirs: dict[tuple[int, int], dict[str, dict]] = {}
+    for ci, (n, d) in enumerate(cols):
+        gen = torch.Generator().manual_seed(CELL_SEED)
+        x = torch.randn((n, d), generator=gen)
+        g0 = x.mean(dim=0) + 0.1 * torch.randn(d, generator=gen)
+        ctx = ServerContext.default(x, root_update=lambda g0=g0: g0)
+        repeats = repeats_small if d < 10**6 else repeats_large
+        gram = (GRAM, lambda x, ctx: x @ x.T)
+        chosen = [(label, dfn) for label, dfn in [gram, *defenses_for(n)]
+                  if not names or label.split(" ")[0] in names or label == GRAM]
+
+        def ours() -> None:
+            for label, dfn in chosen:
                 call = lambda dfn=dfn, x=x, ctx=ctx: dfn(x, ctx)  # noqa: E731
+                load0 = os.getloadavg()[0]
                 if d >= 10**6:
                     peak = peak_rss_growth(call)
                 else:
@@ -207,13 +273,25 @@ def bench(names: list[str] | None, ns: list[int], ds: list[int], repeats_small: 
                     call()
                     times.append(time.perf_counter() - t0)
                 med = statistics.median(times)
-                cell = f"{med * 1e3:.1f} ms" if med < 1 else f"{med:.2f} s"
+                cell = _fmt(med)
                 if peak is not None:
                     cell += f" / {peak:.0f} MiB"
                 rows.setdefault(label, {})[(n, d)] = cell
-                secs.setdefault(label, {})[(n, d)] = med
+                secs.setdefault(label, {})[(n, d)] = {"min": min(times), "median": med, "max": max(times),
+                                                      "load_before": load0, "load_after": os.getloadavg()[0]}
                 print(f"# {label} n={n} d={d}: {cell}", file=sys.stderr, flush=True)
-            del x
+
+        def reference() -> None:
+            gm = GeometricMedian()(x, ctx).state.get("iterations", 0)  # untimed: our iteration count here
+            specs = {label: byzfl_spec(label, n, max(1, int(gm))) for label, _ in chosen}
+            specs = {k: v for k, v in specs.items() if v}
+            got = run_byzfl(sorted(set(specs.values())), n, d, repeats, threads)
+            theirs[(n, d)] = {label: {"spec": spec, **got.get(spec, {"error": "no result"})}
+                              for label, spec in specs.items()}
+
+        for side in ((ours, reference) if ci % 2 == 0 else (reference, ours)) if byzfl else (ours,):
+            side()
+        del x
     header = "| defense | " + " | ".join(f"n={n}, d=10^{len(str(d)) - 1}" for n, d in cols) + " |"
     print(f"\ntorch {torch.__version__}, {torch.get_num_threads()} threads, float32, CPU; "
           "cell = median wall time (d=10^6: / peak RSS growth)\n")
@@ -221,82 +299,51 @@ def bench(names: list[str] | None, ns: list[int], ds: list[int], repeats_small: 
     print("|" + "---|" * (len(cols) + 1))
     for label, cells in rows.items():
         print(f"| {label} | " + " | ".join(cells.get(c, "") for c in cols) + " |")
-    return secs
+    return secs, theirs
 
 
 def _fmt(sec: float) -> str:
     return f"{sec * 1e3:.1f} ms" if sec < 1 else f"{sec:.2f} s"
 
 
-#: the reference-bench directory (ByzFL's timing script, its setup.sh): $PA_REFERENCE_DIR, outside the repository
-REFERENCE = os.environ.get("PA_REFERENCE_DIR", "")
-BYZFL_NAMES = {"mean": "Average", "median": "Median", "trimmed_mean": "TrMean", "krum": "Krum",
-               "multi_krum": "MultiKrum", "geometric_median": "GeometricMedian",
-               "centered_clipping": "CenteredClipping", "nnm": "NNM"}
+def _spread(c: dict) -> str:
+    return f"{_fmt(c['min'])} / {_fmt(c['median'])} / {_fmt(c['max'])}"
 
 
-#: our label's first word → (ByzFL aggregator name, a substring its variant must contain)
-BYZFL_PAIRS = {"mean": ("Average", ""), "median": ("Median", ""), "trimmed_mean": ("TrMean", ""),
-               "krum": ("Krum", ""), "multi_krum": ("MultiKrum", ""),
-               "geometric_median": ("GeometricMedian", "T=3"), "centered_clipping": ("CenteredClipping", "L=1"),
-               "nnm": ("NNM", "")}
-#: which of our rows a ByzFL figure stands beside (same iterations / same L)
-BYZFL_ROW = {"geometric_median": "geometric_median (3 iterations)", "centered_clipping": "centered_clipping (L = 1)"}
+def _load(c: dict) -> float:
+    return (c["load_before"] + c["load_after"]) / 2
 
 
-def run_byzfl(names: list[str] | None, ns: list[int], ds: list[int]) -> list[dict] | None:
-    """The reference library's timings for the same cells, from its own venv (if built)."""
-    venv = os.environ.get("PA_VENV", os.path.join(tempfile.gettempdir(), "pa-venv"))
-    python = os.path.join(venv, "bin", "python")
-    if not REFERENCE or not os.path.isdir(REFERENCE):
-        print("\n(ByzFL skipped: set PA_REFERENCE_DIR to the reference-bench directory that holds bench_byzfl.py)")
-        return None
-    if not os.path.exists(python):
-        print(f"\n(ByzFL: no venv at {venv}; build it with `bash {REFERENCE}/setup.sh`)")
-        return None
-    aggs = sorted({BYZFL_NAMES[k] for k in (names or BYZFL_NAMES) if k in BYZFL_NAMES})
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "byzfl.json")
-        cmd = [python, "bench_byzfl.py", "--backends", "torch", "--n", *map(str, ns), "--d", *map(str, ds),
-               "--json", out]
-        if aggs:
-            cmd += ["--aggs", *aggs]
-        print("\nByzFL, same machine, just after (its own venv, a subprocess; f = n // 5 there):\n", flush=True)
-        subprocess.run(cmd, cwd=REFERENCE, check=False, stdout=subprocess.DEVNULL)
-        if not os.path.exists(out):
-            print("(ByzFL's timing script wrote no results)")
-            return None
-        with open(out) as fh:
-            return json.load(fh).get("results", [])
-
-
-def side_by_side(secs: dict[str, dict[tuple[int, int], float]], byzfl: list[dict] | None,
-                 cols: list[tuple[int, int]]) -> None:
-    """One table per (n, d): our rule, ByzFL's, their ratio, and our time over the Gram's."""
+def side_by_side(secs: dict[str, dict[tuple[int, int], dict]], theirs: dict, cols: list[tuple[int, int]],
+                 bound: float) -> None:
+    """One table per (n, d): our rule and ByzFL's (min / median / max), the load average around
+    each, ByzFL ÷ redteam where the two loads differ by at most ``bound``, our time over the Gram's."""
     for n, d in cols:
-        gram = secs.get(GRAM, {}).get((n, d))
-        print(f"\nn = {n}, d = {d:,}: side by side (float32 Gram x·xᵀ = {_fmt(gram) if gram else '-'})\n")
-        print("| rule | redteam | ByzFL | ByzFL / redteam | redteam / Gram |")
-        print("|---|---|---|---|---|")
+        g = secs.get(GRAM, {}).get((n, d))
+        print(f"\nn = {n}, d = {d:,}: side by side, interleaved (float32 Gram x·xᵀ = "
+              f"{_fmt(g['median']) if g else '-'}; min / median / max; load = mean of the 1-minute load "
+              "average before and after)\n")
+        print("| rule | redteam | ByzFL (exact name) | ByzFL | ByzFL ÷ redteam (medians) | load redteam / ByzFL "
+              "| redteam / Gram |")
+        print("|---|---|---|---|---|---|---|")
         for label, cells in secs.items():
             if label == GRAM or (n, d) not in cells:
                 continue
             ours = cells[(n, d)]
-            key = label.split(" ")[0]
-            ref = "-"
-            ratio = "-"
-            if byzfl is not None and key in BYZFL_PAIRS and BYZFL_ROW.get(key, label) == label:
-                name, variant = BYZFL_PAIRS[key]
-                for cell in byzfl:
-                    if (cell.get("agg", "").split("(")[0] == name and variant in cell.get("agg", "")
-                            and cell.get("n") == n and cell.get("d") == d):
-                        if "median" in cell:
-                            ref, ratio = _fmt(cell["median"]), f"{cell['median'] / ours:.1f}×"
-                        else:
-                            ref = str(cell.get("error", "-"))[:60]
-                        break
-            over = f"{ours / gram:.2f}×" if gram else "-"
-            print(f"| {label} | {_fmt(ours)} | {ref} | {ratio} | {over} |")
+            ref = theirs.get((n, d), {}).get(label)
+            spec = ref["spec"] if ref else "-"
+            their, ratio, loads = "-", "-", f"{_load(ours):.2f} / -"
+            if ref and "median" in ref:
+                their = _spread(ref)
+                loads = f"{_load(ours):.2f} / {_load(ref):.2f}"
+                if abs(_load(ours) - _load(ref)) > bound:
+                    ratio = f"not printed (loads differ by > {bound:g})"
+                else:
+                    ratio = f"{ref['median'] / ours['median']:.2f}×"
+            elif ref:
+                their = str(ref.get("error", "-"))[:70]
+            over = f"{ours['median'] / g['median']:.2f}×" if g else "-"
+            print(f"| {label} | {_spread(ours)} | {spec} | {their} | {ratio} | {loads} | {over} |")
 
 
 def gram_variants(n: int, d: int, repeats: int = 5) -> None:
@@ -354,7 +401,11 @@ def main() -> None:
     ap.add_argument("--d", default="10000,1000000")
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per cell at d = 10^6 (7 at smaller d)")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (default: torch's choice)")
-    ap.add_argument("--byzfl", action="store_true", help="then time ByzFL on the same cells (its venv, a subprocess)")
+    ap.add_argument("--byzfl", action="store_true",
+                    help="also time ByzFL's matching rules on the same inputs, interleaved cell by cell "
+                         "(benchmarks/reference/byzfl_timing.py in its venv, a subprocess)")
+    ap.add_argument("--load-bound", type=float, default=0.5,
+                    help="largest difference of the two sides' load averages for which ByzFL ÷ redteam is printed")
     ap.add_argument("--gram-variants", action="store_true",
                     help="only time the Gram matrix as one product and split to exploit its symmetry")
     args = ap.parse_args()
@@ -366,9 +417,16 @@ def main() -> None:
     if args.gram_variants:
         gram_variants(ns[-1], ds[-1])
         return
-    secs = bench(names, ns, ds, 7, args.repeats)
-    byzfl = run_byzfl(names, ns, ds) if args.byzfl else None
-    side_by_side(secs, byzfl, [(n, d) for d in ds for n in ns])
+    byzfl = args.byzfl
+    python = os.path.join(os.environ.get("REDTEAM_BENCH_VENV", DEFAULT_VENV), "bin", "python")
+    if byzfl and not os.path.exists(python):
+        print(f"(ByzFL skipped: no venv at {os.path.dirname(os.path.dirname(python))}; build it with "
+              "`bash benchmarks/reference/setup.sh` ($REDTEAM_BENCH_VENV chooses where))")
+        byzfl = False
+    print(f"load average {os.getloadavg()[0]:.2f} at start", file=sys.stderr)
+    secs, theirs = bench(names, ns, ds, 7, args.repeats, byzfl=byzfl, threads=args.threads)
+    if byzfl:
+        side_by_side(secs, theirs, [(n, d) for d in ds for n in ns], args.load_bound)
 
 
 if __name__ == "__main__":
