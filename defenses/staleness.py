@@ -84,13 +84,15 @@ class ZenoPlusPlus(Filter):
 
     * ``lr``: γ, the server's step in the test; ``rho``: ρ, the weight of the magnitude penalty;
     * ``eps``: ε, the slack (ε > 0 lets through candidates slightly against v: v is itself a noisy
-      estimate from a small batch);
+      estimate from a small batch). With ``normalize`` the test reads cos(u, v) ≥ ρ/γ − ε/‖v‖², so ε
+      is in the units of ‖v‖² (the squared length of the server's update); the default ε = 0 with
+      ρ = 0.001, γ = 1 accepts exactly the candidates at cosine ≥ 0.001 to v;
     * ``normalize``: rescale each candidate to ‖v‖ before the test and the merge (the paper).
     """
 
     lr: float = 1.0
     rho: float = 0.001
-    eps: float = 0.1
+    eps: float = 0.0
     normalize: bool = True
     uses_server_data: ClassVar[bool] = True
     summary: ClassVar[str] = "Zeno++: accept an update whose descent score on the server's data is ≥ −γε"

@@ -121,9 +121,12 @@ class AsyncRun:
         spec = getattr(scenario, "asynchronous", None)
         if spec is None:
             raise InvalidParameter("AsyncRun needs a scenario with an [async] section")
-        self.spec: AsyncSpec = spec
+        self.async_spec: AsyncSpec = spec
         self.scenario = scenario
         self.fed = fed = Federation(scenario, device=device, attack=attack, warmup_dir=warmup_dir, start=start)
+        # what the runners read of a run object (the model's layout, workload, data, device)
+        self.spec, self.workload, self.data, self.device = fed.spec, fed.workload, fed.data, fed.device
+        self.malicious = list(fed.malicious)
         surfaces = set(fed.attack.surfaces)
         if surfaces - _SURFACES:
             raise InvalidParameter(f"attack {fed.attack_spec.name!r} acts on {', '.join(sorted(surfaces - _SURFACES))}; "
@@ -158,8 +161,8 @@ class AsyncRun:
         with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
             t = float(steps * net.compute_s[client] + 4.0 * fed.spec.dim / net.bytes_per_s[client]
                       + net.latency_s[client])
-        if self.spec.jitter:
-            t *= float(np.exp(self.spec.jitter * self._rng.standard_normal()))
+        if self.async_spec.jitter:
+            t *= float(np.exp(self.async_spec.jitter * self._rng.standard_normal()))
         return t
 
     # ------------------------------------------------------------------ training
@@ -194,7 +197,7 @@ class AsyncRun:
         if self._ran:
             raise RedteamError("this AsyncRun has already run; build a new one for another run")
         self._ran = True
-        fed, spec, sc = self.fed, self.spec, self.scenario
+        fed, spec, sc = self.fed, self.async_spec, self.scenario
         n, dim = sc.federation.clients, fed.spec.dim
         attacking = bool(fed.attack.surfaces)
         asks = Surface.ASYNC in fed.attack.surfaces
