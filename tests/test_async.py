@@ -282,7 +282,6 @@ def test_zeno_rejects_the_lying_attacker_in_a_run():
     probe = make_run(parse_scenario(_doc(federation={"clients": 4, "malicious_fraction": 0.25},
                                          **{"async": {"buffer_size": 1}})))
     bad = probe.fed.malicious[0]
-    run, recs = _attacked({"name": "version_lie", "scale": 2.0}, [1.0, 1.3, 1.7, 2.1])
     sc = parse_scenario(_doc(federation={"clients": 4, "rounds": 6, "local_steps": 1, "malicious_fraction": 0.25},
                              attack={"name": "version_lie", "scale": 2.0}, defense={"name": "zeno_pp"},
                              **{"async": {"buffer_size": 1}}))
