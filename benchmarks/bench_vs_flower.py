@@ -59,7 +59,8 @@ run one after the other, in reverse order on odd passes (ours, torch, Flower; th
 torch, ours), so that a load that drifts during the run falls on both sides. Every side's
 timed rounds (2..R of every pass) give min / median / max, and the 1-minute load average is
 read before and after each of its runs. A ratio across processes is printed only when the two
-sides' loads (the median over their runs of the mean of before and after) differ by at most
+sides' loads (the median over their runs of the load read just before each run: the reading
+after includes the run's own processes, and Ray's raise it by themselves) differ by at most
 ``--load-bound`` (default 0.5): a ratio of two timings says something about the code only if
 both sides competed for the cores alike, and on a shared 2-core machine half a runnable
 process more on one side moves its timings by tens of percent (issue 23 saw Flower ÷ full
@@ -213,8 +214,10 @@ def _ms(s: float | None) -> str:
 
 
 def side_load(runs: list[dict]) -> float | None:
-    """A side's load: the median over its runs of the mean of the load before and after."""
-    vals = [(r["load_before"] + r["load_after"]) / 2 for r in runs if "load_before" in r]
+    """A side's load: the median over its runs of the load average read just before the run
+    (the one after includes the run's own processes: Ray's raylet, GCS and actors raise it
+    during a Flower run by themselves)."""
+    vals = [r["load_before"] for r in runs if "load_before" in r]
     return statistics.median(vals) if vals else None
 
 
