@@ -15,15 +15,28 @@ for a direction v_i that uses the graph:
   W_ib. Under plain gossip node i then moves by (1 − scale) Σ_j W_ij (x_j − x_i): ``scale = 1``
   freezes it (no mixing), ``scale > 1`` pushes it away from its neighbours.
 * :class:`Spectral` — Gaucher, Dieuleveut & Hendrikx ("Unified Breakdown Analysis for Byzantine
-  Robust Gossip", ICML 2025): v_i = (μ₂ / δ_i) · u_i · Σ_k u_k x_k, with u the Fiedler vector of
-  the honest subgraph's Laplacian L (weighted by W) and μ₂ its eigenvalue — the honest models'
-  component along the graph's slowest-mixing mode, fed back with the node's own sign and weight
-  on that mode. It feeds the mode that gossip damps least (on the two-worlds graph: the
-  difference between the two halves). Under plain gossip the honest models move by
-  X ← X − L X + scale · μ₂ · u uᵀX, so their Fiedler component is multiplied by
-  1 + (scale − 1) μ₂ per step: ``scale = 1`` holds it still, ``scale > 1`` makes it grow. (The
-  authors send x_i + c · u_i uᵀX and search c by line search against the rule; the μ₂/δ_i
-  normalisation here makes ``scale`` mean the same on every graph.)
+  Robust Gossip", ICML 2025; code ``renaudgaucher/Byzantine-Robust-Gossip``,
+  ``attacks/identical_sparse.py``): the direction v_i = u_i · Σ_k u_k x_k, with u the Fiedler
+  vector of the honest subgraph's Laplacian L (weighted by W) — the honest models' component along
+  the graph's slowest-mixing mode, fed back with the node's own sign and weight on that mode. It
+  feeds the mode that gossip damps least (on the two-worlds graph: the difference between the two
+  halves). Every Byzantine neighbour of node i sends x_i + c · v_i, the factor c chosen by
+  ``factor``:
+
+  - ``"line_search"`` (default; the authors' code, ``factor=-16`` there): c ≥ 0 maximising the
+    squared distance between the node's model after its rule (``GossipContext.defense``; the
+    weighted mean when unknown) and where honest gossip alone would take it,
+    x_i − Σ_{j honest} W_ij (x_i − x_j), by their best-effort line search in ``evals``
+    evaluations (:func:`line_maximize`: from c = 0 with step 1, doubling the step while the
+    distance grows, then contracting it by 0.8 around the best c). The raw direction is theirs
+    (no normalisation), and so is the search: the factor adapts to the rule, as in their
+    experiments.
+  - ``"raw"``: a fixed c = ``scale`` on the raw direction (their ``factor > 0``).
+  - ``"normalised"``: c = ``scale`` · μ₂ / δ_i, μ₂ the eigenvalue of u and δ_i the node's Byzantine
+    weight (our own convention, not the authors': it makes ``scale`` mean the same on every
+    graph). Under plain gossip the honest models then move by X ← X − L X + scale · μ₂ · u uᵀX,
+    so their Fiedler component is multiplied by 1 + (scale − 1) μ₂ per step: ``scale = 1`` holds
+    it still, ``scale > 1`` makes it grow.
 
 Both act in every gossip step of the attack window; outside it the Byzantine nodes gossip their
 own models, as honest nodes do.
@@ -32,14 +45,17 @@ own models, as honest nodes do.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Callable, ClassVar, Literal
 
-from redteam.types import Attack, GossipContext, Surface, param_error
+from redteam.errors import InvalidParameter
+from redteam.types import Attack, GossipContext, ServerContext, Surface, param_error
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Dissensus", "Spectral"]
+__all__ = ["Dissensus", "Spectral", "line_maximize"]
+
+FACTORS = ("line_search", "raw", "normalised")
 
 
 def _check_scale(obj: object, v: float) -> None:
@@ -71,19 +87,74 @@ class Dissensus(Attack):
         return (x + self.scale * v).unsqueeze(0).expand(k, -1).clone()
 
 
+def line_maximize(score: Callable[[float], float], evals: int = 16, start: float = 0.0, delta: float = 1.0,
+                  ratio: float = 0.8) -> float:
+    """A best-effort maximiser of ``score`` over c ≥ 0 in ``evals`` evaluations, the search of
+    Gaucher et al.'s code (``tools/misc.py``, ``line_maximize``; written here from its description):
+    from ``start``, try c + δ, doubling δ while the score improves; at the first step that does not
+    improve, shrink δ by ``ratio`` and from then on probe δ towards the best c (back from above it,
+    up from below it; never below 0), shrinking δ by ``ratio`` after each probe. Returns the best c."""
+    best_c, best = start, score(start)
+    evals -= 1
+    probe = best_c
+    while evals > 0:  # expansion
+        probe = best_c + delta
+        got = score(probe)
+        evals -= 1
+        if got > best:
+            best_c, best = probe, got
+            delta *= 2
+        else:
+            delta *= ratio
+            break
+    while evals > 0:  # contraction
+        if probe < best_c:
+            probe += delta
+        else:
+            c = probe - delta
+            while c < 0:
+                c = (c + probe) / 2
+            probe = c
+        got = score(probe)
+        evals -= 1
+        if got > best:
+            best_c, best = probe, got
+        delta *= ratio
+    return best_c
+
+
 @dataclass(frozen=True, slots=True)
 class Spectral(Attack):
-    """Send x_i + scale · (μ₂/δ_i) · u_i (uᵀX) to honest node i, u the honest subgraph's Fiedler
-    vector and μ₂ its eigenvalue (module docstring)."""
+    """Send x_i + c · u_i (uᵀX) to honest node i, u the honest subgraph's Fiedler vector, c by
+    ``factor``: ``"line_search"`` against the node's rule (default, as the authors' code),
+    ``"raw"`` (c = ``scale``) or ``"normalised"`` (c = ``scale`` · μ₂/δ_i) (module docstring)."""
 
-    scale: float = 2.0
+    factor: Literal["line_search", "raw", "normalised"] = "line_search"
+    scale: float | None = None
+    evals: int = 16
     surfaces: ClassVar[tuple[str, ...]] = (Surface.GOSSIP,)
     omniscient: ClassVar[bool] = True
     summary: ClassVar[str] = "gossip: feed the honest models' Fiedler-vector component back (spectral attack)"
     reference: ClassVar[str] = "Gaucher, Dieuleveut & Hendrikx, ICML 2025 (arXiv 2410.10418)"
 
-    def validate_scale(self, v: float) -> None:
+    def validate_factor(self, v: str) -> None:
+        if v not in FACTORS:
+            raise param_error(self, "factor", v, f"must be one of {', '.join(map(repr, FACTORS))}")
+
+    def validate_scale(self, v: float | None) -> None:
+        if v is None:
+            return
+        if self.factor == "line_search":
+            raise param_error(self, "scale", v, "is set, but factor = 'line_search' searches the factor; give "
+                                                "factor = 'raw' or 'normalised' to fix it")
         _check_scale(self, v)
+
+    def validate_evals(self, v: int) -> None:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise param_error(self, "evals", v, "must be an integer ≥ 1")
+
+    def _scale(self) -> float:
+        return float(self.scale) if self.scale is not None else (2.0 if self.factor == "normalised" else 1.0)
 
     def craft_gossip(self, ctx: GossipContext) -> "torch.Tensor":
         import torch
@@ -94,8 +165,46 @@ class Spectral(Attack):
         lap = ctx.laplacian.to(torch.float64)
         if delta <= 0 or lap.shape[0] < 2:
             return x.unsqueeze(0).expand(k, -1).clone()
-        mu2 = float(torch.linalg.eigvalsh(lap)[1])
         u = ctx.fiedler.to(device=x.device, dtype=x.dtype)
         mode = u @ ctx.honest_models.to(x.dtype)  # (d,): the honest models' Fiedler component
-        v = (mu2 / delta) * u[ctx.position] * mode
-        return (x + self.scale * v).unsqueeze(0).expand(k, -1).clone()
+        v = u[ctx.position] * mode
+        if self.factor == "normalised":
+            mu2 = float(torch.linalg.eigvalsh(lap)[1])
+            c = self._scale() * mu2 / delta
+        elif self.factor == "raw":
+            c = self._scale()
+        else:
+            c = line_maximize(_distance_after_rule(ctx, v), evals=self.evals)
+        return (x + c * v).unsqueeze(0).expand(k, -1).clone()
+
+
+def _distance_after_rule(ctx: GossipContext, v: "torch.Tensor") -> Callable[[float], float]:
+    """c ↦ ‖(the target's model after its rule, every Byzantine neighbour sending x_i + c v) − (its
+    model after honest gossip alone)‖², as Gaucher et al.'s line search scores a factor."""
+    import torch
+
+    x = ctx.target_model
+    k = len(ctx.attackers)
+    hon = ctx.neighbour_models.to(x.dtype) - x  # x_j − x_i
+    wh = ctx.neighbour_weights.to(x.dtype)
+    target = x + (wh[:, None] * hon).sum(0)
+    weights = torch.cat([torch.tensor([ctx.self_weight], dtype=x.dtype, device=x.device), wh,
+                         ctx.attacker_weights.to(x.dtype)])
+    ids = (ctx.target, *ctx.neighbours, *ctx.attackers)
+
+    def score(c: float) -> float:
+        rows = torch.cat([torch.zeros_like(x).unsqueeze(0), hon, (c * v).unsqueeze(0).expand(k, -1)])
+        if ctx.defense is None:  # the weighted mean (plain gossip)
+            agg = (weights @ rows) / weights.sum()
+        else:
+            sctx = ServerContext(round=ctx.round, n_clients=len(ids), weights=weights, global_params=x,
+                                 generator=torch.Generator(device="cpu").manual_seed(0), client_ids=ids, own_row=0)
+            try:
+                agg = ctx.defense(rows, sctx).aggregate.to(x.dtype)
+            except InvalidParameter:  # a rule that refuses the neighbourhood: the node keeps its model
+                agg = torch.zeros_like(x)
+        gap = x + agg - target
+        got = float(gap.to(torch.float64).pow(2).sum())
+        return got if got == got else float("-inf")
+
+    return score

@@ -112,7 +112,10 @@ class GossipContext:
     honest nodes: ``honest`` (their node ids), ``honest_models`` ``(m, d)``, ``laplacian``
     ``(m, m)`` (of the honest subgraph, weighted by W), ``fiedler`` ``(m,)`` (its Fiedler vector)
     and ``position`` (the target's index in ``honest``). ``generator`` and ``state`` (the attack's
-    memory for the run) as in :class:`AttackContext`."""
+    memory for the run) as in :class:`AttackContext`; ``defense``: the rule the target merges its
+    rows with (called as the regime calls it: rows centred on ``target_model``, its own zero row
+    first, then ``neighbours``, then ``attackers``, weighted by W, ``ServerContext.own_row = 0``),
+    for an attack that searches against it; ``None`` when unknown."""
 
     round: int
     step: int
@@ -132,6 +135,7 @@ class GossipContext:
     position: int
     generator: "torch.Generator"
     state: dict = field(default_factory=dict)
+    defense: Any = None
 
 
 @dataclass(frozen=True, slots=True)

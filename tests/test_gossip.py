@@ -18,6 +18,7 @@ from redteam.errors import InvalidScenario
 from redteam.federation import graphs
 from redteam.federation.gossip import GossipRun, consensus_distance, gossip_step
 from redteam.federation.regimes import make_run
+from redteam.registry import DEFENSES
 from redteam.scenario import parse_scenario
 from redteam.scoring import summarize
 from redteam.types import GossipContext, ServerContext
@@ -231,14 +232,14 @@ def test_spectral_attack_holds_or_grows_the_fiedler_component():
     assert mu2 == pytest.approx(0.5)  # the honest edges weigh 1/8 (degree 7); μ₂ of the unit Laplacian is 4
     c0 = float(u @ x[honest, 0])
     for scale, factor in ((1.0, 1.0), (2.0, 1.5), (0.0, 0.5)):
-        one = _run_attack(Spectral(scale=scale), adj, w, x, byz, 1)
+        one = _run_attack(Spectral(factor="normalised", scale=scale), adj, w, x, byz, 1)
         assert float(u @ one[honest, 0]) == pytest.approx(factor * c0, rel=1e-9)
 
     def gap(m):
         return float(m[5:10].mean() - m[:5].mean())
 
-    assert abs(gap(_run_attack(Spectral(scale=0.0), adj, w, x, byz, 30))) < 0.05 * abs(gap(x))
-    assert abs(gap(_run_attack(Spectral(scale=2.0), adj, w, x, byz, 10))) > 10 * abs(gap(x))
+    assert abs(gap(_run_attack(Spectral(factor="normalised", scale=0.0), adj, w, x, byz, 30))) < 0.05 * abs(gap(x))
+    assert abs(gap(_run_attack(Spectral(factor="normalised", scale=2.0), adj, w, x, byz, 10))) > 10 * abs(gap(x))
 
 
 @pytest.mark.parametrize("b,robust", [(1, True), (2, False), (3, False)])
@@ -251,7 +252,7 @@ def test_cs_plus_breakdown_on_two_worlds_matches_the_bridges(b, robust):
     the other half's: the halves stop mixing. With b = 1 < 2, CS+ keeps unclipped bridges and the
     honest nodes reach consensus despite the spectral attack."""
     adj, w, x, byz, honest = _two_worlds(b=b)
-    out = _run_attack(Spectral(scale=2.0), adj, w, x, byz, 60, rule=CSPlus(b=b))
+    out = _run_attack(Spectral(factor="normalised", scale=2.0), adj, w, x, byz, 60, rule=CSPlus(b=b))
     halves = float(out[5:10].mean() - out[:5].mean())
     if robust:
         assert abs(halves) < 0.05 and consensus_distance(out[honest]) < 1e-3
@@ -350,3 +351,150 @@ def test_gossip_section_is_validated(bad, match):
 def test_scenarios_without_gossip_keep_their_digest():
     d = {"federation": {"clients": 4}}
     assert "gossip" not in parse_scenario(d).to_dict()
+
+
+# ------------------------------------------------------------------ today's rules on a neighbourhood
+# The path 0 – 1 – 2 with node 3 hanging on node 1 (HAND above); node 3 is Byzantine and sends
+# node 1 the model (100, −100). Honest models x0 = (0, 4), x1 = (1, 1), x2 = (3, 0).
+NEIGH_X = torch.tensor([[0.0, 4.0], [1.0, 1.0], [3.0, 0.0], [7.0, 7.0]], dtype=torch.float64)
+NEIGH_W = graphs.mixing_matrix(HAND)
+
+
+def _neigh_step(rule, states=None):
+    def send(i, hon, byz):
+        return torch.tensor([[100.0, -100.0]], dtype=torch.float64)
+
+    return gossip_step(NEIGH_X, HAND, NEIGH_W, [0, 1, 2], rule, send, frozenset({3}), states=states)
+
+
+def test_coordinate_median_over_a_neighbourhood_by_hand():
+    """Node 1 sees its own model and x0, x2 and the Byzantine (100, −100): four values per
+    coordinate, so the midpoint median. Coordinate 1: 0, 1, 3, 100 → (1 + 3)/2 = 2; coordinate 2:
+    −100, 0, 1, 4 → (0 + 1)/2 = 0.5. The median is translation-equivariant, so the centred rows
+    the node passes give the same model: node 1 → (2, 0.5), the Byzantine outlier ignored. The
+    leaves 0 and 2 see two models each, the midpoint of which is their mean: (0.5, 2.5) and (2, 0.5)."""
+    res = _neigh_step(DEFENSES.create("median", {}))
+    want = torch.tensor([[0.5, 2.5], [2.0, 0.5], [2.0, 0.5], [7.0, 7.0]], dtype=torch.float64)
+    assert torch.allclose(res.models, want, atol=1e-12)
+    assert not res.refused and res.accepted == {0: True, 1: True, 2: True, 3: True}
+
+
+def test_trimmed_mean_over_a_neighbourhood_by_hand_and_thinned_on_the_leaves():
+    """b = 1 on node 1's four values: drop the extremes per coordinate, average the middle two —
+    (1 + 3)/2 = 2 and (0 + 1)/2 = 0.5, as the median. The leaves have two rows, too few to trim one
+    per side (2b < n fails): the rule trims as much as the neighbourhood holds (b = 0, the mean)
+    and says so in the node's state (b_reduced_from = 1)."""
+    states: dict = {}
+    res = _neigh_step(DEFENSES.create("trimmed_mean", {"b": 1}), states)
+    want = torch.tensor([[0.5, 2.5], [2.0, 0.5], [2.0, 0.5], [7.0, 7.0]], dtype=torch.float64)
+    assert torch.allclose(res.models, want, atol=1e-12)
+    assert states[1] == {"b": 1}
+    assert states[0] == states[2] == {"b": 0, "b_reduced_from": 1}
+
+
+def test_krum_refuses_a_neighbourhood_too_small_and_the_node_keeps_its_model():
+    """Krum with f = 0 needs 2f + 2 < n rows: node 1 has four and scores each value by the squared
+    distances to its 2 nearest others — x1: 10 + 5 = 15, x0: 10 + 25 = 35, x2: 5 + 25 = 30, the
+    Byzantine value ~2·10⁴ — so it selects its own model (it stays at (1, 1)) and rejects the
+    rest. The leaves have two rows: Krum refuses them, they keep their models, and the step says
+    why; with f = 1 (2f + 2 = 4 rows are not enough) node 1 is refused too."""
+    res = _neigh_step(DEFENSES.create("krum", {"f": 0}))
+    assert torch.equal(res.models, NEIGH_X)
+    assert set(res.refused) == {0, 2}
+    assert all("kept its model" in why and "2f + 2 < n" in why for why in res.refused.values())
+    assert res.accepted == {0: False, 2: False, 3: False}
+    assert "not selected by Krum" in res.rejected[3]
+    res = _neigh_step(DEFENSES.create("krum", {"f": 1}))
+    assert torch.equal(res.models, NEIGH_X) and set(res.refused) == {0, 1, 2} and not res.accepted
+
+
+@pytest.mark.parametrize("defense", ["median", {"name": "trimmed_mean", "b": 1}, "krum"])
+def test_todays_rules_run_on_a_small_graph(defense):
+    """Each rule merges every honest node of a 3 × 3 torus (five rows each: Krum's f is the largest
+    the neighbourhood allows, 1) under a sign-flip node; the honest nodes come closer together than
+    training alone leaves them (no merging: the same run with a rule every node refuses)."""
+    d = doc("sign_flip", defense, topology="torus", rows=3)
+    d["federation"]["clients"] = 9
+    res = make_run(parse_scenario(d)).run()
+    assert len(res.records) == 3
+    for rec in res.records:
+        assert math.isfinite(rec.accuracy) and "refused" not in rec.extra["gossip"]
+    apart = copy.deepcopy(d)
+    apart["defense"] = {"name": "krum", "f": 2}  # 2f + 2 = 6 > 5 rows: every node refuses, nobody merges
+    alone = make_run(parse_scenario(apart)).run()
+    assert all(len(r.extra["gossip"]["refused"]) == 8 for r in alone.records)
+    merged, apart_ = (r.records[-1].extra["gossip"]["consensus_distance"] for r in (res, alone))
+    assert merged < apart_
+
+
+def test_the_regime_records_each_node_whose_neighbourhood_krum_refuses():
+    """An Erdős–Rényi graph with nodes of several degrees, Krum with f = 1 (needs 1 + degree > 4):
+    exactly the nodes of degree ≤ 3 are refused in every round, each with Krum's reason."""
+    d = doc("none", {"name": "krum", "f": 1}, topology="erdos_renyi", probability=0.35, attackers=0)
+    d["federation"]["clients"] = 10
+    run = GossipRun(parse_scenario(d))
+    deg = run.adj.sum(1)
+    small = {i for i in range(10) if deg[i] <= 3}
+    assert small and len(small) < 10  # the graph has both kinds of node
+    for rec in run.run().records:
+        refused = rec.extra["gossip"]["refused"]
+        assert set(refused) == small
+        assert all("kept its model" in why and "2f + 2 < n" in why for why in refused.values())
+
+
+# ------------------------------------------------------------------ the spectral attack's factor
+
+
+def test_line_maximize_by_hand():
+    """The authors' search on c ↦ −(c − 5)²: from 0 with step 1, doubling — 1, 3, 7 (worse: 7 is
+    past the peak; step 4·0.8 = 3.2) — then probing towards the best c = 3 and contracting:
+    7 − 3.2 = 3.8 (better), then from below … it ends within a small step of 5 in 16 evaluations.
+    A score that never improves returns the start; a monotone one keeps doubling (c = 2¹⁵ − 1)."""
+    from attacks.gossip import line_maximize
+
+    seen = []
+
+    def peak(c):
+        seen.append(c)
+        return -(c - 5.0) ** 2
+
+    best = line_maximize(peak)
+    assert seen[:5] == [0.0, 1.0, 3.0, 7.0, pytest.approx(3.8)] and len(seen) == 16
+    assert abs(best - 5.0) < 0.3
+    assert line_maximize(lambda c: -c) == 0.0
+    assert line_maximize(lambda c: c) == 2 ** 15 - 1
+
+
+def test_spectral_factor_options():
+    """``raw`` sends x_i + scale · u_i uᵀX; ``normalised`` scales it by μ₂/δ_i (on the two-worlds graph
+    μ₂ = 1/2 and δ_i = W_ib, so the two differ by that ratio); ``line_search`` (the default, as the
+    authors' code) picks c against the node's rule: against plain gossip the distance to the honest
+    target grows with c, so the search keeps doubling, and CS+ caps what any c achieves."""
+    adj, w, x, byz, honest = _two_worlds(b=1)
+    ctx = _ctx(x, adj, w, honest, 0, byz)
+    lap = graphs.laplacian(adj[np.ix_(honest, honest)], w[np.ix_(honest, honest)])
+    u = torch.as_tensor(graphs.fiedler_vector(lap))
+    v = u[0] * (u @ x[honest])
+    raw = Spectral(factor="raw", scale=3.0).craft_gossip(ctx)
+    assert torch.allclose(raw[0], x[0] + 3.0 * v)
+    norm = Spectral(factor="normalised", scale=3.0).craft_gossip(ctx)
+    assert torch.allclose(norm[0], x[0] + 3.0 * 0.5 / float(w[0, byz[0]]) * v)
+    free = Spectral().craft_gossip(ctx)  # no rule known: the weighted mean
+    assert torch.allclose(free[0], x[0] + (2 ** 15 - 1) * v)
+    import dataclasses
+
+    capped = Spectral().craft_gossip(dataclasses.replace(ctx, defense=CSPlus(b=1)))
+    assert float((capped[0] - x[0]).norm()) < float((free[0] - x[0]).norm())
+    with pytest.raises(Exception, match="line_search"):
+        Spectral(scale=2.0)
+    with pytest.raises(Exception, match="factor"):
+        Spectral(factor="fixed")
+
+
+def test_spectral_line_search_runs_in_the_regime_against_the_nodes_rule():
+    """In the regime the attack searches against the [defense] rule the nodes use (GossipContext.defense)."""
+    hit = make_run(parse_scenario(doc("spectral", "cs_plus", topology="complete", placement="everywhere"))).run()
+    base = make_run(parse_scenario(doc("none", "cs_plus", topology="complete", placement="everywhere"))).run()
+    assert len(hit.records) == 3 and all(math.isfinite(r.accuracy) for r in hit.records)
+    spread = [r.records[-1].extra["gossip"]["consensus_distance"] for r in (hit, base)]
+    assert spread[0] != spread[1]

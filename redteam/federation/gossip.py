@@ -274,7 +274,8 @@ class GossipRun:
                     self_weight=float(w[i, i]), attackers=tuple(byz),
                     attacker_weights=torch.tensor([w[i, j] for j in byz], dtype=dt, device=x.device),
                     own_models=x[byz], honest=tuple(self.honest), honest_models=honest_models, laplacian=lap,
-                    fiedler=fied, position=pos[i], generator=self._torch["attack"], state=attack_state)
+                    fiedler=fied, position=pos[i], generator=self._torch["attack"], state=attack_state,
+                    defense=self.defense)
                 return self.attack.craft_gossip(ctx)
             if Surface.UPDATES in self.attack.surfaces:
                 ids = (i, *hon, *byz)
