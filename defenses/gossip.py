@@ -39,8 +39,8 @@ server's current model: the rows are updates, as they are.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Literal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from redteam.pipeline import Aggregator
 from redteam.types import Decision, ServerContext, param_error, sample_weights
@@ -50,9 +50,66 @@ from ._common import check_choice, check_count, check_number, finite_rows
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ClippedGossip", "CSPlus", "IOS", "clip_radius_cs_plus", "clip_radius_he"]
+__all__ = ["BatchDecision", "ClippedGossip", "CSPlus", "IOS", "clip_radius_cs_plus", "clip_radius_he"]
 
 _TOL = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class BatchDecision:
+    """Every merging node's :class:`~redteam.types.Decision` at once (``decide_batch``): the
+    aggregates ``(m, d)``, ``accepted`` ``(m, K)`` (padding slots: False), ``reasons`` keyed by
+    (node row, slot) for the rejected rows, and each node's ``Decision.state``."""
+
+    aggregate: "torch.Tensor"
+    accepted: "torch.Tensor"
+    reasons: dict[tuple[int, int], str] = field(default_factory=dict)
+    states: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _screen_batch(rows: "torch.Tensor", weights: "torch.Tensor", valid: "torch.Tensor"
+                  ) -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor", dict[tuple[int, int], str]]:
+    """:func:`_screen` for padded neighbourhoods ``(m, K, d)``: (float64 weights normalised per node
+    over its finite rows, 0 elsewhere; the finite mask; the rows, in their dtype, with every
+    non-finite row — padding included — set to 0 (a copy then; else the rows themselves); reasons).
+    The rows stay in their dtype: the per-node rules convert a node's rows to float64, which here
+    would copy every neighbourhood into a tensor twice its size (and several times slower than
+    the rule itself on CPU); the batched rules take norms and weighted sums in the rows' dtype and
+    only the per-row figures (weights, distances, radii) in float64. With float32 rows that moves
+    the result by a few float32 ulps (relative 1e-7), which ``tests/test_gossip_batched.py``
+    bounds."""
+    import torch
+
+    fin = torch.isfinite(rows.sum(-1))
+    if not bool(fin.all()):  # a row sum can overflow on finite entries: check those entry by entry
+        fin = torch.isfinite(rows).all(-1)
+        if not bool(fin.all()):
+            rows = rows.clone()
+            rows[~fin] = 0
+    ok = valid & fin
+    w = weights.to(torch.float64).clamp_min(0) * ok.to(torch.float64)
+    total = w.sum(1, keepdim=True)
+    w = torch.where(total > 0, w / torch.where(total > 0, total, torch.ones_like(total)), w)
+    bad = (valid & ~ok).nonzero().tolist()
+    return w, ok, rows, {(r, k): "non-finite update" for r, k in bad}
+
+
+def _weighted_rows(c: "torch.Tensor", rows: "torch.Tensor") -> "torch.Tensor":
+    """Σ_k c[:, k] rows[:, k] per node, ``(m, d)`` in the rows' dtype."""
+    import torch
+
+    return torch.bmm(c.to(rows.dtype)[:, None, :], rows)[:, 0]
+
+
+def _byzantine_weight_batch(b: int, w: "torch.Tensor", own_row: int | None) -> "torch.Tensor":
+    others = w.clone()
+    if own_row is not None and 0 <= own_row < others.shape[1]:
+        others[:, own_row] = 0
+    return float(b) * others.max(1).values
+
+
+def _weight_within_batch(dist: "torch.Tensor", w: "torch.Tensor") -> "torch.Tensor":
+    return ((dist[:, None, :] <= dist[:, :, None]).to(w.dtype) * w[:, None, :]).sum(2)
 
 
 def _screen(updates: "torch.Tensor", ctx: ServerContext) -> tuple["torch.Tensor", "torch.Tensor", dict[int, str]]:
@@ -137,6 +194,35 @@ class _Clipped(Aggregator):
     def radius(self, dist: "torch.Tensor", w: "torch.Tensor", delta: float, own_row: int | None) -> float:
         raise NotImplementedError  # pragma: no cover
 
+    def radius_batch(self, dist: "torch.Tensor", w: "torch.Tensor", delta: "torch.Tensor", valid: "torch.Tensor",
+                     own_row: int | None) -> "torch.Tensor":
+        raise NotImplementedError  # pragma: no cover
+
+    def batch_ready(self) -> bool:
+        """Whether :meth:`decide_batch` can run (``b`` is set)."""
+        return self.b is not None
+
+    def decide_batch(self, rows: "torch.Tensor", weights: "torch.Tensor", valid: "torch.Tensor",
+                     own_row: int | None = 0) -> BatchDecision:
+        """:meth:`decide` on every node's neighbourhood at once: ``rows`` ``(m, K, d)`` (each
+        node's rows, padded), ``weights`` ``(m, K)``, ``valid`` ``(m, K)`` (False on padding);
+        the same radius and clipped sum per node, up to the summation order."""
+        import torch
+
+        b = self._b()
+        w, ok, x, reasons = _screen_batch(rows, weights, valid)
+        delta = _byzantine_weight_batch(b, w, own_row)
+        dist = torch.linalg.vector_norm(x, dim=2).to(torch.float64)
+        dist = torch.where(ok, dist, torch.full_like(dist, float("inf")))
+        tau = self.radius_batch(dist, w, delta, valid, own_row)
+        tau = torch.where(ok.any(1), tau, torch.zeros_like(tau))
+        # the clipped sum: rows of weight 0 (and the non-finite ones, zeroed) contribute nothing
+        norm = torch.where(w > 0, dist, torch.zeros_like(dist))
+        scale = torch.where(norm > tau[:, None], tau[:, None] / norm.clamp_min(1e-300), torch.ones_like(norm))
+        agg = _weighted_rows(w * scale, x)
+        states = [{"tau": t, "byzantine_weight": dl} for t, dl in zip(tau.tolist(), delta.tolist())]
+        return BatchDecision(aggregate=agg.to(rows.dtype), accepted=ok, reasons=reasons, states=states)
+
     def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
         import torch
 
@@ -185,6 +271,28 @@ class ClippedGossip(_Clipped):
             return float(top[1] if top.numel() >= 2 else top[0])
         return clip_radius_he(dist, w, delta)
 
+    def radius_batch(self, dist: "torch.Tensor", w: "torch.Tensor", delta: "torch.Tensor", valid: "torch.Tensor",
+                     own_row: int | None) -> "torch.Tensor":
+        import torch
+
+        inf = torch.full_like(delta, float("inf"))
+        if self.tau is not None:
+            return torch.full_like(delta, float(self.tau))
+        if self.tau_rule == "second_largest":
+            cand = (w > 0) & valid
+            if own_row is not None:
+                cand[:, own_row] = False
+            d = torch.where(cand, dist, torch.full_like(dist, -float("inf")))
+            top = torch.topk(d, min(2, d.shape[1]), dim=1).values
+            count = cand.sum(1)
+            second = top[:, 1] if top.shape[1] >= 2 else top[:, 0]
+            return torch.where(count >= 2, second, torch.where(count == 1, top[:, 0], torch.zeros_like(delta)))
+        # He et al.: the honest set taken as the nearest rows holding weight Σw − δ
+        keep = (_weight_within_batch(dist, w) <= (w.sum(1) - delta + _TOL)[:, None]) & valid
+        d = torch.where(keep, dist, torch.zeros_like(dist))
+        tau = torch.sqrt((w * keep.to(w.dtype) * d ** 2).sum(1) / torch.where(delta > 0, delta, 1.0))
+        return torch.where(delta > 0, tau, inf)
+
 
 @dataclass(frozen=True, slots=True)
 class CSPlus(_Clipped):
@@ -196,6 +304,15 @@ class CSPlus(_Clipped):
 
     def radius(self, dist: "torch.Tensor", w: "torch.Tensor", delta: float, own_row: int | None) -> float:
         return clip_radius_cs_plus(dist, w, delta)
+
+    def radius_batch(self, dist: "torch.Tensor", w: "torch.Tensor", delta: "torch.Tensor", valid: "torch.Tensor",
+                     own_row: int | None) -> "torch.Tensor":
+        import torch
+
+        fits = (_weight_within_batch(dist, w) <= (w.sum(1) - 2.0 * delta + _TOL)[:, None]) & valid
+        tau = torch.where(fits, dist, torch.full_like(dist, -float("inf"))).max(1).values
+        tau = torch.where(fits.any(1), tau, torch.zeros_like(tau))
+        return torch.where(delta > 0, tau, torch.full_like(tau, float("inf")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,3 +363,54 @@ class IOS(Aggregator):
         return Decision(aggregate=agg.to(updates.dtype), accepted=accepted, weights=(wk / total if float(total) > 0
                                                                                        else wk).to(updates.dtype),
                         reasons=reasons, state={"dropped": dropped})
+
+    def batch_ready(self) -> bool:
+        """Whether :meth:`decide_batch` can run (``b`` is set)."""
+        return self.b is not None
+
+    def decide_batch(self, rows: "torch.Tensor", weights: "torch.Tensor", valid: "torch.Tensor",
+                     own_row: int | None = 0) -> BatchDecision:
+        """:meth:`decide` on every node's neighbourhood at once (``rows`` ``(m, K, d)`` padded,
+        ``weights`` / ``valid`` ``(m, K)``): the same b rounds of scissors, each on every node that
+        still has a row to drop, up to the summation order of the means."""
+        import torch
+
+        if self.b is None:
+            raise param_error(self, "b", None, "is unset: give the number of rows to drop; in a scenario it "
+                                               "defaults to [gossip] attackers")
+        w, ok, x, reasons = _screen_batch(rows, weights, valid)
+        m = x.shape[0]
+        keep = ok & (w > 0)
+        dropped: list[list[int]] = [[] for _ in range(m)]
+        drop_mask = torch.zeros_like(keep)
+        nodes = torch.arange(m, device=x.device)
+        buf = None
+        for _ in range(self.b):
+            cand = keep.clone()
+            if own_row is not None and 0 <= own_row < cand.shape[1]:
+                cand[:, own_row] = False
+            active = cand.any(1)  # keep only shrinks: a node without a candidate has none later either
+            if not bool(active.any()):
+                break
+            wk = w * keep.to(w.dtype)
+            total = wk.sum(1)
+            mean = _weighted_rows(wk / torch.where(total > 0, total, 1.0)[:, None], x)
+            if buf is None:  # one buffer for every round's differences (a fresh one each time costs more)
+                buf = torch.empty_like(x)
+            dist = torch.linalg.vector_norm(torch.sub(x, mean[:, None, :], out=buf), dim=2).to(torch.float64)
+            dist = torch.where(cand, dist, torch.full_like(dist, -1.0))
+            j = torch.argmax(dist, dim=1)
+            rows_on = nodes[active]
+            keep[rows_on, j[active]] = False
+            drop_mask[rows_on, j[active]] = True
+            for r, k in zip(rows_on.tolist(), j[active].tolist()):
+                dropped[r].append(k)
+        wk = w * keep.to(w.dtype)
+        total = wk.sum(1)
+        agg = _weighted_rows(wk / torch.where(total > 0, total, 1.0)[:, None], x)
+        for r, ks in enumerate(dropped):
+            for k in ks:
+                reasons[(r, k)] = "dropped by IOS (farthest from the neighbourhood's mean)"
+        accepted = (keep | (ok & (w == 0))) & ~drop_mask
+        return BatchDecision(aggregate=agg.to(rows.dtype), accepted=accepted, reasons=reasons,
+                             states=[{"dropped": ks} for ks in dropped])

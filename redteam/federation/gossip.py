@@ -85,55 +85,231 @@ class StepResult:
     refused: dict[int, str] = field(default_factory=dict)
 
 
+#: the padded neighbourhood tensors of the batched rules are built for at most this many entries
+#: at a time (nodes × (1 + max degree) × d; 2²⁰ float32 entries = 4 MiB): the rules make a few
+#: passes over them, which run fastest while a chunk stays in cache (benchmarks/bench_gossip.py)
+_CHUNK_ENTRIES = 1 << 20
+
+
 def gossip_step(x: torch.Tensor, adj: np.ndarray, w: np.ndarray, merging: list[int], defense: Any,
                 messages: Callable[[int, list[int], list[int]], torch.Tensor] | None = None,
                 byzantine: set[int] | frozenset[int] = frozenset(), *, rnd: int = 0,
                 generator: torch.Generator | None = None, states: dict[int, dict] | None = None) -> StepResult:
     """One synchronous gossip step on the models ``x`` ``(n, d)``: each node of ``merging`` calls
-    ``defense`` on its rows centred on its model (its zero row first, weight W_ii; then its
-    neighbours) and moves by the aggregate. A neighbour in ``byzantine`` sends what
-    ``messages(i, honest_neighbours, byzantine_neighbours)`` returns for it (``(k, d)`` models),
-    the others their models. Nodes not merging keep their models."""
-    out = x.clone()
-    res = StepResult(out)
+    ``defense`` on its rows centred on its model (its zero row first, weight W_ii; then its honest
+    neighbours, then its Byzantine ones, each in increasing order) and moves by the aggregate. A
+    neighbour in ``byzantine`` sends what ``messages(i, honest_neighbours, byzantine_neighbours)``
+    returns for it (``(k, d)`` models), the others their models. Nodes not merging keep their models.
+
+    Batched over the nodes, as the clients' training is:
+
+    * ``mean`` (:class:`defenses.basic.Mean`) is one matrix product, x ← W x for every merging node
+      at once, with each Byzantine neighbour's column replaced, edge by edge, by what it sent that
+      node (the weights renormalised over the row as ``Mean`` does). It equals the per-node rule up
+      to rounding: the per-node rule sums W_ij (x_j − x_i), the product Σ_j W_ij x_j (float32:
+      |Δ| ≲ 1e-6 · max|x|). A non-finite row (which ``Mean`` rejects) or a non-finite result sends
+      those nodes through the per-node rule.
+    * a rule with ``decide_batch`` (:mod:`defenses.gossip`: ClippedGossip, CS+, IOS) gets every
+      neighbourhood at once, padded to (nodes × (1 + max degree) × d) with a mask (in chunks of
+      nodes), and must decide each exactly as ``decide`` does (up to the summation order).
+    * any other rule (``median``, ``trimmed_mean``, ``krum`` …) is called node by node; a node whose
+      neighbourhood the rule refuses (an :class:`~redteam.errors.InvalidParameter`, e.g. Krum with
+      too few neighbours) or whose aggregate is non-finite keeps its model, and ``refused`` says why.
+
+    The attack's ``messages`` are asked for in the order of ``merging`` in every path."""
+    res = StepResult(x.clone())
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
-    for i in merging:
-        nbrs = np.flatnonzero(adj[i]).tolist()
-        hon = [j for j in nbrs if j not in byzantine]
-        byz = [j for j in nbrs if j in byzantine]
-        xi = x[i]
-        parts = [torch.zeros_like(xi).unsqueeze(0), x[hon] - xi]
-        if byz:
-            sent = messages(i, hon, byz) if messages is not None else x[byz]
-            if tuple(sent.shape) != (len(byz), x.shape[1]):
-                raise RedteamError(f"gossip: the attack sent node {i} rows of shape {tuple(sent.shape)}, "
-                                   f"expected {(len(byz), x.shape[1])}")
-            parts.append(sent.to(x.dtype) - xi)
-        rows = torch.cat(parts)
-        ids = (i, *hon, *byz)
-        weights = torch.tensor([w[i, i], *(w[i, j] for j in hon), *(w[i, j] for j in byz)], dtype=x.dtype,
+    hoods = [_neighbourhood(adj, i, byzantine) for i in merging]
+    batch = getattr(defense, "decide_batch", None)
+    if _is_plain_mean(defense):
+        sent = _all_messages(x, merging, hoods, messages)
+        _mean_step(x, w, merging, hoods, sent, defense, res, rnd, gen, states)
+    elif callable(batch) and _batch_ready(defense):
+        sent = _all_messages(x, merging, hoods, messages)
+        _batched_step(x, w, merging, hoods, sent, defense, res, states)
+    else:
+        for i, (hon, byz) in zip(merging, hoods):
+            got = _sent(x, i, hon, byz, messages) if byz else None
+            _merge_node(x, w, i, hon, byz, got, defense, res, rnd, gen, states)
+    return res
+
+
+def _is_plain_mean(defense: Any) -> bool:
+    try:
+        from defenses.basic import Mean
+    except ImportError:  # pragma: no cover - the built-in rules are installed with redteam
+        return False
+    return type(defense) is Mean
+
+
+def _neighbourhood(adj: np.ndarray, i: int, byzantine: set[int] | frozenset[int]) -> tuple[list[int], list[int]]:
+    nbrs = np.flatnonzero(adj[i]).tolist()
+    return [j for j in nbrs if j not in byzantine], [j for j in nbrs if j in byzantine]
+
+
+def _sent(x: torch.Tensor, i: int, hon: list[int], byz: list[int],
+          messages: Callable[[int, list[int], list[int]], torch.Tensor] | None) -> torch.Tensor:
+    sent = messages(i, hon, byz) if messages is not None else x[byz]
+    if tuple(sent.shape) != (len(byz), x.shape[1]):
+        raise RedteamError(f"gossip: the attack sent node {i} rows of shape {tuple(sent.shape)}, "
+                           f"expected {(len(byz), x.shape[1])}")
+    return sent.to(x.dtype)
+
+
+def _all_messages(x: torch.Tensor, merging: list[int], hoods: list[tuple[list[int], list[int]]],
+                  messages: Callable[[int, list[int], list[int]], torch.Tensor] | None
+                  ) -> dict[int, torch.Tensor]:
+    return {i: _sent(x, i, hon, byz, messages) for i, (hon, byz) in zip(merging, hoods) if byz}
+
+
+def _merge_node(x: torch.Tensor, w: np.ndarray, i: int, hon: list[int], byz: list[int], sent: torch.Tensor | None,
+                defense: Any, res: StepResult, rnd: int, gen: torch.Generator, states: dict[int, dict] | None) -> None:
+    """Node ``i`` calls ``defense`` on its centred rows (``sent``: its Byzantine neighbours' models)."""
+    xi = x[i]
+    parts = [torch.zeros_like(xi).unsqueeze(0), x[hon] - xi]
+    if byz:
+        parts.append(sent - xi)
+    rows = torch.cat(parts)
+    ids = (i, *hon, *byz)
+    weights = torch.tensor([w[i, i], *(w[i, j] for j in hon), *(w[i, j] for j in byz)], dtype=x.dtype,
+                           device=x.device)
+    ctx = ServerContext(round=rnd, n_clients=len(ids), weights=weights, global_params=xi, generator=gen,
+                        state=(states or {}).get(i, {}), client_ids=ids, own_row=0)
+    try:
+        dec = defense(rows, ctx)
+    except InvalidParameter as exc:  # e.g. Krum on a neighbourhood too small for it
+        res.refused[i] = f"node {i} kept its model: {exc}"
+        return
+    if states is not None:
+        states[i] = dict(dec.state)
+    agg = dec.aggregate.to(x.dtype)
+    if not bool(torch.isfinite(agg).all()):
+        res.refused[i] = f"node {i} kept its model: non-finite aggregate"
+        return
+    res.models[i] = xi + agg
+    for k in range(1, len(ids)):
+        ok = bool(dec.accepted[k])
+        j = ids[k]
+        res.accepted[j] = res.accepted.get(j, True) and ok
+        if not ok:
+            res.rejected.setdefault(j, f"node {i}: {dec.reasons.get(k, 'rejected')}")
+
+
+def _mean_step(x: torch.Tensor, w: np.ndarray, merging: list[int], hoods: list[tuple[list[int], list[int]]],
+               sent: dict[int, torch.Tensor], defense: Any, res: StepResult, rnd: int, gen: torch.Generator,
+               states: dict[int, dict] | None) -> None:
+    """Plain gossip as one matrix product (:func:`gossip_step`)."""
+    if not merging:
+        return
+    n = x.shape[0]
+    idx = torch.as_tensor(merging, dtype=torch.long, device=x.device)
+    support = np.zeros((len(merging), n), dtype=bool)  # the node and its neighbours, as the per-node rule reads W
+    for r, (i, (hon, byz)) in enumerate(zip(merging, hoods)):
+        support[r, [i, *hon, *byz]] = True
+    # W's rows (Mean weighted by the context's weights), or weight 1 on each row (the plain mean)
+    full = np.where(support, w[merging] if defense.weighted else 1.0, 0.0)
+    total = torch.as_tensor(full.sum(1), dtype=x.dtype, device=x.device)  # Mean's Σ w over the node's rows
+    m = full.copy()
+    for r, (_, byz) in enumerate(hoods):
+        m[r, byz] = 0.0  # a Byzantine neighbour's column: replaced by what it sent this node
+    out = torch.as_tensor(m, dtype=x.dtype, device=x.device) @ x
+    # a sum is finite only if every entry is (a finite sum that overflows just takes the per-node path)
+    finite = bool(torch.isfinite(x.sum()))
+    attacked = [(r, i, byz) for r, (i, (_, byz)) in enumerate(zip(merging, hoods)) if byz]
+    if attacked:  # every Byzantine edge's message, weighted, added to its row in one go
+        msgs = torch.cat([sent[i] for _, i, _ in attacked])
+        finite = finite and bool(torch.isfinite(msgs.sum()))
+        coef = torch.as_tensor(np.concatenate([full[r, byz] for r, _, byz in attacked]), dtype=x.dtype,
                                device=x.device)
-        ctx = ServerContext(round=rnd, n_clients=len(ids), weights=weights, global_params=xi, generator=gen,
-                            state=(states or {}).get(i, {}), client_ids=ids, own_row=0)
-        try:
-            dec = defense(rows, ctx)
-        except InvalidParameter as exc:  # e.g. Krum on a neighbourhood too small for it
-            res.refused[i] = f"node {i} kept its model: {exc}"
+        rows_of = torch.as_tensor(np.concatenate([[r] * len(byz) for r, _, byz in attacked]), dtype=torch.long,
+                                  device=x.device)
+        out.index_add_(0, rows_of, msgs * coef[:, None])
+    out = out / total[:, None]
+    if not finite:  # Mean rejects non-finite rows: every node by the per-node rule
+        for i, (hon, byz) in zip(merging, hoods):
+            _merge_node(x, w, i, hon, byz, sent.get(i), defense, res, rnd, gen, states)
+        return
+    bad = ~torch.isfinite(out.sum(1))
+    ok_rows = (~bad).nonzero().flatten()
+    res.models[idx[ok_rows]] = out[ok_rows]
+    slow = set(bad.nonzero().flatten().tolist())
+    for r, (i, (hon, byz)) in enumerate(zip(merging, hoods)):
+        if r in slow:  # e.g. rows near the float32 overflow: Mean's own float64 path
+            _merge_node(x, w, i, hon, byz, sent.get(i), defense, res, rnd, gen, states)
             continue
         if states is not None:
-            states[i] = dict(dec.state)
+            states[i] = {}
+        for j in (*hon, *byz):
+            res.accepted.setdefault(j, True)
+
+
+def _batch_ready(defense: Any) -> bool:
+    """Whether the rule's batched form can run (its parameters are set); a rule that would refuse
+    every neighbourhood is left to the per-node path, which records the refusal node by node."""
+    ready = getattr(defense, "batch_ready", None)
+    return bool(ready()) if callable(ready) else True
+
+
+def _batched_step(x: torch.Tensor, w: np.ndarray, merging: list[int], hoods: list[tuple[list[int], list[int]]],
+                  sent: dict[int, torch.Tensor], defense: Any, res: StepResult,
+                  states: dict[int, dict] | None) -> None:
+    """Every merging node's neighbourhood padded to (nodes × K × d), K = 1 + the largest degree,
+    decided by ``defense.decide_batch`` in chunks of nodes (:func:`gossip_step`)."""
+    if not merging:
+        return
+    d = x.shape[1]
+    k_max = 1 + max(len(hon) + len(byz) for hon, byz in hoods)
+    chunk = max(1, _CHUNK_ENTRIES // max(1, k_max * d))
+    buf = torch.empty((min(chunk, len(merging)) * k_max, d), dtype=x.dtype, device=x.device)
+    for s in range(0, len(merging), chunk):
+        nodes = merging[s:s + chunk]
+        part = hoods[s:s + chunk]
+        c = len(nodes)
+        src = np.array([[i] * k_max for i in nodes])  # padding points at the node itself
+        valid = np.zeros((c, k_max), dtype=bool)
+        wt = np.zeros((c, k_max))
+        ids = np.full((c, k_max), -1)
+        byz_slots: list[tuple[int, int, int]] = []  # (row, first slot, count)
+        for r, (i, (hon, byz)) in enumerate(zip(nodes, part)):
+            nb = [i, *hon, *byz]
+            src[r, :len(nb)] = nb
+            valid[r, :len(nb)] = True
+            wt[r, :len(nb)] = w[i, nb]
+            ids[r, :len(nb)] = nb
+            if byz:
+                byz_slots.append((r, 1 + len(hon), len(byz)))
+        node_idx = torch.as_tensor(nodes, dtype=torch.long, device=x.device)
+        xi = x[node_idx]
+        # (c, K, d), into one buffer for every chunk (a fresh tensor per chunk costs more than the gather)
+        rows = torch.index_select(x, 0, torch.as_tensor(src.ravel(), dtype=torch.long, device=x.device),
+                                  out=buf[:c * k_max]).view(c, k_max, d)
+        for r, k0, kb in byz_slots:
+            rows[r, k0:k0 + kb] = sent[nodes[r]]
+        rows.sub_(xi[:, None, :])
+        rows[:, 0] = 0  # the node's own row (x_i − x_i)
+        vmask = torch.as_tensor(valid, device=x.device)
+        if not valid.all():
+            rows[~vmask] = 0  # padding (x_i − x_i, but not when x_i is not finite)
+        dec = defense.decide_batch(rows, torch.as_tensor(wt, dtype=x.dtype, device=x.device), vmask, own_row=0)
         agg = dec.aggregate.to(x.dtype)
-        if not bool(torch.isfinite(agg).all()):
-            res.refused[i] = f"node {i} kept its model: non-finite aggregate"
-            continue
-        out[i] = xi + agg
-        for k in range(1, len(ids)):
-            ok = bool(dec.accepted[k])
-            j = ids[k]
-            res.accepted[j] = res.accepted.get(j, True) and ok
-            if not ok:
-                res.rejected.setdefault(j, f"node {i}: {dec.reasons.get(k, 'rejected')}")
-    return res
+        fin = torch.isfinite(agg).all(1)
+        new = xi + agg
+        okr = fin.nonzero().flatten()
+        res.models[node_idx[okr]] = new[okr]
+        fin_l = fin.tolist()
+        acc = (dec.accepted | ~vmask).cpu().numpy()
+        for r, i in enumerate(nodes):
+            if states is not None:
+                states[i] = dict(dec.states[r])
+            if not fin_l[r]:
+                res.refused[i] = f"node {i} kept its model: non-finite aggregate"
+                continue
+            row_ids = ids[r, 1:][valid[r, 1:]].tolist()
+            row_ok = acc[r, 1:][valid[r, 1:]].tolist()
+            for k, (j, ok) in enumerate(zip(row_ids, row_ok), start=1):
+                res.accepted[j] = res.accepted.get(j, True) and ok
+                if not ok:
+                    res.rejected.setdefault(j, f"node {i}: {dec.reasons.get((r, k), 'rejected')}")
 
 
 @dataclass

@@ -1,0 +1,160 @@
+"""Serverless gossip beside the synchronous data-parallel round: rounds per second of each on the
+same workload and clients, and the gossip step alone, batched against the per-node loop.
+
+    python benchmarks/bench_gossip.py            # the tables below (a few minutes on 2 cores)
+    python benchmarks/bench_gossip.py --quick    # fewer rounds and repeats
+    python benchmarks/bench_gossip.py --nodes 20 --topology complete
+
+Workload: ``digits`` (the MLP, d = 4810), ``--nodes`` clients (20 and 100), iid partition, local
+training 10 steps of batch 16 at lr 0.1 (DESIGN.md's reference setting), no attack.
+
+* **full round** — ``make_run(parse_scenario(doc)).run()``, the records' ``wall_time_s``: the data-parallel federation (training batched over the
+  clients, transport, the server's ``mean``, one evaluation of the global model) beside the
+  ``[gossip]`` regime on the same clients (``--topology``, default ``exponential``: degree
+  2⌈log₂ n⌉ − 1 or so; one gossip step; training batched over the nodes, every node's merge by the
+  rule, and an evaluation of *every* honest node's model, which a server round does once). The
+  gossip step's own share is the records' ``defense_time_s``.
+* **gossip step** — one :func:`redteam.federation.gossip.gossip_step` on models of dimension d
+  (the nodes' models after a round), 10 % of the nodes Byzantine sending noise, batched (today's
+  step: ``mean`` as one matrix product, ClippedGossip / CS+ / IOS over the padded neighbourhoods)
+  against the per-node loop it replaced (each node's rule called on its own rows; ``median`` runs
+  node by node in both: its ratio shows how much the machine's noise alone moves a ratio).
+
+Full rounds: the fastest round (after each run's first; its gossip step beside it) over 3 runs
+of each configuration, the configurations run in turn. One step: the fastest of the
+repeats, the two implementations called alternately (on a shared machine the minimum is the least
+disturbed figure). The machine's load average and CPU model are printed first and the load
+average again at the end. Nothing here is asserted: this is a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import time
+
+import numpy as np
+import torch
+
+from _timing import cpu_name
+from redteam.federation import graphs
+from redteam.federation.gossip import StepResult, _merge_node, _neighbourhood, gossip_step
+from redteam.federation.regimes import make_run
+from redteam.registry import DEFENSES
+from redteam.scenario import parse_scenario
+
+BASE = {"scenario": {"seed": 0}, "workload": {"name": "digits"},
+        "federation": {"clients": 20, "rounds": 6, "local_steps": 10, "batch_size": 16, "lr": 0.1,
+                       "partition": "iid", "min_samples": 1},
+        "attack": "none", "defense": "mean"}
+
+
+def round_rate(nodes: int, rounds: int, gossip: dict | None, defense: str | dict = "mean") -> dict:
+    doc = copy.deepcopy(BASE)
+    doc["federation"].update(clients=nodes, rounds=rounds)
+    doc["defense"] = defense
+    if gossip is not None:
+        doc["gossip"] = gossip
+    res = make_run(parse_scenario(doc)).run()
+    recs = res.records[1:]  # the first round includes lazy initialisation
+    fastest = min(recs, key=lambda r: r.wall_time_s)  # the round least disturbed by other work
+    wall, step = fastest.wall_time_s, fastest.defense_time_s
+    return {"round_ms": wall * 1e3, "rps": 1.0 / wall, "step_ms": step * 1e3, "accuracy": res.records[-1].accuracy}
+
+
+def per_node_loop(x, adj, w, merging, defense, messages, byzantine) -> StepResult:
+    """The per-node loop the batched step replaced (each node's rule on its own rows, in turn)."""
+    res = StepResult(x.clone())
+    gen = torch.Generator().manual_seed(0)
+    for i in merging:
+        hon, byz = _neighbourhood(adj, i, byzantine)
+        sent = messages(i, hon, byz).to(x.dtype) if byz else None
+        _merge_node(x, w, i, hon, byz, sent, defense, res, 0, gen, {})
+    return res
+
+
+def step_times(nodes: int, topology: str, d: int, repeats: int) -> list[tuple[str, float, float]]:
+    rng = np.random.default_rng(0)
+    adj = graphs.build_graph(topology, nodes, rng, probability=0.3, bridges=2)
+    byz = sorted(rng.choice(nodes, size=max(1, nodes // 10), replace=False).tolist())
+    claimed = adj.sum(1)
+    claimed[byz] = 1
+    w = graphs.mixing_matrix(adj, degrees=claimed)
+    x = torch.randn(nodes, d, generator=torch.Generator().manual_seed(0))
+    merging = [i for i in range(nodes) if i not in byz]
+    bset = frozenset(byz)
+
+    def send(i, hon, b):
+        return x[i] + 5.0 * torch.randn(len(b), d, generator=torch.Generator().manual_seed(i))
+
+    b = int(max(adj[i, byz].sum() for i in merging))
+    out = []
+    for name, params in (("mean", {}), ("clipped_gossip", {"b": b}), ("cs_plus", {"b": b}), ("ios", {"b": b}),
+                         ("median", {})):
+        rule = DEFENSES.create(name, params)
+        batched, looped = interleaved(lambda: gossip_step(x, adj, w, merging, rule, send, bset),
+                                      lambda: per_node_loop(x, adj, w, merging, rule, send, bset), repeats)
+        out.append((f"{name}" + (f" (b = {b})" if "b" in params else ""), batched, looped))
+    return out
+
+
+def interleaved(a, b, repeats: int) -> tuple[float, float]:
+    """The fastest of ``repeats`` timed calls of each, alternating a and b (after a warm-up of
+    each), so that a change of the machine's load hits both alike; the minimum is the figure
+    least disturbed by other work on a shared machine."""
+    a()
+    b()
+    ta, tb = [], []
+    for _ in range(repeats):
+        for fn, times in ((a, ta), (b, tb)):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+    return min(ta), min(tb)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--nodes", type=int, nargs="*", default=[20, 100])
+    ap.add_argument("--topology", default="exponential", choices=graphs.TOPOLOGIES)
+    args = ap.parse_args()
+    rounds = 4 if args.quick else 8
+    reps = 3 if args.quick else 15
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    print(f"CPU: {cpu_name()}; torch {torch.__version__}, threads {torch.get_num_threads()}; "
+          f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n")
+
+    print(f"## Full round, digits (d = 4810), 10 local steps x batch 16, no attack; gossip on {args.topology}, "
+          "1 step\n")
+    print("| nodes | regime | rule | round ms | rounds/s | of which gossip step ms | final accuracy |")
+    print("|---|---|---|---|---|---|---|")
+    trials = 1 if args.quick else 3
+    for n in args.nodes:
+        g = {"topology": args.topology, "attackers": 0, "steps": 1, "bridges": 2}
+        configs = [("data-parallel (server)", "mean", None, "mean"), ("gossip", "mean", g, "mean"),
+                   ("gossip", "cs_plus (b = 1)", g, {"name": "cs_plus", "b": 1})]
+        best: dict[int, dict] = {}
+        for _ in range(trials):  # the configurations in turn, so that a change of load hits each alike
+            for k, (_, _, gossip, rule) in enumerate(configs):
+                r = round_rate(n, rounds, gossip, rule)
+                if k not in best or r["round_ms"] < best[k]["round_ms"]:
+                    best[k] = r
+        for k, (regime, label, _, _) in enumerate(configs):
+            r = best[k]
+            print(f"| {n} | {regime} | {label} | {r['round_ms']:.1f} | {r['rps']:.2f} | {r['step_ms']:.2f} | "
+                  f"{r['accuracy']:.3f} |")
+
+    print(f"\n## One gossip step, d = 4810, {args.topology}, 10 % Byzantine nodes sending noise\n")
+    print("| nodes | rule | batched ms (min) | per-node loop ms (min) | loop / batched |")
+    print("|---|---|---|---|---|")
+    for n in args.nodes:
+        for name, batched, looped in step_times(n, args.topology, 4810, reps):
+            print(f"| {n} | {name} | {batched * 1e3:.2f} | {looped * 1e3:.2f} | {looped / batched:.1f}x |")
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    print(f"\nload average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
