@@ -319,6 +319,125 @@ def test_kit_names_the_broken_attack_property(plugin, prop):
     assert type(plugin).__qualname__ in first and prop in first
 
 
+# ------------------------------------------------------------------ gossip attacks (Surface.GOSSIP)
+@pytest.mark.parametrize("name", ["dissensus", "spectral"])
+def test_gossip_attacks_are_checked_on_their_gossip_hook(name):
+    """The kit runs craft_gossip (not only the craft_updates every attack gets) on generated
+    gossip views: each example also checked the messages' shape, finiteness, inputs and determinism."""
+    report = check_attack(name, max_examples=EXAMPLES)
+    assert "craft_gossip" in report.plugin and report.examples >= EXAMPLES // 2
+    assert not any(h == "craft_gossip" for h, _ in report.not_checked)
+    # and on one given view of a gossip graph
+    from redteam.testing import make_gossip_context
+
+    ctx = make_gossip_context(4, 9, 2, 5, dtype="float64")
+    assert ctx.attackers and ctx.neighbours and ctx.own_models.shape == (2, 5)
+    assert check_attack(name, ctx=make_attack_context(seed=4, n=9, f=2, d=5)).examples >= 1
+
+
+def test_gossip_context_builder_by_hand():
+    """n = 5, f = 1: honest nodes 0–3 on a ring (plus chords), node 4 Byzantine and linked to all of
+    them, announcing degree 1; each row of W over the target's neighbourhood sums to 1."""
+    from redteam.testing import make_gossip_context
+
+    for seed in range(6):
+        ctx = make_gossip_context(seed, 5, 1, 3)
+        assert ctx.attackers == (4,) and ctx.honest == (0, 1, 2, 3) and ctx.position == ctx.target
+        deg = len(ctx.neighbours) + 1  # its honest neighbours and the Byzantine node
+        assert float(ctx.attacker_weights[0]) == pytest.approx(1 / (1 + deg))
+        total = float(ctx.neighbour_weights.sum() + ctx.attacker_weights.sum()) + ctx.self_weight
+        assert total == pytest.approx(1.0)
+        assert torch.allclose(ctx.laplacian.sum(1), torch.zeros(4), atol=1e-6)
+        assert torch.equal(ctx.neighbour_models, ctx.honest_models[list(ctx.neighbours)])
+
+
+def _echo(ctx):
+    return ctx.target_model.unsqueeze(0).expand(len(ctx.attackers), -1).clone()
+
+
+@dataclass(frozen=True, slots=True)
+class GossipOneRow(Attack):
+    surfaces: ClassVar[tuple[str, ...]] = (Surface.GOSSIP,)
+
+    def craft_gossip(self, ctx):
+        return ctx.target_model  # (d,), not one row per Byzantine neighbour
+
+
+@dataclass(frozen=True, slots=True)
+class GossipWidened(Attack):
+    surfaces: ClassVar[tuple[str, ...]] = (Surface.GOSSIP,)
+
+    def craft_gossip(self, ctx):
+        return _echo(ctx).to(torch.float64 if ctx.target_model.dtype == torch.float32 else torch.float32)
+
+
+@dataclass(frozen=True, slots=True)
+class GossipGlobalNoise(Attack):
+    surfaces: ClassVar[tuple[str, ...]] = (Surface.GOSSIP,)
+
+    def craft_gossip(self, ctx):
+        return _echo(ctx) + torch.randn(len(ctx.attackers), ctx.target_model.shape[0], dtype=ctx.target_model.dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class GossipPullsNeighbours(Attack):
+    surfaces: ClassVar[tuple[str, ...]] = (Surface.GOSSIP,)
+
+    def craft_gossip(self, ctx):
+        ctx.neighbour_models.mul_(0.5)  # in place: the honest nodes' models
+        return _echo(ctx)
+
+
+@dataclass(frozen=True, slots=True)
+class GossipDividesByZero(Attack):
+    surfaces: ClassVar[tuple[str, ...]] = (Surface.GOSSIP,)
+
+    def craft_gossip(self, ctx):
+        return _echo(ctx) / 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class GossipDeclaredInf(GossipDividesByZero):
+    produces_nonfinite: ClassVar[bool] = True
+
+
+@dataclass(frozen=True, slots=True)
+class GossipUndeclared(Attack):
+    surfaces: ClassVar[tuple[str, ...]] = (Surface.UPDATES,)
+
+    def craft_gossip(self, ctx):
+        return _echo(ctx)
+
+
+@pytest.mark.parametrize("plugin,prop", [
+    (GossipOneRow(), "shapes, dtypes and device preserved"),
+    (GossipWidened(), "shapes, dtypes and device preserved"),
+    (GossipGlobalNoise(), "deterministic under the seed"),
+    (GossipPullsNeighbours(), "no mutation of inputs"),
+    (GossipDividesByZero(), "finite in → finite out"),
+    (GossipUndeclared(), "every overridden hook's surface is listed"),
+])
+def test_kit_names_the_broken_gossip_property(plugin, prop):
+    for how in ("given", "generated"):
+        with pytest.raises(AssertionError) as info:
+            if how == "given":
+                check_attack(plugin, ctx=make_attack_context(seed=3, n=5, f=2, d=4))
+            else:
+                check_attack(plugin, max_examples=3, n=(3, 6), d=(1, 4))
+        first = str(info.value).splitlines()[0]
+        assert type(plugin).__qualname__ in first and prop in first
+        if how == "generated" and prop != K_SURFACES:
+            assert "AttackCase(seed=" in str(info.value) and ".gossip()" in str(info.value)
+
+
+K_SURFACES = "every overridden hook's surface is listed"
+
+
+def test_declared_nonfinite_gossip_passes():
+    report = check_attack(GossipDeclaredInf(), ctx=make_attack_context(seed=3, n=5, f=2, d=4))
+    assert "craft_gossip" in report.plugin and any("finite" in p for p, _ in report.not_checked)
+
+
 def test_attack_failure_through_hypothesis_prints_a_reproduce_line():
     with pytest.raises(AssertionError) as info:
         check_attack(ExtraRow(), max_examples=3, n=(3, 4), d=(1, 2), dtypes=("float32",))

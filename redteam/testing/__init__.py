@@ -13,7 +13,8 @@
   and attack contexts and client datasets (imported on first use, so importing
   ``redteam.testing`` does not import hypothesis).
 * :mod:`redteam.testing.builders`: the deterministic builders behind them
-  (``make_updates(seed, n, d)``, ``make_attack_context(seed, n, f, d)`` …) and the
+  (``make_updates(seed, n, d)``, ``make_attack_context(seed, n, f, d)``,
+  ``make_gossip_context(seed, n, f, d)`` …) and the
   ``AttackCase`` / ``DefenseCase`` reproduce lines a failing check prints.
 
 Nothing here imports torch until a check or builder runs.
@@ -32,6 +33,7 @@ from .builders import (
     QuadraticLoss,
     make_attack_context,
     make_client_data,
+    make_gossip_context,
     make_server_context,
     make_updates,
 )
@@ -50,6 +52,7 @@ __all__ = [
     "make_server_context",
     "make_attack_context",
     "make_client_data",
+    "make_gossip_context",
     "QuadraticLoss",
     "FixedUpdate",
     "strategies",

@@ -15,7 +15,10 @@ HOOKS = (("craft_updates", Surface.UPDATES), ("poison_data", Surface.DATA),
          ("tamper_chunks", Surface.TRANSPORT), ("forge_provenance", Surface.PROVENANCE),
          ("choose_identity", Surface.HIERARCHY), ("tamper_subaggregate", Surface.HIERARCHY),
          ("tamper_activation", Surface.PIPELINE), ("tamper_gradient", Surface.PIPELINE),
-         ("tamper_stage_update", Surface.PIPELINE))
+         ("tamper_stage_update", Surface.PIPELINE), ("craft_gossip", Surface.GOSSIP))
+#: the tensors of a :class:`~redteam.types.GossipContext` a gossip attack must leave as they are
+GOSSIP_TENSORS = ("target_model", "neighbour_models", "neighbour_weights", "attacker_weights", "own_models",
+                  "honest_models", "laplacian", "fiedler")
 
 
 def toy_pipeline(seed: int) -> Any:
@@ -111,6 +114,40 @@ def check_stage(plugin: Attack, label: str, hook: str, seed: int, where: str, ta
     again = K.call(label, hook, lambda: call(K.regenerate(g, state)), where, None)
     if not K.same(got, again):
         K.fail(label, K.P_DETERMINISTIC, "two calls with generators in the same state differ", where)
+    tally.ok(hook)
+
+
+def check_gossip(plugin: Attack, label: str, ctx: Any, where: str, tally: K.Tally) -> None:
+    """What a Byzantine node of a gossip graph sends one honest neighbour
+    (:meth:`~redteam.types.Attack.craft_gossip`, on a :func:`~.builders.make_gossip_context`):
+    ``(len(ctx.attackers), d)`` models in the models' dtype and device, finite from finite input
+    (unless ``produces_nonfinite``), no tensor of the context modified, and the same messages for
+    a generator in the same state and a fresh memory."""
+    import torch
+
+    hook = "craft_gossip"
+    snap = K.snapshot(K.tensors_of(ctx, GOSSIP_TENSORS))
+    state = ctx.generator.get_state()
+    out = K.call(label, hook, lambda: plugin.craft_gossip(ctx), where, tally)
+    if out is K.REFUSED:
+        return
+    ref = ctx.own_models
+    want = (len(ctx.attackers), int(ctx.target_model.shape[0]))
+    if not isinstance(out, torch.Tensor):
+        K.fail(label, K.P_SHAPE, f"{hook} returned a {type(out).__name__}, not a tensor", where)
+    if tuple(out.shape) != want or out.dtype != ref.dtype or out.device != ref.device:
+        K.fail(label, K.P_SHAPE, f"{hook} returned {tuple(out.shape)} {K.dtype_name(out)} on {out.device}; one "
+               f"model per Byzantine neighbour is {want} {K.dtype_name(ref)} on {ref.device}", where)
+    if not getattr(plugin, "produces_nonfinite", False) and not K.finite(out):
+        K.fail(label, K.P_FINITE, f"{hook} returned {int((~torch.isfinite(out)).sum())} non-finite entries from "
+               "finite inputs (declare `produces_nonfinite = True` if that is the attack's purpose)", where)
+    if changed := K.mutated(snap):
+        K.fail(label, K.P_MUTATION, f"{hook} modified ctx.{', ctx.'.join(changed)}", where)
+    again = dataclasses.replace(ctx, generator=K.regenerate(ctx.generator, state), state={})
+    out2 = K.call(label, hook, lambda: plugin.craft_gossip(again), where, None)
+    if not K.same(out, out2):
+        K.fail(label, K.P_DETERMINISTIC, f"two calls with generators in the same state differ "
+               f"(max |Δ| = {K.max_gap(out, out2):.3g})", where)
     tally.ok(hook)
 
 

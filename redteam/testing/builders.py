@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from redteam.types import AttackContext, ChunkDelivery, ClientData, ServerContext
+from redteam.types import AttackContext, ChunkDelivery, ClientData, GossipContext, ServerContext
 
 if TYPE_CHECKING:
     import torch
@@ -303,6 +303,67 @@ def make_attack_context(
     )
 
 
+def make_gossip_context(
+    seed: int,
+    n: int,
+    f: int,
+    d: int,
+    *,
+    dtype: "torch.dtype | str | None" = None,
+    device: "torch.device | str" = "cpu",
+    kind: Kind = "clustered",
+    scale: float = 1.0,
+    step: int = 0,
+) -> GossipContext:
+    """A :class:`~redteam.types.GossipContext`: what the Byzantine neighbours of one honest node of
+    a gossip graph see in one step (``Surface.GOSSIP``, :meth:`~redteam.types.Attack.craft_gossip`).
+
+    The graph has m = max(2, n − b) honest nodes 0 … m−1 (a ring plus chords drawn from the seed,
+    so it is connected) and b = max(1, f) Byzantine nodes m … m+b−1, each linked to every honest
+    node (as in Gaucher et al.'s setting); the models are a :func:`make_updates` matrix of
+    ``kind``; the mixing weights are Metropolis–Hastings with the Byzantine nodes announcing
+    degree 1 (as the ``[gossip]`` regime does in the attack window); the target is an honest node
+    drawn from the seed; ``laplacian`` / ``fiedler`` are those of the honest subgraph weighted by W.
+    """
+    import numpy as np
+    import torch
+
+    from redteam.federation import graphs
+
+    if not (n >= 1 and d >= 1 and f >= 0):
+        raise ValueError(f"make_gossip_context: (n, f, d) = ({n}, {f}, {d}): need n ≥ 1, f ≥ 0, d ≥ 1")
+    b = max(1, f)
+    m = max(2, n - b)
+    g = generator(seed * 2 + 1)
+    adj = np.zeros((m + b, m + b), dtype=bool)
+    for i in range(m):
+        adj[i, (i + 1) % m] = adj[(i + 1) % m, i] = True
+    chords = (torch.rand(m, m, generator=g, dtype=torch.float64) < 0.3).numpy()
+    chords = np.triu(chords, 1)
+    adj[:m, :m] |= chords | chords.T
+    adj[m:, :m] = adj[:m, m:] = True
+    np.fill_diagonal(adj, False)
+    claimed = adj.sum(1)
+    claimed[m:] = 1
+    w = graphs.mixing_matrix(adj, degrees=claimed)
+    x = make_updates(seed, m + b, d, dtype=dtype, device=device, kind=kind, scale=scale)
+    t = int(torch.randint(0, m, (1,), generator=g))
+    honest = list(range(m))
+    hon = [j for j in np.flatnonzero(adj[t]).tolist() if j < m]
+    byz = list(range(m, m + b))
+    lap = graphs.laplacian(adj[:m, :m], w[:m, :m])
+
+    def tensor(a: Any) -> "torch.Tensor":
+        return torch.as_tensor(np.asarray(a, dtype=np.float64)).to(dtype=x.dtype, device=x.device)
+
+    return GossipContext(
+        round=0, step=step, target=t, target_model=x[t], neighbours=tuple(hon), neighbour_models=x[hon],
+        neighbour_weights=tensor([w[t, j] for j in hon]), self_weight=float(w[t, t]), attackers=tuple(byz),
+        attacker_weights=tensor([w[t, j] for j in byz]), own_models=x[byz], honest=tuple(honest),
+        honest_models=x[honest], laplacian=tensor(lap), fiedler=tensor(graphs.fiedler_vector(lap)), position=t,
+        generator=generator(seed), state={})
+
+
 def make_client_data(
     seed: int,
     *,
@@ -399,6 +460,11 @@ class AttackCase:
              num_classes: int = 10) -> ClientData:
         return make_client_data(self.seed, samples=self.samples, sample_shape=sample_shape,
                                 num_classes=num_classes, device=device)
+
+    def gossip(self, *, device: "torch.device | str" = "cpu") -> GossipContext:
+        """The :func:`make_gossip_context` of this case (a gossip attack's input)."""
+        return make_gossip_context(self.seed, self.n, self.f, self.d, dtype=self.dtype, device=device,
+                                   kind=self.kind, scale=self.scale)
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,11 @@ Attacks (each hook the attack overrides or declares; ``craft_updates`` always):
 * ``choose_identity``: a non-empty name, the same on every call; ``tamper_subaggregate``:
   a ``(d,)`` partial aggregate like the one given, finite from finite, deterministic,
   inputs unmodified.
+* ``craft_gossip`` (``Surface.GOSSIP``), on a gossip graph's view of one honest node
+  (:func:`~redteam.testing.builders.make_gossip_context`, or one with the given ctx's sizes):
+  one model per Byzantine neighbour, ``(len(attackers), d)`` in the models' dtype and
+  device; finite from finite unless ``produces_nonfinite``; no tensor of the context
+  modified; the same messages from a generator in the same state and a fresh memory.
 
 Defenses:
 
@@ -231,6 +236,8 @@ def check_attack(
                 A.check_stage(plugin, label, stage_hook, case.seed, where, tally)
         if "tamper_stage_update" in hooks:
             A.check_stage_update(plugin, label, case.seed, where, tally)
+        if "craft_gossip" in hooks:
+            A.check_gossip(plugin, label, case.gossip(device=device), f"{case!r} (rebuild: .gossip())", tally)
 
     if ctx is not None or data is not None:
         hooks = [h for h in hooks if (data is not None if h == "poison_data" else ctx is not None)]
@@ -254,6 +261,14 @@ def check_attack(
                 A.check_stage(plugin, label, h, 0, "the given ctx", tally)
             elif h == "tamper_stage_update":
                 A.check_stage_update(plugin, label, 0, "the given ctx", tally)
+            elif h == "craft_gossip":
+                from .builders import make_gossip_context
+
+                own = ctx.own_updates
+                g = make_gossip_context(0, ctx.n_clients, len(ctx.malicious), int(own.shape[1]), dtype=own.dtype,
+                                        device=own.device)
+                A.check_gossip(plugin, label, g, f"make_gossip_context(0, {ctx.n_clients}, {len(ctx.malicious)}, "
+                               f"{int(own.shape[1])}) (the given ctx's sizes)", tally)
             else:
                 A.check_subaggregate(plugin, label, ctx, "the given ctx", tally)
     else:
