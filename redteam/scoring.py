@@ -354,6 +354,30 @@ def gossip_metrics(records: Sequence[RoundRecord]) -> dict[str, Any]:
     return out
 
 
+def reward_metrics(records: Sequence[RoundRecord]) -> dict[str, float | None]:
+    """A rewarding validator's pay (defenses/gauntlet.py, ``RoundRecord.extra["rewards"]``:
+    client → share of the round's reward pool).
+
+    * ``reward_share``: the malicious peers' summed share of the pool, averaged over the rounds
+      that paid rewards;
+    * ``cheat_reward_ratio``: ``reward_share`` ÷ the malicious peers' share of the participating
+      peers (averaged over the same rounds): 1 = paid like an average peer, 0 = paid nothing.
+
+    ``None`` without rewards, or without a malicious participant."""
+    paid = [r for r in records if isinstance(r.extra.get("rewards"), dict) and r.extra["rewards"]]
+    if not paid:
+        return {"reward_share": None, "cheat_reward_ratio": None}
+    shares, fair = [], []
+    for r in paid:
+        rw = r.extra["rewards"]
+        shares.append(sum(float(v) for c, v in rw.items() if 0 <= int(c) < len(r.malicious) and r.malicious[int(c)]))
+        part = [c for c, p in enumerate(r.participating) if p]
+        fair.append(sum(1 for c in part if r.malicious[c]) / len(part) if part else 0.0)
+    share = sum(shares) / len(shares)
+    f = sum(fair) / len(fair)
+    return {"reward_share": share, "cheat_reward_ratio": share / f if f > 0 else None}
+
+
 def envelope(records: Sequence[RoundRecord]) -> dict[str, float | None]:
     """Envelope utilisation (REFERENCES §1.3): how close *accepted malicious* updates came
     to the validation bounds, over all rounds.
@@ -434,6 +458,9 @@ METRICS: dict[str, str] = {
     "worst_honest_loss": "[gossip]: the worst honest node's test loss after the last round",
     "consensus_distance": "[gossip]: mean squared distance of the honest models to their mean after the last round",
     "spectral_gap": "[gossip]: 1 − second-largest eigenvalue modulus of the mixing matrix (mean over rounds)",
+    "reward_share": "rewarding validator: the malicious peers' share of the round's reward pool (mean over rounds)",
+    "cheat_reward_ratio": "rewarding validator: reward_share ÷ the malicious peers' share of the participants "
+                          "(1: paid like an average peer)",
 }
 
 
@@ -455,7 +482,7 @@ HIGHER_IS_BETTER: dict[str, bool] = {
                      "final_perplexity", "bits_per_byte_increase", "perplexity_increase", "false_trigger_rate",
                      "near_miss_trigger_rate", "asr_at_end_of_window", "asr_after_k", "backdoor_lifespan",
                      "detection_latency", "undetected_attackers", "check_overhead", "lost_micro_batches", "lost_work", "idle_share",
-                     "worst_honest_loss", "consensus_distance",
+                     "worst_honest_loss", "consensus_distance", "reward_share", "cheat_reward_ratio",
                      "rounds_to_target", "rounds_to_target_loss", "slowdown_rounds", "rejected_updates",
                      "dropped_updates", "wall_time_per_round_s", "defense_time_per_round_s", "sim_time_s"), False),
 }
@@ -468,7 +495,8 @@ METRIC_RANGES: dict[str, tuple[float | None, float | None]] = {
     **dict.fromkeys(("final_accuracy", "final_accuracy_last_k", "asr", "precision", "recall", "f1", "fpr",
                      "false_trigger_rate", "near_miss_trigger_rate", "asr_at_end_of_window",
                      "accuracy_at_end_of_window", "asr_after_k", "lifespan_censored", "lost_work", "idle_share",
-                     "worst_honest_accuracy", "spectral_gap"), (0.0, 1.0)),
+                     "worst_honest_accuracy", "spectral_gap", "reward_share"), (0.0, 1.0)),
+    "cheat_reward_ratio": (0.0, None),
     "accuracy_drop": (-1.0, 1.0),
     "envelope_cos": (-1.0, 1.0),
     "final_perplexity": (1.0, None),
@@ -564,6 +592,7 @@ def summarize(
          "pipeline_throughput", "idle_share"), lambda: pipeline_metrics(records))
     put(("worst_honest_accuracy", "worst_honest_loss", "consensus_distance", "spectral_gap"),
         lambda: gossip_metrics(records))
+    put(("reward_share", "cheat_reward_ratio"), lambda: reward_metrics(records))
     if baseline is not None:
         put(("accuracy_drop",), lambda: accuracy_drop(records, baseline))
 

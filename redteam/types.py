@@ -323,6 +323,15 @@ class ServerContext:
     #: the gossip regime: the position of the merging node's own row (a zero row: the rows are
     #: x_j − x_i, centred on its model) among the rows; ``None`` on a server
     own_row: int | None = None
+    #: verification of work (defenses/gauntlet.py): the loss of each candidate delta ``(k, d)``
+    #: applied to ``global_params`` on a batch of the named client's *assigned* data (the data a
+    #: permissionless trainer publicly assigns each peer, which a validator can therefore read),
+    #: one client id per row; ``(k,)`` losses. ``None`` where the engine offers no assignment
+    evaluate_loss_assigned: Callable[["torch.Tensor", tuple[int, ...]], "torch.Tensor"] | None = None
+    #: commit-reveal (defenses/gauntlet.py): client id → (SHA-256 hex of the row it committed to,
+    #: its commit time in units of the commit window, which closes at 1.0 when reveals open);
+    #: ``None`` where the engine runs no commit phase
+    commits: Mapping[int, tuple[str, float]] | None = None
 
     @classmethod
     def default(cls, updates: "torch.Tensor", **overrides: Any) -> "ServerContext":

@@ -76,6 +76,9 @@ from .training import BatchedTrainer, LocalTraining, StackedData
 __all__ = ["Federation", "RunResult", "resolve_device", "random_streams"]
 
 # appended streams never change the earlier ones (SeedSequence children are indexed)
+#: items in a client's assigned page (the validator's assigned batch; attacks/verification.py)
+ASSIGNED_PAGE = 32
+
 _STREAMS = ("split", "roles", "init", "train", "network", "attack", "defense", "codec", "merge", "root",
             "keys", "provenance", "sampling")
 
@@ -230,6 +233,11 @@ class Federation:
                 cd = self.attack.poison_data(cd, i, self._torch["attack"])
                 _check_poisoned_labels(self.attack_spec.name, self.attack, cd, i, ds.num_classes)
             clients.append(cd)
+        # each client's assigned page (verification of work, defenses/gauntlet.py): the first
+        # ASSIGNED_PAGE items of the data it was dealt, public as a permissionless trainer's data
+        # assignment is, so a validator can score an update on the data its peer was meant to train on
+        self.assigned = StackedData.stack([ClientData(c.x[:ASSIGNED_PAGE], c.y[:ASSIGNED_PAGE])
+                                           for c in clean]).to(self.device)
         # who takes part in each round and whether the attack acts in it (.sampling)
         self.plan = RoundPlan(fed, scenario.window, self.is_malicious, self._np["sampling"])
         self.data = StackedData.stack(clients).to(self.device)

@@ -275,6 +275,8 @@ def defend(fed: "Federation", rnd: int, rec: Received, tx: Any, params: torch.Te
     # one server-data oracle per round: every merge node sees the same root update
     evaluate_loss = _evaluate_loss(fed, params)
     root_update = _root_update(fed, params)
+    evaluate_assigned = _evaluate_assigned(fed, params)
+    commits = _commits(fed, rec, row_clients, upd, actx, extra) if _wants_commits(fed) else None
 
     def make_ctx(wts: torch.Tensor, rows_: list[int], key: str) -> ServerContext:
         # a bottom node's inputs are its clients; an upper node's are its children
@@ -292,6 +294,8 @@ def defend(fed: "Federation", rnd: int, rec: Received, tx: Any, params: torch.Te
             evaluate_loss=evaluate_loss,
             root_update=root_update,
             client_ids=tuple(members),
+            evaluate_loss_assigned=evaluate_assigned,
+            commits=commits,
         )
 
     ctx_h = actx if Surface.HIERARCHY in fed.attack.surfaces else None
@@ -321,6 +325,7 @@ def defend(fed: "Federation", rnd: int, rec: Received, tx: Any, params: torch.Te
     refused = [{"stage": "merge", "node": key, "reason": ev["reason"],
                 "clients": sorted({row_clients[r] for r in ev["rows"]})} for key, ev in merged.refused.items()]
     extra.update(envelope_telemetry(upd, row_clients, groups, merged.state))
+    extra.update(_verification_telemetry(merged.state, len(groups)))
     if merged.notes:  # a rule that could not run as configured this round says so (RoundRecord.defense_notes)
         extra["defense_notes"] = list(merged.notes)
     return Merged(merged.aggregate, accepted, rejected, extra, refused)
@@ -335,6 +340,79 @@ def _evaluate_loss(fed: "Federation", params: torch.Tensor) -> Callable[[torch.T
         return fed.trainer.losses(params + deltas, root.x, root.y)
 
     return evaluate
+
+
+def _verification_telemetry(state: dict[str, dict], n_groups: int) -> dict[str, Any]:
+    """Per-peer rewards, round scores and ratings of a rewarding validator (defenses/gauntlet.py),
+    from its bottom nodes' states (a pipeline's stages too), for ``RoundRecord.extra``."""
+    out: dict[str, Any] = {}
+    for gi in range(n_groups):
+        st = state.get(f"0.{gi}", {})
+        for stage in [v for k, v in sorted(st.items()) if k.isdigit() and isinstance(v, dict)] or [st]:
+            if isinstance(stage.get("rewards"), dict):
+                for key in ("rewards", "scores", "flags"):
+                    out.setdefault(key, {}).update(stage.get(key) or {})
+                rating = stage.get("rating") or {}
+                out.setdefault("ratings", {}).update({c: rating[c] for c in stage["rewards"] if c in rating})
+    if "rewards" in out and n_groups > 1:  # one pool per round: each group's shares over the groups
+        out["rewards"] = {c: v / n_groups for c, v in out["rewards"].items()}
+    return out
+
+
+def _evaluate_assigned(fed: "Federation", params: torch.Tensor
+                       ) -> Callable[[torch.Tensor, tuple[int, ...]], torch.Tensor] | None:
+    """Losses of candidate deltas on each named client's assigned page (``fed.assigned``)."""
+    pages = getattr(fed, "assigned", None)
+    if pages is None:
+        return None
+
+    @torch.no_grad()
+    def evaluate(deltas: torch.Tensor, clients: tuple[int, ...]) -> torch.Tensor:
+        from torch.func import vmap
+
+        ids = torch.as_tensor(list(clients), dtype=torch.long, device=pages.offsets.device)
+        sizes = pages.sizes[ids]
+        flats = params + deltas
+        if bool((sizes == sizes[0]).all()) and int(sizes[0]) > 0:  # one batched call
+            idx = pages.offsets[ids][:, None] + torch.arange(int(sizes[0]), device=ids.device)[None, :]
+            return vmap(fed.trainer._loss)(flats, pages.x[idx], pages.y[idx])
+        out = [fed.trainer.losses(flats[k:k + 1], pages.client(int(c)).x, pages.client(int(c)).y)[0]
+               for k, c in enumerate(clients)]
+        return torch.stack(out)
+
+    return evaluate
+
+
+def _wants_commits(fed: "Federation") -> bool:
+    return any(getattr(st, "commit_reveal", False) for st in tuple(getattr(fed.defense, "stages", ()) or (fed.defense,)))
+
+
+def _commits(fed: "Federation", rec: "Received", row_clients: list[int], upd: torch.Tensor,
+             actx: AttackContext | None, extra: dict[str, Any]) -> dict[int, tuple[str, float]]:
+    """The commit phase of commit-reveal (defenses/gauntlet.py), in simulated time.
+
+    Each peer commits the SHA-256 of the row it will reveal (float32, little-endian) before
+    the commit window closes (time 1.0); reveals open then. An honest peer commits at
+    (rank + 1)/(m + 1) in its row order (no random stream moves). A malicious row crafted
+    from other peers' rows of this round (an omniscient attack acting this round) can only
+    be made after those rows are revealed, so its commit comes at 1 + (rank + 1)/(m + 1):
+    late. Recorded in ``extra["commitments"]`` (client → digest, time) for the ledger
+    (:func:`redteam.federation.commitments.write_commitment_ledger`)."""
+    import hashlib
+
+    m = len(row_clients)
+    omni = actx is not None and bool(fed.omniscient) and Surface.UPDATES in fed.attack.surfaces
+    out: dict[int, tuple[str, float]] = {}
+    for pos, c in enumerate(row_clients[:len(rec.rows)]):
+        if c in out:
+            continue
+        row = upd[pos].detach().to("cpu", torch.float32).contiguous().numpy().astype("<f4", copy=False)
+        t = (pos + 1) / (m + 1)
+        if omni and bool(fed.roles[c]):
+            t += 1.0
+        out[c] = (hashlib.sha256(row.tobytes()).hexdigest(), t)
+    extra["commitments"] = {c: {"digest": dg, "time": t} for c, (dg, t) in out.items()}
+    return out
 
 
 def _root_update(fed: "Federation", params: torch.Tensor) -> Callable[[], torch.Tensor] | None:

@@ -1,0 +1,120 @@
+"""Incentive gaming against validators of work (issue 25): earn rewards without doing the work.
+
+These target a rewarding validator such as defenses/gauntlet.py (after Templar's Gauntlet,
+arXiv:2505.21684), where the payoff is a share of the round's reward pool rather than
+damage to the model:
+
+* ``copy_noise``: each cheat copies a randomly chosen honest peer's update of the round and
+  adds small Gaussian noise (std ``noise``·‖victim‖/√d), so that exact-duplicate checks miss
+  it. Omniscient: it needs this round's honest updates (under commit-reveal it can only have
+  them after they are revealed, which is what commit-reveal exploits).
+* ``lazy_scaled``: trains ``steps`` local steps instead of the federation's, then scales its
+  update by ``scale`` so its norm looks like an honest one (a lazy peer, cf. the free riders of
+  Fraboni et al., AISTATS 2021, disguised by scaling instead of noise).
+* ``score_gaming``: trains on its assigned page only (the first ``page`` items of its data; a
+  permissionless trainer's data assignment is public, and the Gauntlet-style validator scores a
+  peer on that page, ``redteam.federation.loop.ASSIGNED_PAGE``): it overfits the batch it is
+  scored on. The validator's random batch (which the cheat cannot see) is the counter.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from redteam.types import Attack, AttackContext, ClientData, Surface, TrainingHook, param_error
+
+from ._common import randn, work
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["CopyNoise", "LazyScaled", "ScoreGaming"]
+
+
+def _nonneg(obj: object, name: str, v: float) -> None:
+    if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+        raise param_error(obj, name, v, "must be a finite number ≥ 0")
+
+
+@dataclass(frozen=True, slots=True)
+class CopyNoise(Attack):
+    """Copy a random honest peer's update of this round and add relative Gaussian noise.
+
+    * ``noise``: relative noise std σ: each cheat sends x_v + σ·‖x_v‖/√d · N(0, I), x_v a
+      victim drawn uniformly (per cheat, per round) from ``ctx.visible_updates``.
+    """
+
+    noise: float = 0.01
+    surfaces: ClassVar[tuple[str, ...]] = (Surface.UPDATES,)
+    omniscient: ClassVar[bool] = True
+    summary: ClassVar[str] = "Copy plus noise: send a random honest peer's update with small noise (incentive gaming)"
+    reference: ClassVar[str] = "issue 25; Templar Gauntlet, arXiv:2505.21684"
+
+    def validate_noise(self, v: float) -> None:
+        _nonneg(self, "noise", v)
+
+    def craft_updates(self, ctx: AttackContext) -> "torch.Tensor":
+        import torch
+
+        own, honest = ctx.own_updates, ctx.visible_updates
+        f = own.shape[0]
+        if f == 0 or honest.shape[0] == 0:
+            return own.clone()
+        g = ctx.generator
+        pick = torch.randint(0, honest.shape[0], (f,), generator=g, device=g.device).to(honest.device)
+        base = work(honest[pick])
+        scale = torch.linalg.vector_norm(base, dim=1, keepdim=True) / math.sqrt(max(base.shape[1], 1))
+        out = base + self.noise * scale * randn(tuple(base.shape), ctx, base)
+        return out.to(dtype=own.dtype, device=own.device)
+
+
+@dataclass(frozen=True, slots=True)
+class LazyScaled(Attack):
+    """Train fewer local steps, then scale the update to look honest.
+
+    * ``steps``: local steps the cheat runs (≥ 1; the federation's honest count is typically
+      larger);
+    * ``scale``: factor applied to its own delta (default 5.0: about what h/steps gives when
+      h = 5·steps and the steps add up linearly).
+    """
+
+    steps: int = 1
+    scale: float = 5.0
+    surfaces: ClassVar[tuple[str, ...]] = (Surface.TRAINING, Surface.UPDATES)
+    summary: ClassVar[str] = "Lazy training: fewer local steps, update scaled to an honest norm (incentive gaming)"
+    reference: ClassVar[str] = "issue 25; Fraboni, Vidal & Lorenzi, AISTATS 2021 (free riders)"
+
+    def validate_steps(self, v: int) -> None:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise param_error(self, "steps", v, "must be an integer ≥ 1")
+
+    def validate_scale(self, v: float) -> None:
+        _nonneg(self, "scale", v)
+
+    def training_hook(self, ctx: AttackContext) -> TrainingHook:
+        return TrainingHook(steps=self.steps)
+
+    def craft_updates(self, ctx: AttackContext) -> "torch.Tensor":
+        return (ctx.own_updates * self.scale).to(ctx.own_updates.dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreGaming(Attack):
+    """Train on the assigned page only (the batch the validator scores the peer on).
+
+    * ``page``: the assigned page's size (default 32, the engine's ``ASSIGNED_PAGE``).
+    """
+
+    page: int = 32
+    surfaces: ClassVar[tuple[str, ...]] = (Surface.DATA,)
+    summary: ClassVar[str] = "Score gaming: train only on the validator's assigned batch (overfit what is scored)"
+    reference: ClassVar[str] = "issue 25; Templar Gauntlet, arXiv:2505.21684"
+
+    def validate_page(self, v: int) -> None:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise param_error(self, "page", v, "must be an integer ≥ 1")
+
+    def poison_data(self, data: ClientData, client: int, generator: "torch.Generator") -> ClientData:
+        return ClientData(data.x[:self.page].clone(), data.y[:self.page].clone())
