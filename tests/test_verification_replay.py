@@ -1,0 +1,119 @@
+"""Issue 25 §2 and §4: spot-check replay of a PoL log, the tolerance across thread counts,
+bisection to the first divergent step, and the cheats a log can hide."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from redteam.federation.replay import (PeerJob, bisect_divergence, measured_tolerance, replay_segment, spot_check,
+                                       train_log)
+
+TOL = 1e-4  # relative; the measured honest gap below is ≤ 1e-6 (float32, 1 vs 2 threads)
+
+
+def _mlp():
+    """A 64-32-10 MLP on flat parameters (the digits model's shape, smaller)."""
+    d_in, h, k = 64, 32, 10
+    sizes = [d_in * h, h, h * k, k]
+
+    def loss(w, x, y):
+        a, b, c, e = torch.split(w, sizes)
+        z = torch.relu(x @ a.view(d_in, h) + b) @ c.view(h, k) + e
+        return torch.nn.functional.cross_entropy(z, y)
+
+    return loss, sum(sizes)
+
+
+def _job(steps=16, every=1, seed=7):
+    loss, d = _mlp()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 64, generator=g)
+    y = (x[:, :10].argmax(1))
+    return loss, PeerJob(w0=0.1 * torch.randn(d, generator=g), x=x, y=y, seed=seed, steps=steps, batch=16, lr=0.1,
+                         every=every)
+
+
+def test_linear_replay_by_hand():
+    # L(w) = ½‖w‖² on any batch: ∇ = w, so w_t = (1 − η)^t w₀ exactly; η = 0.5, w₀ = 8 → 4, 2, 1
+    job = PeerJob(w0=torch.tensor([8.0]), x=torch.zeros(4, 1), y=torch.zeros(4), seed=0, steps=3, batch=2, lr=0.5)
+    log = train_log(lambda w, x, y: 0.5 * (w * w).sum(), job)
+    assert [float(v) for v in log] == [8.0, 4.0, 2.0, 1.0]
+    ok, gap, cost = replay_segment(lambda w, x, y: 0.5 * (w * w).sum(), job, log, 1, 0.0)
+    assert ok and gap == 0.0 and cost == 1
+    # a lazy log skipping step 1 reads 8, 4, 4, 2: segment 1 (4 → 4) replays to 2: gap |2 − 4|/max(0, tiny) huge
+    lazy = train_log(lambda w, x, y: 0.5 * (w * w).sum(), job, skip=frozenset({1}))
+    assert [float(v) for v in lazy] == [8.0, 4.0, 4.0, 2.0]
+    assert not replay_segment(lambda w, x, y: 0.5 * (w * w).sum(), job, lazy, 1, 0.1)[0]
+    # bisection: the verifier's states are 4, 2, 1; checkpoint 1 agrees (4), checkpoint 2 does not (2 vs 4)
+    first, cost = bisect_divergence(lambda w, x, y: 0.5 * (w * w).sum(), job, lazy, 0.01)
+    assert first == 2 and cost == 3 + 1 + 1  # full replay, then the midpoints 1 and 2
+
+
+def test_honest_replay_passes_across_thread_counts():
+    loss, job = _job()
+    gap = measured_tolerance(loss, job, (1, 2))
+    assert gap <= 1e-5, gap  # measured 0 to ~1e-7 on this machine's CPU
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        log = train_log(loss, job)
+        torch.set_num_threads(2)
+        results = [replay_segment(loss, job, log, k, TOL) for k in range(job.steps)]
+    finally:
+        torch.set_num_threads(old)
+    assert all(ok for ok, _, _ in results), max(g for _, g, _ in results)
+    assert bisect_divergence(loss, job, log, TOL)[0] is None
+
+
+def test_lazy_peer_bisected_to_its_first_skipped_step():
+    loss, job = _job(steps=16, every=1)
+    lazy = train_log(loss, job, skip=frozenset({5, 9, 12}))
+    first, cost = bisect_divergence(loss, job, lazy, TOL)
+    assert first == 6  # the checkpoint after step 5 (0-based), the first it skipped
+    assert cost <= 16 + 16  # one full replay, then at most the steps up to the divergence
+    # the segment check catches it only where it samples a skipped segment
+    assert not replay_segment(loss, job, lazy, 5, TOL)[0]
+    assert replay_segment(loss, job, lazy, 4, TOL)[0]
+
+
+def test_spliced_pol_segment_is_caught_when_sampled():
+    # Zhang et al. (S&P 2022) style spoof: a log whose middle checkpoints are interpolated
+    # between honest end points (no training between them) instead of computed
+    loss, job = _job(steps=8, every=2)
+    log = train_log(loss, job)
+    forged = list(log)
+    for i in (1, 2, 3):
+        forged[i] = log[0] + (log[4] - log[0]) * (i / 4)
+    verdicts = [replay_segment(loss, job, forged, k, TOL)[0] for k in range(4)]
+    assert verdicts == [False, False, False, False]
+    assert bisect_divergence(loss, job, forged, TOL)[0] is None  # the final state is honest: bisection sees nothing
+
+
+def test_replay_inside_the_tolerance_band_passes():
+    # the band is the cheat's budget: each checkpoint nudged by half the tolerance still passes
+    loss, job = _job(steps=8)
+    log = train_log(loss, job)
+    g = torch.Generator().manual_seed(1)
+    nudged = [log[0]]
+    for k in range(1, len(log)):
+        step = float((log[k] - log[k - 1]).norm())
+        noise = torch.randn(log[k].shape, generator=g)
+        nudged.append(log[k] + 0.5 * TOL * step * noise / noise.norm())
+    assert all(replay_segment(loss, job, nudged, k, TOL)[0] for k in range(job.steps))
+
+
+def test_spot_checking_a_fraction_catches_a_lazy_peer_in_about_1_over_p_rounds():
+    # a peer lazy every round is caught the first round it is sampled: geometric, mean 1/p
+    for p in (0.1, 0.25, 0.5):
+        g = torch.Generator().manual_seed(0)
+        waits = []
+        for _ in range(400):
+            r = 1
+            while 0 not in spot_check(1, p, g):
+                r += 1
+            waits.append(r)
+        mean = sum(waits) / len(waits)
+        se = math.sqrt((1 - p) / p ** 2 / len(waits))
+        assert abs(mean - 1 / p) < 4 * se, (p, mean)
