@@ -234,6 +234,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("redteam: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a full disk anywhere else (a warm-up, a signed file): one line, not a traceback
+        from .runner.outputs import disk_full_path, is_disk_full, terminal_safe
+
+        if not is_disk_full(exc):
+            raise
+        where = disk_full_path(exc)
+        print(f"redteam: error: disk full{f' while writing {terminal_safe(where)}' if where else ''} "
+              f"({terminal_safe(exc)}); free space and run again", file=sys.stderr)
+        return 2
 
 
 # ----------------------------------------------------------------------------- run
@@ -336,7 +345,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
             doc = run_scenario(sc, device=args.device, on_round=on_round, threads=args.threads)
     if args.json:  # the results first: nothing printed afterwards can lose them
-        path = write_json(doc, args.json)
+        from .runner.outputs import DiskFull, OutputError, is_disk_full
+
+        try:
+            path = write_json(doc, args.json)
+        except OutputError as exc:
+            if not is_disk_full(exc):
+                raise
+            _print_table(console, doc)  # what is left of the run: on the screen, at least
+            raise DiskFull(f"disk full while writing {_safe(args.json)}: the run's results are not saved (the table "
+                           "above shows them); free space and run again") from None
     _print_table(console, doc)
     if args.json:
         console.print(f"results written to [bold]{_markup(path)}[/bold]")

@@ -257,3 +257,123 @@ def test_a_tiny_bandwidth_prints_no_numpy_warning(tmp_path, capsys, network):
         warnings.simplefilter("error", RuntimeWarning)
         assert main(["run", str(f), "--quiet", "--device", "cpu"]) == 0
     assert "Warning" not in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ a full disk (issue 22 §5)
+
+FULL_MATRIX = TINY.replace("[attack]\nname = \"sign_flip\"\n[defense]\nname = \"mean\"\n",
+                           '[matrix]\nattacks = ["sign_flip", "ipm"]\ndefenses = ["mean", "median"]\nseeds = 2\n')
+
+
+def _store_fills_after(monkeypatch, n_runs: int) -> None:
+    """SQLite's own "database or disk is full" (SQLITE_FULL) from the run after the first
+    ``n_runs``: the store may not grow past the pages it has then."""
+    from redteam.runner.store import ResultsStore
+
+    put_run = ResultsStore.put_run
+    stored = [0]
+
+    def filling(self, **kw):
+        if stored[0] == n_runs:
+            pages = self._db.execute("PRAGMA page_count").fetchone()[0]
+            self._db.execute(f"PRAGMA max_page_count = {pages}")
+        stored[0] += 1
+        return put_run(self, **kw)
+
+    monkeypatch.setattr(ResultsStore, "put_run", filling)
+
+
+def test_a_full_disk_mid_matrix_is_one_line_and_loses_nothing(tmp_path, capsys, monkeypatch):
+    """Before: a sqlite3.OperationalError traceback (exit 1) that said nothing of the store."""
+    import re
+
+    from redteam.runner.matrix_run import run_matrix
+    from redteam.runner.store import ResultsStore
+
+    f = _scenario(tmp_path, FULL_MATRIX.format(name='"full"'))
+    out = tmp_path / "o"
+    with monkeypatch.context() as m:
+        _store_fills_after(m, 3)
+        assert main(["matrix", str(f), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    said = re.fullmatch(r"redteam: error: disk full while writing (.+): the results store (.+) is intact with "
+                        r"(\d+) finished run\(s\); free space and re-run with --resume", err[0])
+    assert said, err[0]
+    assert said.group(1) == said.group(2) == str(out / "results.sqlite")
+    with ResultsStore(out) as st:
+        assert len(st.finished_keys()) == int(said.group(3)) >= 3
+    assert main(["matrix", str(f), "--out", str(out), "--quiet", "--resume"]) == 0
+    run_matrix(f, tmp_path / "ref")
+    with ResultsStore(tmp_path / "ref") as a, ResultsStore(out) as b:
+        assert a.canonical_dump() == b.canonical_dump()  # nothing stored was lost, nothing differs
+
+
+def test_a_full_disk_writing_the_run_json_prints_the_results_and_one_line(tmp_path, capsys, monkeypatch):
+    """Before: one line, but the run's results were gone (the table came after the JSON)."""
+    import errno
+
+    import redteam.runner.outputs as outputs
+
+    def no_space(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    f = _scenario(tmp_path, TINY.format(name='"t"'))
+    out = tmp_path / "r.json"
+    monkeypatch.setattr(outputs.os, "fsync", no_space)
+    assert main(["run", str(f), "--quiet", "--device", "cpu", "--json", str(out)]) == 2
+    printed, err = capsys.readouterr()
+    assert "sign_flip" in printed  # the results, on the screen at least
+    err_lines = err.strip().splitlines()
+    assert err_lines == [f"redteam: error: disk full while writing {out}: the run's results are not saved (the "
+                         "table above shows them); free space and run again"]
+    assert not out.exists() and [p.name for p in tmp_path.iterdir() if p.name.startswith(".r.json")] == []
+
+
+def _unshare_tmpfs_ok(tmp_path) -> bool:
+    import shutil
+    import subprocess
+
+    if not shutil.which("unshare"):
+        return False
+    d = tmp_path / "probe"
+    d.mkdir()
+    r = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {d}"], capture_output=True)
+    return r.returncode == 0
+
+
+@pytest.mark.parametrize("size", ["60k", "120k", "300k"])
+def test_a_really_full_disk_end_to_end(tmp_path, size):
+    """A real full file system (a small tmpfs in a private mount namespace): the matrix
+    stops with one line, the store is never left malformed, and after space is freed
+    --resume completes it to what an uninterrupted run stores. (Before: a traceback; and a
+    store whose first write-ahead log could not be folded in was linked in place malformed,
+    refused by every later run.)"""
+    import shlex
+    import subprocess
+    import sys
+
+    from redteam.runner.matrix_run import run_matrix
+    from redteam.runner.store import ResultsStore
+
+    if not _unshare_tmpfs_ok(tmp_path):
+        pytest.skip("cannot mount a tmpfs in a private mount namespace here (unshare -rm)")
+    f = _scenario(tmp_path, FULL_MATRIX.format(name='"full"'))
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    q = shlex.quote
+    matrix = f"{q(sys.executable)} -m redteam.cli matrix {q(str(f))} --out {q(str(disk / 'o'))} --quiet"
+    script = (f"mount -t tmpfs -o size={size} tmpfs {q(str(disk))} || exit 99; "
+              f"{matrix} > /dev/null 2> {q(str(tmp_path / 'err'))}; echo $? > {q(str(tmp_path / 'rc'))}; "
+              f"mount -o remount,size=50m {q(str(disk))} && {matrix} --resume > /dev/null && "
+              f"cp {q(str(disk / 'o' / 'results.sqlite'))} {q(str(tmp_path / 'after.sqlite'))}")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "rc").read_text().strip() == "2"
+    err = (tmp_path / "err").read_text().strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("redteam: error: disk full while "), err
+    assert "free space and re" in err[0]
+    run_matrix(f, tmp_path / "ref")
+    with ResultsStore(tmp_path / "ref") as a, ResultsStore(tmp_path / "after.sqlite") as b:
+        assert a.canonical_dump() == b.canonical_dump()

@@ -32,6 +32,7 @@ import copy
 import json
 import os
 import shlex
+import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +46,8 @@ from ..scoring import summarize
 from ..types import RoundRecord
 from .claims import Claims, Owner, WorkQueue, live_owners
 from .single import sanitize
-from .store import PlanRow, ResultsStore, StoreError, StoreView, read_store
+from .outputs import is_disk_full
+from .store import PlanRow, ResultsStore, StoreError, StoreView, disk_full_error, read_store
 
 __all__ = ["Unit", "plan_units", "run_matrix", "execute_unit", "EXECUTORS", "MatrixSummary", "MatrixPlan",
            "CellPlan", "Probe", "plan_matrix", "probe", "definition_changes", "DefinitionChanged",
@@ -441,6 +443,7 @@ def run_matrix(
 
     store = ResultsStore(out)
     claims: Claims | None = None
+    full: BaseException | None = None  # a full disk: said once the store is closed and checked
     try:
         finished = store.finished_keys()
         planned = {r.run_key for r in rows} | {r.baseline_key for r in rows}
@@ -503,10 +506,19 @@ def run_matrix(
             computed += 1
             report(_label(unit))
         return MatrixSummary(store.path, total, computed, total - computed, time.perf_counter() - t0)
+    except Exception as exc:
+        if not is_disk_full(exc):
+            raise
+        full = exc
     finally:
         if claims is not None:
             claims.close()
-        store.close()
+        try:
+            store.close()
+        except sqlite3.Error:
+            if full is None:
+                raise
+    raise disk_full_error(full, store.path) from None
 
 
 def _owners_text(owners: list[Owner]) -> str:

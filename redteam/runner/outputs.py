@@ -11,6 +11,10 @@
   the target itself, it does not follow it). The final file gets the mode the umask
   gives a new file (``mkstemp`` would leave it ``0600``). A failed write leaves nothing
   behind and the old file untouched.
+* :func:`is_disk_full` tells a full disk (or an exhausted quota) in an exception or
+  anything it was raised from: ``ENOSPC``/``EDQUOT``, SQLite's ``SQLITE_FULL``
+  ("database or disk is full"), a library's own wording of them; :class:`DiskFull` is the
+  one-line error the commands turn it into.
 * :func:`terminal_safe` makes text that came from a scenario file, a plugin or a path
   safe to print on one terminal line: control characters (newlines, ``ESC``, C1 codes,
   ``DEL``) become visible escapes.
@@ -18,20 +22,66 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import sqlite3
 import stat
 import tempfile
 from pathlib import Path
 
 from ..errors import RedteamError
 
-__all__ = ["OutputError", "atomic_write_bytes", "atomic_write_text", "check_output_dir", "check_output_file",
-           "terminal_safe"]
+__all__ = ["OutputError", "DiskFull", "atomic_write_bytes", "atomic_write_text", "check_output_dir",
+           "check_output_file", "terminal_safe", "is_disk_full", "disk_full_path"]
 
 
 class OutputError(RedteamError):
-    """An output path cannot be used (the message names the option and the path)."""
+    """An output path cannot be used (the message names the option and the path);
+    ``errno`` is the operating system's error number when one caused it."""
+
+    errno: int | None = None
+    path: str | None = None
+
+
+class DiskFull(RedteamError):
+    """The disk (or the quota) filled up while a command was writing its results."""
+
+
+_FULL_ERRNOS = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+# how libraries that do not raise OSError say it (safetensors: Rust's io::ErrorKind)
+_FULL_WORDS = ("No space left on device", "Disk quota exceeded", "StorageFull", "database or disk is full")
+
+
+def _chain(exc: BaseException | None) -> list[BaseException]:
+    out: list[BaseException] = []
+    while exc is not None and all(exc is not e for e in out):
+        out.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return out
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc``, or an exception it was raised from, says the disk or the quota is full."""
+    for e in _chain(exc):
+        if isinstance(e, OSError) and e.errno in _FULL_ERRNOS:
+            return True
+        if isinstance(e, OutputError) and e.errno in _FULL_ERRNOS:
+            return True
+        if isinstance(e, sqlite3.Error) and getattr(e, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+            return True
+        if isinstance(e, DiskFull) or any(w in str(e) for w in _FULL_WORDS):
+            return True
+    return False
+
+
+def disk_full_path(exc: BaseException) -> str | None:
+    """The file a disk-full ``exc`` (or what it was raised from) was writing, when it says."""
+    for e in _chain(exc):
+        name = getattr(e, "filename", None) or getattr(e, "path", None)
+        if isinstance(name, (str, bytes, os.PathLike)):
+            return os.fsdecode(name)
+    return None
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
@@ -79,7 +129,9 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, option: str = "--out", 
         os.replace(tmp, p)
         tmp = None
     except OSError as exc:
-        raise OutputError(f"{where}: cannot write ({exc.strerror or exc})") from None
+        err = OutputError(f"{where}: cannot write ({exc.strerror or exc})")
+        err.errno, err.path = exc.errno, str(p)
+        raise err from None
     finally:
         if tmp is not None:
             try:

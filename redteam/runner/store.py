@@ -13,7 +13,10 @@ Tables:
 
 Crash safety: a run's row is written in one transaction when the run has finished, and
 only then; a process killed at any moment (``kill -9`` included) leaves either the whole
-row or nothing. Resume: a run whose key is already in ``runs`` is never recomputed.
+row or nothing; a full disk fails the transaction that needed the space, never an earlier
+one, and ``redteam matrix`` then stops with one line saying what the store holds
+(:func:`disk_full_error`, read-only and checked). Resume: a run whose key is already in
+``runs`` is never recomputed.
 Keys are the SHA-256 of the concrete scenario a run executed (seed, attack, defense,
 settings), so a changed scenario can never be mistaken for a finished one. WAL mode and
 a busy timeout let two processes use one store without corrupting it (``INSERT OR
@@ -41,10 +44,11 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from ..errors import RedteamError
+from .outputs import DiskFull, disk_full_path, is_disk_full, terminal_safe
 from .single import sanitize
 
 __all__ = ["ResultsStore", "PlanRow", "StoreError", "StoreView", "STORE_NAME", "read_store", "store_file",
-           "connect_readonly", "json_or_none"]
+           "connect_readonly", "json_or_none", "store_state", "disk_full_error"]
 
 STORE_NAME = "results.sqlite"
 SCHEMA_VERSION = 1
@@ -137,17 +141,25 @@ def check_store_file(db: Path) -> None:
 def _create_store(p: Path) -> None:
     """Build an empty store beside ``p`` and link it into place (atomic: a concurrent
     opener sees no file or a whole store; if another process won the race, its store
-    is used)."""
+    is used).
+
+    It is built with a rollback journal, so that a successful COMMIT leaves the whole
+    store in the one file that is linked (with a write-ahead log, the last close folds the
+    log into the file, and on a full disk it cannot: the file linked was a malformed
+    store that every later run refused); the first writer to open it turns WAL on."""
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".new")
     except OSError as exc:
+        if is_disk_full(exc):
+            raise DiskFull(f"disk full while creating the results store {terminal_safe(p)}: nothing was written; "
+                           "free space and run again") from None
         raise StoreError(f"{p}: cannot create the results store ({exc.strerror or exc})") from None
     os.close(fd)
     try:
         con = sqlite3.connect(tmp, isolation_level=None)
         try:
-            con.execute("PRAGMA journal_mode=WAL")
+            con.execute("PRAGMA journal_mode=DELETE")
             con.execute("BEGIN")
             for stmt in _SCHEMA.strip().split(";"):
                 if stmt.strip():
@@ -164,11 +176,24 @@ def _create_store(p: Path) -> None:
             if not p.exists():
                 os.replace(tmp, p)
     except (OSError, sqlite3.Error) as exc:
+        if is_disk_full(exc) or _no_space(p.parent):  # SQLite may say "disk I/O error"
+            raise DiskFull(f"disk full while creating the results store {terminal_safe(p)}: nothing was written; "
+                           "free space and run again") from None
         raise StoreError(f"{p}: cannot create the results store ({exc})") from None
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for side in (tmp, tmp + "-journal", tmp + "-wal", tmp + "-shm"):
+            if os.path.exists(side):
+                os.unlink(side)
     check_store_file(p)
+
+
+def _no_space(directory: Path) -> bool:
+    """Whether the file system of ``directory`` has (next to) no space left for us."""
+    try:
+        st = os.statvfs(directory)
+    except (OSError, AttributeError):
+        return False
+    return st.f_bavail * st.f_frsize < 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +254,10 @@ class ResultsStore:
                 )
             v = self.meta("schema_version")
         except sqlite3.DatabaseError as exc:
+            if is_disk_full(exc) or _no_space(p.parent):  # SQLite may say "disk I/O error"
+                if getattr(self, "_db", None) is not None:
+                    self._db.close()
+                raise disk_full_error(exc, p) from None
             raise StoreError(f"{p}: not a redteam results store ({exc})") from None
         if v != str(SCHEMA_VERSION):
             raise StoreError(f"{p}: store schema version {v}, this redteam reads {SCHEMA_VERSION}")
@@ -248,9 +277,19 @@ class ResultsStore:
         try:
             yield
         except BaseException:
-            self._db.execute("ROLLBACK")
+            try:
+                self._db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass  # SQLite already rolled it back (a full disk does): the first error is the one to tell
             raise
-        self._db.execute("COMMIT")
+        try:
+            self._db.execute("COMMIT")
+        except BaseException:
+            try:
+                self._db.execute("ROLLBACK")  # a failed COMMIT (disk full) can leave the transaction open
+            except sqlite3.Error:
+                pass
+            raise
 
     def check_integrity(self) -> None:
         """Raise :class:`StoreError` unless SQLite finds every page intact and every
@@ -442,6 +481,55 @@ def read_store(path: str | Path) -> StoreView | None:
     except (ValueError, TypeError) as exc:
         raise StoreError(f"{db}: corrupt results store (unreadable plan row: {exc})") from None
     return StoreView(db, meta, plan, finished)
+
+
+def store_state(db: Path) -> tuple[int | None, str | None]:
+    """What the store file ``db`` holds, read without writing a byte: the number of its
+    finished runs (``None``: it cannot be read now) and, when it is not intact, why
+    (``None``: SQLite's quick check finds every page intact)."""
+    if not db.exists():
+        return 0, "no results store was created"
+    try:
+        con = connect_readonly(db)
+        try:
+            problems = [str(r[0]) for r in con.execute("PRAGMA quick_check(5)")]
+            n = int(con.execute("SELECT COUNT(*) FROM runs").fetchone()[0])
+        finally:
+            con.close()
+    except sqlite3.Error as exc:
+        return None, str(exc)
+    return n, None if problems == ["ok"] else "SQLite's check reports: " + "; ".join(problems)
+
+
+def _from_sqlite(exc: BaseException | None) -> bool:
+    seen: list[BaseException] = []
+    while exc is not None and all(exc is not e for e in seen):
+        if isinstance(exc, sqlite3.Error):
+            return True
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def disk_full_error(exc: BaseException, db: Path, writing: str | Path | None = None) -> DiskFull:
+    """The one-line error for a disk that filled up while a matrix wrote to the store
+    ``db``: what was being written, and what the store holds now (checked)."""
+    path = writing or disk_full_path(exc) or (db if _from_sqlite(exc) else None)
+    if path is not None:
+        where = f"disk full while writing {terminal_safe(path)}"
+    else:  # a library that names no file (safetensors writing a warm-up): its own words
+        where = f"disk full while writing under {terminal_safe(db.parent)} ({terminal_safe(exc)})"
+    store = terminal_safe(db)
+    n, problem = store_state(db)
+    if n is None:  # a read-only look needs the log's index, which a full disk may have cut short
+        return DiskFull(f"{where}: the results store {store} cannot be read while the disk is full ({problem}); "
+                        "each finished run was committed on its own: free space and re-run with --resume, "
+                        "which checks the store first")
+    if problem is None:
+        return DiskFull(f"{where}: the results store {store} is intact with {n} finished run(s); "
+                        "free space and re-run with --resume")
+    return DiskFull(f"{where}: the results store {store} holds {n} finished run(s), but {terminal_safe(problem)}; "
+                    "free space and re-run with --resume, which refuses a damaged store (then start a new --out)")
 
 
 def json_or_none(raw: str | None) -> Any:
