@@ -42,7 +42,7 @@ from redteam.pipeline import Pipeline
 #: every built-in attack with memory across clients or rounds, and where that memory lives:
 #: DBA on the instance (client id → rank), mimic in ctx.attack_state, replay / mix_and_match in
 #: the traffic history the engine keeps for ``history_rounds``
-STATEFUL = {"dba", "mimic", "replay", "mix_and_match", "foolsgold_copies"}
+STATEFUL = {"dba", "mimic", "replay", "mix_and_match", "foolsgold_copies", "stale_replay"}
 WRAPPERS = {"compose", "adaptive"}  # build other attacks; their own cache is what this file tests
 
 
@@ -150,6 +150,24 @@ def test_mimic_in_compose_keeps_its_victim_as_alone():
                                                             "share": False}]))
     for a, b in zip(alone, boosted):
         assert torch.equal(a * 3.0, b)
+
+
+@pytest.mark.parametrize("lag", [0, 2])
+def test_stale_replay_in_compose_replays_what_it_replays_alone(lag):
+    # its kept updates live in ctx.attack_state by client id: composed (with a part before it),
+    # it must resend the same old rows as alone, round after round
+    def run(atk):
+        state: dict = {}
+        return [atk.craft_updates(_mimic_ctx(r, v, state, torch.full((2, 5), float(r + 1), dtype=torch.float64)))
+                for r, v in enumerate(_mimic_rounds())]
+
+    alone = run(redteam.attack("stale_replay", lag=lag))
+    comp = run(redteam.attack("compose", attacks=[{"name": "none"}, {"name": "stale_replay", "lag": lag}]))
+    for a, b in zip(alone, comp):
+        assert torch.equal(a, b)
+    # by hand: own rows are r + 1 in round r; lag 0 replays round 0's, lag 2 round r − 2's (the first before)
+    want = [1.0, 1.0, 1.0, 1.0] if lag == 0 else [1.0, 1.0, 1.0, 2.0]
+    assert [float(rows[0, 0]) for rows in alone] == want
 
 
 def test_mimic_victim_is_fixed_by_id_after_the_warm_up():
