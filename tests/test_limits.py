@@ -180,6 +180,12 @@ def test_analytic_bytes_and_round_time_agree_with_the_simulator(codec):
     # a required number left out was None in the formulas (a TypeError; found by the limits fuzz)
     ({"model": [{"name": "m", "hidden": 64, "heads": 2}]}, r"\[\[limits.model\]\] #1.layers: missing"),
     ({"gpu": [{"name": "g", "memory_gb": 8, "tflops": 10, "price_per_hour": 0.1}]}, r"#1.power_w: missing"),
+    # a subnormal uplink: its slow-peer quantile underflowed to 0 (a ValueError traceback deep in
+    # the formulas; 1e-300 leaked a matplotlib overflow warning). Rates start at 1 bit/s
+    ({"peers__uplink_mbps": 5e-324}, r"uplink_mbps = 5e-324: must be a finite number ≥ 1e-06"),
+    ({"peers__uplink_mbps": 1e-300}, r"uplink_mbps = 1e-300: must be a finite number ≥ 1e-06"),
+    ({"peers__downlink_mbps": 1e-9}, r"downlink_mbps = 1e-09: must be"),
+    ({"peers__aggregator_uplink_mbps": 0}, r"aggregator_uplink_mbps = 0: must be"),
 ])
 def test_bad_limits_files_are_one_line_errors(over, match):
     with pytest.raises(InvalidScenario, match=match) as exc:

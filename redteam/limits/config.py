@@ -281,9 +281,9 @@ def parse_limits(doc: Mapping[str, Any], *, file: str = "<limits>", base_dir: st
     deadline = t.get("deadline_factor", 1.5)
     peers = Peers(
         counts=tuple(sorted(set(counts))),
-        uplink_mbps=c.num(t, "uplink_mbps", w, 20.0, high=1e6),
+        uplink_mbps=c.num(t, "uplink_mbps", w, 20.0, low=1e-6, low_open=False, high=1e6),
         uplink_sigma=c.num(t, "uplink_sigma", w, 0.8, low=0, low_open=False, high=5),
-        downlink_mbps=c.num(t, "downlink_mbps", w, 100.0, high=1e6),
+        downlink_mbps=c.num(t, "downlink_mbps", w, 100.0, low=1e-6, low_open=False, high=1e6),
         latency_ms=c.num(t, "latency_ms", w, 50.0, low=0, low_open=False, high=1e5),
         latency_sigma=c.num(t, "latency_sigma", w, 0.5, low=0, low_open=False, high=5),
         compute_sigma=c.num(t, "compute_sigma", w, 0.4, low=0, low_open=False, high=5),
@@ -293,7 +293,7 @@ def parse_limits(doc: Mapping[str, Any], *, file: str = "<limits>", base_dir: st
                                                               low_open=False, high=100),
         rounds=c.num(t, "rounds", w, 50, low=1, low_open=False, high=10_000, integer=True),
         gpu=peer_gpu,
-        aggregator_uplink_mbps=c.num(t, "aggregator_uplink_mbps", w, 1000.0, high=1e7),
+        aggregator_uplink_mbps=c.num(t, "aggregator_uplink_mbps", w, 1000.0, low=1e-6, low_open=False, high=1e7),
     )
 
     t = c.table(top, "cluster", "[limits.cluster]")
