@@ -71,7 +71,30 @@ class HopVerdict:
 
 
 @dataclass(frozen=True, slots=True)
-class RedundantRecompute(Filter):
+class _HopCheck(Filter):
+    """What the pipeline checks share: ``strikes`` and ``fraction`` checked (where a check has
+    them), and, in the aggregation path (a stage's ``[defense]``), every update accepted unchanged."""
+
+    acts_at: ClassVar[str] = "pipeline"
+    screens_nonfinite: ClassVar[bool] = False  # checks hops, not update values: `sanity` screens those
+
+    def validate_strikes(self, v: int) -> None:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise param_error(self, "strikes", v, "must be an integer ≥ 1")
+
+    def validate_fraction(self, v: float) -> None:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+            raise param_error(self, "fraction", v, "must be in [0, 1]")
+
+    def filter(self, updates: "torch.Tensor", ctx: ServerContext) -> FilterResult:
+        import torch
+
+        n = int(updates.shape[0])
+        return FilterResult(updates=updates, accepted=torch.ones(n, dtype=torch.bool, device=updates.device))
+
+
+@dataclass(frozen=True, slots=True)
+class RedundantRecompute(_HopCheck):
     """Recompute a sampled ``fraction`` of hops on another peer of the stage (module docstring).
 
     * ``fraction``: the share of hops checked (default 0.25);
@@ -83,28 +106,12 @@ class RedundantRecompute(Filter):
     fraction: float = 0.25
     tolerance: float = 1e-4
     strikes: int = 1
-    acts_at: ClassVar[str] = "pipeline"
-    screens_nonfinite: ClassVar[bool] = False  # checks hops, not update values: `sanity` screens those
     summary: ClassVar[str] = "Pipeline: recompute a sampled fraction of hops on another stage peer; ban mismatches"
     reference: ClassVar[str] = "Lu et al., ICML 2024 (redundant computation)"
-
-    def validate_fraction(self, v: float) -> None:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
-            raise param_error(self, "fraction", v, "must be in [0, 1]")
 
     def validate_tolerance(self, v: float) -> None:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
             raise param_error(self, "tolerance", v, "must be a finite number ≥ 0")
-
-    def validate_strikes(self, v: int) -> None:
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise param_error(self, "strikes", v, "must be an integer ≥ 1")
-
-    def filter(self, updates: "torch.Tensor", ctx: ServerContext) -> FilterResult:
-        import torch
-
-        n = int(updates.shape[0])
-        return FilterResult(updates=updates, accepted=torch.ones(n, dtype=torch.bool, device=updates.device))
 
     def verify_hop(self, run: Any, stage: int, peer: Any, inp: "torch.Tensor", sent: "torch.Tensor",
                    stage_params: "torch.Tensor", rng: "np.random.Generator", memory: dict | None = None) -> HopVerdict:
@@ -153,7 +160,7 @@ def commitment(t: "torch.Tensor", bits: int) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class ActivationCommitment(Filter):
+class ActivationCommitment(_HopCheck):
     """Commit to every hop's output; audit a sampled ``fraction`` at the round's end (module docstring).
 
     * ``fraction``: the share of hops audited (default 0.25);
@@ -165,28 +172,12 @@ class ActivationCommitment(Filter):
     fraction: float = 0.25
     bits: int = 23
     strikes: int = 1
-    acts_at: ClassVar[str] = "pipeline"
-    screens_nonfinite: ClassVar[bool] = False
     summary: ClassVar[str] = "Pipeline: commit to each hop's output (SHA-256); audit a sample at the round's end"
     reference: ClassVar[str] = "Jia et al., IEEE S&P 2021 (Proof-of-Learning); Arun et al., 2025 (Verde)"
-
-    def validate_fraction(self, v: float) -> None:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
-            raise param_error(self, "fraction", v, "must be in [0, 1]")
 
     def validate_bits(self, v: int) -> None:
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 23:
             raise param_error(self, "bits", v, "must be an integer in [1, 23] (23: every float32 bit)")
-
-    def validate_strikes(self, v: int) -> None:
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise param_error(self, "strikes", v, "must be an integer ≥ 1")
-
-    def filter(self, updates: "torch.Tensor", ctx: ServerContext) -> FilterResult:
-        import torch
-
-        n = int(updates.shape[0])
-        return FilterResult(updates=updates, accepted=torch.ones(n, dtype=torch.bool, device=updates.device))
 
     def verify_hop(self, run: Any, stage: int, peer: Any, inp: "torch.Tensor", sent: "torch.Tensor",
                    stage_params: "torch.Tensor", rng: "np.random.Generator", memory: dict | None = None) -> HopVerdict:
@@ -238,7 +229,7 @@ def _log_ratio(num: "torch.Tensor", den: "torch.Tensor | None") -> float:
 
 
 @dataclass(frozen=True, slots=True)
-class ActivationMonitor(Filter):
+class ActivationMonitor(_HopCheck):
     """Flag a stage peer whose activation (and gradient) statistics stray from its stage's other
     peers' in the same rounds (module docstring).
 
@@ -269,8 +260,6 @@ class ActivationMonitor(Filter):
     warmup: int = 1
     backward: bool = True
     strikes: int = 1
-    acts_at: ClassVar[str] = "pipeline"
-    screens_nonfinite: ClassVar[bool] = False
     summary: ClassVar[str] = "Pipeline: flag peers whose activation/gradient statistics stray from their stage peers'"
     reference: ClassVar[str] = "in the spirit of SENTINEL (Dolatabadi et al., arXiv 2603.03592); our own statistics"
 
@@ -289,16 +278,6 @@ class ActivationMonitor(Filter):
     def validate_backward(self, v: bool) -> None:
         if not isinstance(v, bool):
             raise param_error(self, "backward", v, "must be true or false")
-
-    def validate_strikes(self, v: int) -> None:
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise param_error(self, "strikes", v, "must be an integer ≥ 1")
-
-    def filter(self, updates: "torch.Tensor", ctx: ServerContext) -> FilterResult:
-        import torch
-
-        n = int(updates.shape[0])
-        return FilterResult(updates=updates, accepted=torch.ones(n, dtype=torch.bool, device=updates.device))
 
     @staticmethod
     def _keep(memory: dict | None, kind: str, peer: Any, value: float) -> None:

@@ -68,7 +68,7 @@ from .params import ParamSpec
 from .builders import needs_server_data
 from .partition import deal
 from .sampling import RoundPlan
-from .warmup import start_params
+from .warmup import round0_params
 from .server_opt import make_server_optimizer
 from .state import ClientStates
 from .training import BatchedTrainer, LocalTraining, StackedData
@@ -292,15 +292,8 @@ class Federation:
         model = self.workload.build_model(self._torch["init"])
         self.spec = ParamSpec.of(model)
         self.params_init = self.spec.flatten(model).to(self.device)
-        self._start_info: dict[str, Any] = {}
-        if start is not None:
-            self.params0 = start.to(self.device, torch.float32).clone()
-        else:
-            self.params0, self._start_info = start_params(scenario, self.spec, self.params_init, self.device,
-                                                          warmup_dir, self.dataset_source)
-        if self.params0.shape != self.params_init.shape:
-            raise InvalidParameter(f"the starting model has {self.params0.numel()} parameters, the workload's "
-                                   f"model {self.params_init.numel()}")
+        self.params0, self._start_info = round0_params(scenario, self.spec, self.params_init, self.device, warmup_dir,
+                                                       self.dataset_source, start)
         self.final_params: torch.Tensor | None = None
         self.trainer = BatchedTrainer(self.workload, model.to(self.device), self.spec)
         self.local = LocalTraining(

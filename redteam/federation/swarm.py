@@ -139,17 +139,10 @@ class SwarmRun:
         self.params_init = self.spec.flatten(model).to(self.device)
         # the model round 0 starts from: the workload's initial model, a model file or a shared
         # clean warm-up of the same pipeline ([scenario] start_from / warmup_rounds; .warmup)
-        self._start_info: dict[str, Any] = {}
-        if start is not None:
-            self.params0 = start.to(self.device, torch.float32).clone()
-        else:
-            from .warmup import start_params
+        from .warmup import round0_params
 
-            self.params0, self._start_info = start_params(scenario, self.spec, self.params_init, self.device,
-                                                          warmup_dir, self.dataset_source)
-        if self.params0.shape != self.params_init.shape:
-            raise InvalidParameter(f"the starting model has {self.params0.numel()} parameters, the workload's "
-                                   f"model {self.params_init.numel()}")
+        self.params0, self._start_info = round0_params(scenario, self.spec, self.params_init, self.device, warmup_dir,
+                                                       self.dataset_source, start)
         self.trainer = BatchedTrainer(self.workload, model, self.spec)
         # the stage of each parameter, and each stage's slice of the flat vector (contiguous)
         stage_of = [stage_of_parameter(n, layers, pl.stages) for n in self.spec.names]

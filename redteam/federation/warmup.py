@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from .params import ParamSpec
 
 __all__ = ["load_model_file", "save_model_file", "warmup_scenario", "warmup_key", "start_params",
-           "WARMUP_DIR_ENV"]
+           "round0_params", "WARMUP_DIR_ENV"]
 
 WARMUP_DIR_ENV = "REDTEAM_WARMUP_DIR"
 #: warm-ups kept in memory per process (a matrix cell's baseline and attacked run share one)
@@ -207,6 +207,22 @@ def start_params(scenario: "Scenario", spec: "ParamSpec", init: torch.Tensor, de
         save_model_file(file, flat, spec, {"redteam_warmup_key": key, "rounds": str(rounds),
                                            "scenario_digest": warmup_scenario(scenario).digest()})
     return flat.clone(), info
+
+
+def round0_params(scenario: "Scenario", spec: "ParamSpec", init: torch.Tensor, device: torch.device,
+                  warmup_dir: str | Path | None, data_source: str,
+                  start: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+    """What every regime's round 0 starts from: ``start`` when given (a caller's own model, e.g.
+    a warm-up being computed), else :func:`start_params`; refused when its size is not the
+    workload model's."""
+    if start is not None:
+        params0, info = start.to(device, torch.float32).clone(), {}
+    else:
+        params0, info = start_params(scenario, spec, init, device, warmup_dir, data_source)
+    if params0.shape != init.shape:
+        raise InvalidParameter(f"the starting model has {params0.numel()} parameters, the workload's "
+                               f"model {init.numel()}")
+    return params0, info
 
 
 try:
