@@ -243,7 +243,8 @@ class StageBackdoor(_StagePeer):
             raise param_error(self, "offline_lr", v, "must be a finite number > 0")
 
     def validate_scale(self, v: float) -> None:
-        _check_strength(self, v)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v == v or abs(v) == float("inf"):
+            raise param_error(self, "scale", v, "must be a finite number")
 
     def validate_vector(self, v: str) -> None:
         if v not in ("poisoned", "difference"):

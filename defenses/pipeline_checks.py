@@ -13,7 +13,7 @@ The recomputation costs one extra stage forward per checked hop: the run reports
 (``extra["pipeline"]["recomputed_hops"]``).
 
 :class:`ActivationCommitment` is the commit-and-audit alternative: every hop's output is
-committed to (a SHA-256 of the output rounded to ``bits`` mantissa bits), a sampled fraction of
+committed to (a SHA-256 of the output rounded to ``bits`` significant bits), a sampled fraction of
 the commitments is kept with the hop's input, and at the end of the round — before the stages
 synchronise — another peer of the stage recomputes each kept hop and compares digests. Proof of
 Learning (Jia, Yaghini, Choquette-Choo, Dullerud, Thudi, Chandrasekaran & Papernot, "Proof-of-
@@ -21,7 +21,7 @@ Learning: Definitions and Practice", IEEE S&P 2021) verifies training the same w
 logs, the verifier recomputes a sample of the logged steps and compares within a tolerance;
 Verde (Arun, Soni, Vidal, Weng, Bonneau & Isik, Gensyn, 2025) compares hashes of outputs, which
 needs kernels that give the same bits on every peer (its RepOps). Here the rounding is that
-tolerance: ``bits = 23`` keeps every float32 bit (bit equality), fewer bits forgive honest kernels
+tolerance: ``bits = 24`` keeps every float32 bit (bit equality), fewer bits forgive honest kernels
 that sum in another order — except where a value sits at a rounding boundary, so an honest peer
 can still fail (the false positives this rule trades for a hash). Its difference from
 :class:`RedundantRecompute` is *when*: the audit is deferred to the round's end, so a cheating
@@ -142,18 +142,20 @@ class RedundantRecompute(_HopCheck):
 
 
 def commitment(t: "torch.Tensor", bits: int) -> str:
-    """SHA-256 (hex) of ``t`` with each value rounded to ``bits`` mantissa bits (``bits`` ≥ 23:
-    the float32 bits as they are), its shape included: what a peer commits to for an output."""
+    """SHA-256 (hex) of ``t`` with each value rounded to ``bits`` significant bits (float32 has
+    24, the leading one implicit: ``bits`` ≥ 24 keeps every bit), its shape included: what a peer
+    commits to for an output. −0 commits as +0 and every NaN alike, at every setting."""
     import hashlib
 
     import torch
 
     x = t.detach().to("cpu", torch.float32).contiguous()
-    if bits < 23:
-        m, e = torch.frexp(x)
+    if bits < 24:
+        m, e = torch.frexp(x)  # m in [0.5, 1): bits significant bits are m · 2^bits rounded
         scale = float(2 ** bits)
         x = torch.ldexp(torch.round(m * scale) / scale, e)
-        x = torch.where(x == 0, torch.zeros_like(x), x)  # −0 and +0 commit alike
+    x = torch.where(x == 0, torch.zeros_like(x), x)
+    x = torch.where(torch.isnan(x), torch.full_like(x, float("nan")), x)
     h = hashlib.sha256(repr(tuple(x.shape)).encode())
     h.update(x.numpy().tobytes())
     return h.hexdigest()
@@ -164,20 +166,21 @@ class ActivationCommitment(_HopCheck):
     """Commit to every hop's output; audit a sampled ``fraction`` at the round's end (module docstring).
 
     * ``fraction``: the share of hops audited (default 0.25);
-    * ``bits``: mantissa bits kept before hashing, in [1, 23] (default 23: bit equality, Verde's
-      convention; fewer forgive reordered float sums, at the rounding boundaries' risk);
+    * ``bits``: significant bits kept before hashing, in [1, 24] (default 24: every float32 bit,
+      bit equality, Verde's convention; fewer forgive reordered float sums, at the rounding
+      boundaries' risk);
     * ``strikes``: failed audits before the peer is banned (default 1).
     """
 
     fraction: float = 0.25
-    bits: int = 23
+    bits: int = 24
     strikes: int = 1
     summary: ClassVar[str] = "Pipeline: commit to each hop's output (SHA-256); audit a sample at the round's end"
     reference: ClassVar[str] = "Jia et al., IEEE S&P 2021 (Proof-of-Learning); Arun et al., 2025 (Verde)"
 
     def validate_bits(self, v: int) -> None:
-        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 23:
-            raise param_error(self, "bits", v, "must be an integer in [1, 23] (23: every float32 bit)")
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 24:
+            raise param_error(self, "bits", v, "must be an integer in [1, 24] (24: every float32 bit)")
 
     def verify_hop(self, run: Any, stage: int, peer: Any, inp: "torch.Tensor", sent: "torch.Tensor",
                    stage_params: "torch.Tensor", rng: "np.random.Generator", memory: dict | None = None) -> HopVerdict:
@@ -248,15 +251,30 @@ class ActivationMonitor(_HopCheck):
     * ``backward``: monitor the gradients sent back too (default true);
     * ``strikes``: flags before the peer is banned (default 1).
 
+    Beside the two log-ratios it keeps, at the last stage, the log of each micro-batch's loss
+    (negated logits have the same RMS; their loss differs: ``loss_threshold``), and for every
+    hop that owed a gradient back, whether one came (a peer that cuts the graph sends none).
+    Stages are judged in the order each statistic flows, and hops that went through a peer
+    already flagged upstream are left out of its receivers' statistics.
+
+    * ``loss_threshold``: the same for the last stage's log-loss (default 0.3).
+
     The defaults are our calibration, not a paper's: on ``scenarios/pipeline.toml`` (6 seeds) no
     honest peer's EMA went past 0.09 without an attack and 0.58 under one (a sign-flipping peer
-    upstream disturbs the last stage's gradients), while the attacking peer's reached 64–67
-    (lazy), 1.2–2.2 (sign-flipped activations) and 3.0 (a ×−20 gradient: log 20); activation
-    noise of 0.5 × RMS stays under the threshold (0.34–0.96).
+    upstream disturbs the last stage's gradients), nor its log-loss EMA past 0.14, while the
+    attacking peer's reached 64–67 (lazy), 1.2–2.2 (sign-flipped activations) and 3.0 (a ×−20
+    gradient: log 20); activation noise of 0.5 × RMS stays under the threshold (0.34–0.96).
+
+    Blind spots, measured (4 seeds): a sign-flipped gradient (the statistics are magnitudes); a
+    last-stage sign flip is caught in 2 of 4 seeds (in the others training collapses before the
+    loss separates); a ×100 activation from the first stage can get honest downstream peers
+    banned (FPR 0.012–0.028 in 3 of 4 seeds) in a round where too few first-stage peers served to
+    judge the attacker first.
     """
 
     momentum: float = 0.5
     threshold: float = 1.0
+    loss_threshold: float = 0.3
     warmup: int = 1
     backward: bool = True
     strikes: int = 1
@@ -271,6 +289,10 @@ class ActivationMonitor(_HopCheck):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
             raise param_error(self, "threshold", v, "must be a finite number > 0 (natural-log units)")
 
+    def validate_loss_threshold(self, v: float) -> None:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+            raise param_error(self, "loss_threshold", v, "must be a finite number > 0 (natural-log units)")
+
     def validate_warmup(self, v: int) -> None:
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1_000_000:
             raise param_error(self, "warmup", v, "must be an integer in [1, 1000000]")
@@ -280,60 +302,111 @@ class ActivationMonitor(_HopCheck):
             raise param_error(self, "backward", v, "must be true or false")
 
     @staticmethod
-    def _keep(memory: dict | None, kind: str, peer: Any, value: float) -> None:
+    def _keep(memory: dict | None, kind: str, stage: int, peer: Any, value: float) -> None:
+        """One hop's statistic, with the micro-batch it belongs to (its route is kept too)."""
         if memory is not None:
-            memory.setdefault("round", {}).setdefault(kind, {}).setdefault(peer.pid, []).append(value)
+            memory.setdefault("hops", []).append((kind, memory.get("mb", 0), stage, peer.pid, value))
 
     def verify_hop(self, run: Any, stage: int, peer: Any, inp: "torch.Tensor", sent: "torch.Tensor",
                    stage_params: "torch.Tensor", rng: "np.random.Generator", memory: dict | None = None) -> HopVerdict:
-        """Keep the hop's forward log-ratio for the round's judgement (:meth:`audit_round`)."""
+        """Keep the hop's forward log-ratio for the round's judgement (:meth:`audit_round`); a hop
+        whose input was already non-finite says nothing about this peer and is skipped."""
+        import torch
+
+        if memory is None:
+            return HopVerdict(False, False)
+        if stage == 0:  # a new micro-batch (hops arrive stage by stage)
+            memory["mb"] = memory.get("mb", 0) + 1
+        memory.setdefault("route", {}).setdefault(memory["mb"], {})[stage] = peer.pid
+        if inp.is_floating_point() and not bool(torch.isfinite(inp).all()):
+            return HopVerdict(False, False)
         if inp.is_floating_point() and inp.shape == sent.shape:
             value = _log_ratio(sent - inp, inp)
         else:  # the first stage: tokens in, activations out
             value = _log_ratio(sent, None)
-        self._keep(memory, "forward", peer, value)
+        self._keep(memory, "forward", stage, peer, value)
+        if stage > 0 and inp.requires_grad and self.backward:  # a gradient is owed back for this hop
+            memory.setdefault("owed", {})[(memory["mb"], stage)] = peer.pid
         return HopVerdict(False, False)
 
     def verify_backward(self, run: Any, stage: int, peer: Any, grad_received: "torch.Tensor",
                         grad_sent: "torch.Tensor", memory: dict) -> HopVerdict:
         """Keep the hop's backward log-ratio (the gradient the peer sent back against the one it
-        received) for the round's judgement."""
+        received) for the round's judgement; a non-finite received gradient is skipped."""
+        import torch
+
         if self.backward:
-            self._keep(memory, "backward", peer, _log_ratio(grad_sent, grad_received))
+            memory.setdefault("paid", set()).add((memory.get("mb", 0), stage))
+            if bool(torch.isfinite(grad_received).all()):
+                self._keep(memory, "backward", stage, peer, _log_ratio(grad_sent, grad_received))
+        return HopVerdict(False, False)
+
+    def verify_loss(self, run: Any, stage: int, peer: Any, loss: float, memory: dict) -> HopVerdict:
+        """The last stage's peer: keep the log of the micro-batch's loss computed from its output
+        (a sign or magnitude test cannot see negated logits; their loss can)."""
+        import math
+
+        if math.isfinite(loss) and loss > 0:
+            self._keep(memory, "loss", stage, peer, math.log(loss))
         return HopVerdict(False, False)
 
     def audit_round(self, run: Any, stage_params: Any, rng: "np.random.Generator",
                     memory: dict) -> list[tuple[int, HopVerdict]]:
         """Judge the round's statistics (class docstring); returns ``(peer, verdict)`` for each
-        peer measured this round; the round's values are emptied."""
+        peer measured this round; the round's values are emptied.
+
+        Stages are judged in the order the statistic flows — forward statistics and the loss
+        from the first stage on, backward statistics from the last stage back — and a hop whose
+        micro-batch went through a peer already flagged upstream of it (in that order) is left
+        out: tampered input must not make its honest receivers look like outliers."""
         import math
         import statistics
 
-        kept, memory["round"] = memory.get("round", {}), {}
+        hops, memory["hops"] = memory.get("hops", []), []
+        route, memory["route"] = memory.get("route", {}), {}
+        owed, memory["owed"] = memory.get("owed", {}), {}
+        paid, memory["paid"] = memory.get("paid", set()), set()
+        memory["mb"] = 0
+        # a hop owed a gradient back that never got one (a peer that cut the graph): log(share paid)
+        for (mb, stage), pid in owed.items():
+            hops.append(("backward_share", mb, stage, pid, 0.0 if (mb, stage) in paid else math.log(1e-3)))
         ema: dict = memory.setdefault("ema", {})
         verdicts: dict[int, HopVerdict] = {}
-        for kind, per_peer in sorted(kept.items()):
-            stages: dict[int, dict[int, float]] = {}
-            for pid, values in per_peer.items():
-                if run.peers[pid].banned_at is None:
-                    stages.setdefault(run.peers[pid].stage, {})[pid] = (
-                        math.fsum(values) / len(values) if all(math.isfinite(v) for v in values) else math.inf)
-            for stage, means in sorted(stages.items()):
-                if len(means) < 3:
+        flagged: set[int] = {p.pid for p in run.peers if p.banned_at is not None}
+        n_stages = 1 + max((st for r in route.values() for st in r), default=0)
+        for kind in ("forward", "loss", "backward", "backward_share"):
+            downstream = kind in ("backward", "backward_share")
+            order = range(n_stages - 1, -1, -1) if downstream else range(n_stages)
+            rows = [h for h in hops if h[0] == kind]
+            for stage in order:
+                per_peer: dict[int, list[float]] = {}
+                for _, mb, st, pid, value in rows:
+                    if st != stage or run.peers[pid].banned_at is not None:
+                        continue
+                    r = route.get(mb, {})
+                    before = [r[t] for t in r if (t > st if downstream else t < st)]
+                    if any(q in flagged for q in before):
+                        continue  # its input went through a flagged peer
+                    per_peer.setdefault(pid, []).append(value)
+                if len(per_peer) < 3:
                     continue
-                finite = [m for m in means.values() if math.isfinite(m)]
-                if len(finite) < len(means) / 2:
+                medians = {pid: (statistics.median(v) if all(math.isfinite(x) for x in v) else math.inf)
+                           for pid, v in per_peer.items()}
+                finite = [m for m in medians.values() if math.isfinite(m)]
+                if len(finite) < len(medians) / 2:
                     continue
                 ref = statistics.median(finite)
-                for pid, m in sorted(means.items()):
+                limit = self.loss_threshold if kind == "loss" else self.threshold
+                for pid, m in sorted(medians.items()):
                     dev = m - ref
                     old, n = ema.get((kind, pid), (0.0, 0))
                     new = dev if n == 0 else self.momentum * old + (1 - self.momentum) * dev
                     ema[(kind, pid)] = (new, n + 1)
-                    if n + 1 >= self.warmup and not abs(new) <= self.threshold:
+                    if n + 1 >= self.warmup and not abs(new) <= limit:
+                        flagged.add(pid)
                         verdicts[pid] = HopVerdict(True, False, f"activation monitor ({kind}): the EMA of its "
                                                                 f"log-ratio's deviation from stage {stage}'s median "
-                                                                f"is {new:.3g} (|·| > {self.threshold:g})")
+                                                                f"is {new:.3g} (|·| > {limit:g})")
                     else:
                         verdicts.setdefault(pid, HopVerdict(False, False))
         return sorted(verdicts.items())

@@ -301,8 +301,11 @@ class PipelineSpec:
     checks: tuple[PluginSpec, ...] = ()
     # reputation in the router: a peer's routing weight is its advertised throughput times its
     # reputation (starts at 1), multiplied by reputation_penalty at each failed check and raised
-    # by reputation_recovery (up to 1) at each passed one; 1 and 0: no reputation
-    reputation_penalty: float = _rule(1.0, lambda v: isinstance(v, (int, float)) and 0 <= v <= 1, "must be in [0, 1]")
+    # by reputation_recovery (up to 1) at each passed one; 1 and 0: no reputation. A weight never
+    # falls below 1e-6 of the truth, so a flagged peer still gets probed and can reach its ban;
+    # round_robin routing ignores reputation
+    reputation_penalty: float = _rule(1.0, lambda v: isinstance(v, (int, float)) and 0 < v <= 1,
+                                      "must be in (0, 1] (to cut a peer off at its first failure, use strikes = 1)")
     reputation_recovery: float = _rule(0.0, lambda v: isinstance(v, (int, float)) and 0 <= v <= 1, "must be in [0, 1]")
     # links: a hop's sends (activations forward, gradients back) take latency_ms plus the bytes
     # over the sender's uplink, drawn log-normal around bandwidth_mbps (0: links not modelled)

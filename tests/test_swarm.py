@@ -136,6 +136,7 @@ def test_sampled_checks_catch_a_lazy_peer_later_and_cheaper():
     ({"pipeline": {"attackers": 4}}, "more than the stage"),
     ({"pipeline": {"checks": [{"name": "median"}]}}, "not a pipeline check"),
     ({"federation": {"clients_per_round": 2}}, "do not apply"),
+    ({"pipeline": {"reputation_penalty": 0.0}}, "must be in \\(0, 1\\]"),
     ({"attack": "sign_flip"}, "not on a pipeline stage"),
 ])
 def test_bad_pipeline_scenarios_are_one_clear_line(change, msg):
@@ -315,11 +316,16 @@ def test_commitment_digest_keeps_the_bits_it_says():
 
     x = torch.tensor([1.0, -3.5, 0.3])
     one_ulp = torch.nextafter(x, torch.full_like(x, 10.0))
-    assert commitment(x, 23) == commitment(x.clone(), 23) != commitment(one_ulp, 23)
+    assert commitment(x, 24) == commitment(x.clone(), 24) != commitment(one_ulp, 24)
+    assert commitment(torch.tensor([0.0, float("nan")]), 24) == commitment(torch.tensor([-0.0, -float("nan")]), 24)
+    # bits counts significant bits: 1 and 1 + 2⁻²³ (the next float32) differ at 24, agree at 23
+    nxt = torch.tensor([1.0 + 2.0 ** -23])
+    assert commitment(torch.tensor([1.0]), 24) != commitment(nxt, 24)
+    assert commitment(torch.tensor([1.0]), 23) == commitment(nxt, 23)
     assert commitment(x, 10) == commitment(one_ulp, 10)  # one ulp does not cross a 10-bit boundary here
     assert commitment(x, 10) != commitment(x * 1.01, 10)
     assert commitment(torch.tensor([0.0]), 10) == commitment(torch.tensor([-0.0]), 10)
-    assert commitment(x, 23) != commitment(x.reshape(3, 1), 23)  # the shape is committed too
+    assert commitment(x, 24) != commitment(x.reshape(3, 1), 24)  # the shape is committed too
 
 
 def test_commitment_audit_bans_a_lazy_peer_at_the_round_end():
@@ -392,3 +398,28 @@ def test_links_cost_simulated_time_and_flow_routes_around_a_slow_uplink():
     _, free = run(doc(routing="flow", micro_batches=12))
     assert tput["flow"] > tput["swarm"]
     assert summarize(free.records)["pipeline_throughput"] > tput["flow"]
+
+
+def test_activation_monitor_sees_a_last_stage_peer_that_cuts_the_graph():
+    """A stale last stage sends no gradient back: its hops that owed one count against it."""
+    _, res = run(doc({"name": "lazy_peer", "mode": "stale"}, checks=[{"name": "activation_monitor"}],
+                     micro_batches=12, attacker_stage=2))
+    m = summarize(res.records)
+    assert m["undetected_attackers"] == 0 and m["fpr"] == 0.0
+
+
+def test_a_composed_attack_runs_in_the_pipeline_regime():
+    """A composition with no targeted part: no ASR test set, and no crash (it raised AttributeError)."""
+    r, res = run(doc({"name": "compose", "attacks": [{"name": "none"}]}))
+    assert r._targeted is None and len(res.records) == 3
+
+
+def test_pipeline_cells_that_differ_only_in_who_attacks_share_one_warm_up():
+    from redteam.federation.warmup import warmup_key
+
+    keys = set()
+    for stage, penalty in ((1, 1.0), (2, 0.5), (0, 1.0)):
+        d = doc({"name": "lazy_peer"}, attacker_stage=stage, reputation_penalty=penalty)
+        d["scenario"]["warmup_rounds"] = 2
+        keys.add(warmup_key(parse_scenario(d), torch.device("cpu")))
+    assert len(keys) == 1

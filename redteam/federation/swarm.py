@@ -21,9 +21,11 @@ who trains what and who merges whose updates:
   a centralised greedy stand-in for the flow optimisation of GWTF (Blagoev, Cox, Decouchant &
   Chen, "Go With The Flow: Churn-Tolerant Decentralized Training of Large Language Models", arXiv
   2509.21221), which minimises the largest cost of any micro-batch's flow: each hop goes to the
-  peer of the stage that would finish it first by the advertised speeds, balancing the round's
-  load (GWTF's decentralised simulated annealing and its link latency and bandwidth terms are not
-  modelled); ``"round_robin"``: peers in turn. A banned peer gets no more traffic.
+  peer of the stage that would finish it first by the advertised speeds and its measured uplink,
+  balancing the round's load (GWTF's decentralised simulated annealing is not modelled);
+  ``"round_robin"``: peers in turn (it ignores reputation). A banned peer gets no more traffic.
+  Links (``bandwidth_mbps`` > 0): each hop's sends cost its sender the latency plus the bytes over
+  its uplink, in simulated time.
 * **one round** — ``micro_batches`` micro-batches of ``micro_batch_size`` windows each, drawn from
   the training pool by the run's training stream; each goes forward through its route (a malicious
   peer's :meth:`~redteam.types.Attack.tamper_activation` decides what it sends on) and backward
@@ -61,7 +63,7 @@ from .training import BatchedTrainer
 
 __all__ = ["SwarmRun", "stage_of_parameter"]
 
-_STREAMS = ("split", "roles", "init", "train", "network", "attack", "defense", "checks", "churn")
+_STREAMS = ("split", "roles", "init", "train", "network", "attack", "defense", "checks", "churn", "links")
 
 
 def stage_of_parameter(name: str, layers: int, stages: int) -> int:
@@ -174,11 +176,11 @@ class SwarmRun:
         speeds = np.exp(self._np["network"].normal(0.0, pl.throughput_sigma, self.n_peers)) if pl.throughput_sigma \
             else np.ones(self.n_peers)
         self.peers = [_Peer(p, p // P, float(speeds[p]), p in bad) for p in range(self.n_peers)]
-        # links: each peer's uplink (log-normal around bandwidth_mbps) and the latency of a message;
-        # drawn only when modelled, so a run without them keeps its random streams
+        # links: each peer's uplink (log-normal around bandwidth_mbps) and the latency of a message,
+        # from their own stream: turning links on changes no routing or churn draw
         self._act_bytes = pl.micro_batch_size * self.train_x.shape[1] * int(getattr(self.workload, "width")) * 4
         if pl.bandwidth_mbps > 0:
-            bw = pl.bandwidth_mbps * np.exp(self._np["network"].normal(0.0, pl.bandwidth_sigma, self.n_peers))
+            bw = pl.bandwidth_mbps * np.exp(self._np["links"].normal(0.0, pl.bandwidth_sigma, self.n_peers))
             for peer, b in zip(self.peers, bw):
                 peer.uplink_mbps = float(b)
         self.malicious = sorted(bad)
@@ -211,7 +213,10 @@ class SwarmRun:
         for candidate in (self.attack, build_attack(scenario.attack)):
             targeted_test = getattr(candidate, "targeted_test", None)
             if targeted_test is not None:
-                tx, ty = targeted_test(ds.test_x, ds.test_y)
+                try:
+                    tx, ty = targeted_test(ds.test_x, ds.test_y)
+                except AttributeError:  # a composition without a targeted part
+                    continue
                 self._targeted = (tx.to(self.device), ty.to(self.device))
                 break
         # what a peer knows of the training it joined (offline attacks read it; never modified)
@@ -304,7 +309,7 @@ class SwarmRun:
                       for p in pool])
         if not np.all(np.isfinite(w)) or w.sum() <= 0:
             raise RedteamError(f"attack {self.attack_spec.name!r}: advertise_throughput gave {w.tolist()}")
-        w = w * np.array([p.reputation for p in pool])  # the router trusts a flagged peer less
+        w = w * np.array([max(p.reputation, 1e-6) for p in pool])  # the router trusts a flagged peer less
         if w.sum() <= 0:
             w = np.ones(len(pool))
         if self.pl.routing == "flow":  # the peer that would finish this hop first, by what peers advertise
@@ -335,6 +340,7 @@ class SwarmRun:
         hop_count = 0
         check_memory: dict[int, dict] = {}  # each check's memory for the run (a monitor's running statistics)
         watchers = [c for c in self.checks if getattr(c, "verify_backward", None) is not None and getattr(c, "backward", False)]
+        loss_watchers = [c for c in self.checks if getattr(c, "verify_loss", None) is not None]
         for rnd in range(sc.federation.rounds):
             t0 = time.perf_counter()
             self.current_round = rnd  # what the checks read (a monitor's statistics are per round)
@@ -391,6 +397,7 @@ class SwarmRun:
                     if acting:
                         acted[peer.pid] = acted.get(peer.pid, 0) + 1
                     h = sent
+                    last = peer  # who served the last stage (a re-routed hop included)
                 if dropped_mb:  # lost with a crashed peer (no crash tolerance, or no peer left in the stage)
                     lost += 1
                     hop_count += 1
@@ -399,6 +406,10 @@ class SwarmRun:
                 if watchers and h.requires_grad:
                     h.register_hook(lambda g: received.__setitem__(pl.stages - 1, g))
                 loss = F.cross_entropy(h.reshape(-1, h.shape[-1]), y.reshape(-1))
+                for check in loss_watchers:  # the last stage's output, judged by its loss
+                    self._judge(last, check.verify_loss(self, pl.stages - 1, last, float(loss.detach()),
+                                                             check_memory.setdefault(id(check), {})),
+                                check.strikes, flagged, hop_count)
                 if loss.requires_grad:  # a lazy last stage replaying a stale output cuts the graph
                     loss.backward()
                 hop_count += 1

@@ -137,8 +137,16 @@ def warmup_scenario(scenario: "Scenario") -> "Scenario":
 
     info, fed = scenario.scenario, scenario.federation
     pipeline = scenario.pipeline
-    if pipeline is not None:  # the same pipeline, honest and unchecked
-        pipeline = dataclasses.replace(pipeline, attackers=0, checks=())
+    if pipeline is not None:  # the same pipeline, honest and unchecked; what only the attacked
+        # run or the simulated clock reads is set to its default, so cells share the warm-up
+        from ..scenario import PipelineSpec
+
+        d = PipelineSpec()
+        pipeline = dataclasses.replace(pipeline, attackers=0, checks=(), attacker_stage=d.attacker_stage,
+                                       reputation_penalty=d.reputation_penalty,
+                                       reputation_recovery=d.reputation_recovery, bandwidth_mbps=d.bandwidth_mbps,
+                                       bandwidth_sigma=d.bandwidth_sigma, latency_ms=d.latency_ms,
+                                       hop_time_s=d.hop_time_s)
     return dataclasses.replace(
         scenario,
         pipeline=pipeline,
