@@ -634,6 +634,7 @@ def parse_scenario(
     if "workload" in data:
         spec = _plugin(data["workload"], "workload", where, WORKLOADS, check_plugins)
         kw["workload"] = WorkloadSpec(spec.name, spec.params)
+        _confine_text_dir(kw["workload"], base_dir, limits, where)
     if "federation" in data:
         fed = _build(FederationSpec, data["federation"], "federation", where)
         if fed.malicious_fraction > 0 and fed.n_malicious == 0:
@@ -867,6 +868,25 @@ def load_document(
             )
         merged = _merge(merged, load_document(target, (*_stack, resolved), limits=limits, _home=home))
     return _merge(merged, data)
+
+
+def _confine_text_dir(workload: "WorkloadSpec", base_dir: str | Path, limits: Limits | None, where: _Where) -> None:
+    """A file's ``text_dir`` (read relative to the working directory, as the workload reads it)
+    must stay inside the scenario's directory or the working directory: every file under it
+    becomes training text and is named in the run's manifests, so a hostile scenario must not
+    point it at ``~/.ssh``. ``REDTEAM_ALLOW_TEXT_DIR_OUTSIDE=1`` allows it. A scenario built in
+    Python (no file, no ``base_dir``) is not checked."""
+    v = dict(workload.params).get("text_dir")
+    if not base_dir or not isinstance(v, str) or not v:
+        return
+    lim = limits if limits is not None else Limits.from_env()
+    if lim.allow_text_dir_outside:
+        return
+    target = Path(v).resolve()
+    homes = (Path(base_dir).resolve(), Path.cwd().resolve())
+    if not any(target.is_relative_to(h) for h in homes):
+        raise where.err("[workload].text_dir", v, f"must stay inside the scenario's directory {str(homes[0])!r} or "
+                        f"the working directory {str(homes[1])!r} (REDTEAM_ALLOW_TEXT_DIR_OUTSIDE=1 allows it)")
 
 
 def load_scenario(path: str | Path, *, limits: Limits | None = None) -> Scenario:

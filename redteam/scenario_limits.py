@@ -122,6 +122,9 @@ class Limits:
     max_text_files: int = 100_000         # files under a text workload's text_dir
     max_text_bytes: int = 1 << 30         # their total size (every file is read whole, for its digest)
     allow_include_outside: bool = False
+    # a text workload's text_dir (any file under it becomes training text, named in manifests):
+    # inside the scenario's directory or the working directory unless allowed
+    allow_text_dir_outside: bool = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Limits":

@@ -220,6 +220,30 @@ def test_text_dir_with_a_non_utf8_file_name_is_one_line(tmp_path, capsys):
     assert len(err) == 1 and "is not UTF-8" in err[0]
 
 
+def test_text_dir_outside_the_scenario_and_working_directory_is_refused(tmp_path, capsys, monkeypatch):
+    """issue 22 §4: text_dir was not confined as include is: a scenario from a pull request could
+    make its training text (and its manifests) out of any readable directory."""
+    from redteam.cli import main
+
+    secret = tmp_path / "home" / ".ssh"
+    secret.mkdir(parents=True)
+    (secret / "id_ed25519").write_text("not really a key, but it would have been read. " * 20)
+    work = tmp_path / "work"
+    (work / "scen").mkdir(parents=True)
+    p = work / "scen" / "t.toml"
+    p.write_text(f'[workload]\nname = "text"\ntext_dir = "{secret}"\ncontext = 8\nwidth = 8\nheads = 2\nlayers = 1\n'
+                 '[federation]\nclients = 2\nrounds = 1\npartition = "iid"\n')
+    monkeypatch.chdir(work)
+    assert main(["run", str(p), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "text_dir" in err[0] and "REDTEAM_ALLOW_TEXT_DIR_OUTSIDE" in err[0]
+    # inside the working directory it is read (here it then fails later for another reason or runs)
+    monkeypatch.setenv("REDTEAM_ALLOW_TEXT_DIR_OUTSIDE", "1")
+    from redteam.scenario import load_scenario
+
+    assert load_scenario(p).workload.params["text_dir"] == str(secret)
+
+
 @pytest.mark.parametrize("env,msg", [({"REDTEAM_MAX_TEXT_FILES": "3"}, "more than 3 files"),
                                      ({"REDTEAM_MAX_TEXT_BYTES": "2000"}, "more than 2,000 bytes")])
 def test_text_dir_too_many_files_or_bytes_is_one_line_before_reading(tmp_path, capsys, monkeypatch, env, msg):
