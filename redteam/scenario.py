@@ -337,6 +337,10 @@ class GossipSpec:
     placement: Literal["random", "hubs", "everywhere"] = "random"
     # time-varying graph: each round, each edge is down with this probability (weights recomputed)
     churn: float = _rule(0.0, lambda v: _prob(v) and v < 1, "must be in [0, 1)")
+    # the degree the Byzantine nodes announce while the attack acts: "one" (the default) draws the
+    # largest Metropolis–Hastings weight each honest neighbour i can give, 1/(1 + deg_i), the
+    # Byzantine weight the robust rules' analyses assume; "true": they announce their real degree
+    byzantine_degree: Literal["one", "true"] = "one"
 
 
 @dataclass(frozen=True, slots=True)

@@ -498,3 +498,23 @@ def test_spectral_line_search_runs_in_the_regime_against_the_nodes_rule():
     assert len(hit.records) == 3 and all(math.isfinite(r.accuracy) for r in hit.records)
     spread = [r.records[-1].extra["gossip"]["consensus_distance"] for r in (hit, base)]
     assert spread[0] != spread[1]
+
+
+@pytest.mark.parametrize("announced, expect_claimed", [("one", True), ("true", False)])
+def test_byzantine_degree_is_a_named_choice(monkeypatch, announced, expect_claimed):
+    """In the attack window the Byzantine nodes announce degree 1 (the largest Metropolis–Hastings
+    weight each honest neighbour can give them) unless [gossip] byzantine_degree = "true"."""
+    seen = []
+    real = graphs.mixing_matrix
+
+    def spy(adj, mixing="metropolis_hastings", claimed=None):
+        seen.append(None if claimed is None else list(map(int, claimed)))
+        return real(adj, mixing, claimed)
+
+    monkeypatch.setattr(graphs, "mixing_matrix", spy)
+    r = make_run(parse_scenario(doc({"name": "sign_flip"}, byzantine_degree=announced)))
+    r.run()
+    lied = [c for c in seen if c is not None]
+    assert bool(lied) == expect_claimed
+    if lied:
+        assert all(c[m] == 1 for c in lied for m in r.malicious)

@@ -10,8 +10,9 @@ What differs is who merges whose models:
   (:mod:`.graphs`: ring, torus, Erdős–Rényi, exponential, two worlds, complete) with mixing
   weights W (Metropolis–Hastings by default); with ``churn`` each round's graph loses each edge
   with that probability (a time-varying graph; W recomputed). In the attack window the attackers
-  understate their degree (announce 1), so each honest neighbour i weighs them 1/(1 + deg_i), the
-  most Metropolis–Hastings gives a neighbour (the Byzantine weight the papers assume). The ``attackers`` Byzantine nodes
+  understate their degree (announce 1; ``byzantine_degree = "true"`` turns this off), so each
+  honest neighbour i weighs them 1/(1 + deg_i), the most Metropolis–Hastings gives a neighbour
+  (the Byzantine weight the papers assume). The ``attackers`` Byzantine nodes
   are nodes of the graph drawn at random (``placement = "random"``), its highest-degree nodes
   (``"hubs"``), or extra nodes linked to every honest node (``"everywhere"``: the graph is built
   on the honest nodes, and each honest node has b = attackers Byzantine neighbours, as in
@@ -493,7 +494,7 @@ class GossipRun:
             adj = graphs.drop_edges(self.adj, g.churn, self._np["churn"]) if g.churn else self.adj
             w = graphs.mixing_matrix(adj, g.mixing)
             gap = graphs.spectral_gap(w)
-            if acting and self.malicious:  # the attackers announce degree 1: the largest weight MH gives them
+            if acting and self.malicious and g.byzantine_degree == "one":  # the largest weight MH gives them
                 claimed = adj.sum(1)
                 claimed[self.malicious] = 1
                 w = graphs.mixing_matrix(adj, g.mixing, claimed)
