@@ -36,9 +36,19 @@ who trains what and who merges whose updates:
   registered rule, weighted by micro-batches served), so the robust aggregators still apply *within*
   a stage. With ``mean`` and honest peers the round is exactly one SGD step on the mean loss of the
   round's micro-batches, as a single process would take (``tests/test_swarm.py``).
-* **checks** — ``[pipeline] checks`` (or a stage of the ``[defense]`` pipeline): per-hop verifications (``acts_at = "pipeline"``), e.g.
-  :class:`defenses.pipeline_checks.RedundantRecompute`; a peer that fails ``strikes`` of them is
-  banned for the rest of the run, and ``extra["pipeline"]["banned_at"]`` records the micro-batch.
+* **checks** — ``[pipeline] checks`` (or a stage of the ``[defense]`` pipeline; ``acts_at =
+  "pipeline"``, :mod:`defenses.pipeline_checks`): ``verify_hop`` on every hop (a redundant
+  recomputation decides there), optionally ``verify_backward`` on the gradient each peer sends
+  back and ``verify_loss`` on the last stage's micro-batch loss, and ``audit_round`` at the round's
+  end, before the stages sync (a commitment audit, the activation monitor's judgement). A peer
+  that fails ``strikes`` checks is banned for the rest of the run (``extra["pipeline"]
+  ["banned_at"]`` records the micro-batch) and its update is left out of its stage's sync; with
+  ``reputation_penalty`` < 1 each failure also lowers its routing weight.
+* **warm start and stage updates** — ``[scenario] warmup_rounds`` / ``start_from`` as in the
+  data-parallel regime (the warm-up is this pipeline, honest and unchecked); a malicious peer's
+  stage update passes through :meth:`~redteam.types.Attack.tamper_stage_update`, which sees a
+  :class:`~redteam.types.PipelineView` (the stage backdoor prepares there), and a targeted
+  attack's ASR is recorded every round.
 
 Deterministic under the seed; the attack (``Surface.PIPELINE``) acts only in the attack window.
 """
