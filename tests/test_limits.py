@@ -288,3 +288,31 @@ def test_limits_tables_never_break_a_word_at_80_columns(tmp_path, monkeypatch, c
     out = capsys.readouterr().out
     assert "(1) bandwidth" in out and max(cell_len(line) for line in out.splitlines()) <= 80
     assert "topk(fraction=0.01)" in out
+
+
+def test_limits_follows_the_thread_policy(tmp_path, monkeypatch):
+    """`redteam limits --threads N` runs its torch work (codec samples, the non-IID federations)
+    on N intra-op threads, `auto` on one (the work is small), and restores the caller's count;
+    a bad value is a usage error (issue 24 §3: 129 s against 20 s on a loaded machine)."""
+    import torch
+
+    from redteam.cli import main
+    from redteam.limits import load_limits
+    from redteam.limits.compute import compute_all
+
+    f = tmp_path / "l.toml"
+    f.write_text(_WIDE)
+    cfg = load_limits(f)
+    seen = []
+    real = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (seen.append(n), real(n)))
+    before = torch.get_num_threads()
+    compute_all(cfg, threads=3)
+    assert seen[0] == 3 and torch.get_num_threads() == before
+    seen.clear()
+    monkeypatch.delenv("REDTEAM_THREADS", raising=False)
+    compute_all(cfg)
+    assert seen[0] == 1 and torch.get_num_threads() == before
+    with pytest.raises(SystemExit) as exc:
+        main(["limits", str(f), "--threads", "0"])
+    assert exc.value.code == 2

@@ -38,6 +38,9 @@ def register(sub: Any) -> None:
     p.add_argument("--out", metavar="DIR", help="write limits.json and limits.html into DIR")
     p.add_argument("--json", action="store_true", help="print the JSON result to stdout instead of tables")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    from ..cli import _THREADS_HELP, _threads_arg
+
+    p.add_argument("--threads", type=_threads_arg, default=None, metavar="auto|N", help=_THREADS_HELP)
     p.set_defaults(handler=_cmd_limits)
 
 
@@ -77,7 +80,7 @@ def _cmd_limits(args: argparse.Namespace) -> int:
     from .compute import compute_all
     from .render import to_json, write_outputs
 
-    res = compute_all(cfg, progress)
+    res = compute_all(cfg, progress, threads=args.threads)
     if args.json:
         sys.stdout.write(to_json(res))
     else:

@@ -325,13 +325,15 @@ def cost_section(cfg: LimitsConfig, stragglers: dict[str, Any], vram: dict[str, 
 
 
 # ------------------------------------------------------------------ (3) non-IID, measured
-def noniid_section(cfg: LimitsConfig, progress: Any = None) -> dict[str, Any]:
+def noniid_section(cfg: LimitsConfig, progress: Any = None, threads: str | int | None = None) -> dict[str, Any]:
     """(3) FedAvg under non-IID data: the same digits federation with IID and Dirichlet(α)
-    clients (same seed), trained here; final accuracy, rounds to 90 %, the curves."""
+    clients (same seed), trained here; final accuracy, rounds to 90 %, the curves. Each runs
+    under the thread policy ``threads`` (:mod:`redteam.runner.threads`; ``None``: the default)."""
     ni = cfg.noniid
     if not ni.run:
         return {"skipped": "[limits.noniid] run = false"}
     from ..federation.loop import Federation
+    from ..runner.threads import run_threads
     from ..scenario import parse_scenario
 
     out: dict[str, Any] = {"alpha": ni.alpha, "clients": ni.clients, "rounds": ni.rounds, "runs": {}}
@@ -340,7 +342,9 @@ def noniid_section(cfg: LimitsConfig, progress: Any = None) -> dict[str, Any]:
         doc = {"scenario": {"name": f"limits-noniid-{label}", "seed": ni.seed}, "workload": {"name": "digits"},
                "federation": {"clients": ni.clients, "rounds": ni.rounds, "local_steps": ni.local_steps,
                               "batch_size": 16, "lr": 0.1, "target_accuracy": 0.9, **part}}
-        res = Federation(parse_scenario(doc, file="limits.toml"), device="cpu").run()
+        fed = Federation(parse_scenario(doc, file="limits.toml"), device="cpu")
+        with run_threads(fed, threads):
+            res = fed.run()
         acc = [r.accuracy for r in res.records]
         hit = next((i + 1 for i, a in enumerate(acc) if a >= 0.9), None)
         out["runs"][label] = {"final_accuracy": acc[-1], "rounds_to_90": hit, "accuracy": acc}
@@ -385,14 +389,31 @@ def results_section(cfg: LimitsConfig) -> dict[str, Any]:
     return out
 
 
-def compute_all(cfg: LimitsConfig, progress: Any = None) -> dict[str, Any]:
-    """Every section, in the order of the seven failure modes."""
+def compute_all(cfg: LimitsConfig, progress: Any = None, threads: str | int | None = None) -> dict[str, Any]:
+    """Every section, in the order of the seven failure modes, under the thread policy
+    ``threads`` (``--threads``; ``None``: ``REDTEAM_THREADS`` or ``auto``): ``auto`` gives the
+    small torch work here (encoding ``sample_params`` values per codec, the digits
+    federations) one intra-op thread, as ``redteam run`` does; the caller's count is restored."""
+    import torch
+
+    from ..runner.threads import default_policy, threads_for
+
+    policy = default_policy() if threads is None else threads
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads_for(policy, work=float(cfg.transport.sample_params)))
+    try:
+        return _compute_all(cfg, progress, policy)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _compute_all(cfg: LimitsConfig, progress: Any, threads: str | int) -> dict[str, Any]:
     say = progress or (lambda msg: None)
     bw = bandwidth_section(cfg)
     say("(1) bandwidth done")
     st = straggler_section(cfg)
     say("(2) stragglers done")
-    ni = noniid_section(cfg, say)
+    ni = noniid_section(cfg, say, threads)
     say("(3) non-IID done")
     vr = vram_section(cfg)
     say("(4) VRAM done")
