@@ -89,6 +89,30 @@ def test_activation_bytes_by_hand():
     assert F.activation_bytes(checkpointing=True, **kw) == 2176
     # fp32 doubles the per-layer part: 2·3456 + 320
     assert F.activation_bytes(checkpointing=False, precision="fp32", **kw) == 7232
+    # FlashAttention-style kernels keep no a·s×s scores: per layer s·b·h·34 + 4·a·s·b (fp32
+    # log-sum-exp) = 32·34 + 4·2·8 = 1088 + 64 = 1152; plain 2·1152 + 320 = 2624;
+    # checkpointed 128 + 1152 + 320 = 1600
+    assert F.activation_bytes(checkpointing=False, attention="flash", **kw) == 2624
+    assert F.activation_bytes(checkpointing=True, attention="flash", **kw) == 1600
+    with pytest.raises(ValueError, match="attention"):
+        F.activation_bytes(checkpointing=False, attention="paged", **kw)
+
+
+def test_vram_headline_uses_the_configured_attention():
+    """(4) reports the configured kernel (default flash) as the headline and the other beside
+    it. tiny: L=2, h=64, a=2, s=2048, b=1, V=256. Standard: per layer
+    2048·64·(34 + 5·2·2048/64) = 131072·354 = 46,399,488; flash: 131072·34 + 4·2·2048 =
+    4,456,448 + 16,384 = 4,472,832; logits 4·2048·256 = 2,097,152. Activations: standard
+    2·46,399,488 + 2,097,152 = 94,896,128; flash 2·4,472,832 + 2,097,152 = 11,042,816."""
+    from redteam.limits.compute import vram_section
+
+    vr = vram_section(parse_limits(_doc()))
+    m = vr["models"][0]
+    assert vr["attention"] == "flash" and vr["other_attention"] == "standard"
+    assert m["memory"]["activations"] == 11_042_816
+    assert m["memory_other_attention"]["activations"] == 94_896_128
+    vr = vram_section(parse_limits(_doc(training__attention="standard")))
+    assert vr["models"][0]["memory"]["activations"] == 94_896_128
 
 
 def test_straggler_quantile_of_a_lognormal():
@@ -171,6 +195,7 @@ def test_analytic_bytes_and_round_time_agree_with_the_simulator(codec):
 @pytest.mark.parametrize("over, match", [
     ({"peers__counts": [0]}, r"\[limits.peers\].counts = \[0\]"),
     ({"training__precision": "fp8"}, r"precision = 'fp8': must be one of fp32, bf16, fp16"),
+    ({"training__attention": "paged"}, r"attention = 'paged': must be one of flash, standard"),
     ({"training__mfu": 1.5}, r"mfu = 1.5: must be a finite number > 0 and ≤ 1"),
     ({"peers__gpu": "nope"}, r"\[limits.peers\].gpu = 'nope': must be one of card"),
     ({"transport__codecs": [{"name": "zip"}]}, r"codecs\[0\]"),

@@ -225,12 +225,15 @@ def straggler_section(cfg: LimitsConfig) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ VRAM
-def _model_memory(m: ModelShape, cfg: LimitsConfig, checkpointing: bool) -> dict[str, float]:
+def _model_memory(m: ModelShape, cfg: LimitsConfig, checkpointing: bool,
+                  attention: str | None = None) -> dict[str, float]:
+    """Training memory of ``m``; ``attention`` (``flash`` or ``standard``) defaults to
+    ``[limits.training] attention``, the one the headline uses."""
     tr = cfg.training
     per = F.bytes_per_param(tr.precision, tr.optimizer)
     act = F.activation_bytes(layers=m.layers, hidden=m.hidden, heads=m.heads, seq=tr.seq_len,
                              batch=tr.micro_batch, vocab=m.vocab, checkpointing=checkpointing,
-                             precision=tr.precision)
+                             precision=tr.precision, attention=attention or tr.attention)
     states = {k: v * m.params for k, v in per.items() if k != "total"}
     total = sum(states.values()) + act + tr.overhead_gb * 1e9
     return {**states, "activations": act, "overhead": tr.overhead_gb * 1e9, "total": total}
@@ -268,12 +271,16 @@ def largest_trainable(cfg: LimitsConfig, gpu: GPU, checkpointing: bool) -> float
 
 
 def vram_section(cfg: LimitsConfig) -> dict[str, Any]:
-    """(4) memory per model (with and without activation checkpointing) against each card."""
+    """(4) memory per model (with and without activation checkpointing) against each card,
+    under the configured attention kernel (the headline: ``memory``, ``fits``) and the other
+    one beside it (``memory_other_attention``)."""
     tr = cfg.training
+    other = "standard" if tr.attention == "flash" else "flash"
     models = []
     for m in cfg.models:
         plain, ckpt = _model_memory(m, cfg, False), _model_memory(m, cfg, True)
         models.append({"model": m.name, "params": m.params, "memory": plain, "memory_checkpointed": ckpt,
+                       "memory_other_attention": _model_memory(m, cfg, False, other),
                        "fits": {g.name: plain["total"] <= g.memory_gb * 1e9 for g in cfg.gpus},
                        "fits_checkpointed": {g.name: ckpt["total"] <= g.memory_gb * 1e9 for g in cfg.gpus}})
     cards = [{"gpu": g.name, "memory_gb": g.memory_gb,
@@ -282,6 +289,7 @@ def vram_section(cfg: LimitsConfig) -> dict[str, Any]:
               "states_only_bound": max(0.0, (g.memory_gb - tr.overhead_gb) * 1e9)
               / F.bytes_per_param(tr.precision, tr.optimizer)["total"]} for g in cfg.gpus]
     return {"models": models, "cards": cards, "precision": tr.precision, "optimizer": tr.optimizer,
+            "attention": tr.attention, "other_attention": other,
             "bytes_per_param": F.bytes_per_param(tr.precision, tr.optimizer), "seq_len": tr.seq_len,
             "micro_batch": tr.micro_batch}
 

@@ -52,6 +52,7 @@ class Training:
     mfu: float = 0.35
     overhead_gb: float = 1.0
     token_efficiency: float = 1.0
+    attention: str = "flash"
 
     @property
     def tokens_per_step(self) -> int:
@@ -231,7 +232,7 @@ def parse_limits(doc: Mapping[str, Any], *, file: str = "<limits>", base_dir: st
     t = c.table(top, "training", "[limits.training]")
     w = "[limits.training]"
     c.keys(t, {"precision", "optimizer", "seq_len", "micro_batch", "grad_accum", "inner_steps", "mfu",
-               "overhead_gb", "token_efficiency"}, w)
+               "overhead_gb", "token_efficiency", "attention"}, w)
     training = Training(
         precision=c.text(t, "precision", w, "bf16", ("fp32", "bf16", "fp16")),
         optimizer=c.text(t, "optimizer", w, "adamw", ("sgd", "sgd_momentum", "adamw", "adamw_8bit")),
@@ -242,6 +243,7 @@ def parse_limits(doc: Mapping[str, Any], *, file: str = "<limits>", base_dir: st
         mfu=c.num(t, "mfu", w, 0.35, high=1.0),
         overhead_gb=c.num(t, "overhead_gb", w, 1.0, low=0, low_open=False, high=1e4),
         token_efficiency=c.num(t, "token_efficiency", w, 1.0, high=1.0),
+        attention=c.text(t, "attention", w, "flash", ("flash", "standard")),
     )
 
     t = c.table(top, "transport", "[limits.transport]")

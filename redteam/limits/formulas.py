@@ -18,7 +18,11 @@ Sources (REFERENCES.md §1.4 and §4 collect them):
   fp32 master, m, v: Rajbhandari et al., "ZeRO", SC 2020); activations per transformer
   layer are s·b·h·(34 + 5·a·s/h) bytes with 16-bit activations and no recomputation, and
   2·s·b·h bytes with full recomputation (Korthikanti et al., "Reducing Activation
-  Recomputation in Large Transformer Models", MLSys 2023, eqs. 1–2); the output logits
+  Recomputation in Large Transformer Models", MLSys 2023, eqs. 1–2); the 5·a·s²·b term is
+  the stored attention scores (softmax output, dropout mask and output), which
+  FlashAttention-style kernels do not keep (Dao et al., "FlashAttention", NeurIPS 2022:
+  they recompute them in the backward pass and keep one fp32 log-sum-exp per row and head,
+  4·a·s·b bytes), so with them a layer stores s·b·h·34 + 4·a·s·b; the output logits
   add 4·s·b·V bytes (fp32 for the loss);
 * compute and cost — training takes ≈ 6·P·D FLOPs for P parameters and D tokens (Kaplan
   et al., "Scaling Laws for Neural Language Models", 2020); wall time = FLOPs / (N·peak·MFU);
@@ -40,6 +44,7 @@ __all__ = [
     "expected_max_exponential",
     "harmonic",
     "bytes_per_param",
+    "ATTENTION",
     "activation_bytes",
     "transformer_params",
     "training_flops",
@@ -115,16 +120,28 @@ def bytes_per_param(precision: str, optimizer: str) -> dict[str, int]:
             "total": w + w + master + _OPT_STATE[optimizer]}
 
 
+#: attention kernels the activation formula knows
+ATTENTION = ("flash", "standard")
+
+
 def activation_bytes(*, layers: int, hidden: int, heads: int, seq: int, batch: int, vocab: int,
-                     checkpointing: bool, precision: str = "bf16") -> float:
+                     checkpointing: bool, precision: str = "bf16", attention: str = "standard") -> float:
     """Activation memory of one micro-batch (Korthikanti et al. 2023).
 
-    Without recomputation: L·s·b·h·(34 + 5·a·s/h) bytes (16-bit activations). With full
+    Without recomputation: L·s·b·h·(34 + 5·a·s/h) bytes (16-bit activations) with
+    ``attention = "standard"`` (the a·s×s score matrices stored); with ``"flash"``
+    (FlashAttention-style kernels: the scores are recomputed, one fp32 log-sum-exp per row and
+    head kept) L·(s·b·h·34 + 4·a·s·b). With full
     activation checkpointing: each layer keeps its 16-bit input, 2·s·b·h bytes, and one layer
     at a time is recomputed in full during the backward pass. Plus 4·s·b·V for fp32 logits.
     fp32 training doubles the per-layer figures (every stored tensor is twice as wide).
     """
-    per_layer = seq * batch * hidden * (34 + 5 * heads * seq / hidden)
+    if attention == "standard":
+        per_layer = seq * batch * hidden * (34 + 5 * heads * seq / hidden)
+    elif attention == "flash":
+        per_layer = seq * batch * hidden * 34 + 4 * heads * seq * batch
+    else:
+        raise ValueError(f"attention = {attention!r}: expected one of {', '.join(ATTENTION)}")
     if checkpointing:
         body = layers * 2 * seq * batch * hidden + per_layer
     else:

@@ -74,13 +74,15 @@ def summary_lines(res: dict[str, Any]) -> list[tuple[str, list[str], list[list[s
     cards = [c["gpu"] for c in vr["cards"]]
     out.append((
         f"(4) VRAM: {vr['precision']} {vr['optimizer']} = {vr['bytes_per_param']['total']} bytes/param + "
-        f"activations (seq {vr['seq_len']}, micro-batch {vr['micro_batch']}); fits: ✓ plain, ckpt = only with "
+        f"activations (seq {vr['seq_len']}, micro-batch {vr['micro_batch']}, {vr['attention']} attention: the "
+        f"headline; {vr['other_attention']} attention beside it); fits: ✓ plain, ckpt = only with "
         "activation checkpointing, ✗ neither",
-        ["model", "memory", "checkpointed", *cards],
+        ["model", "memory", "checkpointed", f"{vr['other_attention']} attention", *cards],
         [[m["model"], human_bytes(m["memory"]["total"]), human_bytes(m["memory_checkpointed"]["total"]),
+          human_bytes(m["memory_other_attention"]["total"]),
           *["✓" if m["fits"][c] else ("ckpt" if m["fits_checkpointed"][c] else "✗") for c in cards]]
          for m in vr["models"]]
-        + [["largest", "", "", *[f"{human_count(c['largest_params'])} / {human_count(c['largest_params_checkpointed'])}"
+        + [["largest", "", "", "", *[f"{human_count(c['largest_params'])} / {human_count(c['largest_params_checkpointed'])}"
                                  for c in vr["cards"]]]],
     ))
     co = res["cost"]
@@ -236,8 +238,9 @@ devices; deadline = factor × median T; the median of the maximum of n log-norma
 m·exp(σ·Φ<sup>−1</sup>(0.5<sup>1/n</sup>)).</li>
 <li>(3) two digits federations trained here, IID and Dirichlet(α), same seed.</li>
 <li>(4) weights + gradients + fp32 master + optimizer state (ZeRO's 16 bytes/param for mixed-precision Adam),
-activations s·b·h·(34 + 5·a·s/h) per layer, 2·s·b·h with checkpointing (Korthikanti et al. 2023), + 4·s·b·V
-logits + a fixed overhead.</li>
+activations s·b·h·(34 + 5·a·s/h) per layer with standard attention (the a·s×s scores stored), s·b·h·34 + 4·a·s·b
+with FlashAttention-style kernels (scores recomputed; Dao et al. 2022), 2·s·b·h with checkpointing (Korthikanti
+et al. 2023), + 4·s·b·V logits + a fixed overhead.</li>
 <li>(5) 6·P·D FLOPs; cluster time = FLOPs/(N·peak·MFU); federated: rounds = D/(contributing peers·H·tokens per
 step), every online peer billed for every round (idle included), energy at busy/idle power.</li>
 </ul>"""
