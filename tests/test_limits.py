@@ -68,6 +68,45 @@ def test_p2p_bound_by_hand():
     assert F.p2p_distribution_seconds(1e6, 8e6, [2e6] * 16, 4e6) == pytest.approx(3.2)
 
 
+def test_aggregator_ingress_by_hand():
+    """Issue 24 §3: 7B int8 (≈ 7e9 bytes) from 1,000 peers into a 10 Gbit/s link:
+    7e9 · 1000 · 8 / 1e10 = 5,600 s ≈ 1.56 h per round, however well the uploads overlap."""
+    assert F.ingress_seconds(7e9, 1000, 1e10) == pytest.approx(5600.0)
+    assert F.ingress_seconds(7e9, 1000, 1e10) / 3600 == pytest.approx(1.556, abs=1e-3)
+
+
+def test_bandwidth_shows_upload_download_and_ingress():
+    """A 7e9-parameter model, int8, 1,000 peers, aggregator ingress 10 Gbit/s. int8 in blocks of
+    256: 7e9 values + 4·7e9/256 scale bytes = 7.109375e9 bytes of payload (+ 16 B per segment,
+    + headers, under 0.01 %); the merged update comes back dense int8, the same payload.
+    Ingress: 1000 · 7.109e9 · 8 / 1e10 ≈ 5,688 s; download at the median 100 Mbit/s:
+    7.109e9 · 8 / 1e8 ≈ 569 s (+ 50 ms RTT)."""
+    from redteam.limits.compute import bandwidth_section
+
+    doc = _doc(model=[{"name": "7B", "params": 7e9, "layers": 32, "hidden": 4096, "heads": 32}],
+               transport={"codecs": [{"name": "int8"}], "sample_params": 4096},
+               peers={"counts": [10, 1000], "aggregator_ingress_mbps": 10_000})
+    row = bandwidth_section(parse_limits(doc))["rows"][0]
+    assert row["download_bytes"] == pytest.approx(7.109375e9, rel=1e-6)
+    assert row["bytes"] == pytest.approx(7.109375e9, rel=1e-4)
+    assert row["ingress_bytes"] == 1000 * row["bytes"]
+    assert row["ingress_s"] == pytest.approx(5687.5, rel=1e-4)
+    assert row["download_s_median"] == pytest.approx(568.75, rel=1e-4)
+
+
+def test_the_round_waits_for_the_aggregators_ingress():
+    """round total = max(compute + upload, ingress of the contributing uploads) + broadcast:
+    with a 1 Mbit/s ingress, 16 peers' int8 updates of the tiny model dominate the round."""
+    from redteam.limits.compute import straggler_section
+
+    cfg = parse_limits(_doc(transport={"codecs": [{"name": "int8"}], "sample_params": 4096},
+                            peers={"counts": [16], "rounds": 5, "aggregator_ingress_mbps": 1.0}))
+    r = straggler_section(cfg)["rows"][0]
+    assert r["ingress_s"] == pytest.approx(r["contributing"] * r["upload_bytes"] * 8 / 1e6)
+    assert r["ingress_s"] > r["round_s"]
+    assert r["round_total_s"] == pytest.approx(r["ingress_s"] + r["broadcast_s"])
+
+
 def test_adam_memory_per_parameter():
     # ZeRO: mixed-precision Adam = 2 (bf16 weights) + 2 (grads) + 4 (fp32 master) + 8 (m, v) = 16
     assert F.bytes_per_param("bf16", "adamw") == {"weights": 2, "gradients": 2, "master": 4, "optimizer": 8,
@@ -211,6 +250,7 @@ def test_analytic_bytes_and_round_time_agree_with_the_simulator(codec):
     ({"peers__uplink_mbps": 1e-300}, r"uplink_mbps = 1e-300: must be a finite number ≥ 1e-06"),
     ({"peers__downlink_mbps": 1e-9}, r"downlink_mbps = 1e-09: must be"),
     ({"peers__aggregator_uplink_mbps": 0}, r"aggregator_uplink_mbps = 0: must be"),
+    ({"peers__aggregator_ingress_mbps": -1}, r"aggregator_ingress_mbps = -1: must be"),
 ])
 def test_bad_limits_files_are_one_line_errors(over, match):
     with pytest.raises(InvalidScenario, match=match) as exc:

@@ -95,7 +95,10 @@ def _header_total(codec_spec: str, payload: int, segments: int, segment_payload:
 
 
 def bandwidth_section(cfg: LimitsConfig) -> dict[str, Any]:
-    """(1) bytes per peer per round and upload time, per model × codec."""
+    """(1) per model × codec, one round's traffic: a peer's upload (bytes, time at the median
+    and the slow-tenth uplink), its download of the merged update (bytes, time at the median
+    downlink; the broadcast bound to the largest peer count), and the aggregator's ingress
+    (every peer of the largest count uploading into ``aggregator_ingress_mbps``)."""
     import torch
 
     tp, pe = cfg.transport, cfg.peers
@@ -105,6 +108,7 @@ def bandwidth_section(cfg: LimitsConfig) -> dict[str, Any]:
     up_med = pe.uplink_mbps * 1e6
     up_p90 = F.lognormal_quantile(pe.uplink_mbps, pe.uplink_sigma, 0.1) * 1e6  # the slow tenth
     rtt = pe.latency_ms / 1000.0
+    n_max = max(pe.counts)
     for name, params in tp.codecs:
         codec = _codec(name, params)
         got = len(codec.encode_many(sample, gen)[0][0])
@@ -126,10 +130,13 @@ def bandwidth_section(cfg: LimitsConfig) -> dict[str, Any]:
                 "upload_s_median": F.upload_seconds(total, up_med, rtt),
                 "upload_s_slow10": F.upload_seconds(total, up_p90, rtt),
                 "download_bytes": download,
-                "broadcast_s": broadcast_seconds(cfg, download, max(pe.counts)),
+                "download_s_median": F.upload_seconds(download, pe.downlink_mbps * 1e6, rtt),
+                "broadcast_s": broadcast_seconds(cfg, download, n_max),
+                "ingress_bytes": n_max * total,
+                "ingress_s": F.ingress_seconds(total, n_max, pe.aggregator_ingress_mbps * 1e6),
             })
     return {"rows": rows, "measured": measured, "signed": tp.signed, "chunk_size": tp.chunk_size,
-            "peers_for_broadcast": max(pe.counts)}
+            "peers_for_broadcast": n_max, "aggregator_ingress_mbps": pe.aggregator_ingress_mbps}
 
 
 def broadcast_seconds(cfg: LimitsConfig, nbytes: float, n: int) -> float:
@@ -207,7 +214,12 @@ def _cheapest_codec(cfg: LimitsConfig) -> Any:
 
 
 def straggler_section(cfg: LimitsConfig) -> dict[str, Any]:
-    """(2) round time, dropped work and idle time against the number of peers, per model."""
+    """(2) round time, dropped work and idle time against the number of peers, per model.
+
+    The whole round (``round_total_s``) = max(the simulated upload phase, the aggregator's
+    ingress of the contributing peers' uploads) + the broadcast of the merged update: the
+    ingress term is a lower bound (it assumes the uploads overlap perfectly), the phases do
+    not overlap each other."""
     name, params = _cheapest_codec(cfg)
     codec = _codec(name, params)
     gpu = cfg.gpu(cfg.peers.gpu)
@@ -218,8 +230,12 @@ def straggler_section(cfg: LimitsConfig) -> dict[str, Any]:
         step = step_seconds(m.params, cfg.training.tokens_per_step, gpu, cfg.training.mfu)
         for n in cfg.peers.counts:
             row = simulate_rounds(cfg, n, step, nbytes, rng)
+            download = _download_bytes(codec, m, cfg.transport)
+            ingress = F.ingress_seconds(nbytes, row["contributing"], cfg.peers.aggregator_ingress_mbps * 1e6)
+            broadcast = broadcast_seconds(cfg, download, n)
             row.update(model=m.name, codec=_label(name, params), upload_bytes=nbytes, step_s=step,
-                       download_bytes=_download_bytes(codec, m, cfg.transport))
+                       download_bytes=download, ingress_s=ingress, broadcast_s=broadcast,
+                       round_total_s=max(row["round_s"], ingress) + broadcast)
             rows.append(row)
     return {"rows": rows, "codec": _label(name, params), "gpu": gpu.name}
 
@@ -316,7 +332,7 @@ def cost_section(cfg: LimitsConfig, stragglers: dict[str, Any], vram: dict[str, 
             if fits and s["contributing"] > 0:
                 tokens_round = s["contributing"] * tr.inner_steps * tr.tokens_per_step * tr.token_efficiency
                 rounds = d / tokens_round
-                round_s = s["round_s"] + broadcast_seconds(cfg, s["download_bytes"], s["peers"])
+                round_s = s["round_total_s"]
                 billed = rounds * s["online"] * round_s / 3600.0
                 # compute-busy time per online peer per round, as simulated (stragglers' wasted
                 # work included: it burned energy); the rest of the billed round is idle

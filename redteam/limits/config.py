@@ -84,6 +84,7 @@ class Peers:
     rounds: int = 50
     gpu: str = ""
     aggregator_uplink_mbps: float = 1000.0
+    aggregator_ingress_mbps: float = 10_000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,7 +275,7 @@ def parse_limits(doc: Mapping[str, Any], *, file: str = "<limits>", base_dir: st
     w = "[limits.peers]"
     c.keys(t, {"counts", "uplink_mbps", "uplink_sigma", "downlink_mbps", "latency_ms", "latency_sigma",
                "compute_sigma", "churn_leave", "churn_join", "deadline_factor", "rounds", "gpu",
-               "aggregator_uplink_mbps"}, w)
+               "aggregator_uplink_mbps", "aggregator_ingress_mbps"}, w)
     counts = t.get("counts", [10, 100, 1000])
     if (not isinstance(counts, list) or not counts or len(counts) > 20
             or not all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 100_000 for x in counts)):
@@ -296,6 +297,8 @@ def parse_limits(doc: Mapping[str, Any], *, file: str = "<limits>", base_dir: st
         rounds=c.num(t, "rounds", w, 50, low=1, low_open=False, high=10_000, integer=True),
         gpu=peer_gpu,
         aggregator_uplink_mbps=c.num(t, "aggregator_uplink_mbps", w, 1000.0, low=1e-6, low_open=False, high=1e7),
+        aggregator_ingress_mbps=c.num(t, "aggregator_ingress_mbps", w, 10_000.0, low=1e-6, low_open=False,
+                                      high=1e7),
     )
 
     t = c.table(top, "cluster", "[limits.cluster]")

@@ -10,6 +10,8 @@ Sources (REFERENCES.md §1.4 and §4 collect them):
   takes bytes·8/uplink + RTT; the fluid minimum time to spread a file of S bytes from one
   seed to N peers (Kumar & Ross, "Peer-to-peer file distribution", 2006) is
   T_min = max{S/u_s, S/d_min, N·S/(u_s + Σu_i)};
+* the aggregator's ingress — n peers each uploading S bytes into one aggregator link of
+  rate r need at least n·S·8/r seconds however well the uploads overlap;
 * stragglers — a synchronous round waits for max_i T_i, T_i = H·c_i + bytes_i/bw_i + RTT_i
   with log-normal device speeds; for n i.i.d. draws the q-quantile of the maximum is
   F⁻¹(q^{1/n}); for a log-normal with median m and log-σ s that is m·exp(s·Φ⁻¹(q^{1/n}));
@@ -39,6 +41,7 @@ __all__ = [
     "raw_payload_bytes",
     "upload_seconds",
     "p2p_distribution_seconds",
+    "ingress_seconds",
     "lognormal_quantile",
     "max_quantile_lognormal",
     "expected_max_exponential",
@@ -75,6 +78,14 @@ def p2p_distribution_seconds(size_bytes: float, seed_up_bps: float, peer_up_bps:
     n = len(peer_up_bps)
     bits = size_bytes * 8.0
     return max(bits / seed_up_bps, bits / min_down_bps, n * bits / (seed_up_bps + float(sum(peer_up_bps))))
+
+
+def ingress_seconds(nbytes: float, peers: float, ingress_bps: float) -> float:
+    """n·S·8 / r: the least time for ``peers`` uploads of ``nbytes`` each to enter one link of
+    ``ingress_bps`` bit/s (the aggregator's ingress)."""
+    if ingress_bps <= 0:
+        raise ValueError(f"ingress_bps = {ingress_bps!r}: must be > 0")
+    return peers * nbytes * 8.0 / ingress_bps
 
 
 def lognormal_quantile(median: float, sigma: float, q: float) -> float:

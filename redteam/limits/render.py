@@ -47,20 +47,27 @@ def summary_lines(res: dict[str, Any]) -> list[tuple[str, list[str], list[list[s
     out = []
     bw = res["bandwidth"]
     out.append((
-        f"(1) bandwidth: bytes per peer per round ({'signed' if bw['signed'] else 'unsigned'} headers, "
-        f"chunks of {human_bytes(bw['chunk_size'])}; broadcast = P2P fluid bound to "
-        f"{bw['peers_for_broadcast']} peers)",
-        ["model", "codec", "bytes", "× fp32", "headers", "upload (median)", "upload (slowest 10%)", "broadcast"],
+        f"(1) bandwidth per round: each peer's upload and download of the merged update "
+        f"({'signed' if bw['signed'] else 'unsigned'} headers, chunks of {human_bytes(bw['chunk_size'])}); "
+        f"broadcast = P2P fluid bound to {bw['peers_for_broadcast']} peers; ingress = "
+        f"{bw['peers_for_broadcast']} uploads into the aggregator's {bw['aggregator_ingress_mbps']:g} Mbit/s",
+        ["model", "codec", "upload", "× fp32", "headers", "upload (median)", "upload (slowest 10%)", "download",
+         "download (median)", "broadcast", "ingress", "ingress time"],
         [[r["model"], r["codec"], human_bytes(r["bytes"]), f"{r['ratio_vs_fp32']:.3f}", f"{100 * r['overhead']:.2f}%",
-          _secs(r["upload_s_median"]), _secs(r["upload_s_slow10"]), _secs(r["broadcast_s"])] for r in bw["rows"]],
+          _secs(r["upload_s_median"]), _secs(r["upload_s_slow10"]), human_bytes(r["download_bytes"]),
+          _secs(r["download_s_median"]), _secs(r["broadcast_s"]), human_bytes(r["ingress_bytes"]),
+          _secs(r["ingress_s"])] for r in bw["rows"]],
     ))
     st = res["stragglers"]
     out.append((
-        f"(2) stragglers: one round on the simulator's devices ({st['gpu']}, codec {st['codec']}, churn, deadline)",
-        ["model", "peers", "compute (median)", "round", "no deadline", "work dropped", "idle", "contributing"],
+        f"(2) stragglers: one round on the simulator's devices ({st['gpu']}, codec {st['codec']}, churn, deadline); "
+        "round total = max(compute + upload, aggregator ingress) + broadcast",
+        ["model", "peers", "compute (median)", "compute + upload", "no deadline", "work dropped", "idle",
+         "contributing", "ingress", "broadcast", "round total"],
         [[r["model"], str(r["peers"]), _secs(r["compute_s_median"]), _secs(r["round_s"]),
           _secs(r["round_s_no_deadline"]), f"{100 * r['dropped_work']:.1f}%", f"{100 * r['idle_fraction']:.1f}%",
-          f"{r['contributing']:.1f}/{r['online']:.1f}"] for r in st["rows"]],
+          f"{r['contributing']:.1f}/{r['online']:.1f}", _secs(r["ingress_s"]), _secs(r["broadcast_s"]),
+          _secs(r["round_total_s"])] for r in st["rows"]],
     ))
     ni = res["noniid"]
     if "runs" in ni:
@@ -231,11 +238,14 @@ _FORMULAS = """
 <ul>
 <li>(1) payload = the codec's exact wire size (<code>Codec.payload_size</code>, checked against a real encoded
 tensor), one payload per segment of at most <code>segment_params</code> values; headers = the transport's update
-manifests (and DSSE envelopes when signed), measured; upload = bytes·8/uplink + RTT; broadcast = Kumar &amp; Ross
-(2006) fluid bound max{S/u<sub>s</sub>, S/d<sub>min</sub>, N·S/(u<sub>s</sub>+Σu<sub>i</sub>)}.</li>
+manifests (and DSSE envelopes when signed), measured; upload = bytes·8/uplink + RTT; download of the merged update
+(dense: a sum of sparse updates is not sparse) = bytes·8/downlink + RTT; broadcast = Kumar &amp; Ross
+(2006) fluid bound max{S/u<sub>s</sub>, S/d<sub>min</sub>, N·S/(u<sub>s</sub>+Σu<sub>i</sub>)}; aggregator ingress
+= N·S·8/r (the least time N uploads take to enter one link of rate r).</li>
 <li>(2) T<sub>i</sub> = H·c<sub>i</sub> + bytes/bw<sub>i</sub> + RTT<sub>i</sub> on the simulator's log-normal
 devices; deadline = factor × median T; the median of the maximum of n log-normals is
-m·exp(σ·Φ<sup>−1</sup>(0.5<sup>1/n</sup>)).</li>
+m·exp(σ·Φ<sup>−1</sup>(0.5<sup>1/n</sup>)); the whole round = max(that, the ingress of the contributing
+peers' uploads) + the broadcast.</li>
 <li>(3) two digits federations trained here, IID and Dirichlet(α), same seed.</li>
 <li>(4) weights + gradients + fp32 master + optimizer state (ZeRO's 16 bytes/param for mixed-precision Adam),
 activations s·b·h·(34 + 5·a·s/h) per layer with standard attention (the a·s×s scores stored), s·b·h·34 + 4·a·s·b
