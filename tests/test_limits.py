@@ -180,6 +180,37 @@ def test_flops_and_cost_by_hand():
     assert c == {"usd": 30.0, "kwh": pytest.approx(8.82)}
 
 
+def test_batch_token_factor_by_hand():
+    """McCandlish et al. 2018: E = E_min·(1 + B/B_crit). Against a reference at B_crit = 1e6:
+    B = 1e6 → 1; B = 9e6 → (1 + 9)/(1 + 1) = 5; B → 0 → 1/2; B = 1.6e8 (10,000 peers × 16,384
+    tokens) → (1 + 160)/2 = 80.5: each token is worth 1/80.5 of the cluster's."""
+    assert F.batch_token_factor(1e6, 1e6, 1e6) == 1.0
+    assert F.batch_token_factor(9e6, 1e6, 1e6) == 5.0
+    assert F.batch_token_factor(0.0, 1e6, 1e6) == 0.5
+    assert F.batch_token_factor(1.6e8, 1e6, 1e6) == 80.5
+
+
+def test_at_10000_peers_the_rounds_grow_with_the_batch():
+    """Issue 24 §3: a 125M model at 10,000 peers 'trained' in 3 rounds. Here every token counted
+    would need D/(c·H·t) rounds; with the batch model it needs (1 + c·t/B_crit)/2 times as many
+    (B_cluster = B_crit)."""
+    from redteam.limits.compute import cost_section, vram_section
+
+    cfg = parse_limits(_doc(target_tokens=1e11, peers={"counts": [10000], "rounds": 3}))
+    tr = cfg.training
+    st = {"rows": [{"model": "tiny", "peers": 10000, "contributing": 9000.0, "online": 9500.0, "round_s": 60.0,
+                    "round_total_s": 90.0, "idle_fraction": 0.1}]}
+    f = cost_section(cfg, st, vram_section(cfg), {})["rows"][0]["federated"]
+    # t = 2048 tokens per step, B = 9000·2048 = 18,432,000; factor (1 + 9.216)/2 = 5.108
+    assert f["batch_tokens"] == 9000 * 2048
+    assert f["batch_factor"] == pytest.approx((1 + 18_432_000 / 2e6) / 2)
+    assert f["token_efficiency"] == pytest.approx(1 / 5.108)
+    # every token counted: 1e11/(9000·500·2048) = 10.85 rounds; with the factor 55.42
+    assert f["rounds_if_every_token_counted"] == pytest.approx(1e11 / (9000 * 500 * 2048))
+    assert f["rounds"] == pytest.approx(10.851 * 5.108, rel=1e-3)
+    assert tr.critical_batch_tokens == 2e6 and cfg.cluster.batch_tokens == 2e6
+
+
 def test_header_bytes_match_real_manifests():
     """The header model reproduces the transport's manifests exactly, and its signed DSSE
     envelopes within a few bytes (DER signature lengths vary), across digit-count changes."""
@@ -235,6 +266,8 @@ def test_analytic_bytes_and_round_time_agree_with_the_simulator(codec):
     ({"peers__counts": [0]}, r"\[limits.peers\].counts = \[0\]"),
     ({"training__precision": "fp8"}, r"precision = 'fp8': must be one of fp32, bf16, fp16"),
     ({"training__attention": "paged"}, r"attention = 'paged': must be one of flash, standard"),
+    ({"training__critical_batch_tokens": 0}, r"critical_batch_tokens = 0: must be"),
+    ({"cluster__batch_tokens": -5}, r"batch_tokens = -5: must be"),
     ({"training__mfu": 1.5}, r"mfu = 1.5: must be a finite number > 0 and ≤ 1"),
     ({"peers__gpu": "nope"}, r"\[limits.peers\].gpu = 'nope': must be one of card"),
     ({"transport__codecs": [{"name": "zip"}]}, r"codecs\[0\]"),

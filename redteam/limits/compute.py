@@ -314,7 +314,14 @@ def vram_section(cfg: LimitsConfig) -> dict[str, Any]:
 def cost_section(cfg: LimitsConfig, stragglers: dict[str, Any], vram: dict[str, Any],
                  bandwidth: dict[str, Any]) -> dict[str, Any]:
     """(5) GPU-hours, energy and money to train on ``target_tokens``: the centralized cluster
-    against the federation (idle time waiting for stragglers and communication included)."""
+    against the federation (idle time waiting for stragglers and communication included).
+
+    ``target_tokens`` (D) is what the cluster needs at its batch (``[limits.cluster]
+    batch_tokens``, default the critical batch). A federation's effective batch is
+    B = contributing peers × tokens per inner step (every peer's step feeds one outer update);
+    it needs D·(1 + B/B_crit)/(1 + B_cluster/B_crit) / token_efficiency tokens (McCandlish
+    et al. 2018; ``batch_efficiency`` = D ÷ that), so rounds = those tokens ÷ (contributing ·
+    H · tokens per step). Every online peer is billed for every round's total time."""
     tr, cl = cfg.training, cfg.cluster
     big, peer = cfg.gpu(cl.gpu), cfg.gpu(cfg.peers.gpu)
     d = cfg.target_tokens
@@ -330,22 +337,29 @@ def cost_section(cfg: LimitsConfig, stragglers: dict[str, Any], vram: dict[str, 
         for s in (r for r in stragglers["rows"] if r["model"] == m.name):
             fed: dict[str, Any] = {"fits": fits}
             if fits and s["contributing"] > 0:
-                tokens_round = s["contributing"] * tr.inner_steps * tr.tokens_per_step * tr.token_efficiency
-                rounds = d / tokens_round
+                batch = s["contributing"] * tr.tokens_per_step
+                factor = F.batch_token_factor(batch, tr.critical_batch_tokens, cl.batch_tokens)
+                needed = d * factor / tr.token_efficiency
+                tokens_round = s["contributing"] * tr.inner_steps * tr.tokens_per_step
+                rounds = needed / tokens_round
                 round_s = s["round_total_s"]
                 billed = rounds * s["online"] * round_s / 3600.0
                 # compute-busy time per online peer per round, as simulated (stragglers' wasted
                 # work included: it burned energy); the rest of the billed round is idle
                 busy = rounds * s["online"] * s["round_s"] * (1.0 - s["idle_fraction"]) / 3600.0
-                fed.update(rounds=rounds, wall_days=rounds * round_s / 86400.0, gpu_hours=billed,
+                fed.update(batch_tokens=batch, batch_factor=factor, tokens_needed=needed,
+                           token_efficiency=d / needed, rounds_if_every_token_counted=d / tokens_round,
+                           rounds=rounds, wall_days=rounds * round_s / 86400.0, gpu_hours=billed,
                            busy_hours=busy, idle_hours=billed - busy,
                            **F.gpu_cost(busy, peer.price_per_hour, peer.power_w, 1.0, billed - busy,
                                         peer.idle_power_w))
                 fed["usd_ratio"] = fed["usd"] / central["usd"] if central["usd"] else math.inf
             rows.append({"model": m.name, "params": m.params, "peers": s["peers"], "flops": flops,
                          "centralized": central, "federated": fed})
-    return {"rows": rows, "target_tokens": d, "cluster": {"gpu": big.name, "count": cl.count, "mfu": cl.mfu},
-            "peer_gpu": peer.name, "mfu": tr.mfu}
+    return {"rows": rows, "target_tokens": d, "cluster": {"gpu": big.name, "count": cl.count, "mfu": cl.mfu,
+                                                          "batch_tokens": cl.batch_tokens},
+            "peer_gpu": peer.name, "mfu": tr.mfu, "critical_batch_tokens": tr.critical_batch_tokens,
+            "token_efficiency": tr.token_efficiency}
 
 
 # ------------------------------------------------------------------ (3) non-IID, measured

@@ -53,6 +53,7 @@ class Training:
     overhead_gb: float = 1.0
     token_efficiency: float = 1.0
     attention: str = "flash"
+    critical_batch_tokens: float = 2e6
 
     @property
     def tokens_per_step(self) -> int:
@@ -93,6 +94,7 @@ class Cluster:
     count: int = 256
     mfu: float = 0.4
     pue: float = 1.2
+    batch_tokens: float = 2e6  # tokens per step; parse_limits' default: [limits.training] critical_batch_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,7 +235,7 @@ def parse_limits(doc: Mapping[str, Any], *, file: str = "<limits>", base_dir: st
     t = c.table(top, "training", "[limits.training]")
     w = "[limits.training]"
     c.keys(t, {"precision", "optimizer", "seq_len", "micro_batch", "grad_accum", "inner_steps", "mfu",
-               "overhead_gb", "token_efficiency", "attention"}, w)
+               "overhead_gb", "token_efficiency", "attention", "critical_batch_tokens"}, w)
     training = Training(
         precision=c.text(t, "precision", w, "bf16", ("fp32", "bf16", "fp16")),
         optimizer=c.text(t, "optimizer", w, "adamw", ("sgd", "sgd_momentum", "adamw", "adamw_8bit")),
@@ -245,6 +247,7 @@ def parse_limits(doc: Mapping[str, Any], *, file: str = "<limits>", base_dir: st
         overhead_gb=c.num(t, "overhead_gb", w, 1.0, low=0, low_open=False, high=1e4),
         token_efficiency=c.num(t, "token_efficiency", w, 1.0, high=1.0),
         attention=c.text(t, "attention", w, "flash", ("flash", "standard")),
+        critical_batch_tokens=c.num(t, "critical_batch_tokens", w, 2e6, high=1e15),
     )
 
     t = c.table(top, "transport", "[limits.transport]")
@@ -303,8 +306,9 @@ def parse_limits(doc: Mapping[str, Any], *, file: str = "<limits>", base_dir: st
 
     t = c.table(top, "cluster", "[limits.cluster]")
     w = "[limits.cluster]"
-    c.keys(t, {"gpu", "count", "mfu", "pue"}, w)
+    c.keys(t, {"gpu", "count", "mfu", "pue", "batch_tokens"}, w)
     cluster = Cluster(
+        batch_tokens=c.num(t, "batch_tokens", w, training.critical_batch_tokens, high=1e15),
         gpu=c.text(t, "gpu", w, gpu_names[-1], gpu_names),
         count=c.num(t, "count", w, 256, low=1, low_open=False, high=10**7, integer=True),
         mfu=c.num(t, "mfu", w, 0.4, high=1.0),

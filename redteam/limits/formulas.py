@@ -26,6 +26,13 @@ Sources (REFERENCES.md §1.4 and §4 collect them):
   they recompute them in the backward pass and keep one fp32 log-sum-exp per row and head,
   4·a·s·b bytes), so with them a layer stores s·b·h·34 + 4·a·s·b; the output logits
   add 4·s·b·V bytes (fp32 for the loss);
+* token efficiency — data-parallel training at a batch of B tokens per step needs
+  E = E_min·(1 + B/B_crit) tokens and S = S_min·(1 + B_crit/B) steps to reach a loss
+  (McCandlish et al., "An Empirical Model of Large-Batch Training", 2018, eq. 2.11; B_crit
+  is their critical batch B_noise): beyond B_crit more tokens per step buy few steps. A run
+  at batch B therefore needs (1 + B/B_crit)/(1 + B_ref/B_crit) times the tokens of a
+  reference run at batch B_ref; for LMs Kaplan et al. (2020, eq. 5.3) fit
+  B_crit ≈ 2·10⁸/L^{4.8} tokens at loss L nats (≈ 1–2.5 M tokens at L = 3–2.5);
 * compute and cost — training takes ≈ 6·P·D FLOPs for P parameters and D tokens (Kaplan
   et al., "Scaling Laws for Neural Language Models", 2020); wall time = FLOPs / (N·peak·MFU);
   GPU-hours × price and × power × PUE give money and energy.
@@ -50,6 +57,7 @@ __all__ = [
     "ATTENTION",
     "activation_bytes",
     "transformer_params",
+    "batch_token_factor",
     "training_flops",
     "cluster_seconds",
     "gpu_cost",
@@ -165,6 +173,14 @@ def activation_bytes(*, layers: int, hidden: int, heads: int, seq: int, batch: i
 def transformer_params(layers: int, hidden: int, vocab: int) -> float:
     """≈ 12·L·h² + V·h: attention (4h²) and MLP (8h²) per layer, plus the embedding."""
     return 12.0 * layers * hidden * hidden + vocab * hidden
+
+
+def batch_token_factor(batch: float, critical: float, reference: float) -> float:
+    """(1 + B/B_crit)/(1 + B_ref/B_crit): the tokens a run at batch ``batch`` needs per token
+    of a run at batch ``reference`` to reach the same loss (McCandlish et al. 2018)."""
+    if critical <= 0:
+        raise ValueError(f"critical = {critical!r}: must be > 0")
+    return (1.0 + batch / critical) / (1.0 + reference / critical)
 
 
 def training_flops(params: float, tokens: float) -> float:

@@ -100,12 +100,18 @@ def summary_lines(res: dict[str, Any]) -> list[tuple[str, list[str], list[list[s
             f"{_usd(f['usd'])}, {human_count(f['kwh'])} kWh, {f['wall_days']:.3g} d, idle "
             f"{100 * f['idle_hours'] / f['gpu_hours']:.0f}%" if "usd" in f else "no peer contributes")
         ratio = f"{f['usd_ratio']:.2f}×" if "usd_ratio" in f else "—"
+        eff = [human_count(f["batch_tokens"]), f"{f['token_efficiency']:.3g}",
+               f"{f['rounds']:.3g} ({f['rounds_if_every_token_counted']:.3g})"] if "rounds" in f else ["—"] * 3
         rows.append([r["model"], str(r["peers"]), f"{_usd(c['usd'])}, {human_count(c['kwh'])} kWh, {c['wall_days']:.3g} d",
-                     fed, ratio])
+                     *eff, fed, ratio])
     out.append((
         f"(5) cost of {human_count(co['target_tokens'])} tokens: {co['cluster']['count']}× {co['cluster']['gpu']} "
-        f"(MFU {co['cluster']['mfu']:g}) against peers on {co['peer_gpu']} (MFU {co['mfu']:g})",
-        ["model", "peers", "centralized", "federated", "fed ÷ central"], rows,
+        f"(MFU {co['cluster']['mfu']:g}, batch {human_count(co['cluster']['batch_tokens'])} tokens) against peers on "
+        f"{co['peer_gpu']} (MFU {co['mfu']:g}); federated batch = contributing peers × tokens per step, token "
+        f"efficiency = 1/(the batch's token factor (1 + B/B_crit)/(1 + B_cluster/B_crit), B_crit = "
+        f"{human_count(co['critical_batch_tokens'])}; McCandlish et al. 2018) × token_efficiency "
+        f"{co['token_efficiency']:g}; rounds needed (if every token counted)",
+        ["model", "peers", "centralized", "fed batch", "token efficiency", "rounds", "federated", "fed ÷ central"], rows,
     ))
     for key, title in (("envelope", "(6) security envelope of the validation rules"),
                        ("provenance", "(7) data provenance")):
@@ -251,8 +257,10 @@ peers' uploads) + the broadcast.</li>
 activations s·b·h·(34 + 5·a·s/h) per layer with standard attention (the a·s×s scores stored), s·b·h·34 + 4·a·s·b
 with FlashAttention-style kernels (scores recomputed; Dao et al. 2022), 2·s·b·h with checkpointing (Korthikanti
 et al. 2023), + 4·s·b·V logits + a fixed overhead.</li>
-<li>(5) 6·P·D FLOPs; cluster time = FLOPs/(N·peak·MFU); federated: rounds = D/(contributing peers·H·tokens per
-step), every online peer billed for every round (idle included), energy at busy/idle power.</li>
+<li>(5) 6·P·D FLOPs; cluster time = FLOPs/(N·peak·MFU); federated: the effective batch B = contributing peers ·
+tokens per step needs D·(1 + B/B<sub>crit</sub>)/(1 + B<sub>cluster</sub>/B<sub>crit</sub>)/token_efficiency tokens
+(McCandlish et al. 2018: E = E<sub>min</sub>(1 + B/B<sub>crit</sub>)); rounds = those tokens/(contributing peers·H·tokens
+per step), every online peer billed for every round's total time (idle included), energy at busy/idle power.</li>
 </ul>"""
 
 
