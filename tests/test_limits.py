@@ -211,6 +211,49 @@ def test_at_10000_peers_the_rounds_grow_with_the_batch():
     assert tr.critical_batch_tokens == 2e6 and cfg.cluster.batch_tokens == 2e6
 
 
+def test_dropped_work_share_by_hand():
+    """Three peers arrive at 10, 20 and 40 s after computing 8, 16 and 30 s; deadline 30 s.
+    The third is late: dropped work = 30/(8 + 16 + 30) = 30/54 = 0.5556; the round ends at 30 s;
+    idle = 1 − (8 + 16 + min(30, 30))/(3·30) = 1 − 54/90 = 0.4; 2 contribute. Without a
+    deadline (∞): the round is 40 s, nothing dropped, idle = 1 − 54/120 = 0.55."""
+    from redteam.limits.compute import round_stats
+
+    t, c = np.array([10.0, 20.0, 40.0]), np.array([8.0, 16.0, 30.0])
+    r = round_stats(t, c, 30.0)
+    assert r == {"round_s": 30.0, "round_s_no_deadline": 40.0, "dropped_work": pytest.approx(30 / 54),
+                 "idle_fraction": pytest.approx(0.4), "contributing": 2.0}
+    r = round_stats(t, c, float("inf"))
+    assert r["round_s"] == 40.0 and r["dropped_work"] == 0.0 and r["idle_fraction"] == pytest.approx(0.55)
+
+
+def test_federated_bill_by_hand():
+    """(5) on a stated straggler row. tiny (P = 12·2·64² + 256·64 = 114,688), D = 1e9, t = 1000
+    tokens per step (seq 1000), H = 100, B_crit = B_cluster = 1e4, token_efficiency 0.5; the
+    round: 8 of 10 online peers contribute, compute + upload 100 s, total 150 s, idle 25 %.
+    B = 8·1000 = 8000 → factor (1 + 0.8)/(1 + 1) = 0.9; tokens needed 1e9·0.9/0.5 = 1.8e9;
+    per round 8·100·1000 = 8e5 → 2250 rounds. Billed: 2250·10·150/3600 = 937.5 GPU-h; busy
+    2250·10·100·0.75/3600 = 468.75 h, idle 468.75 h. $0.1/h → $93.75. Energy (peers' PUE 1):
+    (468.75·200 + 468.75·20)/1000 = 103.125 kWh (idle power 10 % of 200 W). Wall: 2250·150 s =
+    3.90625 d. Centralized (256 cards of 10 TFLOP/s, MFU 0.4): 6·114,688·1e9/(256·1e13·0.4) =
+    0.672 s → 256·0.672/3600 h · $0.1 = $0.0047787."""
+    from redteam.limits.compute import cost_section, vram_section
+
+    cfg = parse_limits(_doc(training={"seq_len": 1000, "inner_steps": 100, "critical_batch_tokens": 1e4,
+                                      "token_efficiency": 0.5}))
+    st = {"rows": [{"model": "tiny", "peers": 10, "contributing": 8.0, "online": 10.0, "round_s": 100.0,
+                    "round_total_s": 150.0, "idle_fraction": 0.25}]}
+    row = cost_section(cfg, st, vram_section(cfg), {})["rows"][0]
+    f, c = row["federated"], row["centralized"]
+    assert f["batch_factor"] == pytest.approx(0.9) and f["tokens_needed"] == pytest.approx(1.8e9)
+    assert f["rounds"] == pytest.approx(2250)
+    assert f["gpu_hours"] == pytest.approx(937.5) and f["busy_hours"] == pytest.approx(468.75)
+    assert f["idle_hours"] == pytest.approx(468.75)
+    assert f["usd"] == pytest.approx(93.75) and f["kwh"] == pytest.approx(103.125)
+    assert f["wall_days"] == pytest.approx(3.90625)
+    assert c["usd"] == pytest.approx(256 * 0.672 / 3600 * 0.1)
+    assert f["usd_ratio"] == pytest.approx(93.75 / (256 * 0.672 / 3600 * 0.1))
+
+
 def test_header_bytes_match_real_manifests():
     """The header model reproduces the transport's manifests exactly, and its signed DSSE
     envelopes within a few bytes (DER signature lengths vary), across digit-count changes."""

@@ -162,6 +162,19 @@ def step_seconds(params: float, tokens_per_step: int, gpu: GPU, mfu: float) -> f
     return F.training_flops(params, tokens_per_step) / (gpu.tflops * 1e12 * mfu)
 
 
+def round_stats(t: np.ndarray, compute: np.ndarray, deadline: float) -> dict[str, float]:
+    """One round of the online peers with arrival times ``t`` and compute times ``compute``:
+    the round ends at min(max t, deadline); a peer arriving after the deadline is late and its
+    compute is dropped work (share of all compute this round); idle = the share of
+    peers × round time not spent computing (a late peer computes for the whole round)."""
+    late = t > deadline
+    rt = float(min(t.max(), deadline))
+    return {"round_s": rt, "round_s_no_deadline": float(t.max()),
+            "dropped_work": float(compute[late].sum() / compute.sum()),
+            "idle_fraction": 1.0 - float(np.minimum(compute, rt).sum()) / (rt * len(compute)),
+            "contributing": float((~late).sum())}
+
+
 def simulate_rounds(cfg: LimitsConfig, n: int, step_s: float, nbytes: float, rng: np.random.Generator,
                     ) -> dict[str, float]:
     """Rounds of ``n`` peers on the simulator's devices (:class:`~redteam.transport.network.Network`
@@ -188,14 +201,12 @@ def simulate_rounds(cfg: LimitsConfig, n: int, step_s: float, nbytes: float, rng
             online = net.churn(online, rng)
         if not online.any():
             continue
-        t_on, c_on = t[online], compute[online]
-        late = t_on > deadline
-        rt = float(min(t_on.max(), deadline))
-        times.append(rt)
-        waits.append(float(t_on.max()))
-        dropped.append(float(c_on[late].sum() / c_on.sum()))
-        idle.append(1.0 - float(np.minimum(c_on, rt).sum()) / (rt * len(c_on)))
-        contributing.append(float((~late).sum()))
+        one = round_stats(t[online], compute[online], deadline)
+        times.append(one["round_s"])
+        waits.append(one["round_s_no_deadline"])
+        dropped.append(one["dropped_work"])
+        idle.append(one["idle_fraction"])
+        contributing.append(one["contributing"])
         online_n.append(float(online.sum()))
     return {
         "peers": n, "round_s": float(np.mean(times)), "round_s_no_deadline": float(np.mean(waits)),
