@@ -364,6 +364,15 @@ def test_limits_command_end_to_end(tmp_path, capsys):
                                                  .make_codec("int8"), 7e9, 1 << 30)[0]
     html = (out / "limits.html").read_text()
     assert html.count("<img") == 4 and "Kumar" in html  # 4 plots (no non-IID run), formulas listed
+    # every output lists the assumptions it used (issue 24 §3): uplinks, prices, H, efficiency, MFU
+    names = {a["assumption"]: a["value"] for a in data["assumptions"]}
+    assert names["peer uplink (median, σ)"] == "20 Mbit/s, σ 0.8"
+    assert names["inner steps H"] == "500" and names["peer MFU / cluster MFU"] == "0.35 / 0.4"
+    assert names["price: card"] == "$0.1/h, 200 W, idle 20 W"
+    assert names["critical batch B_crit"] == "2e+06 tokens"
+    assert names["token efficiency (same batch)"] == "1" and names["attention (VRAM headline)"] == "flash"
+    for shown in (text, html):
+        assert "assumptions used below" in shown and "$0.1/h, 200 W, idle 20 W" in shown
     # a bad file: exit 2, one line, nothing written
     bad = tmp_path / "bad.toml"
     bad.write_text("[limits]\nname = 3\n")

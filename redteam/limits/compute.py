@@ -16,7 +16,7 @@ from . import formulas as F
 from .config import GPU, LimitsConfig, ModelShape
 
 __all__ = ["header_bytes", "payload_bytes", "bandwidth_section", "straggler_section", "vram_section",
-           "cost_section", "noniid_section", "results_section", "compute_all", "step_seconds",
+           "cost_section", "noniid_section", "assumptions_section", "round_stats", "results_section", "compute_all", "step_seconds",
            "simulate_rounds"]
 
 
@@ -438,6 +438,39 @@ def results_section(cfg: LimitsConfig) -> dict[str, Any]:
     return out
 
 
+def assumptions_section(cfg: LimitsConfig) -> list[dict[str, str]]:
+    """The stated assumptions every output lists: ``[{"assumption", "value", "key"}]``, the
+    value as used and the file key that sets it."""
+    tr, pe, cl = cfg.training, cfg.peers, cfg.cluster
+    rows = [
+        ("target tokens D", f"{cfg.target_tokens:g}", "target_tokens"),
+        ("peer uplink (median, σ)", f"{pe.uplink_mbps:g} Mbit/s, σ {pe.uplink_sigma:g}",
+         "peers.uplink_mbps, peers.uplink_sigma"),
+        ("peer downlink (median)", f"{pe.downlink_mbps:g} Mbit/s", "peers.downlink_mbps"),
+        ("latency (median, σ)", f"{pe.latency_ms:g} ms, σ {pe.latency_sigma:g}",
+         "peers.latency_ms, peers.latency_sigma"),
+        ("aggregator uplink", f"{pe.aggregator_uplink_mbps:g} Mbit/s", "peers.aggregator_uplink_mbps"),
+        ("aggregator ingress", f"{pe.aggregator_ingress_mbps:g} Mbit/s", "peers.aggregator_ingress_mbps"),
+        ("compute σ", f"{pe.compute_sigma:g}", "peers.compute_sigma"),
+        ("churn leave / join", f"{pe.churn_leave:g} / {pe.churn_join:g}", "peers.churn_leave, peers.churn_join"),
+        ("deadline", "none" if pe.deadline_factor is None else f"{pe.deadline_factor:g} × median",
+         "peers.deadline_factor"),
+        ("inner steps H", str(tr.inner_steps), "training.inner_steps"),
+        ("tokens per inner step", f"{tr.tokens_per_step:g}", "training.seq_len × micro_batch × grad_accum"),
+        ("critical batch B_crit", f"{tr.critical_batch_tokens:g} tokens", "training.critical_batch_tokens"),
+        ("cluster batch", f"{cl.batch_tokens:g} tokens", "cluster.batch_tokens"),
+        ("token efficiency (same batch)", f"{tr.token_efficiency:g}", "training.token_efficiency"),
+        ("peer MFU / cluster MFU", f"{tr.mfu:g} / {cl.mfu:g}", "training.mfu, cluster.mfu"),
+        ("precision, optimizer", f"{tr.precision}, {tr.optimizer}", "training.precision, training.optimizer"),
+        ("attention (VRAM headline)", tr.attention, "training.attention"),
+        ("peer GPU", pe.gpu, "peers.gpu"),
+        ("cluster", f"{cl.count}× {cl.gpu}, PUE {cl.pue:g}", "cluster.count, cluster.gpu, cluster.pue"),
+    ]
+    rows += [(f"price: {g.name}", f"${g.price_per_hour:g}/h, {g.power_w:g} W, idle {g.idle_power_w:g} W",
+              "[[limits.gpu]] price_per_hour, power_w, idle_power_w") for g in cfg.gpus]
+    return [{"assumption": a, "value": v, "key": k} for a, v, k in rows]
+
+
 def compute_all(cfg: LimitsConfig, progress: Any = None, threads: str | int | None = None) -> dict[str, Any]:
     """Every section, in the order of the seven failure modes, under the thread policy
     ``threads`` (``--threads``; ``None``: ``REDTEAM_THREADS`` or ``auto``): ``auto`` gives the
@@ -469,6 +502,7 @@ def _compute_all(cfg: LimitsConfig, progress: Any, threads: str | int) -> dict[s
     co = cost_section(cfg, st, vr, bw)
     say("(5) cost done")
     rs = results_section(cfg)
-    return {"format": "redteam.limits/v1", "name": cfg.name, "file": cfg.file, "bandwidth": bw,
+    return {"format": "redteam.limits/v1", "name": cfg.name, "file": cfg.file,
+            "assumptions": assumptions_section(cfg), "bandwidth": bw,
             "stragglers": st, "noniid": ni, "vram": vr, "cost": co, "envelope": rs["envelope"],
             "provenance": rs["provenance"]}

@@ -44,7 +44,8 @@ def _usd(x: float) -> str:
 
 def summary_lines(res: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
     """The report as titled tables: ``[(title, header, rows)]`` (the terminal prints them)."""
-    out = []
+    out = [("assumptions used below (each set in the limits file; the JSON names each key)", ["assumption", "value"],
+            [[a["assumption"], a["value"]] for a in res.get("assumptions", [])])]
     bw = res["bandwidth"]
     out.append((
         f"(1) bandwidth per round: each peer's upload and download of the merged update "
