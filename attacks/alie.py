@@ -7,7 +7,7 @@ coordinate, the malicious value still has enough honest "supporters" on its side
 to look like the majority to median- and distance-based rules.
 
 The number of supporters the attacker needs is s = ⌊n/2 + 1⌋ − f. The field computes
-z from it in two ways, both offered here (REFERENCES.md §2.2, A4):
+z from it in two ways, both offered here (the paper's and the reference implementations'):
 
 * ``z="paper"``: the largest z with Φ(z) < (n − s)/n, i.e. z = Φ⁻¹((n − s)/n), as the
   paper states it;

@@ -190,7 +190,8 @@ class Backdoor(Attack):
     def targeted_test(self, x: "torch.Tensor", y: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
         """Test inputs for the attack success rate: the held-out samples whose true class is
         not ``target``, triggered, with ``target`` as the label the attacker wants
-        (Bagdasaryan et al. 2020's backdoor accuracy; DESIGN.md "Scoring")."""
+        (Bagdasaryan et al. 2020's backdoor accuracy; the attack success rate of
+        :mod:`redteam.scoring`)."""
         if y.ndim == 1:
             keep = y != self.target
             x, y = x[keep], y[keep]

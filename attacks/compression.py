@@ -13,7 +13,7 @@
   for scenarios that use it — it loses whatever the masked coordinates carried). See
   :class:`Neurotoxin` for the mask's source and the optional norm projection.
   Combine with ``backdoor`` on the data surface (``compose``).
-* ``sparse_capture`` [ours, REFERENCES.md §3.3 hypothesis 1]: with client-side top-k,
+* ``sparse_capture`` [ours, a hypothesis about client-side top-k]: with client-side top-k,
   coordinate j only receives values from the honest clients whose top-k support holds
   j (h_j of them). The attacker sends its k values on the coordinates with the fewest
   honest senders, each pushing against the honest mean there, so an aggregator that

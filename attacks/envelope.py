@@ -1,11 +1,12 @@
 """Envelope attacks: know the validation rules and stay just inside them.
 
 These measure how wide the security envelope of the delta-validation rules is
-(REFERENCES.md §1.3 and §2.2, A9/A11): every malicious row is built to pass a norm
-bound ‖Δ‖ ≤ M and/or a cosine filter cos(Δ, r) ≥ c, and does as much harm as it can
-from there.
+(our analysis of norm-bound and cosine rules, after the norm-bounded attackers of Sun
+et al., arXiv:1911.07963, and Wang et al., "Attack of the Tails", NeurIPS 2020): every
+malicious row is built to pass a norm bound ‖Δ‖ ≤ M and/or a cosine filter
+cos(Δ, r) ≥ c, and does as much harm as it can from there.
 
-* ``norm_hug`` [ours, REFERENCES.md A11]: u = −M·ĝ/‖ĝ‖, ĝ the mean of the honest
+* ``norm_hug`` [ours]: u = −M·ĝ/‖ĝ‖, ĝ the mean of the honest
   updates the attacker sees: exactly on the norm bound, pointing straight back. The
   worst case for norm-only validation; any cosine threshold c > 0 against a good
   reference blocks it.

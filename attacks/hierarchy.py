@@ -1,14 +1,14 @@
 """Hierarchy attacks: a compromised sub-aggregator, and identity grinding into one merge group.
 
-REFERENCES §3.4 ("Hierarchical merge: Byzantine fraction per group"): with clients in
+Our analysis of the Byzantine fraction per merge group: with clients in
 groups of size g, the Byzantine count per group is hypergeometric, and
 
 * a sub-aggregator (group leader) chosen from the clients is Byzantine with probability
-  about F/N, and "can replace the whole partial aggregate" — ``rogue_aggregator``;
-* "if group assignment is *predictable* (for example hash(node_id)), a Sybil attacker
-  grinds ids to concentrate in one group" — ``group_grinding``, which turns a minority
+  about F/N, and can then replace its group's whole partial aggregate — ``rogue_aggregator``;
+* if group assignment is *predictable* (e.g. a hash of the node id), a Sybil attacker
+  tries identities until many land in one group — ``group_grinding``, which turns a minority
   overall into a majority inside one group, where an in-group robust rule then works
-  for the attacker. The defenses the section names are a robust rule again at the top
+  for the attacker. The defenses are a robust rule again at the top
   (f_top ≈ the expected number of compromised groups) and commit-reveal or VRF-seeded
   assignment per round; the Sybil-identity precedent is Douceur, "The Sybil Attack",
   IPTPS 2002.

@@ -5,7 +5,7 @@ Product Manipulation", UAI 2019. Every malicious client sends −ε·μ, μ the 
 honest updates. With a small ε (0.1) the malicious rows sit next to the honest mean,
 so Krum and Bulyan pick them, and once enough copies are picked the inner product of
 the aggregate with the true descent direction turns negative; a large ε (≈ 100)
-targets mean- and median-type rules (REFERENCES.md §2.2, A3). The default ε = 0.1 is
+targets mean- and median-type rules. The default ε = 0.1 is
 the small-ε setting of the paper, also used by Karimireddy et al. (2021).
 
 Space: the paper and its code work on gradients and send −ε·μ_g; on our delta rows

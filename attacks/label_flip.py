@@ -3,7 +3,7 @@
 Tolpegin, Truex, Gursoy & Liu, "Data Poisoning Attacks Against Federated Learning
 Systems", ESORICS 2020 (a source class relabelled as a target class); the reverse
 mapping y ↦ C − 1 − y is the label-flipping baseline of Fang et al. (USENIX Security
-2020) and of Karimireddy et al.'s code (REFERENCES.md §2.2, A2).
+2020) and of Karimireddy, He & Jaggi's code (epfml/byzantine-robust-optimizer).
 
 The mapping is a named parameter:
 

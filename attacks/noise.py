@@ -7,7 +7,7 @@ variant adds the noise to the client's own honest update (additive-noise attack)
 
 Non-finite: a malicious or faulty client puts NaN or ±Inf into some coordinates; a
 single NaN poisons a plain mean and every aggregate built on it. It is the baseline
-that the finite check (REFERENCES.md §1.2, rule R1) exists for.
+that the finite check (``sanity`` in :mod:`defenses.sanity`) exists for.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Provenance attacks: getting poisoned training data past the dataset gate.
 
-The attack surfaces that the provenance anchors expose (REFERENCES "Provenance formats"
-§8, and §5 "Ledger design to test"), each a malicious client that poisons its shards
-(``poison``, label flipping by default: Tolpegin et al., ESORICS 2020) and then presents
-a dataset manifest to ``provenance_gate`` (:mod:`defenses.provenance`):
+The attack surfaces that the provenance anchors (in-toto statements in DSSE envelopes, an
+RFC 6962 transparency log, signed dataset manifests) expose, each a malicious client
+that poisons its shards (``poison``, label flipping by default: Tolpegin et al., ESORICS
+2020) and then presents a dataset manifest to ``provenance_gate`` (:mod:`defenses.provenance`):
 
 =====================  =====================================================  ==========
 attack                 what it presents                                       gate
@@ -26,7 +26,7 @@ attack                 what it presents                                       ga
 =====================  =====================================================  ==========
 
 The last row is the honest limit of provenance: signatures attribute data, they do not
-vouch for it (REFERENCES §5, test 3). Replayed and rolled-back *updates* are
+vouch for it. Replayed and rolled-back *updates* are
 transport-level (``replay`` in :mod:`attacks.transport`).
 
 Capabilities are declared, and the trainer grants exactly those (``capabilities``):
@@ -148,7 +148,7 @@ class _Poisoning(Attack):
 
 @dataclass(frozen=True, slots=True)
 class UnsignedManifest(_Poisoning):
-    """Present a manifest of the poisoned shards with no signature at all (§8: unsigned data).
+    """Present a manifest of the poisoned shards with no signature at all (unsigned data).
     Expected: the gate refuses it (no DSSE envelope)."""
 
     surfaces: ClassVar[tuple[str, ...]] = (Surface.DATA, Surface.PROVENANCE)
@@ -166,7 +166,7 @@ class UnsignedManifest(_Poisoning):
 class ManifestMismatch(_Poisoning):
     """Train on poisoned shards under the curator's honest manifest, which was signed and
     logged before the poisoning (split-view poisoning: Carlini et al., "Poisoning
-    Web-Scale Training Datasets is Practical", IEEE S&P 2024; REFERENCES §5 test 1).
+    Web-Scale Training Datasets is Practical", IEEE S&P 2024, arXiv:2302.10149).
     Expected: the gate's attestation finds shard digests that differ from the manifest."""
 
     surfaces: ClassVar[tuple[str, ...]] = (Surface.DATA, Surface.PROVENANCE)
@@ -181,7 +181,7 @@ class ManifestMismatch(_Poisoning):
 class UnenrolledKey(_Poisoning):
     """Sign the poisoned manifest with a key the attacker made itself and log it (the log
     accepts any well-signed entry). Expected: the gate refuses a signature that is not
-    by the client's enrolled key (§8, key confusion)."""
+    by the client's enrolled key (key confusion)."""
 
     surfaces: ClassVar[tuple[str, ...]] = (Surface.DATA, Surface.PROVENANCE)
     summary: ClassVar[str] = "Poisoned manifest signed by an unenrolled key"
@@ -195,7 +195,7 @@ class UnenrolledKey(_Poisoning):
 class KeyidSpoof(_Poisoning):
     """Sign the poisoned manifest with an unenrolled key, but set the envelope's ``keyid``
     hint to the id of the client's enrolled key (DSSE: "keyid is an unauthenticated
-    hint"; §8, keyid spoofing). A verifier that picks the key by the hint, or trusts the
+    hint"; keyid spoofing). A verifier that picks the key by the hint, or trusts the
     hint, is fooled; ours derives the key from the client's enrollment. Expected: refused."""
 
     surfaces: ClassVar[tuple[str, ...]] = (Surface.DATA, Surface.PROVENANCE)
@@ -215,7 +215,7 @@ class DigestDowngrade(_Poisoning):
     """Present a manifest of the poisoned shards whose subject and resources carry MD5
     digests only, signed with the client's (stolen) enrolled key: a verifier that accepts
     "any algorithm it knows" (the in-toto DigestSet rule) would match on a collidable
-    hash (§8, digest-algorithm downgrade). Expected: the gate requires SHA-256 and
+    hash (digest-algorithm downgrade). Expected: the gate requires SHA-256 and
     refuses it, whatever the signature. Without the stolen key it signs with its own."""
 
     capabilities: ClassVar[tuple[str, ...]] = ("enrolled_key",)
@@ -249,7 +249,7 @@ class LogFork(_Poisoning):
     """Hide the poisoned manifest from the public log: sign it with the stolen enrolled
     key, do not log it, and present an inclusion proof against a checkpoint of a forked
     tree — same size as the public log, different root — signed with the compromised
-    log key (§8, log equivocation / fork; a split view). Expected: a gate that compares
+    log key (log equivocation / fork; a split view). Expected: a gate that compares
     checkpoints with the log it audits (``witness``) finds two signed roots for one size;
     one that trusts any log-signed checkpoint admits it. Without both keys it presents
     the curator's manifest (nothing to fork)."""
@@ -286,8 +286,8 @@ class LogFork(_Poisoning):
 @dataclass(frozen=True, slots=True)
 class StolenKey(_Poisoning):
     """Sign a manifest of the poisoned shards with the client's enrolled key, stolen from
-    its curator, and log it like any honest manifest (REFERENCES §5 test 3: "correctly
-    signed but poisoned content ... the ledger gives attribution only").
+    its curator, and log it like any honest manifest (a valid signature
+    over poisoned content: the ledger can name who signed it, not stop it).
 
     Expected, honestly: it **passes** the gate — signature, log inclusion and attestation
     all check out, because the manifest truly describes the (poisoned) data. Only

@@ -1,14 +1,14 @@
 """Transport attacks: what relays, eavesdroppers and senders can do to chunked updates.
 
-The distribution-layer threats of REFERENCES §3.2 ("Chunked (BitTorrent-style)
-distribution", attack table): in-transit tampering / pollution (the P2P pollution
+The standard P2P threats to chunked, BitTorrent-style distribution (BEP 3, BEP 52):
+in-transit tampering / pollution (the P2P pollution
 attacks on Kazaa and live streaming: Liang, Kumar, Xi & Ross, "Pollution in P2P File
 Sharing Systems", INFOCOM 2005; Dhungel et al., "The Pollution Attack in P2P Live Video
 Streaming", P2P-TV 2007), chunk substitution, mix-and-match of two valid updates of one
 sender, replay of an earlier round's update, equivocation (two signed updates for one
 (sender, round), each to a different sub-aggregator), withholding after announcing, and
-codec abuse (a payload whose scale or sparsity decodes to a huge vector, which §3.2 and
-§3.3 say must be caught by validation *after* decoding). Each acts through
+codec abuse (a payload whose scale or sparsity decodes to a huge vector, which must be
+caught by validation *after* decoding). Each acts through
 ``tamper_chunks`` (``Surface.TRANSPORT``) on the round's :class:`~redteam.types.ChunkDelivery`
 list; index −1 is an update's header (its manifest, or the DSSE envelope signing it).
 
@@ -123,7 +123,7 @@ def _state(ctx: AttackContext, key: str) -> Any:
 # ----------------------------------------------------------------------------- tampering
 @dataclass(frozen=True, slots=True)
 class ChunkTamper(Attack):
-    """A polluting relay flips bits in the chunks it forwards (REFERENCES §3.2, tamper).
+    """A polluting relay flips bits in the chunks it forwards (P2P pollution).
 
     * ``rate``: probability that a touchable delivery is tampered with;
     * ``bits``: bits flipped per tampered delivery, at uniform positions;
@@ -241,7 +241,7 @@ class _Substitution(Attack):
 @dataclass(frozen=True, slots=True)
 class ChunkSubstitute(_Substitution):
     """A malicious relay substitutes the victim's chunks with chunks of its own update
-    (REFERENCES §3.2, tamper/pollution by substitution rather than random flips).
+    (pollution by substitution rather than random flips).
 
     The substitute for chunk i is chunk i of the first malicious client's own upload this
     round (same length required, so the victim's update still decodes — now carrying the
@@ -268,7 +268,7 @@ class ChunkSubstitute(_Substitution):
 
 @dataclass(frozen=True, slots=True)
 class MixAndMatch(_Substitution):
-    """Combine chunks of two valid updates of one sender (REFERENCES §3.2, mix-and-match).
+    """Combine chunks of two valid updates of one sender (mix-and-match).
 
     The victim's chunks at the odd indices (or ``indices``) are replaced by the same
     chunks of its update from ``lag`` rounds earlier, recorded by the attacker; every
@@ -312,8 +312,8 @@ class MixAndMatch(_Substitution):
 
 @dataclass(frozen=True, slots=True)
 class Replay(Attack):
-    """Resend a victim's update from ``lag`` rounds earlier (REFERENCES §3.2, replay; §8
-    "Provenance formats": replay/rollback of an old valid envelope).
+    """Resend a victim's update from ``lag`` rounds earlier (replay, or rollback:
+    an old valid envelope presented again in a later round).
 
     Every touchable header and chunk of the victim is replaced by its recorded
     counterpart from round t − lag. With ``rewrite`` the old header is made to claim the
@@ -447,8 +447,8 @@ class _SenderRewrite(Attack):
 @dataclass(frozen=True, slots=True)
 class Equivocate(_SenderRewrite):
     """Sign two different updates for one round and send each to a different
-    sub-aggregator (REFERENCES §3.2, equivocation; BTARD's broadcast-hash accusation,
-    Gorbunov et al., ICML 2022, §3.3).
+    sub-aggregator (equivocation; compare BTARD's broadcast-hash accusation,
+    Gorbunov, Borzunov, Diskin & Ryabinin, ICML 2022).
 
     The second update is ``factor`` × the first (re-encoded with the round's codec; 1
     keeps the payload, and the two signed statements still differ by their nonces). It is
@@ -489,7 +489,7 @@ class Equivocate(_SenderRewrite):
 
 @dataclass(frozen=True, slots=True)
 class Withhold(Attack):
-    """Announce the update, then withhold chunks (REFERENCES §3.2, withholding / partial
+    """Announce the update, then withhold chunks (withholding / partial
     upload): the header goes out, the last ⌈``fraction`` · n⌉ chunks never do, so the
     receiver waits, re-fetches in vain and drops the sender as a straggler. Expected
     defense: a deadline, and not counting the sender as present in Byzantine-fraction
@@ -525,8 +525,8 @@ _F16_MAX, _BF16_MAX = 65504.0, 3.3895313892515355e38
 
 @dataclass(frozen=True, slots=True)
 class CodecAbuse(_SenderRewrite):
-    """A sender whose payload header decodes to a huge vector (REFERENCES §3.2, codec
-    abuse; §3.3 hypothesis 4: validate in parameter space, after decoding).
+    """A sender whose payload header decodes to a huge vector (codec
+    abuse; the answer is to validate in parameter space, after decoding).
 
     The malicious client takes its honest payload and rewrites it in the codec's own
     wire format, then signs the result with its own key (so signatures cannot help):

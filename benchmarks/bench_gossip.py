@@ -6,7 +6,7 @@ same workload and clients, and the gossip step alone, batched against the per-no
     python benchmarks/bench_gossip.py --nodes 20 --topology complete
 
 Workload: ``digits`` (the MLP, d = 4810), ``--nodes`` clients (20 and 100), iid partition, local
-training 10 steps of batch 16 at lr 0.1 (DESIGN.md's reference setting), no attack.
+training 10 steps of batch 16 at lr 0.1 (the setting the speed targets use), no attack.
 
 * **full round** — ``make_run(parse_scenario(doc)).run()``, the records' ``wall_time_s``: the data-parallel federation (training batched over the
   clients, transport, the server's ``mean``, one evaluation of the global model) beside the

@@ -6,7 +6,7 @@ validation, merge, evaluation), plus bytes per round per codec.
     python benchmarks/bench_rounds.py --quick    # fewer repeats
 
 Figures are medians over repeats, after a warm-up. Local training is 10 steps of batch 16
-(DESIGN.md's reference setting). Nothing here is asserted: this is a measurement.
+(the setting the speed targets use). Nothing here is asserted: this is a measurement.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ child process, so its peak resident memory (``ru_maxrss``) is that size's alone.
 machine is shared: the load average is printed with every figure. Nothing here is asserted.
 
 Each client holds about 20 samples (``samples = 20 × clients``, at least 4000); local
-training is 10 steps of batch 16 (DESIGN.md's reference setting).
+training is 10 steps of batch 16 (the setting the speed targets use).
 
 Measured (2-core machine, load ≈ 2, ``--clients 100 1000 --rounds 6``; the code before the
 batched wire lanes of issue 13 §3's second pass in the same session, back to back):

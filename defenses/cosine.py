@@ -10,7 +10,7 @@ Reject an update xᵢ when cos(xᵢ, r) < c. The reference r is one of:
   Cao, Fang, Liu & Gong, "FLTrust: Byzantine-robust Federated Learning via Trust
   Bootstrapping", NDSS 2021.
 
-Caveat on the threshold (REFERENCES §1.3): for random directions in ℝ^d the cosine
+Caveat on the threshold: for random directions in ℝ^d the cosine
 is about N(0, 1/d), so c = 0 lets through half of pure-noise updates; rejecting
 noise needs c of several times 1/√d. Conversely, an attacker who knows the rule can
 still send any vector inside the cone cos ≥ c (up to ‖·‖·√(1 − c²) orthogonal drift).

@@ -5,7 +5,7 @@ validator) holds. This is the "loss before / after each peer's pseudo-gradient"
 test that deployed decentralized trainers run, e.g. the Gauntlet validator of
 Templar (arXiv:2505.21684, 2025), and the reject-on-negative-impact (RONI) idea of
 Barreno, Nelson, Joseph & Tygar, "The Security of Machine Learning", Machine
-Learning 81, 2010. REFERENCES §1.2 rule R5.
+Learning 81, 2010.
 
 The server's ``ctx.evaluate_loss`` takes a batch of candidate deltas ``(k, d)`` and
 returns their losses ``(k,)``; the loss of the zero delta is L(w).

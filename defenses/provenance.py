@@ -6,9 +6,9 @@ trainer looks for them in the defense pipeline (their ``acts_at``) and runs them
 inside the pipeline itself they accept every update unchanged, so
 ``[{name = "signed_chunks"}, {name = "median"}]`` means "verify, then take the median".
 
-**Signed chunks** (issue 4; the chunk protocol of REFERENCES §3.2 — BitTorrent v2's
-per-chunk SHA-256 under a signed root, Cohen & Norberg, BEP 52 — with the binding of
-round, sender, nonce and base model that §3.2's replay and equivocation rows call for).
+**Signed chunks** (issue 4; the chunk protocol of BitTorrent v2 — per-chunk SHA-256
+under a signed root, Cohen & Norberg, BEP 52 — with the binding of round, sender, nonce
+and base model that detecting replay and equivocation needs).
 Each client signs its update manifest as an in-toto statement in a DSSE envelope with
 its enrolled P-256 key (:mod:`redteam.transport.signing`). The receiver accepts a header
 only if the envelope verifies against *the sender's* enrolled key (never a key chosen by
@@ -19,14 +19,14 @@ reason (bad signature, unknown key, replay, rollback, reused nonce). Chunks are 
 checked against the *signed* digests, so substitution and mix-and-match fail. With
 ``gossip`` the sub-aggregators exchange the signed headers they accepted: two valid
 signatures by one sender over different headers for one round prove equivocation, and
-the sender is banned (§3.2: "gossip the signed headers; two signatures for the same
-(sender, round) prove misbehaviour → ban").
+the sender is banned (two signatures for one (sender, round) are proof enough).
 
 What it cannot do: an update that its own sender poisoned and signed is authentic.
 
-**Provenance gate** (issue 4; REFERENCES §5 and "Provenance formats" §8). Before
-training, each client presents its dataset manifest (OpenSSF model-signing v1.0 layout,
-in-toto in DSSE) and the transparency log's inclusion proof for it. The gate requires, in
+**Provenance gate** (issue 4; against split-view poisoning, Carlini et al., IEEE S&P 2024,
+and the attacks on in-toto/DSSE signing and RFC 6962 logs in :mod:`attacks.provenance`).
+Before training, each client presents its dataset manifest (OpenSSF model-signing v1.0
+layout, in-toto in DSSE) and the transparency log's inclusion proof for it. The gate requires, in
 order: a signature (unsigned → excluded), by the client's *enrolled* key (unenrolled
 key, keyid spoofing → excluded), a statement that carries SHA-256 digests (a subject
 or resource offering only a weaker algorithm is a digest-algorithm downgrade →
@@ -39,8 +39,8 @@ knows the truth, which models a remote attestation; poisoned shards under an hon
 manifest → excluded). An excluded client takes part in no round.
 
 What it cannot do: a manifest signed with a stolen enrolled key over poisoned shards
-passes every check — signatures attribute data, they do not vouch for it (REFERENCES §5,
-test 3). The tests show this honestly.
+passes every check — signatures attribute data, they do not vouch for it
+(``stolen_key`` in :mod:`attacks.provenance`). The tests show this honestly.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Cheap validation filters: finiteness and shape, and an update-norm z-score.
 
 These are the first rules of the delta-validation conjunction that deployed
-federated and decentralized trainers run before aggregation (REFERENCES §1.2:
-R1 finite, R3 per-entry bound, plus the shape check every decoder performs), and
+federated and decentralized trainers run before aggregation (finiteness
+and a per-entry bound, plus the shape check every decoder performs), and
 the magnitude outlier test that anomaly-detection defenses build on: flag an
 update whose norm is more than ``threshold`` standard deviations from the round's
 centre, with the centre and spread either plain (mean, standard deviation) or
@@ -30,8 +30,8 @@ __all__ = ["Sanity", "ZScore", "norm_zscores"]
 class Sanity(Filter):
     """Reject updates that are not finite, not the model's size, or too large per entry.
 
-    * ``max_abs``: optional bound M∞ on every entry, accept iff max |Δᵢⱼ| ≤ M∞
-      (REFERENCES §1.2 R3); unset means no bound.
+    * ``max_abs``: optional bound M∞ on every entry, accept iff max |Δᵢⱼ| ≤ M∞;
+      unset means no bound.
 
     The size check compares d with ``ctx.global_params.numel()`` when the context
     carries the global parameters, and passes otherwise. A non-floating dtype is

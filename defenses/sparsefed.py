@@ -17,8 +17,8 @@ server-side (global) top-k of the paper; the clients send full updates. The
 accumulator e is explicit state (``Decision.state["error"]``), kept per merge node.
 
 Conventions (named parameters). Whether step 2 is a sum or a mean is not pinned down
-here from the paper (written from memory of it; REFERENCES.md marks SparseFed
-"[recall]"): ``reduce="mean"`` (default) averages the clipped updates, FedAvg's scale,
+here from the paper (written from memory of it, not checked against the
+text): ``reduce="mean"`` (default) averages the clipped updates, FedAvg's scale,
 so the server learning rate keeps its meaning; ``"sum"`` adds them, as FetchSGD, which
 SparseFed builds on, sums client sketches. The two differ only by the factor n, i.e.
 by the server learning rate. Server momentum, if combined with the error feedback, is

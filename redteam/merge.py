@@ -18,13 +18,14 @@ Grouping (``grouping``):
 * ``hash``: group = SHA-256(identity) mod groups, the identity being the client's
   public name (its id in decimal unless ``identities`` says otherwise) — fixed and
   *predictable*, which is exactly what an identity-grinding attacker exploits
-  (REFERENCES §3.4).
+  (``group_grinding`` in :mod:`attacks.hierarchy`).
 
 Sub-aggregators. The leader of a bottom group — the member that computes and passes up
 its partial aggregate — is the member with the lowest client id. A compromised leader
-can replace that partial aggregate (REFERENCES §3.4); ``hierarchical_merge`` models this
-with its ``tamper_group`` hook, applied to each bottom group's aggregate before it
-passes up (only when there is more than one group: a flat merge is the server's own).
+can replace that partial aggregate (``rogue_aggregator`` in :mod:`attacks.hierarchy`);
+``hierarchical_merge`` models this with its ``tamper_group`` hook, applied to each bottom
+group's aggregate before it passes up (only when there is more than one group: a flat
+merge is the server's own).
 
 Non-finite sub-aggregates. A node whose aggregate (as passed up, after any tampering)
 has a NaN or ±Inf entry is refused: it passes nothing up, and ``MergeResult.refused``

@@ -379,7 +379,7 @@ def reward_metrics(records: Sequence[RoundRecord]) -> dict[str, float | None]:
 
 
 def envelope(records: Sequence[RoundRecord]) -> dict[str, float | None]:
-    """Envelope utilisation (REFERENCES §1.3): how close *accepted malicious* updates came
+    """Envelope utilisation: how close *accepted malicious* updates came
     to the validation bounds, over all rounds.
 
     * ``envelope_norm``: max ‖u‖ / M over accepted malicious updates u (M = the norm

@@ -1,7 +1,7 @@
 """Core contracts: updates, contexts, decisions, round records, and the plugin bases.
 
-These are the documented stubs the rest of redteam is written against (DESIGN.md,
-"Core contracts"). The docstrings are the specification.
+These are the documented stubs the rest of redteam is written against. The docstrings
+are the specification.
 
 * ``Updates`` is a ``torch.Tensor`` of shape ``(n_clients, d)``: one flattened model
   delta (local − global) per row, float32 by default, on the run's device.
@@ -48,7 +48,8 @@ __all__ = [
 
 
 class Surface:
-    """Names of the surfaces an attack can act on (see DESIGN.md, the flow of a round)."""
+    """Names of the surfaces an attack can act on (see the round's stages in
+    :mod:`redteam.federation.loop`)."""
 
     DATA = "data"  # poison_data: a malicious client's training set
     UPDATES = "updates"  # craft_updates: the rows the malicious clients send

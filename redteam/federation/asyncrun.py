@@ -1,6 +1,6 @@
 """Asynchronous server with buffered, staleness-weighted merging (issue 26 §2).
 
-The regime (``[async]`` in a scenario; DESIGN.md, "Regimes") is FedBuff (Nguyen et al., "Federated
+The regime (``[async]`` in a scenario; see :mod:`.regimes`) is FedBuff (Nguyen et al., "Federated
 Learning with Buffered Asynchronous Aggregation", AISTATS 2022) and asynchronous DiLoCo (Liu et al.,
 "Asynchronous Local-SGD Training for Language Modeling", 2024): the clients do not wait for each
 other. It shares everything else with the synchronous federation (:class:`~.loop.Federation`, built

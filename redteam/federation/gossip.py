@@ -1,6 +1,6 @@
 """Serverless gossip: every node keeps its own model and merges its neighbours' (issue 26 §1).
 
-The regime (``[gossip]`` in a scenario; DESIGN.md, "Regimes") shares the round's shape and its
+The regime (``[gossip]`` in a scenario; see :mod:`.regimes`) shares the round's shape and its
 outputs with the data-parallel federation: the same workloads, partitions, attack and defense
 registries, and the same :class:`~redteam.types.RoundRecord` per round (the clients are the
 graph's nodes), so the store, reports, ``[[expect]]`` rows and the pytest plugin work unchanged.

@@ -1,6 +1,6 @@
 """The round loop: one federation, attacked and defended, deterministic under its seed.
 
-One round (DESIGN.md, "The flow of one round"), each stage a function of
+One round, each stage a function of
 :mod:`.stages`::
 
     churn → train (all clients batched; poisoned data, or a training hook, for attackers;

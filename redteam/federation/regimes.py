@@ -1,4 +1,4 @@
-"""The regime a scenario runs under (DESIGN.md, "Regimes"): one round shape, several topologies.
+"""The regime a scenario runs under: one round shape, several topologies.
 
 A scenario without ``[pipeline]`` is data-parallel (:class:`~.loop.Federation`: every client
 holds the whole model; a server, or a tree of sub-aggregators, merges their updates); with

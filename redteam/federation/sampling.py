@@ -5,7 +5,7 @@ Backdoor benchmarks (BackFed, Dao et al., arXiv 2507.04903; the SoK of Li et al.
 rounds; how the attackers are drawn into those rounds is the "fixed pool vs random
 sampling" question of Sun et al., "Can You Really Backdoor Federated Learning?" (2019).
 
-:class:`RoundPlan` is the one small interface the round loop asks (DESIGN.md, "Regimes"):
+:class:`RoundPlan` is the one small interface the round loop asks (see :mod:`.regimes`):
 for round r, :meth:`RoundPlan.draw` gives the participants, and :meth:`RoundPlan.roles`
 the clients that act maliciously in it. The loop has no branch on the protocol: every
 scenario has a plan, and the default plan (every online client, every round, the attack

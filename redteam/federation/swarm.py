@@ -8,7 +8,7 @@ al., "Exploring the Robustness of Pipeline-Parallelism-Based Decentralized Train
 attack such pipelines from a stage: tampered activations on the forward pass, tampered gradients
 on the backward pass, and lazy peers that skip their compute.
 
-The regime (``[pipeline]`` in a scenario; DESIGN.md, "Regimes") shares the round's shape and its
+The regime (``[pipeline]`` in a scenario; see :mod:`.regimes`) shares the round's shape and its
 outputs with the data-parallel federation: the same workload (the ``text`` byte-level transformer,
 cut into ``stages`` groups of layers), the same attack and defense registries, the same
 :class:`~redteam.types.RoundRecord` per round (the "clients" are the peers: ids

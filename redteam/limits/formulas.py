@@ -4,7 +4,7 @@ Pure functions of numbers (no torch); :mod:`.compute` feeds them the project's o
 sizes, manifest sizes and simulator draws. Units are SI unless the name says otherwise:
 bytes, seconds, bits per second, FLOP/s, watts.
 
-Sources (REFERENCES.md §1.4 and §4 collect them):
+Sources:
 
 * bandwidth — a payload of P values at b bits is P·b/8 bytes before compression; an upload
   takes bytes·8/uplink + RTT; the fluid minimum time to spread a file of S bytes from one

@@ -396,7 +396,7 @@ def breakdown(
 ) -> tuple[BreakdownRow, ...]:
     """Breakdown fraction of each (attack, defense, other settings) over the malicious-fraction
     axis: the smallest fraction whose seed-mean accuracy drop exceeds ``accuracy_margin`` or
-    whose seed-mean ASR exceeds ``asr_level`` (REFERENCES §1.3). Empty without such an axis;
+    whose seed-mean ASR exceeds ``asr_level``. Empty without such an axis;
     the no-attack cells (attack ``none``) are left out."""
     axis = axis or fraction_axis(cells)
     if axis is None:

@@ -211,7 +211,7 @@ def convergence_figure(curves: Sequence[Curve]) -> Any:
 
 def fraction_figure(report: Report) -> Any | None:
     """Accuracy drop (seed mean, 95 % interval) against the malicious fraction, one panel per
-    attack (and other-settings group), one line per defense (REFERENCES §1.3)."""
+    attack (and other-settings group), one line per defense."""
     axis = fraction_axis(report.cells)
     if axis is None:
         return None

@@ -1,8 +1,8 @@
 """A simulated uplink network: heterogeneous links, loss, relays, retries, deadline, churn.
 
-The model follows the straggler and churn parametrisation of REFERENCES §4 (the
+The model follows a common straggler and churn parametrisation (the
 synchronous-round time T_i = H·c_i + bytes_i/bw_i + RTT_i with log-normal device
-heterogeneity) and the BitTorrent-style verify-and-re-fetch of BEP 52 (§3.2).
+heterogeneity) and the BitTorrent-style verify-and-re-fetch of BEP 52.
 
 Devices. At construction every client i draws, once and for good, its uplink
 bandwidth bw_i = ``bandwidth_mbps``·exp(``bandwidth_sigma``·z), its link latency
