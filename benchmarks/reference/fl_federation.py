@@ -70,7 +70,7 @@ class Fed:
 
 
 def load(path: str) -> Fed:
-    z = np.load(path)
+    z = np.load(path, allow_pickle=False)  # arrays only: never unpickle a file
     t = torch.from_numpy
     return Fed(x=t(z["x"]), y=t(z["y"]), offsets=t(z["offsets"]), sizes=t(z["sizes"]), x_test=t(z["x_test"]),
                y_test=t(z["y_test"]), init=t(z["init"]), hidden=int(z["hidden"]), lr=float(z["lr"]),
