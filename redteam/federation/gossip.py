@@ -49,7 +49,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
@@ -63,6 +63,9 @@ from .params import ParamSpec
 from .partition import deal
 from .state import ClientStates
 from .training import BatchedTrainer, LocalTraining, StackedData
+
+if TYPE_CHECKING:
+    from .loop import RunResult
 
 __all__ = ["GossipRun", "gossip_step", "consensus_distance"]
 
@@ -313,16 +316,6 @@ def _batched_step(x: torch.Tensor, w: np.ndarray, merging: list[int], hoods: lis
                     res.rejected.setdefault(j, f"node {i}: {dec.reasons.get((r, k), 'rejected')}")
 
 
-@dataclass
-class _RunResult:
-    attack: str
-    defense: str
-    records: list[RoundRecord]
-    malicious: list[int]
-    params: dict[str, Any] = field(default_factory=dict)
-    wall_time_s: float = 0.0
-
-
 class GossipRun:
     """A gossip graph built from a scenario with ``[gossip]``; ``run()`` executes all rounds."""
 
@@ -469,7 +462,7 @@ class GossipRun:
         return send
 
     # ------------------------------------------------------------------ one run
-    def run(self, on_round: Callable[[RoundRecord], None] | None = None) -> _RunResult:
+    def run(self, on_round: Callable[[RoundRecord], None] | None = None) -> RunResult:
         if self._ran:
             raise RedteamError("this GossipRun has already run; build a new one for another run")
         self._ran = True
@@ -561,6 +554,8 @@ class GossipRun:
                 on_round(rec)
         self.final_models = x
         self.final_params = x[self.honest].mean(0)
-        return _RunResult(self.attack_spec.name, sc.defense_label(), records, list(self.malicious),
+        from .loop import RunResult
+
+        return RunResult(self.attack_spec.name, sc.defense_label(), records, list(self.malicious),
                           {"attack": dict(self.attack_spec.params), "defense": repr(self.defense)},
                           time.perf_counter() - t_run)

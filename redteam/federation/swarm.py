@@ -57,8 +57,8 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
@@ -70,6 +70,9 @@ from ..types import PipelineView, RoundRecord, ServerContext, StageContext, Surf
 from .builders import build_attack, build_defense, build_workload
 from .params import ParamSpec
 from .training import BatchedTrainer
+
+if TYPE_CHECKING:
+    from .loop import RunResult
 
 __all__ = ["SwarmRun", "stage_of_parameter"]
 
@@ -105,16 +108,6 @@ class _Peer:
     reputation: float = 1.0  # the router's trust: lowered by failed checks, raised by passed ones
     uplink_mbps: float = math.inf  # its upload bandwidth (inf: links not modelled)
     grad: torch.Tensor | None = None
-
-
-@dataclass
-class _RunResult:
-    attack: str
-    defense: str
-    records: list[RoundRecord]
-    malicious: list[int]
-    params: dict[str, Any] = field(default_factory=dict)
-    wall_time_s: float = 0.0
 
 
 class SwarmRun:
@@ -330,7 +323,7 @@ class SwarmRun:
         return pool[int(self._np["network"].choice(len(pool), p=w / w.sum()))]
 
     # ------------------------------------------------------------------ one run
-    def run(self, on_round: Callable[[RoundRecord], None] | None = None) -> _RunResult:
+    def run(self, on_round: Callable[[RoundRecord], None] | None = None) -> RunResult:
         if self._ran:
             raise RedteamError("this SwarmRun has already run; build a new one for another run")
         self._ran = True
@@ -532,6 +525,8 @@ class SwarmRun:
             if on_round is not None:
                 on_round(rec)
         self.final_params = params
-        return _RunResult(self.attack_spec.name, sc.defense_label(), records, list(self.malicious),
+        from .loop import RunResult
+
+        return RunResult(self.attack_spec.name, sc.defense_label(), records, list(self.malicious),
                           {"attack": dict(self.attack_spec.params), "defense": repr(self.defense)},
                           time.perf_counter() - t_run)
