@@ -42,6 +42,30 @@ def toy_pipeline(seed: int) -> Any:
                         data_x=w[:, :-1].contiguous(), data_y=w[:, 1:].contiguous(), peers_per_stage=2)
 
 
+def _judge_stage_tensor(plugin: Attack, label: str, hook: str, call: Any, g: Any, state: Any, ref: Any, what: str,
+                        snap: Any, where: str, tally: K.Tally) -> None:
+    """The checks a stage hook's tensor result shares: ``call(generator)`` returns the same shape,
+    dtype and device as ``ref``, finite (unless ``produces_nonfinite``), modifies nothing in
+    ``snap``, and gives the same result for a generator in the same state."""
+    import torch
+
+    got = K.call(label, hook, lambda: call(g), where, tally)
+    if got is K.REFUSED:
+        return
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(ref.shape) or got.dtype != ref.dtype \
+            or got.device != ref.device:
+        K.fail(label, K.P_SHAPE, f"{hook} returned {getattr(got, 'shape', type(got).__name__)}; the stage's {what} is "
+               f"{tuple(ref.shape)} {K.dtype_name(ref)} on {ref.device}", where)
+    if not getattr(plugin, "produces_nonfinite", False) and not K.finite(got):
+        K.fail(label, K.P_FINITE, f"{hook} returned non-finite entries from finite inputs", where)
+    if changed := K.mutated(snap):
+        K.fail(label, K.P_MUTATION, f"{hook} modified {', '.join(changed)} in place", where)
+    again = K.call(label, hook, lambda: call(K.regenerate(g, state)), where, None)
+    if not K.same(got, again):
+        K.fail(label, K.P_DETERMINISTIC, "two calls with generators in the same state differ", where)
+    tally.ok(hook)
+
+
 def check_stage_update(plugin: Attack, label: str, seed: int, where: str, tally: K.Tally) -> None:
     """A stage peer's update at the sync, on :func:`toy_pipeline`: same shape, dtype and device,
     finite, neither the update nor the view's parameters modified, the same output for the same
@@ -62,21 +86,7 @@ def check_stage_update(plugin: Attack, label: str, seed: int, where: str, tally:
                            pipeline=view)
         return plugin.tamper_stage_update(upd, ctx)
 
-    got = K.call(label, hook, lambda: call(g), where, tally)
-    if got is K.REFUSED:
-        return
-    if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(upd.shape) or got.dtype != upd.dtype \
-            or got.device != upd.device:
-        K.fail(label, K.P_SHAPE, f"{hook} returned {getattr(got, 'shape', type(got).__name__)}; the stage's update is "
-               f"{tuple(upd.shape)} {K.dtype_name(upd)} on {upd.device}", where)
-    if not getattr(plugin, "produces_nonfinite", False) and not K.finite(got):
-        K.fail(label, K.P_FINITE, f"{hook} returned non-finite entries from finite inputs", where)
-    if changed := K.mutated(snap):
-        K.fail(label, K.P_MUTATION, f"{hook} modified {', '.join(changed)} in place", where)
-    again = K.call(label, hook, lambda: call(K.regenerate(g, state)), where, None)
-    if not K.same(got, again):
-        K.fail(label, K.P_DETERMINISTIC, "two calls with generators in the same state differ", where)
-    tally.ok(hook)
+    _judge_stage_tensor(plugin, label, hook, call, g, state, upd, "update", snap, where, tally)
 
 
 def check_stage(plugin: Attack, label: str, hook: str, seed: int, where: str, tally: K.Tally) -> None:
@@ -100,21 +110,7 @@ def check_stage(plugin: Attack, label: str, hook: str, seed: int, where: str, ta
             return plugin.tamper_activation(out, inp, ctx)
         return plugin.tamper_gradient(out, ctx)
 
-    got = K.call(label, hook, lambda: call(g), where, tally)
-    if got is K.REFUSED:
-        return
-    if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(out.shape) or got.dtype != out.dtype \
-            or got.device != out.device:
-        K.fail(label, K.P_SHAPE, f"{hook} returned {getattr(got, 'shape', type(got).__name__)}; the stage's tensor is "
-               f"{tuple(out.shape)} {K.dtype_name(out)} on {out.device}", where)
-    if not getattr(plugin, "produces_nonfinite", False) and not K.finite(got):
-        K.fail(label, K.P_FINITE, f"{hook} returned non-finite entries from finite inputs", where)
-    if changed := K.mutated(snap):
-        K.fail(label, K.P_MUTATION, f"{hook} modified {', '.join(changed)} in place", where)
-    again = K.call(label, hook, lambda: call(K.regenerate(g, state)), where, None)
-    if not K.same(got, again):
-        K.fail(label, K.P_DETERMINISTIC, "two calls with generators in the same state differ", where)
-    tally.ok(hook)
+    _judge_stage_tensor(plugin, label, hook, call, g, state, out, "tensor", snap, where, tally)
 
 
 def check_gossip(plugin: Attack, label: str, ctx: Any, where: str, tally: K.Tally) -> None:
