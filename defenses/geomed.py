@@ -94,7 +94,8 @@ class GeometricMedian(Aggregator):
 
     Rows with a non-finite entry are left out (and reported as rejected).
     ``Decision.state`` reports ``iterations``, ``converged`` and ``objective``
-    (F with the αᵢ normalised to sum 1, i.e. the weighted mean distance);
+    (F with the αᵢ normalised to sum 1, i.e. the weighted mean distance; inf when that exceeds
+    float64, as it can for rows near float64's largest value);
     ``Decision.weights`` are the final Weiszfeld coefficients cᵢ (aggregate = Σ cᵢ xᵢ).
     """
 
@@ -142,9 +143,16 @@ class GeometricMedian(Aggregator):
             # with ν times 2ᵏ is the same iteration (distances and ν scale alike), in those units
             scaled, k = rescale_pow2(rows.to(torch.float64), low=0.0, high=HUGE64)
             if k:
-                gram, nu = gram64(scaled), math.ldexp(self.nu, k)
+                # ν in those units; the smallest subnormal if 2ᵏν underflows (ν must stay > 0)
+                gram, nu = gram64(scaled), max(math.ldexp(self.nu, k), math.ulp(0.0))
         c, it, converged, obj = weiszfeld(gram, alpha, nu=nu, tol=self.tol, max_iter=self.max_iter, init=self.init)
-        obj = math.ldexp(obj, -k) if k else obj
+        if k:
+            # back in the rows' units; the weighted mean distance of rows near float64's top can
+            # itself exceed the largest float64: it is then reported as inf (it is not finite there)
+            try:
+                obj = math.ldexp(obj, -k)
+            except OverflowError:
+                obj = math.inf
         w = c.to(updates.dtype)
         agg = combine(c, rows, convex=True) if bool(torch.isfinite(c).all()) else w @ rows
         return Decision(

@@ -7,6 +7,12 @@ test went from 1.6 s to 392 s at load 12. The runs the project starts itself fol
 ``redteam.runner.threads`` (one thread for small federations); the tests now do the same: one
 intra-op thread per test process (``REDTEAM_TEST_THREADS=N`` to change it), and a test that
 needs more says so with ``@pytest.mark.threads(N)``.
+
+The property tests draw the same inputs on every run (hypothesis profile ``ci``: derandomized,
+no example database), so a change lands or fails on its own merits, not on the inputs one run
+happened to draw. ``REDTEAM_HYPOTHESIS=explore`` draws fresh inputs each run (and keeps the
+failures hypothesis finds in its database) to hunt for new counter-examples; pin each one
+found as an ``@example`` (or a test of its own) before fixing it.
 """
 
 from __future__ import annotations
@@ -15,6 +21,15 @@ import os
 
 import pytest
 import torch
+from hypothesis import settings
+
+settings.register_profile("ci", derandomize=True, database=None)
+settings.register_profile("explore", derandomize=False)
+_PROFILE = os.environ.get("REDTEAM_HYPOTHESIS", "ci")
+if _PROFILE not in ("ci", "explore"):
+    raise pytest.UsageError(f"REDTEAM_HYPOTHESIS = {_PROFILE!r}: must be 'ci' (the same inputs every run) "
+                            "or 'explore' (fresh inputs each run)")
+settings.load_profile(_PROFILE)
 
 
 def _suite_threads() -> int:

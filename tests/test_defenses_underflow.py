@@ -132,6 +132,18 @@ def test_geometric_median_of_huge_rows_is_computed_not_refused():
     assert got.state["iterations"] == ref.state["iterations"]
 
 
+def test_geometric_median_whose_mean_distance_exceeds_float64_reports_an_infinite_objective():
+    # three rows at ±1.7e308 on the diagonals: by symmetry the median is near the middle, every row
+    # lies about √2·1.7e308 ≈ 2.4e308 from it, so the mean distance F is above float64's 1.8e308;
+    # the median itself is finite (found before: OverflowError while unscaling F)
+    a = 1.7e308
+    x = torch.tensor([[a, a], [-a, -a], [a, -a]], dtype=torch.float64)
+    d = GeometricMedian()(x)
+    assert d.state["objective"] == float("inf")
+    assert bool(torch.isfinite(d.aggregate).all()) and float(d.aggregate.abs().max()) < a
+    assert d.state["converged"]
+
+
 def test_float32_foolsgold_keeps_tiny_directions():
     # float32 products of entries below ~1e-19 underflow float32: every cosine was 0
     x = sybils().to(torch.float32)

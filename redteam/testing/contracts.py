@@ -1,8 +1,10 @@
 """The contracts every attack and defense plugin must pass: ``check_attack``, ``check_defense``.
 
 Both take a registry name (``"krum"``), a plugin class, or an instance, and by default
-run ``max_examples`` generated inputs through hypothesis (fresh ones every run unless
-``derandomize=True``; a failure prints the input's reproduce line). ``check_defense``
+run ``max_examples`` generated inputs through hypothesis (``derandomize``: ``True`` the same
+inputs every run, ``False`` fresh ones, ``None`` whatever the loaded hypothesis settings
+profile says, fresh ones unless a profile sets ``derandomize``; a failure prints the input's
+reproduce line). ``check_defense``
 also runs a fixed list of degenerate inputs every time (:data:`DEGENERATE`: n = 1,
 d = 1, all-zero rows, identical rows, rows near the dtype's overflow, NaN/±Inf rows). Given an explicit input (``ctx=`` / ``data=`` for an attack,
 ``updates=`` for a defense) they check that one input only, which is how to use them
@@ -138,8 +140,11 @@ def _resolve(obj: Any, params: Mapping[str, Any] | None, kind: str, base: type) 
     return plugin, label
 
 
-def _run(strategy: Any, body: Callable[[Any], None], max_examples: int, derandomize: bool) -> None:
+def _run(strategy: Any, body: Callable[[Any], None], max_examples: int, derandomize: bool | None) -> None:
     from hypothesis import HealthCheck, given, settings
+
+    if derandomize is None:  # the loaded profile's (a test suite's conftest may pin it)
+        derandomize = bool(settings.default.derandomize)
     from hypothesis.control import currently_in_test_context
 
     if currently_in_test_context():
@@ -179,7 +184,7 @@ def check_attack(
     sample_shape: tuple[int, ...] = (64,),
     ctx: AttackContext | None = None,
     data: ClientData | None = None,
-    derandomize: bool = True,
+    derandomize: bool | None = None,
 ) -> ContractReport:
     """Check the attack contracts (module docstring) and return what was covered.
 
@@ -322,7 +327,7 @@ def check_defense(
     ctx: Any = None,
     permutation: Sequence[int] | None = None,
     consensus_norm: float = 1e-2,
-    derandomize: bool = False,
+    derandomize: bool | None = None,
     degenerate: bool = True,
 ) -> ContractReport:
     """Check the defense contracts (module docstring) and return what was covered.
