@@ -127,11 +127,11 @@ def test_nothing_is_left_behind(site):
     assert not (EXAMPLE / "build").exists() and not list(EXAMPLE.glob("*.egg-info"))
 
 
-def test_readme_shows_the_example_verbatim():
-    readme = (EXAMPLE.parents[1] / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("### Write an attack in 20 lines"):]
+def test_docs_show_the_example_verbatim():
+    page = (EXAMPLE.parents[1] / "docs" / "plugin-example.md").read_text(encoding="utf-8")
+    section = page[page.index("# Write an attack in 20 lines"):]
     source = (EXAMPLE / "redteam_example_attack" / "__init__.py").read_text(encoding="utf-8")
-    assert f"```python\n{source}```" in section, "README's example is out of date with examples/"
+    assert f"```python\n{source}```" in section, "docs/plugin-example.md's example is out of date with examples/"
     assert 'example_scale = "redteam_example_attack:ScaledFlip"' in (EXAMPLE / "pyproject.toml").read_text()
     assert 'example_scale = "redteam_example_attack:ScaledFlip"' in section
     assert 'check_attack("example_scale")' in section
