@@ -28,7 +28,7 @@ comparable figure. Nothing is asserted.
 
 Measured
 --------
-See the README's "Asynchronous server" section for the figures measured on this machine.
+See docs/regimes.md, "Asynchronous server", for the figures measured on this machine.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ batched wire lanes of issue 13 §3's second pass in the same session, back to ba
 At 1,000 clients the stages beside training then take 9.8 ms per round instead of 27.2
 (thread CPU time: chunk + manifests 5.3 → 3.2 ms, transport 13.2 → 2.9, receive + decode
 5.3 → 0.9, defend 1.5 → 1.3, encode 0.7 → 0.6), two SHA-256 passes over every chunk
-included. See README.md, "Scale".
+included. See docs/benchmarks.md, "Scale".
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
 Each table's scenario files run with ``redteam matrix FILE --out OUT/<file stem>
 --executor process --workers N`` (``--resume`` when the store exists, so an interrupted
 run continues); then the stores are read and the table printed as Markdown (the
-README's "Literature reproduced" tables are this output). ``--store DIR`` reads extra
+tables of docs/literature.md are this output). ``--store DIR`` reads extra
 stores (e.g. from a run of a subset of a table's cells) instead of running anything.
 
 Published numbers. Karimireddy, He & Jaggi (ICLR 2022) show their MNIST runs with worker

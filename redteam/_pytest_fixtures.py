@@ -1,8 +1,8 @@
 """The fixtures of the redteam pytest plugin (``redteam.pytest_plugin`` registers them).
 
 ``redteam_registries``, ``redteam_federation``, ``run_cell``, ``attack_vs_all_defenses``,
-``redteam_ledger``, ``check_attack``, ``check_defense``: see each docstring and the
-README, "``pytest -m attacks``". Nothing heavy is imported until a fixture is used.
+``redteam_ledger``, ``check_attack``, ``check_defense``: see each docstring and
+docs/pytest-plugin.md. Nothing heavy is imported until a fixture is used.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ _EPILOG = textwrap.dedent(
       redteam workloads list                           models + data you can train
 
     A scenario file (TOML) names a workload, a federation, its transport and hierarchy,
-    one attack and one defense (or a pipeline). See README.md, "Scenario files".
+    one attack and one defense (or a pipeline). See docs/scenarios.md.
     """
 )
 
@@ -69,7 +69,7 @@ def _leaf_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> a
 
 
 _THREADS_HELP = ("intra-op threads per run: auto (default: 1 for small federations, a share of the cores "
-                 "for large models) or N; env REDTEAM_THREADS (README, \"Threads\")")
+                 "for large models) or N; env REDTEAM_THREADS (docs/running.md, \"Threads\")")
 
 
 def _threads_arg(value: str) -> str | int:
@@ -414,7 +414,7 @@ def _refuse_empty(doc: dict[str, Any], path: Any) -> None:
 
     if not doc:
         raise InvalidScenario(f"{terminal_safe(path)}: the scenario file is empty (no tables); "
-                              "see README.md, \"Scenario files\" (e.g. scenarios/smoke.toml)")
+                              "see docs/scenarios.md (e.g. scenarios/smoke.toml)")
 
 
 def _base_cell_only(doc: dict[str, Any], path: Any) -> None:

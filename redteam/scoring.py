@@ -1,6 +1,6 @@
 """Every metric, defined once. The scorer reads only :class:`~redteam.types.RoundRecord` lists.
 
-Definitions (also in the README's "Metrics" section):
+Definitions (also in docs/reports.md, "Metrics"):
 
 * ``final_accuracy`` / ``final_loss``: clean test accuracy and loss after the last round.
 * ``final_accuracy_last_k``: the mean clean accuracy of the last k evaluations (rounds),

@@ -29,7 +29,7 @@ def register(sub: Any) -> None:
             from their results stores when [limits.results] names them.
 
             Prints a summary; with --out writes DIR/limits.json (redteam.limits/v1) and DIR/limits.html
-            (plots). Every formula and its source is in README.md, "redteam limits"."""
+            (plots). Every formula and its source is in docs/limits.md."""
         ),
         epilog="example:\n  redteam limits scenarios/limits.toml --out results/limits",
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -2,7 +2,7 @@
 
 Every table and key is checked; a mistake is one ``InvalidScenario`` line naming the file,
 the key, the value and what was expected. See ``scenarios/limits.toml`` for every key with
-a comment, and README "redteam limits" for the formulas they feed.
+a comment, and docs/limits.md for the formulas they feed.
 """
 
 from __future__ import annotations

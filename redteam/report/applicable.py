@@ -19,7 +19,7 @@ import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-# metrics defined only for language models (README, Metrics), defined once in scoring
+# metrics defined only for language models (docs/reports.md, Metrics), defined once in scoring
 from ..scoring import LANGUAGE_MODEL_METRICS
 
 __all__ = ["LANGUAGE_MODEL_METRICS", "language_model", "store_workloads", "workload_is_language_model"]

@@ -396,7 +396,7 @@ def _prepare(path: str | Path, out: str | Path, executor: str, workers: int | No
     p = Path(path)
     base, matrix, doc = load_matrix(p)
     if not doc:
-        raise InvalidScenario(f"{p}: the scenario file is empty (no tables); see README.md, \"Scenario files\"")
+        raise InvalidScenario(f"{p}: the scenario file is empty (no tables); see docs/scenarios.md")
     check_output_dir(out, option="--out")
     if executor != "ray":  # a Ray cluster's workers may have devices this driver lacks
         from ..federation.loop import resolve_device

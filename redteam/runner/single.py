@@ -1,6 +1,6 @@
 """Run one scenario: its attack and defense, and its no-attack baseline with the same seed.
 
-The JSON document this module produces is a stable, documented interface (README,
+The JSON document this module produces is a stable, documented interface (docs/running.md,
 "The JSON output")::
 
     {
