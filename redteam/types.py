@@ -584,6 +584,11 @@ class Defense:
         return self.decide(updates, ctx)
 
     def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:  # pragma: no cover
+        """Aggregate one round: ``updates`` are its ``(n, d)`` rows (n ≥ 1), ``ctx`` what the
+        server may see. Return a :class:`Decision`: a ``(d,)`` aggregate in the updates' dtype and
+        device, an ``(n,)`` bool ``accepted`` mask, a reason for each rejected row. A rule that
+        cannot work on an input raises :class:`~redteam.errors.InvalidParameter` (built with
+        :func:`param_error`)."""
         raise NotImplementedError
 
 
