@@ -16,6 +16,7 @@ pipeline is written as ``[defense] pipeline = [{name = "norm_bound", bound = 3.0
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
@@ -195,18 +196,18 @@ class Pipeline(Defense):
 
         def sub_ctx(i: int, keep: "torch.Tensor | None" = None) -> ServerContext:
             sel = idx if keep is None else idx[keep]
-            ids = tuple(ctx.client_ids[j] for j in sel.tolist()) if ctx.client_ids else tuple(sel.tolist())
-            return ServerContext(
-                round=ctx.round,
+            live = sel.tolist()
+            ids = tuple(ctx.client_ids[j] for j in live) if ctx.client_ids else tuple(live)
+            # every oracle of the round passes through (server data, assigned pages, commitments,
+            # replays); the merging node's own row keeps its place among the live rows
+            own = live.index(ctx.own_row) if ctx.own_row is not None and ctx.own_row in live else None
+            return dataclasses.replace(
+                ctx,
                 n_clients=int(sel.shape[0]),
                 weights=weights,
-                global_params=ctx.global_params,
-                previous_update=ctx.previous_update,
-                generator=ctx.generator,
                 state=ctx.state.get(str(i), {}) if isinstance(ctx.state, Mapping) else {},
-                evaluate_loss=ctx.evaluate_loss,
-                root_update=ctx.root_update,
                 client_ids=ids,
+                own_row=own,
             )
 
         for i, st in enumerate(self.stages):

@@ -66,6 +66,10 @@ Definitions (also in docs/reports.md, "Metrics"):
   squared distance of the honest models to their mean after the last round;
   ``spectral_gap``: 1 − the second-largest eigenvalue modulus of the mixing matrix, averaged over
   the rounds (a time-varying graph has one per round). ``None`` for the other regimes.
+* spot-check replay (:func:`verification_metrics`; defenses/spot_check.py):
+  ``verification_cost`` (replayed peer trainings ÷ peer trainings), ``rounds_to_catch`` (rounds a
+  caught cheat took part in up to its catch, averaged) and ``uncaught_cheats``. ``None`` without
+  spot checks.
 
 Undefined metrics (issue 22 §2). A metric that cannot be computed for a run is ``None``,
 never a crash and never NaN/inf: :func:`summarize` computes each metric (or group of
@@ -111,6 +115,7 @@ __all__ = [
     "durability",
     "pipeline_metrics",
     "gossip_metrics",
+    "verification_metrics",
     "UNDEFINED",
     "undefined_reasons",
 ]
@@ -378,6 +383,41 @@ def reward_metrics(records: Sequence[RoundRecord]) -> dict[str, float | None]:
     return {"reward_share": share, "cheat_reward_ratio": share / f if f > 0 else None}
 
 
+def verification_metrics(records: Sequence[RoundRecord]) -> dict[str, float | None]:
+    """A spot-check verifier's cost and catches (defenses/spot_check.py,
+    ``RoundRecord.extra["spot_check"]``: the round's checked client ids, its row count, and the
+    clients caught so far with the round each was caught in).
+
+    * ``verification_cost``: replayed peer trainings ÷ peer trainings, over the run (the
+      verifier's extra compute as a share of the training; about the checked fraction p);
+    * ``rounds_to_catch``: for each malicious client caught, the rounds it took part in as an
+      attacker up to and including the round it was caught in, averaged (a geometric count with
+      mean 1/p when each round checks it with probability p and every check catches it);
+    * ``uncaught_cheats``: malicious clients that took part as attackers and were never caught.
+
+    All ``None`` without spot checks."""
+    info = [r for r in records if isinstance(r.extra.get("spot_check"), dict)]
+    out: dict[str, float | None] = {"verification_cost": None, "rounds_to_catch": None, "uncaught_cheats": None}
+    if not info:
+        return out
+    checked = sum(len(r.extra["spot_check"].get("checked", ())) for r in info)
+    rows = sum(int(r.extra["spot_check"].get("rows", 0)) for r in info)
+    out["verification_cost"] = checked / rows if rows else None
+    caught: dict[int, int] = {}
+    for r in info:
+        for c, at in dict(r.extra["spot_check"].get("caught") or {}).items():
+            caught[int(c)] = min(int(at), caught.get(int(c), int(at)))
+    acted: dict[int, list[int]] = {}
+    for r in records:
+        for c, (bad, part) in enumerate(zip(r.malicious, r.participating)):
+            if bad and part:
+                acted.setdefault(c, []).append(int(r.round))
+    took = [sum(1 for t in rounds if t <= caught[c]) for c, rounds in acted.items() if c in caught]
+    out["rounds_to_catch"] = sum(took) / len(took) if took else None
+    out["uncaught_cheats"] = sum(1 for c in acted if c not in caught) if acted else None
+    return out
+
+
 def envelope(records: Sequence[RoundRecord]) -> dict[str, float | None]:
     """Envelope utilisation: how close *accepted malicious* updates came
     to the validation bounds, over all rounds.
@@ -461,6 +501,9 @@ METRICS: dict[str, str] = {
     "reward_share": "rewarding validator: the malicious peers' share of the round's reward pool (mean over rounds)",
     "cheat_reward_ratio": "rewarding validator: reward_share ÷ the malicious peers' share of the participants "
                           "(1: paid like an average peer)",
+    "verification_cost": "spot-check: replayed peer trainings ÷ peer trainings (the verifier's extra compute)",
+    "rounds_to_catch": "spot-check: rounds a caught cheat took part in, up to the one it was caught in (mean)",
+    "uncaught_cheats": "spot-check: malicious peers that took part and were never caught",
 }
 
 
@@ -483,6 +526,7 @@ HIGHER_IS_BETTER: dict[str, bool] = {
                      "near_miss_trigger_rate", "asr_at_end_of_window", "asr_after_k", "backdoor_lifespan",
                      "detection_latency", "undetected_attackers", "check_overhead", "lost_micro_batches", "lost_work", "idle_share",
                      "worst_honest_loss", "consensus_distance", "reward_share", "cheat_reward_ratio",
+                     "verification_cost", "rounds_to_catch", "uncaught_cheats",
                      "rounds_to_target", "rounds_to_target_loss", "slowdown_rounds", "rejected_updates",
                      "dropped_updates", "wall_time_per_round_s", "defense_time_per_round_s", "sim_time_s"), False),
 }
@@ -495,7 +539,9 @@ METRIC_RANGES: dict[str, tuple[float | None, float | None]] = {
     **dict.fromkeys(("final_accuracy", "final_accuracy_last_k", "asr", "precision", "recall", "f1", "fpr",
                      "false_trigger_rate", "near_miss_trigger_rate", "asr_at_end_of_window",
                      "accuracy_at_end_of_window", "asr_after_k", "lifespan_censored", "lost_work", "idle_share",
-                     "worst_honest_accuracy", "spectral_gap", "reward_share"), (0.0, 1.0)),
+                     "worst_honest_accuracy", "spectral_gap", "reward_share", "verification_cost"), (0.0, 1.0)),
+    "rounds_to_catch": (1.0, None),
+    "uncaught_cheats": (0.0, None),
     "cheat_reward_ratio": (0.0, None),
     "accuracy_drop": (-1.0, 1.0),
     "envelope_cos": (-1.0, 1.0),
@@ -593,6 +639,7 @@ def summarize(
     put(("worst_honest_accuracy", "worst_honest_loss", "consensus_distance", "spectral_gap"),
         lambda: gossip_metrics(records))
     put(("reward_share", "cheat_reward_ratio"), lambda: reward_metrics(records))
+    put(("verification_cost", "rounds_to_catch", "uncaught_cheats"), lambda: verification_metrics(records))
     if baseline is not None:
         put(("accuracy_drop",), lambda: accuracy_drop(records, baseline))
 

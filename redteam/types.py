@@ -333,6 +333,11 @@ class ServerContext:
     #: its commit time in units of the commit window, which closes at 1.0 when reveals open);
     #: ``None`` where the engine runs no commit phase
     commits: Mapping[int, tuple[str, float]] | None = None
+    #: spot-check replay (defenses/spot_check.py): recompute, honestly, the named clients' updates
+    #: of this round from what they committed to (the round's global model, their batch seed and
+    #: their assigned data), one row per client id, ``(k, d)``; the verifier's own compute.
+    #: ``None`` where the engine cannot replay the local procedure
+    replay_work: Callable[[tuple[int, ...]], "torch.Tensor"] | None = None
 
     @classmethod
     def default(cls, updates: "torch.Tensor", **overrides: Any) -> "ServerContext":

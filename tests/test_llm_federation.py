@@ -195,7 +195,10 @@ def test_every_registered_plugin_runs_on_text_or_refuses_in_one_line(tmp_path: P
     # every defense runs, but a pipeline's hop checks, which refuse a data-parallel run in one line
     hop_checks = {d for d in redteam.DEFENSES.names() if getattr(redteam.DEFENSES.get(d), "acts_at", None) == "pipeline"}
     assert hop_checks and all("needs a [pipeline] section" in refused[d] for d in hop_checks)
-    assert not any(d in refused for d in redteam.DEFENSES.names() if d != "mean" and d not in hop_checks)
+    # and spot-check replay, which cannot redo AdamW's inner steps (per-client moments) and says so
+    replays = {d for d in redteam.DEFENSES.names() if getattr(redteam.DEFENSES.get(d), "replays_work", False)}
+    assert replays and all("local_optimizer = 'adamw'" in refused[d] for d in replays)
+    assert not any(d in refused for d in redteam.DEFENSES.names() if d != "mean" and d not in hop_checks | replays)
     for name in ("sign_flip", "alie", "ipm", "min_max", "trigger_phrase", "outer_push", "outer_replacement"):
         assert name not in refused, refused.get(name)
     assert "pixel pattern needs float image inputs" in refused["backdoor"]

@@ -131,6 +131,9 @@ class AsyncRun:
         if surfaces - _SURFACES:
             raise InvalidParameter(f"attack {fed.attack_spec.name!r} acts on {', '.join(sorted(surfaces - _SURFACES))}; "
                                    "the [async] regime takes update, data, training and async attacks")
+        from .builders import refuse_replay
+
+        refuse_replay(fed.defense, "[async]")
         for st in tuple(getattr(fed.defense, "stages", ()) or (fed.defense,)):
             at = getattr(st, "acts_at", None)
             if at in ("transport", "admission"):

@@ -119,3 +119,13 @@ def needs_server_data(*defenses: Defense) -> bool:
                 if rule is None or getattr(stage, rule[0], None) == rule[1]:
                     return True
     return False
+
+
+def refuse_replay(defense: Defense, regime: str) -> None:
+    """Spot-check replay (a stage with ``replays_work = True``, defenses/spot_check.py) is wired
+    into the server's synchronous round only: refuse it, by name, in another regime."""
+    for stage in tuple(getattr(defense, "stages", ()) or (defense,)):
+        if getattr(stage, "replays_work", False):
+            raise InvalidParameter(f"[defense]: {type(stage).__name__} replays peers' local training from the "
+                                   f"round's inputs, which the {regime} regime does not record; it runs in the "
+                                   "server's synchronous round (no [gossip], [async] or [pipeline] section)")

@@ -373,6 +373,9 @@ class GossipRun:
                                    "no transport, no pipeline)")
         honest_deg = int(adj[self.honest].sum(1).max()) if self.honest else 0
         self.defense = build_defense(scenario.defense, n_malicious=f, most_updates=honest_deg + 1)
+        from .builders import refuse_replay
+
+        refuse_replay(self.defense, "[gossip]")
         if needs_server_data(self.defense):
             raise InvalidParameter(f"[defense] {scenario.defense_label()}: the rule needs server-held data, and the "
                                    "[gossip] regime has no server; use a rule without server data")

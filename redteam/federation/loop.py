@@ -313,6 +313,18 @@ class Federation:
 
         self.compressor = build_compressor(scenario.transport)
         self.codec_label = self.compressor.codec.spec
+        # spot-check replay (defenses/spot_check.py): a verifier recomputes a peer's round from what
+        # it committed to (the global model, its batch seed, its assigned = clean data)
+        self.replays_work = any(getattr(st, "replays_work", False) for st in stages_)
+        self.committed_data: StackedData | None = None
+        if self.replays_work:
+            _check_replayable(scenario, self.compressor.codec)
+            if Surface.DATA not in self.attack.surfaces:  # every client trains on the data it was dealt
+                self.committed_data = self.data
+            elif self._phases[0][0] is not self.data:  # the clean phase's data (a windowed data attack)
+                self.committed_data = self._phases[0][0]
+            else:
+                self.committed_data = StackedData.stack(clean).to(self.device)
         net = scenario.transport.network
         self.network = Network(
             NetworkConfig(**{k: getattr(net, k) for k in net.__dataclass_fields__}), n, self._np["network"]
@@ -501,6 +513,29 @@ class Federation:
                     **({"upper_defense": repr(self.upper_defense)} if self.hierarchy.depth > 1 else {})},
             wall_time_s=time.perf_counter() - t_run,
         )
+
+
+def _check_replayable(scenario: Scenario, codec: Any) -> None:
+    """A spot-check verifier can replay a peer's round only from inputs it can hold: refuse,
+    naming the setting, a scenario whose local procedure carries client state or whose codec
+    changes the update (the replayed update could never match what the peer sent)."""
+    fed = scenario.federation
+    why = []
+    if fed.local_optimizer != "sgd":
+        why.append(f"[federation] local_optimizer = {fed.local_optimizer!r} keeps per-client moments the verifier "
+                   "does not hold (use \"sgd\")")
+    if fed.sampling != "with_replacement":
+        why.append(f"[federation] sampling = {fed.sampling!r} keeps each client's place in its data stream "
+                   "(use \"with_replacement\")")
+    if fed.client_momentum:
+        why.append(f"[federation] client_momentum = {fed.client_momentum} sends a momentum of past rounds "
+                   "(use 0)")
+    if not getattr(codec, "lossless", False):
+        why.append(f"[transport] codec = {codec.spec!r} is lossy: the update received is not the update trained "
+                   "(use \"none\")")
+    if why:
+        raise InvalidParameter("[defense] spot_check replays a peer's local training from the round's inputs, "
+                               "which this scenario does not allow: " + "; ".join(why))
 
 
 def _fill_image_shape(spec: PluginSpec, shape: tuple[int, ...]) -> PluginSpec:

@@ -120,6 +120,8 @@ def train(fed: "Federation", part_t: torch.Tensor, params: torch.Tensor, hook: T
         k = np.where(k >= 1, k, h)
         fed._client_steps = dict(zip(part_t.tolist(), k.tolist()))
         steps_t = torch.as_tensor(k, dtype=torch.int64, device=part_t.device)
+    if fed.replays_work:  # what a spot-check verifier needs to replay this call (ServerContext.replay_work)
+        fed._replay_inputs = (fed._torch["train"].get_state(), part_t, steps_t, _draws(fed, part_t))
     local = fed.trainer.train(params, fed.data, part_t, fed.local, fed._torch["train"], states=fed.states,
                               hook=hook, hook_rows=hook_rows, hook_generator=fed._torch["attack"],
                               client_steps=steps_t)
@@ -129,6 +131,40 @@ def train(fed: "Federation", part_t: torch.Tensor, params: torch.Tensor, hook: T
     if fedspec.client_momentum and fedspec.malicious_momentum == "raw" and fed.attack.surfaces:
         raw = torch.as_tensor(fed.roles[part_t.cpu().numpy()], dtype=torch.bool, device=deltas.device)
     return apply_momentum(fed.states, part_t, deltas, fedspec.client_momentum, fedspec.momentum_form, raw)
+
+
+def _draws(fed: "Federation", part_t: torch.Tensor) -> int:
+    """How many batch draws :meth:`~.training.BatchedTrainer.train` makes from the round's stream:
+    the federation's step count, or under ``local_epochs`` the most steps any participant runs
+    on the data it actually trains on."""
+    cfg = fed.local
+    if cfg.epochs is None:
+        return int(cfg.steps)
+    sizes = fed.data.sizes.to(part_t.device)[part_t].to(torch.float64)
+    return int(torch.ceil(cfg.epochs * sizes / cfg.batch_size).max()) if int(part_t.shape[0]) else 0
+
+
+def _replay_work(fed: "Federation", params: torch.Tensor) -> Callable[[tuple[int, ...]], torch.Tensor] | None:
+    """``ServerContext.replay_work``: the named participants' honest updates of this round,
+    recomputed from the round's global model, the batch stream's state before training and
+    their assigned (clean) data."""
+    inputs = getattr(fed, "_replay_inputs", None)
+    if not fed.replays_work or inputs is None:
+        return None
+    state, part_t, steps_t, draws = inputs
+    where = {int(c): i for i, c in enumerate(part_t.tolist())}
+
+    def replay(clients: tuple[int, ...]) -> torch.Tensor:
+        missing = [int(c) for c in clients if int(c) not in where]
+        if missing:
+            raise RedteamError(f"replay_work: client(s) {missing} did not train this round; a verifier can replay "
+                               "only this round's participants")
+        rows = [where[int(c)] for c in clients]
+        local = fed.trainer.replay(params, fed.committed_data, part_t, fed.local, state, rows, draws=draws,
+                                   client_steps=steps_t)
+        return local - params
+
+    return replay
 
 
 # ------------------------------------------------------------------ craft
@@ -277,6 +313,7 @@ def defend(fed: "Federation", rnd: int, rec: Received, tx: Any, params: torch.Te
     root_update = _root_update(fed, params)
     evaluate_assigned = _evaluate_assigned(fed, params)
     commits = _commits(fed, rec, row_clients, upd, actx, extra) if _wants_commits(fed) else None
+    replay_work = _replay_work(fed, params)
 
     def make_ctx(wts: torch.Tensor, rows_: list[int], key: str) -> ServerContext:
         # a bottom node's inputs are its clients; an upper node's are its children
@@ -296,6 +333,7 @@ def defend(fed: "Federation", rnd: int, rec: Received, tx: Any, params: torch.Te
             client_ids=tuple(members),
             evaluate_loss_assigned=evaluate_assigned,
             commits=commits,
+            replay_work=replay_work,
         )
 
     ctx_h = actx if Surface.HIERARCHY in fed.attack.surfaces else None
@@ -344,11 +382,19 @@ def _evaluate_loss(fed: "Federation", params: torch.Tensor) -> Callable[[torch.T
 
 def _verification_telemetry(state: dict[str, dict], n_groups: int) -> dict[str, Any]:
     """Per-peer rewards, round scores and ratings of a rewarding validator (defenses/gauntlet.py),
-    from its bottom nodes' states (a pipeline's stages too), for ``RoundRecord.extra``."""
+    and a spot-check verifier's replays and catches (defenses/spot_check.py), from the bottom
+    nodes' states (a pipeline's stages too), for ``RoundRecord.extra``."""
     out: dict[str, Any] = {}
     for gi in range(n_groups):
         st = state.get(f"0.{gi}", {})
         for stage in [v for k, v in sorted(st.items()) if k.isdigit() and isinstance(v, dict)] or [st]:
+            spot = stage.get("spot_check")
+            if isinstance(spot, dict):  # defenses/spot_check.py: replays this round, catches so far
+                sc = out.setdefault("spot_check", {"checked": [], "rows": 0, "caught": {}})
+                sc["checked"] = sorted(set(sc["checked"]) | set(spot.get("checked", ())))
+                sc["rows"] += int(spot.get("rows", 0))
+                for c, r in dict(stage.get("caught") or {}).items():
+                    sc["caught"][int(c)] = min(int(r), sc["caught"].get(int(c), int(r)))
             if isinstance(stage.get("rewards"), dict):
                 for key in ("rewards", "scores", "flags"):
                     out.setdefault(key, {}).update(stage.get(key) or {})

@@ -195,6 +195,9 @@ class SwarmRun:
         self.defense = build_defense(scenario.defense, n_malicious=len(bad), most_updates=P)
         from .builders import needs_server_data
 
+        from .builders import refuse_replay
+
+        refuse_replay(self.defense, "[pipeline]")
         if needs_server_data(self.defense):
             raise InvalidParameter(f"[defense] {scenario.defense_label()}: the rule needs server-held data (a root "
                                    "dataset), which the [pipeline] regime has none of; use a rule without server data")

@@ -236,6 +236,68 @@ class BatchedTrainer:
             sampler.save()
         return params
 
+    def replay(
+        self,
+        global_params: torch.Tensor,
+        data: StackedData,
+        clients: torch.Tensor,
+        cfg: LocalTraining,
+        generator_state: torch.Tensor,
+        rows: list[int],
+        *,
+        draws: int,
+        client_steps: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Recompute honestly the local parameters of the participants at positions ``rows``
+        of one :meth:`train` call (a verifier's spot-check replay): ``(len(rows), d)``.
+
+        ``clients``, ``cfg`` and ``client_steps`` are the call's; ``generator_state`` is its
+        generator's state before the call and ``draws`` the number of batch draws it made from
+        that generator (its own step count: ``cfg.steps``, or the most steps any client ran
+        under ``local_epochs``). ``data`` is what each client was meant to train on. The
+        replayed rows draw the same uniforms as in the call (all ``len(clients)`` rows of
+        every draw are regenerated and the replayed ones kept), so an honest client's batches
+        are the same; no hook applies. Only the stateless procedure can be replayed from the
+        round's inputs: plain SGD with batches drawn with replacement (AdamW's moments and the
+        epoch sampler's position are client state a verifier does not hold).
+
+        Float rounding: the gradients are computed for ``len(rows)`` rows at once instead of
+        ``len(clients)``, which may change the last bits of a batched product, so a verifier
+        compares within a tolerance (``defenses/spot_check.py`` measures the honest gap).
+        """
+        if cfg.optimizer != "sgd" or cfg.sampling != "with_replacement":
+            raise ValueError("BatchedTrainer.replay: only SGD with batches drawn with replacement can be replayed "
+                             "from the round's inputs")
+        device = global_params.device
+        n, k = int(clients.shape[0]), len(rows)
+        pos_rows = torch.as_tensor(rows, dtype=torch.long)
+        params = global_params.unsqueeze(0).expand(k, -1).clone()
+        if k == 0:
+            return params
+        gen = torch.Generator(device="cpu")  # the federation's streams are CPU generators
+        gen.set_state(generator_state)
+        chosen = clients.to(device)[pos_rows.to(device)]
+        offsets = data.offsets.to(device)[chosen]
+        sizes = data.sizes.to(device)[chosen]
+        b = cfg.batch_size
+        steps_each = None
+        if cfg.epochs is not None:
+            steps_each = torch.ceil(cfg.epochs * sizes.to(torch.float64) / b).to(torch.int64)
+        elif client_steps is not None:
+            steps_each = client_steps.to(device=device, dtype=torch.int64)[pos_rows.to(device)].clamp(0, cfg.steps)
+        for step in range(int(draws)):
+            u = torch.rand((n, b), generator=gen, dtype=torch.float64)[pos_rows].to(device)
+            idx = offsets[:, None] + torch.floor(u * sizes[:, None]).to(torch.int64)
+            g = self._grads(params, data.x[idx], data.y[idx])
+            if cfg.prox_mu:
+                g = g + cfg.prox_mu * (params - global_params)
+            if cfg.weight_decay:
+                g = g + cfg.weight_decay * params
+            if steps_each is not None:
+                g = g * (step < steps_each).to(g.dtype)[:, None]
+            params = params - cfg.lr * g
+        return params
+
     @torch.no_grad()
     def evaluate(self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
         """(accuracy, mean loss) of the flat parameters on ``(x, y)``."""

@@ -31,6 +31,7 @@ from .builders import (
     DefenseCase,
     FixedUpdate,
     QuadraticLoss,
+    RowReplay,
     make_attack_context,
     make_client_data,
     make_gossip_context,
@@ -55,6 +56,7 @@ __all__ = [
     "make_gossip_context",
     "QuadraticLoss",
     "FixedUpdate",
+    "RowReplay",
     "strategies",
 ]
 

@@ -43,6 +43,7 @@ __all__ = [
     "DEFENSE_KINDS",
     "QuadraticLoss",
     "FixedUpdate",
+    "RowReplay",
     "generator",
     "make_updates",
     "make_server_context",
@@ -174,6 +175,29 @@ class FixedUpdate:
         return self.vector.clone()
 
 
+@dataclass(frozen=True, slots=True)
+class RowReplay:
+    """A replay oracle for tests (``ServerContext.replay_work``): client ``ids[i]``'s honest
+    work is ``rows[i]`` (by default the row it sent: every client honest). Returns a copy of
+    the named clients' rows, ``(k, d)``; an id it does not know is a :class:`RedteamError`."""
+
+    ids: tuple[int, ...]
+    rows: "torch.Tensor"
+
+    def __call__(self, clients: tuple[int, ...]) -> "torch.Tensor":
+        import torch
+
+        from redteam.errors import RedteamError
+
+        where = {c: i for i, c in enumerate(self.ids)}
+        unknown = [c for c in clients if c not in where]
+        if unknown:
+            raise RedteamError(f"replay_work: client(s) {unknown} did not train this round")
+        if not clients:
+            return self.rows[:0].clone()
+        return torch.stack([self.rows[where[c]] for c in clients]).clone()
+
+
 def _consensus(updates: "torch.Tensor") -> "torch.Tensor":
     """Coordinate median of the finite rows (zeros when there are none): the server's
     idea of the right direction in the test world."""
@@ -204,7 +228,8 @@ def make_server_context(
     * ``previous``: a previous global update (random, or the tensor given) or none;
     * ``server_data``: give the server data: ``evaluate_loss`` is a
       :class:`QuadraticLoss` and ``root_update`` a :class:`FixedUpdate`, both centred on
-      ``target`` (default: the coordinate median of the finite rows);
+      ``target`` (default: the coordinate median of the finite rows), and ``replay_work`` a
+      :class:`RowReplay` of the rows themselves (every client did its work);
     * ``client_ids``: ``"positions"`` (0 … n−1) or ``"sparse"`` (distinct, increasing
       ids from a larger population, as under churn);
     * the generator is a CPU generator seeded from ``seed``.
@@ -227,10 +252,11 @@ def make_server_context(
         ids = tuple(sorted(torch.randperm(3 * n, generator=g)[:n].tolist()))
     else:
         ids = tuple(range(n))
-    evaluate = root = None
+    evaluate = root = replay = None
     if server_data:
         t = _consensus(updates) if target is None else target.to(dtype=dt, device=dev)
         evaluate, root = QuadraticLoss(t.clone()), FixedUpdate(t.clone())
+        replay = RowReplay(ids, updates.detach().clone())
     return ServerContext(
         round=round,
         n_clients=n,
@@ -242,6 +268,7 @@ def make_server_context(
         evaluate_loss=evaluate,
         root_update=root,
         client_ids=ids,
+        replay_work=replay,
     )
 
 
