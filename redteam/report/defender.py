@@ -662,7 +662,10 @@ def _v(v: float | None, attack: str | None = None, signed: bool = False, stacked
        star: str = "") -> str:
     if v is None:
         return "—"
-    text = (f"{v:+.3f}" if signed else f"{v:.3f}") + star
+    text = f"{v:+.3f}" if signed else f"{v:.3f}"
+    if text in ("-0.000", "+0.000"):  # rounds to zero: no sign (a cost of −0.0002 is no gain worth a sign)
+        text = "0.000"
+    text += star
     if attack is None:
         return text
     from ..runner.outputs import terminal_safe
