@@ -188,7 +188,7 @@ def redteam_registries() -> Iterator[Registries]:
 def redteam_federation(request: pytest.FixtureRequest) -> Callable[..., Any]:
     """A factory ``make(scenario=None, *, attack=None, defense=None, overrides=None,
     device="cpu", run=False)`` → a :class:`~redteam.federation.loop.Federation` (or, with
-    ``run=True``, its :class:`RunResult`).
+    ``run=True``, its :class:`~redteam.federation.loop.RunResult`).
 
     ``scenario``: a scenario dict or file (default :data:`SMALL_SCENARIO`); ``attack`` /
     ``defense``: a registry name, a table, or your own class/instance (registered for the

@@ -63,7 +63,7 @@ def write_commitment_ledger(path: str | os.PathLike[str], rounds: Iterable[tuple
 
 
 def read_commitments(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Every commitment in the ledger, in log order, after :meth:`Ledger.verify` passes
+    """Every commitment in the ledger, in log order, after :meth:`provenance.ledger.Ledger.verify` passes
     (raises :class:`provenance.errors.VerificationFailed` otherwise): round, client,
     commit_time, window_close, digest, index."""
     from provenance import dsse

@@ -1,6 +1,6 @@
 """Which metrics mean something for a store's workload.
 
-:func:`redteam.scoring.score` computes the language-model metrics (bits per byte,
+:func:`redteam.scoring.summarize` computes the language-model metrics (bits per byte,
 perplexity, their increases, the trigger-phrase false-trigger rate) for every run: they
 are functions of the final loss, so a classifier's run gets numbers too. For a
 classifier (``digits``, ``synthetic``) those numbers are not bits per byte of anything;

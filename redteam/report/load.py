@@ -53,7 +53,7 @@ def load_report(
     asr_level: float = 0.5,
 ) -> Report:
     """Read the store at ``path`` (a results directory or its ``.sqlite`` file) into a
-    :class:`Report`. A missing, corrupt or empty store raises :class:`StoreError` /
+    :class:`Report`. A missing, corrupt or empty store raises :class:`~redteam.runner.store.StoreError` /
     :class:`ReportError` with a one-line message."""
     from ..runner.store import STORE_NAME, ResultsStore, StoreError
 
