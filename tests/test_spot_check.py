@@ -216,3 +216,17 @@ def test_verification_metrics_by_hand():
     assert m == {"verification_cost": 4 / 15, "rounds_to_catch": 3.0, "uncaught_cheats": 1}
     assert verification_metrics([_rec(0, mal, [True] * 4, None)]) == {
         "verification_cost": None, "rounds_to_catch": None, "uncaught_cheats": None}
+
+
+def test_sybils_sharing_one_computation_pay_for_one():
+    """Sybils (source = "first"): the first identity trains honestly and the others send its
+    update. A replay of each identity on its own assigned data passes the one that did the
+    work and catches every copy."""
+    doc = doc_of("sybil", malicious_fraction=0.5, rounds=1)  # 4 identities
+    doc["attack"]["source"] = "first"
+    res = Federation(parse_scenario(doc)).run()
+    rec = res.records[0]
+    bad = [c for c, m in enumerate(rec.malicious) if m]
+    caught = set(rec.extra["spot_check"]["caught"])
+    assert len(bad) == 4 and len(caught) == 3 and caught < set(bad)
+    assert [c for c in bad if c not in caught] == [c for c in bad if rec.accepted[c]]
