@@ -15,6 +15,9 @@ damage to the model:
   permissionless trainer's data assignment is public, and the Gauntlet-style validator scores a
   peer on that page, ``redteam.federation.loop.ASSIGNED_PAGE``): it overfits the batch it is
   scored on. The validator's random batch (which the cheat cannot see) is the counter.
+
+Each can also hold ``validator_seats``: colluding validators that report scores favouring the
+cheats to a consensus of several validators (:class:`_ValidatorSeats`).
 """
 
 from __future__ import annotations
@@ -33,20 +36,50 @@ if TYPE_CHECKING:
 __all__ = ["CopyNoise", "LazyScaled", "ScoreGaming"]
 
 
+class _ValidatorSeats:
+    """A cheat that also holds validator seats (``validator_seats`` = c ≥ 0; 0: none).
+
+    Permissionless trainers pay by a consensus of several validators (Templar's weights go through
+    Bittensor's Yuma consensus: per peer, the largest score that validators holding more than a
+    κ share of the stake support; defenses/gauntlet.py ``validators``). A colluding seat reports,
+    per peer, the round's largest |honest score| for the cheat's own identities and minus it for
+    everyone else: it boosts its own and buries the honest. With equal stakes it moves the
+    consensus only when the colluding seats hold more than κ of the validators."""
+
+    __slots__ = ()
+
+    def validate_validator_seats(self, v: int) -> None:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise param_error(self, "validator_seats", v, "must be an integer ≥ 0")
+
+    def report_scores(self, peers: tuple[int, ...], scores: "torch.Tensor", own: tuple[int, ...]) -> "torch.Tensor":
+        import torch
+
+        s = scores.to(torch.float64)
+        finite = s[torch.isfinite(s)]
+        top = float(finite.abs().max()) if finite.numel() else 1.0
+        top = top if top > 0 else 1.0
+        mine = torch.tensor([c in set(own) for c in peers], dtype=torch.bool)
+        row = torch.where(mine, torch.full_like(s, top), torch.full_like(s, -top))
+        return row.expand(int(self.validator_seats), -1).clone()  # type: ignore[attr-defined]
+
+
 def _nonneg(obj: object, name: str, v: float) -> None:
     if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
         raise param_error(obj, name, v, "must be a finite number ≥ 0")
 
 
 @dataclass(frozen=True, slots=True)
-class CopyNoise(Attack):
+class CopyNoise(_ValidatorSeats, Attack):
     """Copy a random honest peer's update of this round and add relative Gaussian noise.
 
     * ``noise``: relative noise std σ: each cheat sends x_v + σ·‖x_v‖/√d · N(0, I), x_v a
-      victim drawn uniformly (per cheat, per round) from ``ctx.visible_updates``.
+      victim drawn uniformly (per cheat, per round) from ``ctx.visible_updates``;
+    * ``validator_seats``: validator seats the cheats also hold (:class:`_ValidatorSeats`).
     """
 
     noise: float = 0.01
+    validator_seats: int = 0
     surfaces: ClassVar[tuple[str, ...]] = (Surface.UPDATES,)
     omniscient: ClassVar[bool] = True
     summary: ClassVar[str] = "Copy plus noise: send a random honest peer's update with small noise (incentive gaming)"
@@ -71,17 +104,19 @@ class CopyNoise(Attack):
 
 
 @dataclass(frozen=True, slots=True)
-class LazyScaled(Attack):
+class LazyScaled(_ValidatorSeats, Attack):
     """Train fewer local steps, then scale the update to look honest.
 
     * ``steps``: local steps the cheat runs (≥ 1; the federation's honest count is typically
       larger);
     * ``scale``: factor applied to its own delta (default 5.0: about what h/steps gives when
-      h = 5·steps and the steps add up linearly).
+      h = 5·steps and the steps add up linearly);
+    * ``validator_seats``: validator seats the cheats also hold (:class:`_ValidatorSeats`).
     """
 
     steps: int = 1
     scale: float = 5.0
+    validator_seats: int = 0
     surfaces: ClassVar[tuple[str, ...]] = (Surface.TRAINING, Surface.UPDATES)
     summary: ClassVar[str] = "Lazy training: fewer local steps, update scaled to an honest norm (incentive gaming)"
     reference: ClassVar[str] = "issue 25; Fraboni, Vidal & Lorenzi, AISTATS 2021 (free riders)"
@@ -101,13 +136,15 @@ class LazyScaled(Attack):
 
 
 @dataclass(frozen=True, slots=True)
-class ScoreGaming(Attack):
+class ScoreGaming(_ValidatorSeats, Attack):
     """Train on the assigned page only (the batch the validator scores the peer on).
 
-    * ``page``: the assigned page's size (default 32, the engine's ``ASSIGNED_PAGE``).
+    * ``page``: the assigned page's size (default 32, the engine's ``ASSIGNED_PAGE``);
+    * ``validator_seats``: validator seats the cheats also hold (:class:`_ValidatorSeats`).
     """
 
     page: int = 32
+    validator_seats: int = 0
     surfaces: ClassVar[tuple[str, ...]] = (Surface.DATA,)
     summary: ClassVar[str] = "Score gaming: train only on the validator's assigned batch (overfit what is scored)"
     reference: ClassVar[str] = "issue 25; Templar Gauntlet, arXiv:2505.21684"

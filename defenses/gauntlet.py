@@ -16,6 +16,16 @@ rating. The rule here is our own rendering of that idea, stated exactly:
      improve both; training on the assigned batch only improves sᴬ but not sᴿ (score
      gaming). With ``random_batch = false`` sᵢ = sᴬᵢ (the ablation the cheat beats).
 
+   **Consensus of validators** (``validators`` = V > 1; Templar's validators set weights on a
+   Bittensor subnet, whose Yuma consensus keeps, per peer, the largest weight that validators
+   holding more than a κ share of the stake support): V validator seats of equal stake score the
+   round; the peer's round score is the largest value v such that more than κ·V seats report a
+   score ≥ v (κ = ``kappa``, default 0.5: the lower median for even V). The honest seats all
+   compute the scores of step 1 (they hold the same data here); an attacker's seats report what
+   it likes (``ServerContext.validator_reports``; attacks/verification.py ``validator_seats``),
+   so colluders move the consensus only when they hold more than κ of the seats (all of them
+   when V = 1).
+
 2. **Rating** (documented stand-in for OpenSkill): the round's scores are normalised by the
    largest |sⱼ| of the round, ŝᵢ = sᵢ / maxⱼ|sⱼ| ∈ [−1, 1], and each rating is an
    exponential moving average rᵢ ← (1 − α)·rᵢ + α·ŝᵢ (α = ``alpha``; a new peer starts at 0).
@@ -57,7 +67,21 @@ from ._common import check_count, check_number, combine, finite_rows
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Gauntlet", "round_scores", "update_ratings", "top_g_rewards", "row_digest", "commit_flags"]
+__all__ = ["Gauntlet", "round_scores", "consensus_scores", "update_ratings", "top_g_rewards", "row_digest",
+           "commit_flags"]
+
+
+def consensus_scores(reports: "torch.Tensor", kappa: float = 0.5) -> "torch.Tensor":
+    """Per peer (column of ``reports``, ``(V, n)``, one row per equal-stake validator seat), the
+    largest reported value v such that more than ``kappa``·V seats report a score ≥ v. float64."""
+    import torch
+
+    r = reports.to(torch.float64)
+    v = int(r.shape[0])
+    ranked = torch.sort(r, dim=0, descending=True).values  # (V, n)
+    support = (r[None, :, :] >= ranked[:, None, :]).sum(dim=1)  # seats at or above each ranked value
+    first = torch.argmax((support > kappa * v).to(torch.int8), dim=0)  # the highest supported value
+    return ranked.gather(0, first[None, :])[0]
 
 
 def row_digest(row: "torch.Tensor") -> str:
@@ -142,7 +166,9 @@ class Gauntlet(Aggregator):
     * ``top_g``: how many peers are aggregated and paid (G ≥ 1; default 5);
     * ``alpha``: the rating's EMA weight α ∈ (0, 1] (default 0.3);
     * ``random_batch``: also score on the validator's random batch (default ``True``);
-    * ``commit_reveal``: flag peers whose commitment fails (default ``False``).
+    * ``commit_reveal``: flag peers whose commitment fails (default ``False``);
+    * ``validators``: V validator seats of equal stake whose consensus scores the round
+      (default 1: one validator); ``kappa``: the consensus's stake share κ ∈ [0, 1) (default 0.5).
 
     Needs the server's held-out data (``ctx.evaluate_loss``) and the peers' assigned batches
     (``ctx.evaluate_loss_assigned``; without it the random batch alone is scored).
@@ -152,6 +178,8 @@ class Gauntlet(Aggregator):
     alpha: float = 0.3
     random_batch: bool = True
     commit_reveal: bool = False
+    validators: int = 1
+    kappa: float = 0.5
     uses_server_data: ClassVar[bool] = True
     summary: ClassVar[str] = "Gauntlet: loss-improvement scores, a rating over rounds, top-G aggregation, rewards"
     reference: ClassVar[str] = "Templar Gauntlet, arXiv:2505.21684"
@@ -161,6 +189,12 @@ class Gauntlet(Aggregator):
 
     def validate_alpha(self, v: float) -> None:
         check_number(self, "alpha", v, low=0.0, low_open=True, high=1.0)
+
+    def validate_validators(self, v: int) -> None:
+        check_count(self, "validators", v, allow_none=False, minimum=1)
+
+    def validate_kappa(self, v: float) -> None:
+        check_number(self, "kappa", v, low=0.0, high=0.999999)
 
     def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
         import torch
@@ -186,6 +220,17 @@ class Gauntlet(Aggregator):
             before_a, after_a = torch.full((n,), before_r, dtype=torch.float64), after_r
         scores = round_scores(before_a, after_a, before_r, after_r if self.random_batch else None)
         scores = torch.where(ok.cpu(), scores, torch.full_like(scores, -float("inf")))
+        if ctx.validator_reports is not None or self.validators > 1:
+            # the seats an attacker holds report what it likes; the others report the scores above
+            bad = torch.zeros((0, n), dtype=torch.float64)
+            if ctx.validator_reports is not None:
+                bad = torch.as_tensor(ctx.validator_reports(tuple(ids), scores.clone())).to("cpu", torch.float64)
+                if bad.ndim != 2 or int(bad.shape[1]) != n:
+                    raise InvalidParameter(f"Gauntlet: ctx.validator_reports returned shape {tuple(bad.shape)}; "
+                                           f"expected (seats, {n})")
+                bad = bad[:self.validators]
+            honest = scores[None, :].expand(self.validators - int(bad.shape[0]), n)
+            scores = consensus_scores(torch.cat([honest, bad]), self.kappa)
         flags: dict[int, str] = {}
         if self.commit_reveal:
             if ctx.commits is None:

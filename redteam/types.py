@@ -338,6 +338,11 @@ class ServerContext:
     #: their assigned data), one row per client id, ``(k, d)``; the verifier's own compute.
     #: ``None`` where the engine cannot replay the local procedure
     replay_work: Callable[[tuple[int, ...]], "torch.Tensor"] | None = None
+    #: a rewarding validator's consensus (defenses/gauntlet.py, ``validators`` > 1): the score
+    #: vectors that the validator seats an attacker holds report, given this round's peer ids and
+    #: the honest validators' round scores ``(n,)``: ``(c, n)``, one row per colluding seat (c may
+    #: be 0). ``None`` where no attacker holds a seat
+    validator_reports: Callable[[tuple[int, ...], "torch.Tensor"], "torch.Tensor"] | None = None
 
     @classmethod
     def default(cls, updates: "torch.Tensor", **overrides: Any) -> "ServerContext":

@@ -189,3 +189,59 @@ def test_honest_run_under_commit_reveal_flags_nobody():
 def test_lazy_peer_is_paid_less_than_its_share():
     res = _run("lazy_scaled")
     assert reward_metrics(res.records)["cheat_reward_ratio"] < 0.5
+
+
+def test_consensus_of_validator_seats_by_hand():
+    from defenses.gauntlet import consensus_scores
+
+    s = torch.tensor([[1.0, 5.0, 0.0], [2.0, -1.0, 0.0], [3.0, 2.0, 0.0]])
+    # κ = 0.5 and 3 seats: the largest value more than 1.5 seats support = the median of each column
+    assert consensus_scores(s).tolist() == [2.0, 2.0, 0.0]
+    # 2 seats: more than 1 seat must support it: the lower of the two
+    assert consensus_scores(s[:2]).tolist() == [1.0, -1.0, 0.0]
+    # κ = 0: one seat suffices: the largest; ties count as support
+    assert consensus_scores(s, 0.0).tolist() == [3.0, 5.0, 0.0]
+    assert consensus_scores(torch.tensor([[1.0], [1.0], [0.0]])).tolist() == [1.0]
+
+
+def test_colluding_seats_move_the_consensus_only_with_a_majority():
+    # the round above (honest scores 1, 1, −3, 0); peer 2 is the cheat, and the colluding seats
+    # report +3 for it and −3 for everyone else (the largest |score| of the round)
+    upd = torch.tensor([[1.0], [1.0], [3.0], [0.0]])
+    cheat = LazyScaled(validator_seats=2)
+
+    def ctx_with(seats):
+        att = LazyScaled(validator_seats=seats)
+        return _ctx(upd, [[1.0], [1.0], [3.0], [1.0]], [1.0],
+                    validator_reports=lambda peers, scores: att.report_scores(peers, scores, (2,)))
+
+    assert cheat.report_scores((0, 1, 2, 3), torch.tensor([1.0, 1.0, -3.0, 0.0]), (2,)).tolist() == \
+        [[-3.0, -3.0, 3.0, -3.0]] * 2
+    one_of_three = Gauntlet(top_g=2, alpha=0.5, validators=3)(upd, ctx_with(1))
+    assert one_of_three.state["scores"] == {0: 1.0, 1: 1.0, 2: -3.0, 3: 0.0}  # the honest median
+    assert one_of_three.state["rewards"][2] == 0.0
+    two_of_three = Gauntlet(top_g=2, alpha=0.5, validators=3)(upd, ctx_with(2))
+    assert two_of_three.state["scores"] == {0: -3.0, 1: -3.0, 2: 3.0, 3: -3.0}
+    assert two_of_three.state["rewards"][2] == 1.0 and two_of_three.accepted.tolist() == [False, False, True, False]
+    # one validator that colludes is the consensus; without reports, V seats agree with one
+    alone = Gauntlet(top_g=2, alpha=0.5)(upd, ctx_with(1))
+    assert alone.state["rewards"][2] == 1.0
+    plain = Gauntlet(top_g=2, alpha=0.5, validators=3)(upd, _ctx(upd, [[1.0], [1.0], [3.0], [1.0]], [1.0]))
+    assert plain.state["scores"] == one_of_three.state["scores"]
+
+
+def test_colluding_seats_in_the_federation():
+    """Through the engine: 2 of 3 seats colluding pay the lazy cheats the whole pool; 1 of 3
+    pays them nothing (the first round already shows it)."""
+    import redteam.federation.loop as L
+    from redteam.scenario import parse_scenario
+
+    def run(seats):
+        doc = {"scenario": {"seed": 0}, "workload": {"name": "digits"},
+               "federation": {"clients": 10, "malicious_fraction": 0.2, "rounds": 2, "local_steps": 5,
+                              "batch_size": 16, "partition": "iid"},
+               "attack": {"name": "lazy_scaled", "validator_seats": seats},
+               "defense": {"name": "gauntlet", "top_g": 5, "validators": 3}}
+        return reward_metrics(L.Federation(parse_scenario(doc)).run().records)["cheat_reward_ratio"]
+
+    assert run(1) == 0.0 and run(2) == pytest.approx(5.0)

@@ -314,6 +314,7 @@ def defend(fed: "Federation", rnd: int, rec: Received, tx: Any, params: torch.Te
     evaluate_assigned = _evaluate_assigned(fed, params)
     commits = _commits(fed, rec, row_clients, upd, actx, extra) if _wants_commits(fed) else None
     replay_work = _replay_work(fed, params)
+    validator_reports = _validator_reports(fed, rnd, actx)
 
     def make_ctx(wts: torch.Tensor, rows_: list[int], key: str) -> ServerContext:
         # a bottom node's inputs are its clients; an upper node's are its children
@@ -334,6 +335,7 @@ def defend(fed: "Federation", rnd: int, rec: Received, tx: Any, params: torch.Te
             evaluate_loss_assigned=evaluate_assigned,
             commits=commits,
             replay_work=replay_work,
+            validator_reports=validator_reports,
         )
 
     ctx_h = actx if Surface.HIERARCHY in fed.attack.surfaces else None
@@ -427,6 +429,28 @@ def _evaluate_assigned(fed: "Federation", params: torch.Tensor
         return torch.stack(out)
 
     return evaluate
+
+
+def _validator_reports(fed: "Federation", rnd: int, actx: AttackContext | None
+                       ) -> Callable[[tuple[int, ...], torch.Tensor], torch.Tensor] | None:
+    """``ServerContext.validator_reports``: the score vectors of the validator seats the attack
+    holds (its ``validator_seats``; attacks/verification.py), in a round it acts in. The seats
+    know their own identities (this round's malicious participants) and see the honest scores
+    (validators publish what they score, as on a chain)."""
+    seats = int(getattr(fed.attack, "validator_seats", 0) or 0)
+    report = getattr(fed.attack, "report_scores", None)
+    if seats <= 0 or report is None or actx is None or not actx.malicious:
+        return None
+    own = tuple(int(c) for c in actx.malicious)
+
+    def reports(peers: tuple[int, ...], scores: torch.Tensor) -> torch.Tensor:
+        out = torch.as_tensor(report(tuple(int(c) for c in peers), scores.detach().clone(), own))
+        if tuple(out.shape) != (seats, len(peers)):
+            raise RedteamError(f"attack {fed.attack_spec.name!r}: report_scores returned shape {tuple(out.shape)}; "
+                               f"expected ({seats}, {len(peers)}): one score per peer for each of its seats")
+        return out
+
+    return reports
 
 
 def _wants_commits(fed: "Federation") -> bool:
