@@ -117,3 +117,39 @@ def test_spot_checking_a_fraction_catches_a_lazy_peer_in_about_1_over_p_rounds()
         mean = sum(waits) / len(waits)
         se = math.sqrt((1 - p) / p ** 2 / len(waits))
         assert abs(mean - 1 / p) < 4 * se, (p, mean)
+
+
+def test_pol_log_in_a_ledger_fixes_the_log_before_the_verifier_samples(tmp_path):
+    """The peer signs each checkpoint into an RFC 6962 ledger as it trains; the verifier draws
+    the segments to replay from the ledger's root. An honest log matches its digests and its
+    sampled segments replay; a log rewritten after the draw (a sampled segment's end replaced by
+    the verifier's own replay, so that it passes) no longer matches the ledger."""
+    import subprocess
+    import sys
+
+    from redteam.federation.replay import (mismatched_checkpoints, read_pol_ledger, sample_segments,
+                                           write_pol_ledger)
+
+    loss, job = _job(steps=12, every=2)
+    log = train_log(loss, job, skip=frozenset({5}))  # lazy: step 5 skipped, segment 2 diverges
+    path = tmp_path / "pol.sqlite"
+    assert write_pol_ledger(path, job, log, peer=3) == len(log) == 7
+    out = subprocess.run([sys.executable, "-m", "redteam.cli", "ledger", "verify", str(path)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and "ledger OK: 7 entries" in out.stdout, out.stdout + out.stderr
+    logged, root = read_pol_ledger(path)
+    assert [e["index"] for e in logged] == list(range(7)) and [e["step"] for e in logged] == [0, 2, 4, 6, 8, 10, 12]
+    assert mismatched_checkpoints(log, logged, job) == []
+    picks = sample_segments(root, 6, 6)
+    assert picks == list(range(6)) and sample_segments(root, 6, 2) == sample_segments(root, 6, 2)
+    assert not replay_segment(loss, job, log, 2, TOL)[0]  # the lazy segment fails its replay
+    # the cheat rewrites checkpoint 3 to what an honest replay of segment 2 gives: segment 2 passes
+    # now, but checkpoint 3 is not the one in the ledger (and segment 3 no longer starts from it)
+    forged = list(log)
+    from redteam.federation.replay import _run, _batches
+    forged[3], _ = _run(loss, job, log[2], 4, 6, _batches(job))
+    assert replay_segment(loss, job, forged, 2, TOL)[0]
+    assert mismatched_checkpoints(forged, logged, job) == [3]
+    # a log of another job (another seed) does not match its job digest anywhere
+    other = PeerJob(job.w0, job.x, job.y, seed=8, steps=12, batch=16, lr=0.1, every=2)
+    assert mismatched_checkpoints(log, logged, other) == list(range(7))

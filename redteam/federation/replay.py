@@ -14,6 +14,17 @@ the committed seed (float64 uniforms, as :class:`~.training.BatchedTrainer` draw
 w ← w − η·∇L(w; batch). :func:`train_log` is the honest peer; :func:`replay_segment` the
 verifier's check; :func:`bisect_divergence` the dispute.
 
+The log in a ledger (:func:`write_pol_ledger`): the peer signs, as it trains, one in-toto
+statement per checkpoint (subject: the checkpoint's SHA-256 over float32 little-endian bytes;
+predicate: the peer, the checkpoint's index and step, and the digest of the committed job) into
+an RFC 6962 ledger that ``redteam ledger verify`` checks. The verifier then draws the segments
+it replays from the ledger's root (:func:`sample_segments`, a Fiat–Shamir draw: the peer cannot
+know them before its log is fixed) and checks that the checkpoints it is shown are the logged
+ones (:func:`mismatched_checkpoints`): a log rewritten after the draw, so that the sampled
+segments replay cleanly (the spoofing of Zhang et al., "'Adversarial Examples' for
+Proof-of-Learning", IEEE S&P 2022, builds a log that passes the verifier's checks), no longer
+matches its digests.
+
 Tolerance: the replay runs the same operations in the same order, but the thread count (BLAS
 blocking, reduction order) changes float32 rounding, so bit equality cannot be required across
 machines. A segment passes when ‖ŵ − w_claimed‖ ≤ ``tol`` · max(‖w_claimed − w_start‖, tiny).
@@ -29,7 +40,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PeerJob", "train_log", "replay_segment", "bisect_divergence", "spot_check", "measured_tolerance"]
+__all__ = ["PeerJob", "train_log", "replay_segment", "bisect_divergence", "spot_check", "measured_tolerance",
+           "POL_PREDICATE", "checkpoint_digest", "job_digest", "write_pol_ledger", "read_pol_ledger",
+           "mismatched_checkpoints", "sample_segments"]
 
 
 @dataclass(frozen=True)
@@ -148,3 +161,104 @@ def measured_tolerance(loss_fn, job: PeerJob, threads: tuple[int, ...] = (1, 2))
         torch.set_num_threads(old)
     travel = max(float((finals[0] - job.w0).norm()), 1e-12)
     return max(float((f - finals[0]).norm()) / travel for f in finals[1:]) if len(finals) > 1 else 0.0
+
+
+POL_PREDICATE = "https://redteam.dev/pol-checkpoint/v1"
+
+
+def checkpoint_digest(w: torch.Tensor) -> str:
+    """SHA-256 (hex) of a checkpoint's float32 little-endian bytes."""
+    import hashlib
+
+    arr = w.detach().to("cpu", torch.float32).contiguous().numpy().astype("<f4", copy=False)
+    return hashlib.sha256(arr.tobytes()).hexdigest()
+
+
+def job_digest(job: PeerJob) -> str:
+    """SHA-256 (hex) of what the peer commits before training: its start, data, seed and
+    schedule (steps, batch, learning rate, checkpoint interval)."""
+    import hashlib
+    import json
+
+    head = json.dumps({"seed": int(job.seed), "steps": int(job.steps), "batch": int(job.batch),
+                       "lr": float(job.lr), "every": int(job.every)}, sort_keys=True).encode()
+    h = hashlib.sha256(head)
+    for t in (job.w0, job.x, job.y):
+        h.update(t.detach().to("cpu").contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _peer_key(seed: int, peer: int):
+    import numpy as np
+
+    from ..transport.signing import derive_key
+
+    return derive_key(np.random.default_rng(np.random.SeedSequence([seed, 21, peer])), "p256")
+
+
+def write_pol_ledger(path, job: PeerJob, log: list[torch.Tensor], peer: int, *, seed: int = 0,
+                     origin: str = "redteam.verification/pol") -> int:
+    """A new ledger at ``path`` holding ``peer``'s PoL log: one signed statement per checkpoint,
+    appended in order as training produces them. Keys from ``seed`` (Ed25519 for the log,
+    P-256 for the peer). Returns the number of entries."""
+    import json
+
+    import numpy as np
+    from provenance import dsse
+    from provenance.ledger import Ledger
+
+    from ..transport.signing import derive_key
+
+    log_key = derive_key(np.random.default_rng(np.random.SeedSequence([seed, 21])), "ed25519")
+    key = _peer_key(seed, peer)
+    jd = job_digest(job)
+    with Ledger.init(path, log_key, origin) as ledger:
+        for k, w in enumerate(log):
+            statement = {"_type": "https://in-toto.io/Statement/v1",
+                         "subject": [{"name": f"peer-{int(peer)}/checkpoint-{k}",
+                                      "digest": {"sha256": checkpoint_digest(w)}}],
+                         "predicateType": POL_PREDICATE,
+                         "predicate": {"peer": int(peer), "index": k, "step": min(k * job.every, job.steps),
+                                       "job": jd}}
+            ledger.append_many([(dsse.sign(json.dumps(statement, sort_keys=True).encode(), key), key.public)])
+    return len(log)
+
+
+def read_pol_ledger(path) -> tuple[list[dict], bytes]:
+    """The verified ledger's checkpoints in log order (peer, index, step, job, digest) and its
+    root hash; raises :class:`provenance.errors.VerificationFailed` when it does not verify."""
+    import json
+
+    from provenance import dsse
+    from provenance.errors import VerificationFailed
+    from provenance.ledger import Ledger
+
+    out = []
+    with Ledger.open(path) as ledger:
+        report = ledger.verify()
+        if not report.ok:
+            raise VerificationFailed(f"{path}: ledger does not verify: {'; '.join(report.problems)}")
+        for i in range(ledger.size):
+            st = json.loads(dsse.Envelope.from_json(ledger.entry(i)["envelope"]).payload)
+            if st.get("predicateType") == POL_PREDICATE:
+                out.append({**st["predicate"], "digest": st["subject"][0]["digest"]["sha256"]})
+        root = ledger.root()
+    return out, root
+
+
+def mismatched_checkpoints(log: list[torch.Tensor], logged: list[dict], job: PeerJob) -> list[int]:
+    """Indices of the shown log whose checkpoint is not the logged one (a different digest,
+    one missing from the ledger, or a ledger entry for another job)."""
+    jd = job_digest(job)
+    by_index = {int(e["index"]): e for e in logged}
+    return [k for k, w in enumerate(log)
+            if k not in by_index or by_index[k]["digest"] != checkpoint_digest(w) or by_index[k]["job"] != jd]
+
+
+def sample_segments(root: bytes, n_segments: int, k: int) -> list[int]:
+    """``k`` distinct segment indices in [0, n_segments), drawn from the ledger's root hash
+    (Fiat–Shamir: fixed once the log is, unknown before)."""
+    import hashlib
+
+    g = torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(b"pol-sample" + root).digest()[:8], "little") >> 1)
+    return sorted(torch.randperm(n_segments, generator=g)[:min(k, n_segments)].tolist())
