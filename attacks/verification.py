@@ -8,9 +8,10 @@ damage to the model:
   adds small Gaussian noise (std ``noise``·‖victim‖/√d), so that exact-duplicate checks miss
   it. Omniscient: it needs this round's honest updates (under commit-reveal it can only have
   them after they are revealed, which is what commit-reveal exploits).
-* ``lazy_scaled``: trains ``steps`` local steps instead of the federation's, then scales its
-  update by ``scale`` so its norm looks like an honest one (a lazy peer, cf. the free riders of
-  Fraboni et al., AISTATS 2021, disguised by scaling instead of noise).
+* ``lazy_scaled``: trains ``steps`` local steps instead of the federation's (and, with
+  ``batch``, on fewer items per step), then scales its update by ``scale`` so its norm looks
+  like an honest one (a lazy peer, cf. the free riders of Fraboni et al., AISTATS 2021,
+  disguised by scaling instead of noise).
 * ``score_gaming``: trains on its assigned page only (the first ``page`` items of its data; a
   permissionless trainer's data assignment is public, and the Gauntlet-style validator scores a
   peer on that page, ``redteam.federation.loop.ASSIGNED_PAGE``): it overfits the batch it is
@@ -111,11 +112,15 @@ class LazyScaled(_ValidatorSeats, Attack):
       larger);
     * ``scale``: factor applied to its own delta (default 5.0: about what h/steps gives when
       h = 5·steps and the steps add up linearly);
+    * ``batch``: train each step on the first ``batch`` items of the drawn batch only (unset:
+      the whole batch); a smaller batch saves work without shrinking the update, so pair it with
+      ``steps`` at the federation's count and ``scale = 1`` for the small-batch cheat alone;
     * ``validator_seats``: validator seats the cheats also hold (:class:`_ValidatorSeats`).
     """
 
     steps: int = 1
     scale: float = 5.0
+    batch: int | None = None
     validator_seats: int = 0
     surfaces: ClassVar[tuple[str, ...]] = (Surface.TRAINING, Surface.UPDATES)
     summary: ClassVar[str] = "Lazy training: fewer local steps, update scaled to an honest norm (incentive gaming)"
@@ -128,8 +133,12 @@ class LazyScaled(_ValidatorSeats, Attack):
     def validate_scale(self, v: float) -> None:
         _nonneg(self, "scale", v)
 
+    def validate_batch(self, v: int | None) -> None:
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise param_error(self, "batch", v, "must be an integer ≥ 1 (or unset: the whole batch)")
+
     def training_hook(self, ctx: AttackContext) -> TrainingHook:
-        return TrainingHook(steps=self.steps)
+        return TrainingHook(steps=self.steps, batch=self.batch)
 
     def craft_updates(self, ctx: AttackContext) -> "torch.Tensor":
         return (ctx.own_updates * self.scale).to(ctx.own_updates.dtype)

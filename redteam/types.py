@@ -213,6 +213,10 @@ class TrainingHook:
     4. W ← ``project``(W, w_g) for the ``(f, d)`` rows W of all malicious clients (e.g. onto
        an L2 ball of radius r around w_g: w_g + (W − w_g)·min(1, r/‖W − w_g‖) per row).
 
+    ``batch`` (≤ the federation's batch size) computes step 1's gradient on the first ``batch``
+    items of each drawn batch only (a lazy peer that does less work per step; the batches it
+    draws, and so the honest stream, are unchanged).
+
     ``steps`` replaces the federation's number of local steps for the malicious clients
     (a per-client step mask keeps the batch one program; steps beyond the federation's
     draw their batches from the attack's generator, so the honest batch stream is the
@@ -225,9 +229,14 @@ class TrainingHook:
     extra_loss: "Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None" = None
     lr: float | None = None
     steps: int | None = None
+    batch: int | None = None
 
     def __post_init__(self) -> None:
         import math
+
+        if self.batch is not None and not (isinstance(self.batch, int) and not isinstance(self.batch, bool)
+                                           and self.batch >= 1):
+            raise param_error(self, "batch", self.batch, "must be an integer ≥ 1 or None")
 
         if self.lr is not None and not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
             raise param_error(self, "lr", self.lr, "must be a finite number > 0 or None")

@@ -230,3 +230,32 @@ def test_sybils_sharing_one_computation_pay_for_one():
     caught = set(rec.extra["spot_check"]["caught"])
     assert len(bad) == 4 and len(caught) == 3 and caught < set(bad)
     assert [c for c in bad if c not in caught] == [c for c in bad if rec.accepted[c]]
+
+
+def test_a_smaller_batch_is_less_work_and_a_replay_sees_it():
+    """TrainingHook(batch=k): the hooked row's gradient comes from the first k items of the batch
+    it drew (checked by hand on one SGD step), so the honest stream is unchanged; a peer training
+    on 4 of 16 items per step with the honest step count and no scaling is caught by a replay."""
+    from redteam.types import TrainingHook
+
+    trainer, data = _toy_trainer()
+    w = trainer.spec.flatten(trainer.model).detach()
+    cfg = LocalTraining(steps=1, batch_size=8, lr=0.1)
+    part = torch.tensor([1, 3])
+    gen = torch.Generator().manual_seed(5)
+    state = gen.get_state()
+    got = trainer.train(w, data, part, cfg, gen, hook=TrainingHook(batch=3), hook_rows=[1],
+                        hook_generator=torch.Generator().manual_seed(9))
+    g2 = torch.Generator()
+    g2.set_state(state)
+    u = torch.rand((2, 8), generator=g2, dtype=torch.float64)
+    idx = data.offsets[part][:, None] + torch.floor(u * data.sizes[part][:, None]).to(torch.int64)
+    by_hand = w - 0.1 * trainer._grads(w[None], data.x[idx[1:2, :3]], data.y[idx[1:2, :3]])[0]
+    honest = w - 0.1 * trainer._grads(w[None], data.x[idx[0:1]], data.y[idx[0:1]])[0]
+    assert torch.allclose(got[1], by_hand, rtol=0, atol=1e-6) and torch.allclose(got[0], honest, rtol=0, atol=1e-6)
+
+    doc = doc_of("lazy_scaled")
+    doc["attack"].update({"steps": 4, "scale": 1.0, "batch": 4})
+    rec = Federation(parse_scenario(doc)).run().records[0]
+    bad = [c for c, m in enumerate(rec.malicious) if m]
+    assert set(rec.extra["spot_check"]["caught"]) == set(bad)

@@ -342,9 +342,11 @@ class _Hooked:
     def gradient(self, trainer: "BatchedTrainer", g: torch.Tensor, params: torch.Tensor,
                  global_params: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
         hook, r = self.hook, self.rows
-        if hook.extra_loss is None and hook.grad_mask is None:
+        part = hook.batch is not None and hook.batch < int(xb.shape[1])
+        if hook.extra_loss is None and hook.grad_mask is None and not part:
             return g
         g = g.clone()
+        xr, yr = (xb[r][:, :hook.batch], yb[r][:, :hook.batch]) if part else (xb[r], yb[r])
         if hook.extra_loss is not None:
             if self._extra_grads is None:
                 base, extra = trainer._loss, hook.extra_loss
@@ -353,7 +355,9 @@ class _Hooked:
                     return base(flat, x, y) + extra(flat, gp, x, y)
 
                 self._extra_grads = vmap(grad(total_loss), in_dims=(0, None, 0, 0))
-            g[r] = self._extra_grads(params[r], global_params, xb[r], yb[r])
+            g[r] = self._extra_grads(params[r], global_params, xr, yr)
+        elif part:  # a lazy peer's smaller batch: the first items of the batch it drew
+            g[r] = trainer._grads(params[r], xr, yr)
         if hook.grad_mask is not None:
             g[r] = g[r] * hook.grad_mask.to(device=g.device, dtype=g.dtype)
         return g
