@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +24,8 @@ from redteam.federation.loop import Federation
 from redteam.scenario import parse_scenario
 from redteam.testing import check_defense
 
+from _example_install import importable, install_example
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "redteam-example-defense"
 SOURCE = EXAMPLE / "redteam_example_defense" / "__init__.py"
@@ -33,31 +34,15 @@ NAME, DIST, MODULE = "example_clipped_mean", "redteam-example-defense", "redteam
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    """The example package pip-installed into a fresh directory (from a copy of its source,
-    so no build/ or *.egg-info appears in the repository)."""
-    src = tmp_path_factory.mktemp("src") / EXAMPLE.name
-    shutil.copytree(EXAMPLE, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    target = tmp_path_factory.mktemp("site")
-    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
-           "--no-cache-dir", "--disable-pip-version-check", "--target", str(target), str(src)]
-    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PIP_NO_INPUT": "1"})
-    assert done.returncode == 0, f"pip install of the example failed:\n{done.stdout}\n{done.stderr}"
-    assert (target / MODULE / "__init__.py").is_file()
-    return target
+    """The example package pip-installed into a fresh directory."""
+    return install_example(EXAMPLE, MODULE, tmp_path_factory)
 
 
 @pytest.fixture
 def on_path(site):
     """The installed example importable for one test, then gone without a trace."""
-    sys.path.insert(0, str(site))
-    importlib.invalidate_caches()
-    try:
-        yield site
-    finally:
-        sys.path.remove(str(site))
-        sys.modules.pop(MODULE, None)
-        redteam.DEFENSES.unregister(NAME)  # drops the cached class
-        importlib.invalidate_caches()
+    with importable(site, MODULE, redteam.DEFENSES, NAME) as path:
+        yield path
 
 
 def test_entry_point_resolves_to_the_installed_package(on_path):
