@@ -43,6 +43,8 @@ def _wrap(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespa
             return 1
         except RedteamError as exc:  # bad input: exit 2
             print(f"redteam: error: {terminal_safe(' '.join(str(exc).split(chr(10))))}", file=sys.stderr)
+        except BrokenPipeError:  # the reader left (`| head`): the top level ends quietly
+            raise
         except OSError as exc:
             print(f"redteam: error: {terminal_safe(exc.filename or '')}: {exc.strerror or exc}", file=sys.stderr)
         return 2

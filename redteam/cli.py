@@ -7,6 +7,7 @@ answers at once.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import textwrap
 from typing import Any, NoReturn, Sequence
@@ -234,6 +235,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("redteam: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of stdout left (`redteam … | head`): stop quietly, as Unix tools do
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        except (OSError, ValueError):
+            pass
+        return 141  # 128 + SIGPIPE
     except Exception as exc:  # a full disk anywhere else (a warm-up, a signed file): one line, not a traceback
         from .runner.outputs import disk_full_path, is_disk_full, terminal_safe
 

@@ -172,3 +172,22 @@ def test_matrix_device_cuda_without_a_gpu_is_refused_before_the_store(tmp_path, 
     assert "no CUDA device is available" in _one_line(capsys, ["matrix", f, "--out", tmp_path / "o",
                                                                "--device", "cuda"])
     assert not (tmp_path / "o").exists()
+
+
+def test_a_reader_that_leaves_early_ends_the_command_quietly():
+    """`redteam … | head`: when stdout's reader has gone, the command stops and says nothing (the
+    ledger commands said "redteam: error: : Broken pipe", others printed a traceback)."""
+    import subprocess
+    import sys
+
+    for argv in (["attacks", "list"], ["attacks", "list", "--names"], ["--help"]):
+        proc = subprocess.Popen([sys.executable, "-m", "redteam.cli", *argv], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        proc.stdout.close()  # gone before the command writes anything
+        err = proc.stderr.read().decode()
+        code = proc.wait(timeout=120)
+        if argv == ["--help"]:  # argparse prints the help itself; it must not leave a traceback either
+            assert "Traceback" not in err, err
+            continue
+        # 141 = 128 + SIGPIPE from our handler; 1 from rich's (its tables end that way)
+        assert code in (141, 1) and err == "", (code, err)
