@@ -502,9 +502,19 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     if print_summary is not None:
         outcome = print_summary(console, summary.store)
         failed = getattr(outcome, "failed_expectations", 0)
+        html_error = getattr(outcome, "html_error", None)
+        if html_error:  # the runs are safe; the report is not there: not a clean success
+            from .runner.outputs import terminal_safe
+
+            where = terminal_safe(str(args.out))
+            print(f"redteam: error: the runs are stored in {where}, but the HTML report could not be written "
+                  f"({terminal_safe(' '.join(html_error.split()))}); write it later with "
+                  f"`redteam report {where} --format html`", file=sys.stderr)
         if failed:
             print(f"redteam: {failed} expectation(s) failed (listed above)", file=sys.stderr)
             return 1
+        if html_error:
+            return 2
     return 0
 
 

@@ -373,3 +373,23 @@ def test_report_writes_nothing_to_the_store_it_reads(tmp_path, capsys):
     assert opened and all("mode=ro" in t for t in opened), opened  # every connection read-only
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before
     assert sorted(p.name for p in db.parent.iterdir()) == side
+
+
+def test_matrix_whose_html_report_cannot_be_written_exits_2_and_keeps_the_runs(tmp_path, capsys):
+    """The runs are stored, but OUT/report.html cannot be written (here a directory stands in
+    its place, as a full disk would stop it): `redteam matrix` says so on stderr, with the command
+    that writes it later, and exits 2, not 0 (it printed "HTML report skipped" and exited 0)."""
+    from redteam.runner.store import ResultsStore
+
+    f = tmp_path / "m.toml"
+    f.write_text('[scenario]\nname = "h"\nseed = 1\n[workload]\nname = "synthetic"\nsamples = 300\n'
+                 '[federation]\nclients = 4\nrounds = 2\nmalicious_fraction = 0.25\n'
+                 '[matrix]\nattacks = ["sign_flip"]\ndefenses = ["mean"]\nseeds = 1\n')
+    out = tmp_path / "out"
+    (out / "report.html").mkdir(parents=True)
+    code, _, err = run(capsys, "matrix", f, "--out", out, "--quiet")
+    assert code == 2, err
+    assert "the runs are stored in" in err and "HTML report could not be written" in err
+    assert f"redteam report {out} --format html" in err
+    with ResultsStore(out, create=False) as st:
+        assert len(st.finished_keys()) == 2  # the baseline and the attacked run

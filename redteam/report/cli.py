@@ -203,10 +203,12 @@ def _print_table(console: Any, report: Any, metrics: Sequence[str]) -> None:
 @dataclass(frozen=True, slots=True)
 class MatrixSummaryReport:
     """What :func:`print_summary` made: the HTML report's path (``None`` if it could not
-    be written) and how many ``[[expect]]`` rows fail (``redteam matrix`` then exits 1)."""
+    be written, with the reason in ``html_error`` when writing it failed) and how many
+    ``[[expect]]`` rows fail (``redteam matrix`` then exits 1)."""
 
     html: Path | None
     failed_expectations: int = 0
+    html_error: str | None = None
 
 
 def print_summary(console: Any, out_dir: str | Path) -> MatrixSummaryReport:
@@ -238,8 +240,8 @@ def print_summary(console: Any, out_dir: str | Path) -> MatrixSummaryReport:
     except ImportError as exc:  # matplotlib is a dependency; say so rather than fail the matrix
         console.print(f"[yellow]HTML report skipped: {escape(str(exc))}[/yellow]")
         return MatrixSummaryReport(None, len(bad))
-    except RedteamError as exc:
-        console.print(f"[yellow]HTML report skipped: {escape(str(exc))}[/yellow]")
-        return MatrixSummaryReport(None, len(bad))
+    except RedteamError as exc:  # e.g. a full disk or an unwritable OUT/report.html: the runs are stored
+        console.print(f"[yellow]HTML report not written: {escape(str(exc))}[/yellow]")
+        return MatrixSummaryReport(None, len(bad), str(exc))
     console.print(f"HTML report: [bold]{escape(str(path))}[/bold]")
     return MatrixSummaryReport(path, len(bad))
