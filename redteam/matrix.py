@@ -345,6 +345,13 @@ class Matrix:
         return len(self.cells)
 
 
+def _echo(v: Any, width: int = 60) -> str:
+    """A name from the scenario file as an error message quotes it: its repr, cut to ``width``
+    characters (a 5,000-character key is not echoed whole)."""
+    r = repr(v) if not isinstance(v, str) or len(v) <= 4 * width else repr(v[: 4 * width])
+    return r if len(r) <= width else r[: width - 1] + "…"
+
+
 def _short(v: Any) -> str:
     return json.dumps(v) if isinstance(v, str) and not v.isidentifier() else str(v)
 
@@ -406,7 +413,7 @@ def _set_path(doc: dict[str, Any], path: str, value: Any, where: str = "<scenari
     for p in parts[:-1]:
         node = node.setdefault(p, {})
         if not isinstance(node, dict):
-            raise InvalidScenario(f"{where}: [matrix].settings key {shown(path)}: {p!r} is not a table in the scenario")
+            raise InvalidScenario(f"{where}: [matrix].settings key {shown(path)}: {_echo(p)} is not a table in the scenario")
     node[parts[-1]] = value
 
 
@@ -430,14 +437,14 @@ def expand(
     allowed = ("attacks", "defenses", "seeds", "settings")
     for k in mx:
         if k not in allowed:
-            raise InvalidScenario(f"{where}: [matrix] has unknown key {k!r} (allowed: {', '.join(allowed)})")
+            raise InvalidScenario(f"{where}: [matrix] has unknown key {_echo(k)} (allowed: {', '.join(allowed)})")
 
     def axis(key: str, fallback: Any) -> list[tuple[str, dict[str, Any]]]:
         entries = mx.get(key)
         if entries is None:
             return [fallback]
         if not isinstance(entries, list) or not entries:
-            raise InvalidScenario(f"{where}: [matrix].{key} = {entries!r}: must be a non-empty list")
+            raise InvalidScenario(f"{where}: [matrix].{key} = {shown(entries)}: must be a non-empty list")
         out = [_entry_label(e, key, where, i) for i, e in enumerate(entries)]
         labels = [lbl for lbl, _ in out]
         dup = sorted({lbl for lbl in labels if labels.count(lbl) > 1})
@@ -481,12 +488,12 @@ def expand(
     axes: list[tuple[str, list[Any]]] = []
     for path, values in settings_tab.items():
         if not isinstance(values, list) or not values:
-            raise InvalidScenario(f"{where}: [matrix].settings.{path!r} = {shown(values)}: must be a non-empty list")
+            raise InvalidScenario(f"{where}: [matrix].settings.{_echo(path)} = {shown(values)}: must be a non-empty list")
         if any(isinstance(v, (dict, list)) for v in values):
-            raise InvalidScenario(f"{where}: [matrix].settings.{path!r}: values must be scalars")
+            raise InvalidScenario(f"{where}: [matrix].settings.{_echo(path)}: values must be scalars")
         if "." not in path:
             raise InvalidScenario(
-                f"{where}: [matrix].settings key {path!r}: must be a key path like 'federation.malicious_fraction'"
+                f"{where}: [matrix].settings key {_echo(path)}: must be a key path like 'federation.malicious_fraction'"
             )
         axes.append((path, values))
 
@@ -557,8 +564,8 @@ def _refuse_classifier_cells(exp: Expectation, loc: str, cells: Sequence[Cell],
             hint = ('narrow the row to the language-model cells ("workload.name" = "text") or name another metric'
                     if axis else "name another metric (final_loss, accuracy_drop, rounds_to_target_loss …)")
             raise InvalidScenario(
-                f"{loc}: metric = {exp.metric!r} is a language-model metric, but the row applies to cell "
-                f"{cell.id} whose workload {name!r} is not a language model (input_kind is not \"tokens\"), "
+                f"{loc}: metric = {_echo(exp.metric)} is a language-model metric, but the row applies to cell "
+                f"{cell.id} whose workload {_echo(name)} is not a language model (input_kind is not \"tokens\"), "
                 f"where it means nothing; {hint}")
 
 
@@ -602,13 +609,13 @@ def parse_expectations(rows: Any, where: str, cells: Sequence[Cell], *,
                                                                       for s in setting_keys)]
             close = difflib.get_close_matches(stray[0], row_keys, n=1) if stray else []
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise InvalidScenario(f"{loc}: unknown key {stray[0]!r}{hint}" if stray else f"{loc}: needs 'metric'")
+            raise InvalidScenario(f"{loc}: unknown key {_echo(stray[0])}{hint}" if stray else f"{loc}: needs 'metric'")
         if metric not in METRICS:
             import difflib
 
             close = difflib.get_close_matches(str(metric), list(METRICS), n=2)
             hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-            raise InvalidScenario(f"{loc}: metric = {metric!r}: unknown metric{hint} (known: {', '.join(METRICS)})")
+            raise InvalidScenario(f"{loc}: metric = {_echo(metric)}: unknown metric{hint} (known: {', '.join(METRICS)})")
         lo, hi = row.pop("min", None), row.pop("max", None)
         for name, v in (("min", lo), ("max", hi)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
@@ -643,21 +650,21 @@ def parse_expectations(rows: Any, where: str, cells: Sequence[Cell], *,
                 raise InvalidScenario(f"{loc}: by = {shown(by)}: must be a finite number (the margin, in the "
                                       "metric's units)")
             if metric_direction(metric) is None:
-                raise InvalidScenario(f"{loc}: {compare}: metric {metric!r} has no direction (neither higher nor "
+                raise InvalidScenario(f"{loc}: {compare}: metric {_echo(metric)} has no direction (neither higher nor "
                                       "lower is better in general), so one cell cannot be better than another on it; "
                                       "bound it with min/max instead")
         attack, defense = row.pop("attack", None), row.pop("defense", None)
         if attack is not None and attack not in attacks:
-            raise InvalidScenario(f"{loc}: attack = {attack!r} names no matrix attack (have: {', '.join(sorted(attacks))})")
+            raise InvalidScenario(f"{loc}: attack = {_echo(attack)} names no matrix attack (have: {', '.join(sorted(attacks))})")
         if defense is not None and defense not in defenses:
             raise InvalidScenario(
-                f"{loc}: defense = {defense!r} names no matrix defense (have: {', '.join(sorted(defenses))})"
+                f"{loc}: defense = {_echo(defense)} names no matrix defense (have: {', '.join(sorted(defenses))})"
             )
         settings = []
         for k, v in row.items():
             if not any(k == s or s.rsplit(".", 1)[-1] == k for s in setting_keys):
                 raise InvalidScenario(
-                    f"{loc}: unknown key {k!r} (filters: attack, defense, or a matrix setting: "
+                    f"{loc}: unknown key {_echo(k)} (filters: attack, defense, or a matrix setting: "
                     f"{', '.join(sorted(setting_keys)) or 'none'})"
                 )
             settings.append((k, v))
@@ -685,10 +692,10 @@ def _parse_other(tab: Mapping[str, Any], compare: str, loc: str, attacks: set[st
         if not isinstance(v, (str, int, float, bool)):
             raise InvalidScenario(f"{loc}: {compare}.{k} = {shown(v)}: must be a string, number or boolean")
         if k == "attack" and v not in attacks:
-            raise InvalidScenario(f"{loc}: {compare}.attack = {v!r} names no matrix attack "
+            raise InvalidScenario(f"{loc}: {compare}.attack = {_echo(v)} names no matrix attack "
                                   f"(have: {', '.join(sorted(attacks))})")
         if k == "defense" and v not in defenses:
-            raise InvalidScenario(f"{loc}: {compare}.defense = {v!r} names no matrix defense "
+            raise InvalidScenario(f"{loc}: {compare}.defense = {_echo(v)} names no matrix defense "
                                   f"(have: {', '.join(sorted(defenses))})")
         if k in ("attack", "defense"):
             out.append((k, v))

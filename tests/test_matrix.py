@@ -15,7 +15,7 @@ from redteam.errors import InvalidScenario
 from redteam.matrix import derive_seed, expand
 from redteam.runner.matrix_run import plan_units, run_matrix
 from redteam.runner.store import ResultsStore, StoreError
-from redteam.scenario import load_matrix
+from redteam.scenario import load_document, load_matrix
 
 BASE = {
     "scenario": {"name": "t", "seed": 7},
@@ -249,3 +249,25 @@ def test_a_classifier_matrix_stores_no_language_model_metrics(tmp_path):
         rows = st.results()
     assert rows and all("final_loss" in r["metrics"] for r in rows)
     assert all(not (set(r["metrics"]) & set(LANGUAGE_MODEL_METRICS)) for r in rows)
+
+
+@pytest.mark.parametrize("where", ["setting", "expect_key", "expect_attack", "expect_metric"])
+def test_a_long_name_is_cut_in_the_error_not_echoed_whole(tmp_path, where):
+    """A 5,000-character key or name in a matrix file gives a one-line error that quotes its start
+    (it echoed all 5,000 characters)."""
+    from redteam.errors import InvalidScenario
+
+    k = "x" * 5000
+    head = ('[scenario]\nname = "a"\nseed = 1\n[workload]\nname = "synthetic"\n[federation]\nclients = 4\n'
+            'rounds = 1\n[matrix]\nseeds = 1\nattacks = ["sign_flip"]\ndefenses = ["mean"]\n')
+    tail = {"setting": f'[matrix.settings]\n"{k}" = [1, 2]\n',
+            "expect_key": f'[[expect]]\nattack = "sign_flip"\n"{k}" = 1\nmetric = "asr"\nmax = 1\n',
+            "expect_attack": f'[[expect]]\nattack = "{k}"\nmetric = "asr"\nmax = 1\n',
+            "expect_metric": f'[[expect]]\nattack = "sign_flip"\nmetric = "{k}"\nmax = 1\n'}[where]
+    f = tmp_path / "m.toml"
+    f.write_text(head + tail)
+    with pytest.raises(InvalidScenario) as info:
+        expand(load_document(f), str(f))
+    msg = str(info.value)
+    # one line that quotes the name's start (an unknown metric's line also lists the known ones)
+    assert "\n" not in msg and "x" * 40 in msg and "x" * 100 not in msg and "…" in msg, msg[:200]
