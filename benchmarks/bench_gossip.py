@@ -4,6 +4,8 @@ same workload and clients, and the gossip step alone, batched against the per-no
     python benchmarks/bench_gossip.py            # the tables below (a few minutes on 2 cores)
     python benchmarks/bench_gossip.py --quick    # fewer rounds and repeats
     python benchmarks/bench_gossip.py --nodes 20 --topology complete
+    python benchmarks/bench_gossip.py --server-rules-only          # the server rules' table alone
+    python benchmarks/bench_gossip.py --server-rules-only --server-d 10000 100000 --repeats 5
 
 Workload: ``digits`` (the MLP, d = 4810), ``--nodes`` clients (20 and 100), iid partition, local
 training 10 steps of batch 16 at lr 0.1 (the setting the speed targets use), no attack.
@@ -17,8 +19,16 @@ training 10 steps of batch 16 at lr 0.1 (the setting the speed targets use), no 
 * **gossip step** — one :func:`redteam.federation.gossip.gossip_step` on models of dimension d
   (the nodes' models after a round), 10 % of the nodes Byzantine sending noise, batched (today's
   step: ``mean`` as one matrix product, ClippedGossip / CS+ / IOS over the padded neighbourhoods)
-  against the per-node loop it replaced (each node's rule called on its own rows; ``median`` runs
-  node by node in both: its ratio shows how much the machine's noise alone moves a ratio).
+  against the per-node loop it replaced (each node's rule called on its own rows;
+  ``geometric_median`` runs node by node in both: its ratio shows how much the machine's noise
+  alone moves a ratio).
+* **server rules over neighbourhoods** — one gossip step with ``median``, ``trimmed_mean`` (b = the
+  most Byzantine neighbours a node has), ``krum`` and ``multi_krum`` (their defaults), batched
+  (:mod:`defenses._gossip_batch`: every neighbourhood of a chunk of nodes at once) against the
+  per-node loop, 100 nodes on an exponential graph (degree 14) and an Erdős–Rényi graph
+  (p = 0.15: degrees vary), 10 % Byzantine nodes sending noise, d = 10⁴ and 10⁵; the two called
+  alternately, ``--repeats`` times each: median wall time [min – max], and whether the models are
+  bit for bit the loop's (they must be).
 
 Full rounds: the fastest round (after each run's first; its gossip step beside it) over 3 runs
 of each configuration, the configurations run in turn. One step: the fastest of the
@@ -32,6 +42,7 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import statistics
 import time
 
 import numpy as np
@@ -91,12 +102,65 @@ def step_times(nodes: int, topology: str, d: int, repeats: int) -> list[tuple[st
     b = int(max(adj[i, byz].sum() for i in merging))
     out = []
     for name, params in (("mean", {}), ("clipped_gossip", {"b": b}), ("cs_plus", {"b": b}), ("ios", {"b": b}),
-                         ("median", {})):
+                         ("geometric_median", {})):
         rule = DEFENSES.create(name, params)
         batched, looped = interleaved(lambda: gossip_step(x, adj, w, merging, rule, send, bset),
                                       lambda: per_node_loop(x, adj, w, merging, rule, send, bset), repeats)
         out.append((f"{name}" + (f" (b = {b})" if "b" in params else ""), batched, looped))
     return out
+
+
+def server_rule_times(nodes: int, topology: str, d: int, repeats: int
+                      ) -> list[tuple[str, list[float], list[float], bool]]:
+    """One step of each server rule, batched and by the per-node loop, called alternately: (label,
+    batched times, loop times, models bit for bit equal)."""
+    rng = np.random.default_rng(0)
+    adj = graphs.build_graph(topology, nodes, rng, probability=0.15)
+    byz = sorted(rng.choice(nodes, size=max(1, nodes // 10), replace=False).tolist())
+    claimed = adj.sum(1)
+    claimed[byz] = 1
+    w = graphs.mixing_matrix(adj, degrees=claimed)
+    x = torch.randn(nodes, d, generator=torch.Generator().manual_seed(0))
+    merging = [i for i in range(nodes) if i not in byz]
+    bset = frozenset(byz)
+
+    def send(i, hon, b):
+        return x[i] + 5.0 * torch.randn(len(b), d, generator=torch.Generator().manual_seed(i))
+
+    b = int(max(adj[i, byz].sum() for i in merging))
+    out = []
+    for name, params in (("median", {}), ("trimmed_mean", {"b": b}), ("krum", {}), ("multi_krum", {})):
+        rule = DEFENSES.create(name, params)
+        same = torch.equal(gossip_step(x, adj, w, merging, rule, send, bset).models,
+                           per_node_loop(x, adj, w, merging, rule, send, bset).models)
+        ta, tb = [], []
+        for _ in range(repeats):
+            for fn, times in ((lambda: gossip_step(x, adj, w, merging, rule, send, bset), ta),
+                              (lambda: per_node_loop(x, adj, w, merging, rule, send, bset), tb)):
+                t = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t)
+        out.append((name + (f" (b = {b})" if "b" in params else ""), ta, tb, same))
+    return out
+
+
+def _spread(times: list[float]) -> str:
+    return f"{statistics.median(times) * 1e3:.0f} [{min(times) * 1e3:.0f} – {max(times) * 1e3:.0f}]"
+
+
+def server_rules_table(nodes: int, dims: list[int], repeats: int) -> None:
+    print(f"\n## Server rules over gossip neighbourhoods: one step, {nodes} nodes, 10 % Byzantine nodes sending "
+          f"noise; batched vs per-node loop, {repeats} alternating calls each\n")
+    print("| graph | d | rule | batched ms median [min – max] | loop ms median [min – max] | loop / batched "
+          "(medians) | bit for bit | load (1 min) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for topology in ("exponential", "erdos_renyi"):
+        for d in dims:
+            for name, ta, tb, same in server_rule_times(nodes, topology, d, repeats):
+                load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+                ratio = statistics.median(tb) / statistics.median(ta)
+                print(f"| {topology} | {d} | {name} | {_spread(ta)} | {_spread(tb)} | {ratio:.2f}x | "
+                      f"{'yes' if same else 'NO'} | {load:.2f} |", flush=True)
 
 
 def interleaved(a, b, repeats: int) -> tuple[float, float]:
@@ -119,12 +183,22 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--nodes", type=int, nargs="*", default=[20, 100])
     ap.add_argument("--topology", default="exponential", choices=graphs.TOPOLOGIES)
+    ap.add_argument("--server-rules-only", action="store_true", help="only the server rules' table")
+    ap.add_argument("--server-nodes", type=int, default=100)
+    ap.add_argument("--server-d", type=int, nargs="*", default=[10000, 100000])
+    ap.add_argument("--repeats", type=int, default=None, help="calls of each variant in the server rules' table")
     args = ap.parse_args()
     rounds = 4 if args.quick else 8
     reps = 3 if args.quick else 15
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     print(f"CPU: {cpu_name()}; torch {torch.__version__}, threads {torch.get_num_threads()}; "
           f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n")
+    server_reps = args.repeats or (3 if args.quick else 5)
+    if args.server_rules_only:
+        server_rules_table(args.server_nodes, args.server_d, server_reps)
+        load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+        print(f"\nload average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+        return
 
     print(f"## Full round, digits (d = 4810), 10 local steps x batch 16, no attack; gossip on {args.topology}, "
           "1 step\n")
@@ -152,6 +226,7 @@ def main() -> None:
     for n in args.nodes:
         for name, batched, looped in step_times(n, args.topology, 4810, reps):
             print(f"| {n} | {name} | {batched * 1e3:.2f} | {looped * 1e3:.2f} | {looped / batched:.1f}x |")
+    server_rules_table(args.server_nodes, args.server_d, server_reps)
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     print(f"\nload average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 

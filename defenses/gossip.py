@@ -59,12 +59,15 @@ _TOL = 1e-9
 class BatchDecision:
     """Every merging node's :class:`~redteam.types.Decision` at once (``decide_batch``): the
     aggregates ``(m, d)``, ``accepted`` ``(m, K)`` (padding slots: False), ``reasons`` keyed by
-    (node row, slot) for the rejected rows, and each node's ``Decision.state``."""
+    (node row, slot) for the rejected rows, and each node's ``Decision.state``. ``undecided``:
+    node rows the batched form leaves to the rule itself (the step calls the rule on that node's
+    rows; their entries here are ignored)."""
 
     aggregate: "torch.Tensor"
     accepted: "torch.Tensor"
     reasons: dict[tuple[int, int], str] = field(default_factory=dict)
     states: list[dict[str, Any]] = field(default_factory=list)
+    undecided: frozenset[int] = frozenset()
 
 
 def _screen_batch(rows: "torch.Tensor", weights: "torch.Tensor", valid: "torch.Tensor"

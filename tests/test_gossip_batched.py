@@ -15,7 +15,10 @@ same per-node rule state, on several graphs, Byzantine placements, attacks, dtyp
   figures (weights, radii) in float64, so with float32 models a radius moves by a few float32 ulps
   and the models agree to 1e-6 relative to their scale (radii to 1e-6 relative); with float64
   models only the summation order differs: 1e-12 (radii 1e-9).
-* every other rule (median, trimmed mean, Krum …) still runs node by node: identical.
+* median, trimmed mean, Krum and Multi-Krum run over the same padded tensor through their batched
+  forms (:mod:`defenses._gossip_batch`) and give the loop's models bit for bit (``torch.equal``);
+  only Krum's reported scores are the batched computation's own (see the section below).
+* every other rule (geometric median, centered clipping …) still runs node by node: identical.
 """
 
 from __future__ import annotations
@@ -202,7 +205,10 @@ def test_batched_step_equals_the_per_node_loop(rule, kind, dtype, attack):
     st_want: dict = {}
     got = gossip_step(x, adj, w, merging, defense, send, byzset, states=st_got)
     want = reference_step(x, adj, w, merging, defense, send, byzset, states=st_want)
-    assert_same(got, want, dtype, st_got, st_want)
+    if rule in ("median", "trimmed_mean", "krum"):  # batched bit for bit (see below)
+        assert_identical(got, want, st_got, st_want, rule, (x, adj, byzset, send))
+    else:
+        assert_same(got, want, dtype, st_got, st_want)
 
 
 @pytest.mark.parametrize("rule", ["mean", "clipped_gossip", "cs_plus", "ios", "median"])
@@ -295,3 +301,254 @@ def test_the_worlds_exercise_clipping_and_dropping():
     assert all(0 < s["tau"] < math.inf for s in states.values())
     res = gossip_step(x, adj, w, merging, IOS(b=2), noise_messages(x), frozenset(byz), states=states)
     assert res.rejected and all(not res.accepted[b] for b in byz)
+
+
+# ------------------------------------------------------------------ server rules, batched (bit for bit)
+#
+# median, trimmed_mean, krum and multi_krum take the padded path through defenses._gossip_batch and
+# must give the per-node loop's models *bit for bit* (torch.equal), the same accepted / refused
+# records and the same per-node state, on random graphs of varying degree, Byzantine neighbours
+# sending arbitrary rows (copies, the target's own model, huge, tiny, NaN/inf rows), ties (models on a
+# coarse integer grid: equal coordinates and equal rows) and both dtypes. Krum's scores are the one
+# figure that is not the rule's own: the rule reports the midpoints of its rounding intervals (as
+# wide as 1e56 beside a row of 1e30), the batched form the sum of its computed distances; so where
+# the batched form decided a node, its scores (in the state and in the rejection reasons) are
+# checked against the exact scores, recomputed here in float64, and everything else exactly.
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from defenses import _gossip_batch as GB  # noqa: E402
+
+_NUMBER = __import__("re").compile(r"(score(?:d)? )(-?[0-9.e+-]+|inf|nan)")
+
+SERVER_RULES = {
+    "median": lambda: DEFENSES.create("median", {}),
+    "median_lower": lambda: DEFENSES.create("median", {"even_rule": "lower"}),
+    "trimmed_mean_0": lambda: DEFENSES.create("trimmed_mean", {"b": 0}),
+    "trimmed_mean_1": lambda: DEFENSES.create("trimmed_mean", {"b": 1}),
+    "trimmed_mean_3": lambda: DEFENSES.create("trimmed_mean", {"b": 3}),
+    "krum": lambda: DEFENSES.create("krum", {}),
+    "krum_f1": lambda: DEFENSES.create("krum", {"f": 1}),
+    "krum_f0_k2": lambda: DEFENSES.create("krum", {"f": 0, "neighbours": 2}),
+    "multi_krum": lambda: DEFENSES.create("multi_krum", {}),
+    "multi_krum_f1_m3": lambda: DEFENSES.create("multi_krum", {"f": 1, "m": 3}),
+    "multi_krum_f2": lambda: DEFENSES.create("multi_krum", {"f": 2}),
+}
+
+
+def exact_scores(x: torch.Tensor, adj: np.ndarray, i: int, byzantine: frozenset, messages, k: int
+                 ) -> tuple[list[int], list[float], list[float]]:
+    """(node i's row ids, the Krum scores of its centred rows exact to float64 rounding, their
+    tolerance): the rows as the loop builds them, distances from their float64 difference rows."""
+    nbrs = np.flatnonzero(adj[i]).tolist()
+    hon, byz = [j for j in nbrs if j not in byzantine], [j for j in nbrs if j in byzantine]
+    parts = [torch.zeros_like(x[i]).unsqueeze(0), x[hon] - x[i]]
+    if byz:
+        parts.append(messages(i, hon, byz).to(x.dtype) - x[i])
+    rows = torch.cat(parts).to(torch.float64)
+    ok = torch.isfinite(rows).all(1)
+    n = rows.shape[0]
+    dist = torch.full((n, n), math.inf, dtype=torch.float64)
+    size = torch.full((n, n), math.inf, dtype=torch.float64)
+    norm = torch.where(ok, rows.norm(dim=1), torch.zeros(n, dtype=torch.float64))
+    for a in range(n):
+        for b in range(n):
+            if a != b and ok[a] and ok[b]:
+                dist[a, b] = ((rows[a] - rows[b]) ** 2).sum()
+                size[a, b] = (norm[a] + norm[b]) ** 2
+    near = torch.sort(dist, dim=1)
+    score = near.values[:, :k].sum(1)
+    scale = size.gather(1, near.indices[:, :k]).sum(1)
+    rel, eta = (1e-4, 2.0 ** -149) if x.dtype == torch.float32 else (1e-9, 2.0 ** -1074)
+    return [i, *hon, *byz], score.tolist(), (rel * scale + k * 4 * x.shape[1] * eta).tolist()  # + underflow
+
+
+def _close(mine: float, exact: float, tol: float) -> bool:
+    return mine == exact or abs(mine - exact) <= tol
+
+
+def assert_identical(got: StepResult, want: StepResult, st_got: dict, st_want: dict, rule: str,
+                     world_of: tuple | None = None) -> None:
+    """The models bit for bit, the records and the states; where the batched form decided a Krum
+    node, its reported scores against the exact ones (``world_of``: (x, adj, byzantine, messages))."""
+    assert torch.equal(got.models, want.models)
+    assert got.accepted == want.accepted
+    assert got.refused == want.refused
+    if "krum" not in rule:
+        assert got.rejected == want.rejected
+        assert st_got == st_want
+        return
+    assert st_got.keys() == st_want.keys()
+    exact: dict[int, tuple[list[int], list[float], list[float]]] = {}
+    for i, b in st_want.items():
+        a = st_got[i]
+        assert a.keys() == b.keys(), i
+        if a == b:
+            continue  # the rule's own decision (a node the batched form left to it), or equal figures
+        for key in b:
+            if key == "scores":
+                assert world_of is not None
+                exact[i] = exact_scores(world_of[0], world_of[1], i, world_of[2], world_of[3], b["neighbours"])
+                _, score, tol = exact[i]
+                assert [math.isinf(v) for v in a[key]] == [math.isinf(v) for v in b[key]], i
+                assert all(_close(m, e, t) for m, e, t in zip(a[key], score, tol)), (i, a[key], score)
+            elif key == "selected" and "multi" in rule:
+                assert sorted(a[key]) == sorted(b[key]), i
+            else:
+                assert a[key] == b[key], (i, key)
+    assert got.rejected.keys() == want.rejected.keys()
+    for j, why in want.rejected.items():
+        mine = got.rejected[j]
+        assert _NUMBER.sub(r"\1?", mine) == _NUMBER.sub(r"\1?", why), (j, mine, why)
+        if mine == why:
+            continue
+        i = int(mine.split(":")[0].removeprefix("node "))  # quoted scores: node i's batched figures
+        ids, score, tol = exact[i]
+        slot, best = ids.index(j), st_got[i]["selected"][0]
+        quoted = [float(v) for _, v in _NUMBER.findall(mine)]
+        for v, k in zip(quoted, (slot, best)):  # printed to 6 digits
+            assert _close(v, score[k], tol[k] + 1e-5 * abs(score[k])), (j, mine, score[k])
+
+
+def random_world(seed: int, n: int, p: float, n_byz: int, d: int, dtype: torch.dtype, grid: bool, copies: int):
+    """A random graph (Erdős–Rényi, any degrees, maybe disconnected), Byzantine nodes that announce
+    degree 1, and models: Gaussian, or on a coarse integer grid (ties everywhere), with ``copies``
+    nodes holding another node's model."""
+    rng = np.random.default_rng(seed)
+    adj = np.triu(rng.random((n, n)) < p, 1)
+    adj = adj | adj.T
+    byz = sorted(rng.choice(n, size=min(n_byz, n - 1), replace=False).tolist())
+    claimed = adj.sum(1)
+    claimed[byz] = 1
+    w = graphs.mixing_matrix(adj, degrees=claimed)
+    x = rng.integers(-2, 3, size=(n, d)) if grid else rng.standard_normal((n, d)) * 10.0 ** rng.integers(-3, 4)
+    x = torch.as_tensor(x, dtype=dtype)
+    for _ in range(copies):
+        a, b = rng.choice(n, size=2, replace=False)
+        x[a] = x[b]
+    return adj, w, x, byz
+
+
+def hostile_messages(x: torch.Tensor, seed: int, kinds: list[str]):
+    """Each Byzantine neighbour of node i sends one of ``kinds`` (drawn per node from a generator
+    seeded by i, so both implementations get the same rows): noise around x_i, a copy of the first
+    attacker's row (identical messages), x_i itself (a copy of the own zero row), another node's
+    model, huge or tiny rows, NaN/inf rows."""
+    dt = x.dtype
+    huge = 1e30 if dt == torch.float32 else 1e200
+    tiny = 1e-30 if dt == torch.float32 else 1e-200
+
+    def send(i, hon, b):
+        g = np.random.default_rng(seed * 1000 + i)
+        out = x[i] + torch.as_tensor(g.standard_normal((len(b), x.shape[1])), dtype=dt)
+        for k in range(len(b)):
+            kind = kinds[int(g.integers(len(kinds)))]
+            if kind == "same" and k:
+                out[k] = out[0]
+            elif kind == "own":
+                out[k] = x[i]
+            elif kind == "honest" and hon:
+                out[k] = x[hon[int(g.integers(len(hon)))]]
+            elif kind == "huge":
+                out[k] = huge * torch.as_tensor(g.standard_normal(x.shape[1]), dtype=dt)
+            elif kind == "tiny":
+                out[k] = x[i] + tiny * torch.as_tensor(g.standard_normal(x.shape[1]), dtype=dt)
+            elif kind == "nan":
+                out[k, int(g.integers(x.shape[1]))] = float("nan")
+            elif kind == "inf":
+                out[k, 0] = float("inf")
+        return out
+
+    return send
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2 ** 20), n=st.integers(3, 14), p=st.sampled_from([0.2, 0.4, 0.7, 1.0]),
+       n_byz=st.integers(0, 3), d=st.sampled_from([1, 2, 5, 17, 300]),
+       dtype=st.sampled_from([torch.float32, torch.float64]), grid=st.booleans(), copies=st.integers(0, 3),
+       rule=st.sampled_from(sorted(SERVER_RULES)),
+       kinds=st.lists(st.sampled_from(["noise", "same", "own", "honest", "huge", "tiny", "nan", "inf"]),
+                      min_size=1, max_size=4))
+def test_server_rules_batched_equal_the_per_node_loop_bit_for_bit(seed, n, p, n_byz, d, dtype, grid, copies, rule,
+                                                                   kinds):
+    adj, w, x, byz = random_world(seed, n, p, n_byz, d, dtype, grid, copies)
+    send = hostile_messages(x, seed, kinds) if byz else None
+    merging = [i for i in range(n) if i not in byz]
+    st_got: dict = {}
+    st_want: dict = {}
+    got = gossip_step(x, adj, w, merging, SERVER_RULES[rule](), send, frozenset(byz), states=st_got)
+    want = reference_step(x, adj, w, merging, SERVER_RULES[rule](), send, frozenset(byz), states=st_want)
+    assert_identical(got, want, st_got, st_want, rule, (x, adj, frozenset(byz), send))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("rule", sorted(SERVER_RULES))
+@pytest.mark.parametrize("kind", ["ring", "erdos_renyi_hubs", "two_worlds_everywhere", "complete_none"])
+def test_server_rules_batched_on_the_test_worlds(rule, kind, dtype):
+    adj, w, x, byz = world(kind, dtype, d=300)
+    send = noise_messages(x, nonfinite=True) if byz else None
+    merging = [i for i in range(x.shape[0]) if i not in byz]
+    st_got: dict = {}
+    st_want: dict = {}
+    got = gossip_step(x, adj, w, merging, SERVER_RULES[rule](), send, frozenset(byz), states=st_got)
+    want = reference_step(x, adj, w, merging, SERVER_RULES[rule](), send, frozenset(byz), states=st_want)
+    assert_identical(got, want, st_got, st_want, rule, (x, adj, frozenset(byz), send))
+
+
+@pytest.mark.parametrize("rule", ["median", "trimmed_mean_1", "krum", "multi_krum"])
+def test_server_rules_decide_every_node_at_once_on_ordinary_inputs(rule, monkeypatch):
+    """On continuous finite inputs with no ties nothing is left to the rule node by node (the
+    equivalence above is not the per-node fallback's doing)."""
+    adj, w, x, byz = random_world(3, 30, 0.4, 3, 600, torch.float32, False, 0)
+
+    def per_node(*a, **k):
+        raise AssertionError("per-node merge called")
+
+    monkeypatch.setattr(G, "_merge_node", per_node)
+    merging = [i for i in range(30) if i not in byz]
+    res = gossip_step(x, adj, w, merging, SERVER_RULES[rule](), noise_messages(x), frozenset(byz))
+    assert not res.refused and not torch.equal(res.models[merging], x[merging])
+
+
+def test_krum_exact_ties_between_different_rows_go_to_the_rule():
+    """Node 0 sits far from its two neighbours v and −v, whose rows tie exactly under Krum (each is
+    the other's nearest, 4‖v‖² away: with n = 3 rows, k = 1, two mutual nearest rows always tie);
+    the rule breaks such a tie by the rows' content, so the batched form leaves the node to the
+    rule: same models, bit for bit."""
+    x = torch.tensor([[100.0, 0, 0], [1.0, 2.0, 3.0], [-1.0, -2.0, -3.0]], dtype=torch.float64)
+    adj = graphs.build_graph("complete", 3)
+    w = graphs.mixing_matrix(adj)
+    calls: list[int] = []
+    real = G._merge_node
+
+    def spy(x_, w_, i, *a, **k):
+        calls.append(i)
+        return real(x_, w_, i, *a, **k)
+
+    for rule in (DEFENSES.create("krum", {}), DEFENSES.create("multi_krum", {"f": 0, "m": 1})):
+        calls.clear()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(G, "_merge_node", spy)
+            got = gossip_step(x, adj, w, [0, 1, 2], rule)
+        want = reference_step(x, adj, w, [0, 1, 2], rule)
+        assert torch.equal(got.models, want.models) and got.accepted == want.accepted
+        assert 0 in calls  # node 0's tie: the rule's own
+
+
+@pytest.mark.parametrize("rule", ["median", "trimmed_mean_1", "krum", "multi_krum"])
+def test_server_rules_in_chunks_of_nodes_give_the_same_step(rule, monkeypatch):
+    adj, w, x, byz = world("erdos_renyi_hubs", torch.float64, d=40)
+    merging = [i for i in range(x.shape[0]) if i not in byz]
+    send = noise_messages(x)
+    whole = gossip_step(x, adj, w, merging, SERVER_RULES[rule](), send, frozenset(byz))
+    monkeypatch.setattr(GB._Form, "chunk_entries", 3 * 40 * 12)  # 3 nodes per chunk
+    parts = gossip_step(x, adj, w, merging, SERVER_RULES[rule](), send, frozenset(byz))
+    assert torch.equal(parts.models, whole.models) and parts.accepted == whole.accepted
+
+
+def test_only_the_exact_rules_take_a_batched_form():
+    assert GB.batched_form(DEFENSES.create("multi_krum", {"variant": "iterative"})) is None
+    assert GB.batched_form(DEFENSES.create("geometric_median", {})) is None
+    assert GB.batched_form(Mean()) is None
+    assert GB.batched_form(DEFENSES.create("trimmed_mean", {})).batch_ready() is False  # b unset: node by node

@@ -116,21 +116,26 @@ def gossip_step(x: torch.Tensor, adj: np.ndarray, w: np.ndarray, merging: list[i
     * a rule with ``decide_batch`` (:mod:`defenses.gossip`: ClippedGossip, CS+, IOS) gets every
       neighbourhood at once, padded to (nodes × (1 + max degree) × d) with a mask (in chunks of
       nodes), and must decide each exactly as ``decide`` does (up to the summation order).
-    * any other rule (``median``, ``trimmed_mean``, ``krum`` …) is called node by node; a node whose
-      neighbourhood the rule refuses (an :class:`~redteam.errors.InvalidParameter`, e.g. Krum with
-      too few neighbours) or whose aggregate is non-finite keeps its model, and ``refused`` says why.
+    * ``median``, ``trimmed_mean``, ``krum`` and ``multi_krum`` (``variant = "scores"``) take the same
+      padded path through their batched forms (:mod:`defenses._gossip_batch`), which give the
+      per-node rule's models bit for bit; a node they cannot settle (e.g. an exact tie between
+      different rows under Krum) is left to the rule itself (``BatchDecision.undecided``).
+    * any other rule (``geometric_median``, ``centered_clipping`` …) is called node by node; a node
+      whose neighbourhood the rule refuses (an :class:`~redteam.errors.InvalidParameter`, e.g. Krum
+      with too few neighbours) or whose aggregate is non-finite keeps its model, and ``refused``
+      says why.
 
     The attack's ``messages`` are asked for in the order of ``merging`` in every path."""
     res = StepResult(x.clone())
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
     hoods = [_neighbourhood(adj, i, byzantine) for i in merging]
-    batch = getattr(defense, "decide_batch", None)
+    batched = _batched_rule(defense)
     if _is_plain_mean(defense):
         sent = _all_messages(x, merging, hoods, messages)
         _mean_step(x, w, merging, hoods, sent, defense, res, rnd, gen, states)
-    elif callable(batch) and _batch_ready(defense):
+    elif batched is not None and _batch_ready(batched):
         sent = _all_messages(x, merging, hoods, messages)
-        _batched_step(x, w, merging, hoods, sent, defense, res, states)
+        _batched_step(x, w, merging, hoods, sent, batched, res, states, defense=defense, rnd=rnd, gen=gen)
     else:
         for i, (hon, byz) in zip(merging, hoods):
             got = _sent(x, i, hon, byz, messages) if byz else None
@@ -247,6 +252,18 @@ def _mean_step(x: torch.Tensor, w: np.ndarray, merging: list[int], hoods: list[t
             res.accepted.setdefault(j, True)
 
 
+def _batched_rule(defense: Any) -> Any:
+    """What decides every neighbourhood at once: the rule itself when it has ``decide_batch``, the
+    batched form of a server rule (:func:`defenses._gossip_batch.batched_form`), or ``None``."""
+    if callable(getattr(defense, "decide_batch", None)):
+        return defense
+    try:
+        from defenses._gossip_batch import batched_form
+    except ImportError:  # pragma: no cover - the built-in rules are installed with redteam
+        return None
+    return batched_form(defense)
+
+
 def _batch_ready(defense: Any) -> bool:
     """Whether the rule's batched form can run (its parameters are set); a rule that would refuse
     every neighbourhood is left to the per-node path, which records the refusal node by node."""
@@ -255,19 +272,41 @@ def _batch_ready(defense: Any) -> bool:
 
 
 def _batched_step(x: torch.Tensor, w: np.ndarray, merging: list[int], hoods: list[tuple[list[int], list[int]]],
-                  sent: dict[int, torch.Tensor], defense: Any, res: StepResult,
-                  states: dict[int, dict] | None) -> None:
+                  sent: dict[int, torch.Tensor], batched: Any, res: StepResult,
+                  states: dict[int, dict] | None, *, defense: Any = None, rnd: int = 0,
+                  gen: torch.Generator | None = None) -> None:
     """Every merging node's neighbourhood padded to (nodes × K × d), K = 1 + the largest degree,
-    decided by ``defense.decide_batch`` in chunks of nodes (:func:`gossip_step`)."""
+    decided by ``batched.decide_batch`` in chunks of nodes (:func:`gossip_step`); the nodes it
+    leaves ``undecided`` are merged by ``defense`` (the rule itself) node by node. The records
+    (accepted, rejected, refused, state) are written node by node in the order of ``merging``,
+    as the per-node loop writes them. ``batched.chunk_entries``, where set, replaces the chunk
+    size; with ``batched.sort_by_degree`` the chunks take the nodes by degree, each padded to its
+    own largest degree only (a form whose per-node results do not depend on the padding)."""
     if not merging:
         return
+    defense = batched if defense is None else defense
+    gen = gen if gen is not None else torch.Generator().manual_seed(0)
     d = x.shape[1]
-    k_max = 1 + max(len(hon) + len(byz) for hon, byz in hoods)
-    chunk = max(1, _CHUNK_ENTRIES // max(1, k_max * d))
-    buf = torch.empty((min(chunk, len(merging)) * k_max, d), dtype=x.dtype, device=x.device)
-    for s in range(0, len(merging), chunk):
-        nodes = merging[s:s + chunk]
-        part = hoods[s:s + chunk]
+    entries = getattr(batched, "chunk_entries", None) or _CHUNK_ENTRIES
+    degree = [len(hon) + len(byz) for hon, byz in hoods]
+    chunks: list[tuple[list[int], int]] = []  # (positions in merging, K)
+    if getattr(batched, "sort_by_degree", False):
+        cur: list[int] = []
+        for p in sorted(range(len(merging)), key=lambda q: degree[q]):  # stable: merging order within a degree
+            if cur and (len(cur) + 1) * (1 + degree[p]) * d > entries:
+                chunks.append((cur, 1 + degree[cur[-1]]))
+                cur = []
+            cur.append(p)
+        chunks.append((cur, 1 + degree[cur[-1]]))
+    else:
+        k_max = 1 + max(degree)
+        chunk = max(1, entries // max(1, k_max * d))
+        chunks = [(list(range(s, min(s + chunk, len(merging)))), k_max) for s in range(0, len(merging), chunk)]
+    buf = torch.empty((max(len(pos) * k for pos, k in chunks), d), dtype=x.dtype, device=x.device)
+    records: dict[int, Any] = {}  # position in merging → what to write for that node (None: the rule's own)
+    for pos, k_max in chunks:
+        nodes = [merging[p] for p in pos]
+        part = [hoods[p] for p in pos]
         c = len(nodes)
         src = np.array([[i] * k_max for i in nodes])  # padding points at the node itself
         valid = np.zeros((c, k_max), dtype=bool)
@@ -294,26 +333,41 @@ def _batched_step(x: torch.Tensor, w: np.ndarray, merging: list[int], hoods: lis
         vmask = torch.as_tensor(valid, device=x.device)
         if not valid.all():
             rows[~vmask] = 0  # padding (x_i − x_i, but not when x_i is not finite)
-        dec = defense.decide_batch(rows, torch.as_tensor(wt, dtype=x.dtype, device=x.device), vmask, own_row=0)
+        dec = batched.decide_batch(rows, torch.as_tensor(wt, dtype=x.dtype, device=x.device), vmask, own_row=0)
         agg = dec.aggregate.to(x.dtype)
         fin = torch.isfinite(agg).all(1)
+        undecided = getattr(dec, "undecided", frozenset())
+        if undecided:
+            fin[list(undecided)] = False  # not written here: the rule merges those nodes itself
         new = xi + agg
         okr = fin.nonzero().flatten()
         res.models[node_idx[okr]] = new[okr]
         fin_l = fin.tolist()
         acc = (dec.accepted | ~vmask).cpu().numpy()
-        for r, i in enumerate(nodes):
-            if states is not None:
-                states[i] = dict(dec.states[r])
-            if not fin_l[r]:
-                res.refused[i] = f"node {i} kept its model: non-finite aggregate"
+        for r, p in enumerate(pos):
+            if r in undecided:
+                records[p] = None
                 continue
             row_ids = ids[r, 1:][valid[r, 1:]].tolist()
             row_ok = acc[r, 1:][valid[r, 1:]].tolist()
-            for k, (j, ok) in enumerate(zip(row_ids, row_ok), start=1):
-                res.accepted[j] = res.accepted.get(j, True) and ok
-                if not ok:
-                    res.rejected.setdefault(j, f"node {i}: {dec.reasons.get((r, k), 'rejected')}")
+            why = {k: dec.reasons.get((r, k), "rejected") for k, ok in enumerate(row_ok, start=1) if not ok}
+            records[p] = (dec.states[r], fin_l[r], row_ids, row_ok, why)
+    for p, i in enumerate(merging):  # the records, in the loop's order
+        rec = records[p]
+        if rec is None:
+            hon, byz = hoods[p]
+            _merge_node(x, w, i, hon, byz, sent.get(i), defense, res, rnd, gen, states)
+            continue
+        state, finite, row_ids, row_ok, why = rec
+        if states is not None:
+            states[i] = dict(state)
+        if not finite:
+            res.refused[i] = f"node {i} kept its model: non-finite aggregate"
+            continue
+        for k, (j, ok) in enumerate(zip(row_ids, row_ok), start=1):
+            res.accepted[j] = res.accepted.get(j, True) and ok
+            if not ok:
+                res.rejected.setdefault(j, f"node {i}: {why[k]}")
 
 
 class GossipRun:
