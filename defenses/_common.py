@@ -4,12 +4,15 @@
   matrix ‖xᵢ‖² + ‖xⱼ‖² − 2⟨xᵢ, xⱼ⟩, accumulated over column chunks so that no float64
   copy of the whole ``(n, d)`` matrix and no ``(n, n, d)`` tensor is ever built.
 * :func:`sorted_reduce` — sort every coordinate's ``n`` values and reduce them,
-  chunk by chunk. On CPU it runs a bitonic sorting network over the rows (elementwise
-  min/max across whole rows, so every step is a vectorized op over the chunk's
-  columns); elsewhere it calls ``torch.sort``. NaN sorts as +inf, so a non-finite row
-  acts as an extreme value, never as a poison that spreads to every coordinate.
-  :func:`halves_reduce` sorts only the two halves of the rows and :func:`kth_of_two`
-  reads any order statistic off them (median, trimmed-mean cut points).
+  chunk by chunk. On CPU, float32/float64 columns are sorted by numpy on a transposed
+  tile (SIMD sorting networks on short rows), other dtypes by a bitonic network of
+  elementwise min/max over whole rows; elsewhere it calls ``torch.sort``. NaN sorts as
+  +inf, so a non-finite row acts as an extreme value, never as a poison that spreads to
+  every coordinate. :func:`halves_reduce` sorts only the two halves of the rows and
+  :func:`kth_of_two` reads any order statistic off them (the trimmed mean's cut points).
+  :func:`order_statistics` (the median) and :func:`trimmed_means32` (the float32 trimmed
+  mean, with a proof per column that it has the halves' bits) sort tiles of columns on
+  threads of our own, every op below ATen's grain: no OpenMP parallel region per op.
 * :func:`finite_rows`, :func:`row_norms`, :func:`combine` — row screening, float64
   norms and weighted sums that a zero-weight NaN row cannot spoil.
 * :func:`rescale_pow2`, :func:`rescale_rows_pow2` — exact power-of-two rescaling of rows
@@ -387,8 +390,271 @@ def _pow2(k: int) -> int:
 
 
 def _chunk_columns(rows: int) -> int:
-    # two ping-pong buffers of rows × c values should stay cache-resident
+    # the columns a reduce sees at once (the bitonic network's two ping-pong buffers of
+    # rows × c values): unchanged, since a reduce's bits may depend on its chunk
     return max(2048, min(16384, (1 << 20) // max(rows, 1)))
+
+
+#: ATen runs an elementwise op or a reduction over fewer elements than this on the calling
+#: thread (``at::internal::GRAIN_SIZE``): a tile of at most this many values opens no
+#: OpenMP parallel region, so tiles can be spread over threads of our own
+_GRAIN = 32768
+
+
+def _numpy_sorts(x: "torch.Tensor", n: int) -> bool:
+    """Columns sorted by numpy: CPU float32/float64, non-empty. numpy sorts the short rows
+    of a transposed tile with SIMD sorting networks (x86-simd-sort's AVX-512/AVX2 kernels
+    on x86): at n = 100, ~1.5 ns a value, against tens of ns for ``torch.sort`` or
+    ``torch.kthvalue`` along a row and ~9 ns for a bitonic network of ``torch.minimum`` /
+    ``torch.maximum`` calls (each of its 21 layers streams the tile through the cache)."""
+    import torch
+
+    return x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and n > 0 and x.shape[1] > 0
+
+
+def _tile_plan(n: int, d: int, unit: int = 16, chunk: "int | None" = None, *,
+               split: bool = False) -> tuple[int, int, int]:
+    """(columns per tile, threads, columns per op) for sorting ``n`` values in each of ``d``
+    columns.
+
+    With ``torch.get_num_threads()`` > 1, tiles are spread over that many threads of our own
+    (numpy's sort and torch's ops release the GIL), and every torch op covers at most
+    :data:`_GRAIN` values: it runs where it is called, and no parallel region of a few
+    microseconds waits on a thread that the machine's load has descheduled. The tiles are
+    that small too, unless ``split`` (the caller cuts its torch ops into pieces of the
+    third value; numpy's ops, one thread each, take the whole tile). With one thread, or
+    when ``unit`` columns hold more than :data:`_GRAIN` values, one thread and wide tiles:
+    fewer Python calls. The width is a multiple of ``unit``; with ``chunk`` (a power of two,
+    a multiple of ``unit``), a power of two dividing it.
+    """
+    import torch
+
+    def fit(most: int) -> int:
+        if chunk is None:
+            return max(unit, most // unit * unit)
+        width = unit
+        while width * 2 <= min(most, chunk):
+            width *= 2
+        return width
+
+    wide = fit(max(unit, min(2048, (1 << 18) // max(n, 1))))
+    threads = torch.get_num_threads()
+    if threads > 1 and unit * n <= _GRAIN:
+        small = fit(_GRAIN // max(n, 1))
+        width = wide if split else small
+        threads = min(threads, -(-d // width) // 4)  # four tiles a thread at least
+        if threads > 1:
+            return width, threads, small
+    return wide, 1, wide
+
+
+def _load_tile(x: "torch.Tensor", rows: "torch.Tensor | None", start: int, tile: "torch.Tensor",
+               cols: "torch.Tensor | None" = None) -> None:
+    """``tile`` ``(n, c)`` ← columns ``start …`` of ``x`` (of its rows ``rows``, in that
+    order), NaN replaced by +inf; and ``cols`` ``(c, n)`` ← its transpose (torch's blocked
+    transpose of the contiguous tile: straight from ``x``, the strided reads are ~5× slower)."""
+    import torch
+
+    src = x[:, start:start + tile.shape[1]]
+    if rows is None:
+        torch.nan_to_num(src, nan=math.inf, posinf=math.inf, neginf=-math.inf, out=tile)
+    else:  # gathered straight into the tile: no copy of the selected rows as a whole
+        torch.index_select(src, 0, rows, out=tile)
+        torch.nan_to_num(tile, nan=math.inf, posinf=math.inf, neginf=-math.inf, out=tile)
+    if cols is not None:
+        cols.copy_(tile.T)
+
+
+def _each_tile(x: "torch.Tensor", n: int, work: Callable[..., None], *,
+               unit: int = 16, chunk: "int | None" = None,
+               needed: "Callable[[int, int], bool] | None" = None, load: bool = False) -> None:
+    """Call ``work`` for every column tile of ``x`` (CPU), on :func:`_tile_plan`'s threads
+    (``work`` must write only its own columns).
+
+    ``load``: ``work(start, cols, cols_np, piece)`` with ``cols`` ``(c, n)`` holding columns
+    ``start … start + c − 1`` of ``x`` transposed, NaN replaced by +inf, ``cols_np`` its numpy
+    view, and ``piece`` the most columns a torch op of ``work`` may cover. Otherwise
+    ``work(start, tile, cols, cols_np)`` with scratch buffers ``tile`` ``(n, c)`` and ``cols``
+    that ``work`` fills (:func:`_load_tile`) and whose torch ops may cover the whole tile.
+    Buffers are reused for the worker's next tile of the same width. With ``chunk``, no tile
+    straddles a multiple of ``chunk``; ``needed(start, c)`` False skips the tile.
+    """
+    import threading
+
+    import torch
+
+    d = x.shape[1]
+    width, threads, piece = _tile_plan(n, d, unit, chunk, split=load)
+    step = d if chunk is None else chunk
+    spans = ((t, min(width, end - t)) for s in range(0, d, step) for end in [min(s + step, d)]
+             for t in range(s, end, width))
+    lock = threading.Lock()
+
+    def next_span() -> "tuple[int, int] | None":
+        with lock:
+            for start, c in spans:
+                if needed is None or needed(start, c):
+                    return start, c
+            return None
+
+    def run() -> None:
+        buffers: dict[int, tuple[Any, ...]] = {}
+        while (span := next_span()) is not None:
+            start, c = span
+            if c not in buffers:
+                cols = torch.empty(c, n, dtype=x.dtype)
+                pieces = [(j, min(piece, c - j)) for j in range(0, c, piece)]
+                tiles = {w: torch.empty(n, w, dtype=x.dtype) for w in {w for _, w in pieces}}
+                buffers[c] = (cols, cols.numpy(), pieces, tiles)
+            cols, cols_np, pieces, tiles = buffers[c]
+            if not load:
+                work(start, tiles[c], cols, cols_np)
+                continue
+            for j, w in pieces:  # each piece's copy and transpose below the grain
+                _load_tile(x, None, start + j, tiles[w], cols[j:j + w])
+            work(start, cols, cols_np, piece)
+
+    if threads == 1:
+        run()
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(threads) as pool:
+        for future in [pool.submit(run) for _ in range(threads)]:
+            future.result()
+
+
+def order_statistics(x: "torch.Tensor", ranks: tuple[int, ...]) -> "torch.Tensor":
+    """``(len(ranks), d)``: row i holds, for every column, its ``ranks[i]``-th smallest value
+    (0-based; NaN sorted as +inf, and returned as +inf). ``x`` is not changed."""
+    import torch
+
+    ranks = tuple(int(r) for r in ranks)
+    n, d = x.shape
+    if not _numpy_sorts(x, n):
+        return halves_reduce(x, lambda a, b: torch.stack([kth_of_two(a, b, r) for r in ranks]), lead=(len(ranks),))
+    out = torch.empty(len(ranks), d, dtype=x.dtype)
+    out_np = out.numpy()
+    lo = min(ranks)
+    picks: Any = slice(lo, lo + len(ranks)) if ranks == tuple(range(lo, lo + len(ranks))) else list(ranks)
+
+    def work(start: int, cols: "torch.Tensor", cols_np: Any, piece: int) -> None:
+        cols_np.sort(axis=1)
+        out_np[:, start:start + cols_np.shape[0]] = cols_np[:, picks].T
+
+    _each_tile(x, n, work, load=True)
+    return out
+
+
+def trimmed_means32(x: "torch.Tensor", b: int) -> "tuple[torch.Tensor, torch.Tensor]":
+    """(means, settled), both ``(d,)``, for float32 ``x`` on CPU: per column, the mean of its
+    sorted values of ranks b … n − 1 − b (NaN as +inf) summed in float64, as float32, and
+    where that mean is, bit for bit, the one :func:`defenses.median.trimmed_mean` takes over
+    its sorted halves (summed in another order, and with the clamped values).
+
+    Let M = max(|s_b|, |s_{n−1−b}|): every kept and every clamped value lies in
+    [s_b, s_{n−1−b}]. A column is settled when either holds:
+
+    * the rounding cannot matter: any order of float64 additions of these values (the
+      halves' sums, then − b·(s_b + s_{n−1−b})) stays within ε = (n + 2)²·2⁻⁵²·M of the exact
+      sum, so after the division by keep = n − 2b the two means lie within
+      3·(ε/keep + 2⁻⁵³·|mean|) of each other; where both ends of the interval
+      mean ± 8·(ε/keep + 2⁻⁵³·|mean|) (computed in float64) have the same float32 bits,
+      rounding is monotone, and so do the two means;
+    * the sums are exact: with m the smallest nonzero |s_r|, b ≤ r ≤ n − 1 − b, every such
+      value is a multiple of 2^u with 2^u > m·2⁻²⁴ (float32 keeps 24 significant bits;
+      subnormals are multiples of 2⁻¹⁴⁹), and every partial sum is at most 2n·M: n·M ≤ m·2²⁸
+      keeps them multiples of 2^u below 2^(u+53), exact in any order (checked only for the
+      columns the first test leaves: those whose mean is near 0 or near a float32 midpoint).
+
+    A non-finite M settles nothing; the unsettled columns must take the halves' path.
+    """
+    import numpy as np
+    import torch
+
+    n, d = x.shape
+    keep = n - 2 * b
+    sums = torch.empty(d, dtype=torch.float64)
+    means = torch.empty(d, dtype=x.dtype)
+    settled = torch.empty(d, dtype=torch.bool)
+    sums_np, means_np, settled_np = sums.numpy(), means.numpy(), settled.numpy()
+    slack = 8.0 * (n + 2) ** 2 * 2.0 ** -52 / keep  # reach = slack·M + 8·2⁻⁵³·|mean|
+
+    def work(start: int, cols: "torch.Tensor", cols_np: Any, piece: int) -> None:
+        cols_np.sort(axis=1)
+        end = start + cols.shape[0]
+        for j in range(start, end, piece):
+            torch.sum(cols[j - start:j - start + piece, b:n - b], dim=1, dtype=torch.float64,
+                      out=sums[j:min(j + piece, end)])
+        # per tile, in numpy: vectors of c values, in the cache (one op over all d would stream them)
+        with np.errstate(invalid="ignore", over="ignore"):  # inf − inf, a float32 overflow: not settled
+            mean = sums_np[start:end]
+            mean += 0.0  # a zero sum is +0.0, as the halves' sums give
+            mean /= keep
+            means_np[start:end] = mean
+            big = np.maximum(np.abs(cols_np[:, b]), np.abs(cols_np[:, n - 1 - b])).astype(np.float64)
+            reach = np.abs(mean)
+            reach *= 8.0 * 2.0 ** -53
+            reach += slack * big
+            low, high = (mean - reach).astype(np.float32), (mean + reach).astype(np.float32)
+            settled_np[start:end] = (low.view(np.int32) == high.view(np.int32)) & np.isfinite(big)
+
+    _each_tile(x, n, work, load=True)
+    rest = (~settled).nonzero().flatten()
+    if rest.numel():  # the exact-sum test, on those columns sorted again
+        cols = torch.nan_to_num(x.index_select(1, rest), nan=math.inf, posinf=math.inf, neginf=-math.inf)
+        kept = np.sort(cols.T.contiguous().numpy(), axis=1)[:, b:n - b]
+        size = np.abs(kept)
+        with np.errstate(invalid="ignore", over="ignore"):
+            smallest = np.min(size, axis=1, where=size > 0, initial=np.inf).astype(np.float64)
+            big = np.maximum(size[:, 0], size[:, -1]).astype(np.float64)
+            settled[rest] = torch.from_numpy(np.isfinite(big) & (big * n <= smallest * 2.0 ** 28))
+    return means, settled
+
+
+def _sort_segments(cols: Any, segments: list[slice]) -> None:
+    """Sort, in place, every row of the numpy array ``cols`` within each slice of columns."""
+    if len(segments) == 1:
+        cols.sort(axis=1)
+        return
+    for seg in segments:
+        cols[:, seg].sort(axis=1)
+
+
+def _sorted_chunks(x: "torch.Tensor", rows: "torch.Tensor | None", n: int, bounds: list[int],
+                   reduce: Callable[..., "torch.Tensor"], out: "torch.Tensor", c: int) -> "torch.Tensor":
+    """:func:`_sorted_groups` on CPU float32/float64, ``reduce`` called on whole chunks."""
+    import torch
+
+    d = x.shape[1]
+    segments = [slice(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+    threads = _tile_plan(n, d)[1]
+    pool = None
+    if threads > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(threads)
+    try:
+        buf_a = torch.empty(n, c, dtype=x.dtype)
+        buf_b = torch.empty(c, n, dtype=x.dtype)
+        for start in range(0, d, c):
+            width = min(c, d - start)
+            a = buf_a if width == c else torch.empty(n, width, dtype=x.dtype)
+            b = buf_b if width == c else torch.empty(width, n, dtype=x.dtype)
+            _load_tile(x, rows, start, a, b)
+            b_np = b.numpy()
+            if pool is None:
+                _sort_segments(b_np, segments)
+            else:
+                step = -(-width // threads)
+                for future in [pool.submit(_sort_segments, b_np[i:i + step], segments) for i in range(0, width, step)]:
+                    future.result()
+            a.copy_(b.T)
+            out[..., start:start + width] = reduce(*[a[seg] for seg in segments])
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    return out
 
 
 def _sorted_groups(
@@ -397,37 +663,81 @@ def _sorted_groups(
     reduce: Callable[..., "torch.Tensor"],
     out_dtype: "torch.dtype | None",
     rows: "torch.Tensor | None" = None,
+    lead: tuple[int, ...] = (),
+    columns: "torch.Tensor | None" = None,
+    local: bool = False,
 ) -> "torch.Tensor":
     """Sort consecutive row groups of sizes ``splits`` per column; reduce chunk by chunk.
 
-    ``reduce(*groups)`` receives each group's ``(size, c)`` values sorted ascending
-    (NaN as +inf) and returns ``(c,)``. On CPU the groups are padded with +inf to a
-    common power of two and sorted together by one bitonic network; elsewhere
-    ``torch.sort`` is used.
+    ``reduce(*groups)`` receives each group's ``(size, c)`` values sorted ascending (NaN as
+    +inf), contiguous, and returns ``(*lead, c)``. On CPU, ``reduce`` sees the chunks it
+    always saw, :func:`_chunk_columns` wide: its results may depend on the chunk (torch
+    sums a chunk's last columns in another order than the others, and a reduce may branch
+    on the whole chunk, as Bulyan's does on an overflow). float32 and float64 columns are
+    sorted by numpy on the chunk's transpose (:func:`_numpy_sorts`; the rows spread over
+    :func:`_tile_plan`'s threads); other dtypes by a bitonic network (the groups padded
+    with +inf to a common power of two and sorted together). Elsewhere ``torch.sort``.
+
+    ``local``: ``reduce`` computes every column from that column alone (no branch on the
+    chunk): float32/float64 chunks are then cut into tiles of a power of two ≥ 256 columns,
+    each sorted and reduced on its own on those threads, with no chunk-wide op (a column
+    sits at the same place in a block of 32 as in its chunk, and torch sums by such blocks:
+    same bits). ``columns`` (bool ``(d,)``, with ``local``): only these columns are needed
+    (the output is undefined elsewhere); tiles without one are skipped, and where they are
+    few only they are sorted, the tile's other columns set to 0.
     """
     import torch
 
     if rows is not None and x.device.type != "cpu":
         x, rows = x.index_select(0, rows), None
     n, d = (x.shape[0] if rows is None else int(rows.numel())), x.shape[1]
-    out = torch.empty(d, dtype=out_dtype or x.dtype, device=x.device)
+    out = torch.empty(*lead, d, dtype=out_dtype or x.dtype, device=x.device)
     bounds = [0]
     for size in splits:
         bounds.append(bounds[-1] + size)
     if x.device.type != "cpu":
         for start in range(0, d, 1 << 20):
+            if columns is not None and not bool(columns[start:start + (1 << 20)].any()):
+                continue
             block = torch.nan_to_num(x[:, start:start + (1 << 20)], nan=math.inf, posinf=math.inf,
                                      neginf=-math.inf)
             parts = [torch.sort(block[lo:hi], dim=0).values for lo, hi in zip(bounds, bounds[1:])]
-            out[start:start + block.shape[1]] = reduce(*parts)
+            out[..., start:start + block.shape[1]] = reduce(*parts)
         return out
     group = _pow2(max(splits))
     height = group * len(splits)
     c = _chunk_columns(height)
+    if _numpy_sorts(x, n) and not local:
+        return _sorted_chunks(x, rows, n, bounds, reduce, out, c)
+    if _numpy_sorts(x, n):
+        segments = [slice(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+
+        def needed(start: int, width: int) -> bool:
+            return columns is None or bool(columns[start:start + width].any())
+
+        def work(start: int, tile: "torch.Tensor", cols: "torch.Tensor", cols_np: Any) -> None:
+            width = tile.shape[1]
+            few = None if columns is None else columns[start:start + width].nonzero().flatten()
+            if few is not None and few.numel() * 4 < width:  # sort those columns only; the others 0
+                part = torch.empty(n, few.numel(), dtype=x.dtype)
+                _load_tile(x[:, start:start + width].index_select(1, few), rows, 0, part)
+                part_t = part.T.contiguous()
+                _sort_segments(part_t.numpy(), segments)
+                tile.zero_().index_copy_(1, few, part_t.T)
+            else:
+                _load_tile(x, rows, start, tile, cols)
+                _sort_segments(cols_np, segments)
+                tile.copy_(cols.T)
+            out[..., start:start + width] = reduce(*[tile[seg] for seg in segments])
+
+        _each_tile(x, n, work, unit=256, chunk=c, needed=needed)
+        return out
     buf_a = torch.empty(height, c, dtype=x.dtype)
     buf_b = torch.empty(height, c, dtype=x.dtype)
     for start in range(0, d, c):
         width = min(c, d - start)
+        if columns is not None and not bool(columns[start:start + width].any()):
+            continue
         a = buf_a if width == c else torch.empty(height, width, dtype=x.dtype)
         b = buf_b if width == c else torch.empty(height, width, dtype=x.dtype)
         for g, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
@@ -443,7 +753,7 @@ def _sorted_groups(
                 a[top + hi - lo:top + group].fill_(math.inf)
         s = _bitonic(a, b, group) if group > 1 else a
         parts = [s[g * group:g * group + size] for g, size in enumerate(splits)]
-        out[start:start + width] = reduce(*parts)
+        out[..., start:start + width] = reduce(*parts)
     return out
 
 
@@ -452,6 +762,7 @@ def sorted_reduce(
     reduce: Callable[["torch.Tensor"], "torch.Tensor"],
     out_dtype: "torch.dtype | None" = None,
     rows: "torch.Tensor | None" = None,
+    local: bool = False,
 ) -> "torch.Tensor":
     """Apply ``reduce`` to the coordinate-wise sorted values, chunk by chunk.
 
@@ -459,27 +770,32 @@ def sorted_reduce(
     values in ascending order (NaN sorted as +inf) and returns a ``(c,)`` tensor.
     The result ``(d,)`` is in ``out_dtype`` (default: ``x.dtype``). ``x`` is not changed.
     ``rows`` (indices): reduce over those rows of ``x`` only, as if ``x[rows]`` were given
-    (without building that copy).
+    (without building that copy). ``local``: see :func:`_sorted_groups`.
     """
-    return _sorted_groups(x, (x.shape[0] if rows is None else int(rows.numel()),), reduce, out_dtype, rows)
+    return _sorted_groups(x, (x.shape[0] if rows is None else int(rows.numel()),), reduce, out_dtype, rows,
+                          local=local)
 
 
 def halves_reduce(
     x: "torch.Tensor",
     reduce: Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"],
     out_dtype: "torch.dtype | None" = None,
+    lead: tuple[int, ...] = (),
+    columns: "torch.Tensor | None" = None,
+    local: bool = False,
 ) -> "torch.Tensor":
     """Like :func:`sorted_reduce`, but only the two halves of the rows are sorted.
 
     ``reduce(lo, hi)`` gets rows ``[0, ⌈n/2⌉)`` and ``[⌈n/2⌉, n)`` each sorted per
     column; :func:`kth_of_two` then finds any order statistic of the union without
-    the final merge (a quarter of the sorting network for n = 100).
+    the final merge (a quarter of the sorting network for n = 100). ``lead``, ``columns``,
+    ``local``: as for :func:`_sorted_groups`.
     """
     n = x.shape[0]
     p = (n + 1) // 2
     if n - p == 0:
-        return _sorted_groups(x, (n,), lambda s: reduce(s, s[:0]), out_dtype)
-    return _sorted_groups(x, (p, n - p), reduce, out_dtype)
+        return _sorted_groups(x, (n,), lambda s: reduce(s, s[:0]), out_dtype, lead=lead, columns=columns, local=local)
+    return _sorted_groups(x, (p, n - p), reduce, out_dtype, lead=lead, columns=columns, local=local)
 
 
 def kth_of_two(a: "torch.Tensor", b: "torch.Tensor", k: int) -> "torch.Tensor":

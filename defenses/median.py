@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from redteam.pipeline import Aggregator
 from redteam.types import Decision, ServerContext, param_error
 
-from ._common import check_choice, check_count, finite_or_refuse, finite_rows, halves_reduce, kth_of_two
+from ._common import (check_choice, check_count, finite_or_refuse, finite_rows, halves_reduce, kth_of_two,
+                      order_statistics, trimmed_means32)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -35,13 +36,16 @@ def coordinate_median(updates: "torch.Tensor", even_rule: str = "midpoint") -> "
     """Median of every column of ``updates`` ``(n, d)`` → ``(d,)``.
 
     For even n, ``even_rule="midpoint"`` averages the two middle values (the usual
-    statistical median); ``"lower"`` takes the lower one (what ``torch.median`` does).
+    statistical median), as ½·lower + ½·upper in the input's dtype (no overflow near the
+    largest float); ``"lower"`` takes the lower one (what ``torch.median`` does). NaN counts
+    as +inf. The sign of a zero median is not specified when -0.0 and +0.0 meet in the middle.
     """
     n = updates.shape[0]
     k = (n - 1) // 2
     if n % 2 == 1 or even_rule == "lower":
-        return halves_reduce(updates, lambda a, b: kth_of_two(a, b, k))
-    return halves_reduce(updates, lambda a, b: 0.5 * kth_of_two(a, b, k) + 0.5 * kth_of_two(a, b, k + 1))
+        return order_statistics(updates, (k,))[0]
+    s = order_statistics(updates, (k, k + 1))
+    return 0.5 * s[0] + 0.5 * s[1]
 
 
 def trimmed_mean(updates: "torch.Tensor", b: int) -> "torch.Tensor":
@@ -52,8 +56,28 @@ def trimmed_mean(updates: "torch.Tensor", b: int) -> "torch.Tensor":
     Σ_{b ≤ r < n−b} s[r] = Σ clamp(x, lo, hi) − b·lo − b·hi, exactly, and the dropped
     values (however huge) never enter a sum. Sums are accumulated in float64 (the values
     widened first: torch sums a float32 column into float64 several times slower than
-    it sums a float64 one, in the same order).
+    it sums a float64 one, in the same order), over the two sorted halves of the rows.
+
+    float32 on CPU: the sorted kept values are summed directly, and every column where
+    that provably gives the same float32 bits (almost all:
+    :func:`~defenses._common.trimmed_means32`) is taken from there; the others, and every
+    other dtype or device, take the halves' sums above.
     """
+    import torch
+
+    n = updates.shape[0]
+    if updates.dtype == torch.float32 and updates.device.type == "cpu" and n > 0 and updates.shape[1] > 0:
+        out, settled = trimmed_means32(updates, b)
+        if not bool(settled.all()):
+            redo = ~settled
+            out[redo] = _trimmed_mean_halves(updates, b, redo)[redo]
+        return out
+    return _trimmed_mean_halves(updates, b)
+
+
+def _trimmed_mean_halves(updates: "torch.Tensor", b: int, columns: "torch.Tensor | None" = None) -> "torch.Tensor":
+    """:func:`trimmed_mean` over the sorted halves (what defines its bits); ``columns``
+    (bool ``(d,)``): only those are needed, the others are left undefined."""
     import torch
 
     n = updates.shape[0]
@@ -70,7 +94,7 @@ def trimmed_mean(updates: "torch.Tensor", b: int) -> "torch.Tensor":
         total -= b * (lo.to(torch.float64) + hi.to(torch.float64))
         return total / keep
 
-    return halves_reduce(updates, reduce)
+    return halves_reduce(updates, reduce, columns=columns, local=True)  # each column from its own values
 
 
 def _screen(updates: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor", dict[int, str]]:
