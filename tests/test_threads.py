@@ -85,3 +85,19 @@ def test_the_suite_runs_one_intra_op_thread_unless_a_test_asks():
 @pytest.mark.threads(2)
 def test_a_threads_mark_gives_a_test_its_own_count():
     assert torch.get_num_threads() == 2
+
+
+def test_importing_redteam_makes_openmp_wait_passively_unless_the_user_chose():
+    """OpenMP's spinning waits make a 2-thread run collapse beside busy processes (issue 23 §2);
+    `import redteam` (before torch) sets OMP_WAIT_POLICY = PASSIVE, and keeps a value the user set."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import os, redteam; print(os.environ['OMP_WAIT_POLICY'])"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert got.stdout.strip() == "PASSIVE"
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**env, "OMP_WAIT_POLICY": "ACTIVE"}, check=True)
+    assert got.stdout.strip() == "ACTIVE"
