@@ -22,7 +22,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-__all__ = ["PREDICATE_TYPE", "write_commitment_ledger", "read_commitments", "late_commitments"]
+__all__ = ["PREDICATE_TYPE", "write_commitment_ledger", "read_commitments", "late_commitments", "verified_statements"]
 
 PREDICATE_TYPE = "https://redteam.dev/commitment/v1"
 
@@ -62,10 +62,10 @@ def write_commitment_ledger(path: str | os.PathLike[str], rounds: Iterable[tuple
     return total
 
 
-def read_commitments(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Every commitment in the ledger, in log order, after :meth:`provenance.ledger.Ledger.verify` passes
-    (raises :class:`provenance.errors.VerificationFailed` otherwise): round, client,
-    commit_time, window_close, digest, index."""
+def verified_statements(path: str | os.PathLike[str], predicate_type: str) -> tuple[list[tuple[int, dict]], bytes]:
+    """The in-toto statements of ``predicate_type`` in the ledger at ``path``, as (entry index,
+    statement) in log order, and the ledger's root hash, once :meth:`provenance.ledger.Ledger.verify`
+    passes (raises :class:`provenance.errors.VerificationFailed` otherwise)."""
     from provenance import dsse
     from provenance.errors import VerificationFailed
     from provenance.ledger import Ledger
@@ -76,12 +76,19 @@ def read_commitments(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         if not report.ok:
             raise VerificationFailed(f"{path}: ledger does not verify: {'; '.join(report.problems)}")
         for i in range(ledger.size):
-            e = ledger.entry(i)
-            st = json.loads(dsse.Envelope.from_json(e["envelope"]).payload)
-            if st.get("predicateType") != PREDICATE_TYPE:
-                continue
-            out.append({**st["predicate"], "digest": st["subject"][0]["digest"]["sha256"], "index": i})
-    return out
+            st = json.loads(dsse.Envelope.from_json(ledger.entry(i)["envelope"]).payload)
+            if st.get("predicateType") == predicate_type:
+                out.append((i, st))
+        root = ledger.root()
+    return out, root
+
+
+def read_commitments(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every commitment in the ledger, in log order, after :meth:`provenance.ledger.Ledger.verify` passes
+    (raises :class:`provenance.errors.VerificationFailed` otherwise): round, client,
+    commit_time, window_close, digest, index."""
+    statements, _ = verified_statements(path, PREDICATE_TYPE)
+    return [{**st["predicate"], "digest": st["subject"][0]["digest"]["sha256"], "index": i} for i, st in statements]
 
 
 def late_commitments(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

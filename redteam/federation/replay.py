@@ -227,23 +227,10 @@ def write_pol_ledger(path, job: PeerJob, log: list[torch.Tensor], peer: int, *, 
 def read_pol_ledger(path) -> tuple[list[dict], bytes]:
     """The verified ledger's checkpoints in log order (peer, index, step, job, digest) and its
     root hash; raises :class:`provenance.errors.VerificationFailed` when it does not verify."""
-    import json
+    from .commitments import verified_statements
 
-    from provenance import dsse
-    from provenance.errors import VerificationFailed
-    from provenance.ledger import Ledger
-
-    out = []
-    with Ledger.open(path) as ledger:
-        report = ledger.verify()
-        if not report.ok:
-            raise VerificationFailed(f"{path}: ledger does not verify: {'; '.join(report.problems)}")
-        for i in range(ledger.size):
-            st = json.loads(dsse.Envelope.from_json(ledger.entry(i)["envelope"]).payload)
-            if st.get("predicateType") == POL_PREDICATE:
-                out.append({**st["predicate"], "digest": st["subject"][0]["digest"]["sha256"]})
-        root = ledger.root()
-    return out, root
+    statements, root = verified_statements(path, POL_PREDICATE)
+    return [{**st["predicate"], "digest": st["subject"][0]["digest"]["sha256"]} for _, st in statements], root
 
 
 def mismatched_checkpoints(log: list[torch.Tensor], logged: list[dict], job: PeerJob) -> list[int]:
