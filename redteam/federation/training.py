@@ -143,7 +143,24 @@ class BatchedTrainer:
             return loss_of(out, yb)
 
         self._loss = loss
-        self._grads: Callable[..., torch.Tensor] = vmap(grad(loss))
+        self._vmapped: Callable[..., torch.Tensor] = vmap(grad(loss))
+        self._rows = int(getattr(workload, "cpu_grad_rows", 0) or 0)
+
+    def _chunked(self, params: torch.Tensor) -> bool:
+        return 0 < self._rows < int(params.shape[0]) and params.device.type == "cpu"
+
+    def _grads(self, params: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        """``vmap(grad(loss))`` of the rows ``params`` on their batches; on CPU, with the workload's
+        ``cpu_grad_rows``, that many rows per call (the activations of a few clients stay in cache;
+        a workload sets it where the rows' gradients do not depend on the chunking), gathered into
+        ``out`` when given."""
+        if not self._chunked(params):
+            return self._vmapped(params, xb, yb)
+        k = self._rows
+        parts = [self._vmapped(params[i:i + k], xb[i:i + k], yb[i:i + k])
+                 for i in range(0, int(params.shape[0]), k)]
+        return torch.cat(parts) if out is None else torch.cat(parts, out=out)
 
     def train(
         self,
@@ -203,6 +220,11 @@ class BatchedTrainer:
         b = cfg.batch_size
         sampler = _Sampler(states, clients, sizes, b, int(data.sizes.max())) if cfg.sampling == "without_replacement" else None
         adam = _AdamW(cfg, states, clients, params) if cfg.optimizer == "adamw" else None
+        # (n, d) buffers reused from step to step: a matrix over glibc's largest mmap threshold
+        # (32 MiB: 64 clients of the default text model) is otherwise page-faulted in at every
+        # allocation, which cost as much as the arithmetic
+        gbuf = torch.empty_like(params) if self._chunked(params) else None
+        spare: torch.Tensor | None = None
         for step in range(last):
             gen = generator if step < total or hook_generator is None else hook_generator
             if sampler is not None:  # only the clients that run this step take items from their stream
@@ -213,7 +235,7 @@ class BatchedTrainer:
                 pos = torch.floor(u * sizes[:, None]).to(torch.int64)
             idx = offsets[:, None] + pos
             xb, yb = data.x[idx], data.y[idx]
-            g = self._grads(params, xb, yb)
+            g = self._grads(params, xb, yb, out=gbuf)
             if hooked is not None:
                 g = hooked.gradient(self, g, params, global_params, xb, yb)
             if cfg.prox_mu:
@@ -225,7 +247,8 @@ class BatchedTrainer:
                 g = g * active.to(g.dtype)[:, None]
             lr: Any = cfg.lr if hooked is None or hooked.lr is None else hooked.lr
             if adam is not None:
-                params = adam.step(params, g, lr, active)
+                # the rows stepped from are read no more (train's own copy): their buffer takes the next result
+                spare, params = params, adam.step(params, g, lr, active, out=spare)
             else:
                 params = params - (lr * g if not isinstance(lr, torch.Tensor) else lr[:, None] * g)
             if hooked is not None:
@@ -383,20 +406,37 @@ class _AdamW:
         self.m = states.rows("adamw_m", clients, (d,))
         self.v = states.rows("adamw_v", clients, (d,))
         self.t = states.rows("adamw_t", clients, (), torch.int64)
+        self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def step(self, params: torch.Tensor, g: torch.Tensor, lr: Any, active: torch.Tensor | None) -> torch.Tensor:
+    def step(self, params: torch.Tensor, g: torch.Tensor, lr: Any, active: torch.Tensor | None,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+        """One step of every active row (the new rows written into ``out`` when given). Whole-matrix
+        ``(n, d)`` ops, updating the moments in place (they are this object's copies of the client
+        state) and reusing two scratch matrices: the same operations in the same order as
+        m ← β₁m + (1−β₁)g, v ← β₂v + ((1−β₂)g)g, w ← w(1 − ηλ) − (η(m/c₁)) / (√(v/c₂) + ε), so the
+        same bits as written that way."""
         b1, b2 = self.cfg.betas
-        on = torch.ones_like(self.t, dtype=torch.bool) if active is None else active
-        t = self.t + on.to(torch.int64)
-        m = torch.where(on[:, None], b1 * self.m + (1 - b1) * g, self.m)
-        v = torch.where(on[:, None], b2 * self.v + (1 - b2) * g * g, self.v)
-        tf = t.clamp_min(1).to(torch.float64)
+        on = None if active is None or bool(active.all()) else active[:, None]
+        self.t = self.t + (1 if on is None else on[:, 0].to(torch.int64))
+        if self._scratch is None:
+            self._scratch = (torch.empty_like(g), torch.empty_like(g))
+        tmp, upd = self._scratch
+        torch.mul(g, 1 - b1, out=tmp)
+        if on is None:
+            m = self.m.mul_(b1).add_(tmp)
+            v = self.v.mul_(b2).add_(torch.mul(g, 1 - b2, out=tmp).mul_(g))
+        else:  # a row that has finished its steps keeps its moments
+            m = torch.where(on, torch.mul(self.m, b1).add_(tmp), self.m)
+            v = torch.where(on, torch.mul(self.v, b2).add_(torch.mul(g, 1 - b2, out=tmp).mul_(g)), self.v)
+        tf = self.t.clamp_min(1).to(torch.float64)
         c1 = (1 - b1 ** tf).to(params.dtype)[:, None]
         c2 = (1 - b2 ** tf).to(params.dtype)[:, None]
         lr_rows = lr[:, None] if isinstance(lr, torch.Tensor) else lr
-        new = params * (1 - lr_rows * self.cfg.weight_decay) - lr_rows * (m / c1) / ((v / c2).sqrt() + self.cfg.eps)
-        self.m, self.v, self.t = m, v, t
-        return torch.where(on[:, None], new, params)
+        denom = torch.div(v, c2, out=tmp).sqrt_().add_(self.cfg.eps)
+        new = torch.mul(params, 1 - lr_rows * self.cfg.weight_decay, out=out)
+        new.sub_(torch.div(m, c1, out=upd).mul_(lr_rows).div_(denom))
+        self.m, self.v = m, v
+        return new if on is None else torch.where(on, new, params)
 
     def save(self) -> None:
         self.states.put("adamw_m", self.clients, self.m)

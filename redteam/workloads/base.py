@@ -70,12 +70,18 @@ class Workload:
 
     ``input_kind`` is ``"image"``, ``"tabular"`` or ``"tokens"``; image workloads also
     give ``image_shape`` so that pixel-pattern attacks can address pixels.
+
+    ``cpu_grad_rows``: on CPU the batched trainer computes the clients' gradients this many
+    client rows at a time (0: all rows in one call). A workload sets it only where each row's
+    gradient is bitwise the same whatever rows are computed with it (so the results do not
+    change) and a smaller working set is faster.
     """
 
     summary: ClassVar[str] = ""
     reference: ClassVar[str] = ""
     input_kind: ClassVar[str] = "tabular"
     image_shape: ClassVar[tuple[int, ...]] = ()
+    cpu_grad_rows: ClassVar[int] = 0
 
     def __post_init__(self) -> None:
         from ..types import _check_fields
