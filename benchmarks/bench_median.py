@@ -1,8 +1,8 @@
-"""Coordinate-wise median, trimmed mean and Bulyan's coordinate phase: old kernel vs new, against
-the memory read floor (issue 23).
+"""Coordinate-wise median, trimmed mean and Bulyan's coordinate phase: the three kernels this
+project has had, against the memory read floor and ByzFL (issue 23 §1).
 
     python benchmarks/bench_median.py                       # n = 100, d = 10⁶ and n = 100, d = 10⁵; 1 and 2 threads
-    python benchmarks/bench_median.py --cases 100x1000000 --threads 1 --repeats 7
+    python benchmarks/bench_median.py --cases 100x1000000 --threads 1 --repeats 7 --byzfl
 
 Every variant runs on the same float32 input (``torch.randn`` seeded 0), interleaved: each
 repeat times every variant at every thread count in turn, so that a change in the machine's
@@ -14,17 +14,22 @@ wall median over the read floor's at the same thread count.
 * read floors, one pass over the input (what any coordinate-wise rule must at least read):
   ``x.sum()`` (the whole tensor, contiguous), ``x.sum(0)`` (per coordinate) and ``copy``
   (``buf.copy_(x)`` into a buffer allocated once); "× floor" divides by the fastest of the three.
-* ``old``: the bitonic-network kernel this file keeps a copy of (``old_*`` below: the code of
-  ``defenses/_common.py`` and ``defenses/median.py`` before issue 23, unchanged).
-* ``new``: ``defenses.median.coordinate_median`` / ``trimmed_mean`` and
-  ``defenses._common.sorted_reduce`` (Bulyan's coordinate phase: the mean of the β = θ − 2f
-  values nearest the median of the θ = n − 2f selected rows, with ``bench_aggregators.py``'s f).
+* ``torch ops``: the bitonic network of ``torch.minimum`` / ``torch.maximum`` calls this file
+  keeps a copy of (``old_*`` below: ``defenses/_common.py`` and ``defenses/median.py`` before
+  issue 23, unchanged).
+* ``numpy tiles``: the project's rules with ``REDTEAM_SORTNET=0``: transposed tiles sorted by
+  numpy (x86-simd-sort).
+* ``network``: the project's rules as they run by default: the bitonic network compiled by numba
+  (``defenses/_sortnet.py``), 16 rows in vector registers per comparator.
 * ``torch.median(dim=0)``: the library's own (the lower median), for reference.
+* ``--byzfl``: ByzFL's ``Median`` and ``TrMean`` (f = b) on the same input in the reference venv
+  (``benchmarks/reference/setup.sh``; ``bench_aggregators.py``'s runner), timed in its own process
+  with the same thread count, before the repeats on even cases and after them on odd ones.
 
 The 1-minute load average (``os.getloadavg``) before and after, the CPU model and the versions are
-printed; on a shared machine, compare rows of one run only. Before the timings, the new results
-are compared with the old ones (``torch.equal``; the median's zeros may differ in sign where
--0.0 and +0.0 meet in the middle, which torch.equal counts as equal). Nothing is asserted.
+printed; on a shared machine, compare rows of one run only. Before the timings, the results are
+compared (``torch.equal``; the median's zeros may differ in sign where -0.0 and +0.0 meet in
+the middle, which torch.equal counts as equal). Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -173,40 +178,65 @@ def bulyan_sizes(n: int) -> tuple[int, int]:
     return n - 2 * f, n - 4 * f
 
 
-def variants(x: torch.Tensor, b: int) -> list[tuple[str, Callable[[], object]]]:
+def numpy_tiles(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` run with the compiled network switched off (REDTEAM_SORTNET=0)."""
+    def run() -> object:
+        os.environ["REDTEAM_SORTNET"] = "0"
+        try:
+            return fn()
+        finally:
+            del os.environ["REDTEAM_SORTNET"]
+    return run
+
+
+def rules(x: torch.Tensor, b: int) -> list[tuple[str, Callable[[], object], Callable[[], object]]]:
+    """(label, the project's rule, the copy of the rule before issue 23)."""
     theta, beta = bulyan_sizes(x.shape[0])
     sel = torch.arange(theta)
-    buf = torch.empty_like(x)
     return [
-        ("floor: x.sum()", lambda: x.sum()),
-        ("floor: x.sum(0)", lambda: x.sum(0)),
-        ("floor: buf.copy_(x)", lambda: buf.copy_(x)),
-        ("median, old", lambda: old_coordinate_median(x)),
-        ("median, new", lambda: coordinate_median(x)),
-        ("torch.median(dim=0)", lambda: torch.median(x, dim=0)),
-        (f"trimmed mean b={b}, old", lambda: old_trimmed_mean(x, b)),
-        (f"trimmed mean b={b}, new", lambda: trimmed_mean(x, b)),
-        (f"bulyan phase θ={theta} β={beta}, old",
+        ("median", lambda: coordinate_median(x), lambda: old_coordinate_median(x)),
+        ("median lower", lambda: coordinate_median(x, "lower"), lambda: old_coordinate_median(x, "lower")),
+        (f"trimmed mean b={b}", lambda: trimmed_mean(x, b), lambda: old_trimmed_mean(x, b)),
+        (f"bulyan phase θ={theta} β={beta}", lambda: sorted_reduce(x, lambda s: _closest_to_median_mean(s, beta), rows=sel),
          lambda: old_sorted_reduce(x, lambda s: _closest_to_median_mean(s, beta), rows=sel)),
-        (f"bulyan phase θ={theta} β={beta}, new",
-         lambda: sorted_reduce(x, lambda s: _closest_to_median_mean(s, beta), rows=sel)),
     ]
 
 
+def variants(x: torch.Tensor, b: int) -> list[tuple[str, Callable[[], object]]]:
+    buf = torch.empty_like(x)
+    cells: list[tuple[str, Callable[[], object]]] = [
+        ("floor: x.sum()", lambda: x.sum()),
+        ("floor: x.sum(0)", lambda: x.sum(0)),
+        ("floor: buf.copy_(x)", lambda: buf.copy_(x)),
+        ("torch.median(dim=0)", lambda: torch.median(x, dim=0)),
+    ]
+    for label, new, old in rules(x, b):
+        if label == "median lower":
+            continue
+        cells += [(f"{label}: torch ops", old), (f"{label}: numpy tiles", numpy_tiles(new)),
+                  (f"{label}: network", new)]
+    return cells
+
+
 def same_results(x: torch.Tensor, b: int) -> str:
-    theta, beta = bulyan_sizes(x.shape[0])
-    sel = torch.arange(theta)
-    checks = {
-        "median": torch.equal(coordinate_median(x), old_coordinate_median(x)),
-        "median lower": torch.equal(coordinate_median(x, "lower"), old_coordinate_median(x, "lower")),
-        "trimmed mean": torch.equal(trimmed_mean(x, b), old_trimmed_mean(x, b)),
-        "bulyan phase": torch.equal(sorted_reduce(x, lambda s: _closest_to_median_mean(s, beta), rows=sel),
-                                    old_sorted_reduce(x, lambda s: _closest_to_median_mean(s, beta), rows=sel)),
-    }
-    return ", ".join(f"{k} {'same' if v else 'DIFFERENT'}" for k, v in checks.items())
+    out = []
+    for label, new, old in rules(x, b):
+        want = old()
+        same = torch.equal(new(), want) and torch.equal(numpy_tiles(new)(), want)
+        out.append(f"{label} {'same' if same else 'DIFFERENT'}")
+    return ", ".join(out)
 
 
-def run_case(n: int, d: int, threads: list[int], repeats: int, b: int | None) -> None:
+def byzfl_rows(n: int, d: int, b: int, threads: int, repeats: int) -> dict[str, dict]:
+    """ByzFL's Median and TrMean (f = b) on this case's input, {label: timings}, or {}."""
+    from bench_aggregators import run_byzfl  # noqa: E402  (next to this file)
+
+    got = run_byzfl(["Median", f"TrMean:f={b}"], n, d, repeats, threads)
+    return {("ByzFL Median" if k == "Median" else f"ByzFL TrMean f={b}"): v for k, v in got.items()}
+
+
+def run_case(n: int, d: int, threads: list[int], repeats: int, b: int | None, byzfl: bool = False,
+             odd: bool = False) -> None:
     x = torch.randn((n, d), generator=torch.Generator().manual_seed(0))
     b = n // 10 if b is None else b
     before = torch.get_num_threads()
@@ -216,6 +246,9 @@ def run_case(n: int, d: int, threads: list[int], repeats: int, b: int | None) ->
     times: dict[tuple[int, str], list[float]] = {}
     cpu: dict[tuple[int, str], list[float]] = {}
     load0 = os.getloadavg()[0]
+    theirs: dict[int, dict[str, dict]] = {}
+    if byzfl and not odd:
+        theirs = {t: byzfl_rows(n, d, b, t, repeats) for t in threads}
     for t in threads:  # warm-up, once per variant and thread count
         torch.set_num_threads(t)
         for _, fn in cells:
@@ -228,6 +261,8 @@ def run_case(n: int, d: int, threads: list[int], repeats: int, b: int | None) ->
                 fn()
                 times.setdefault((t, label), []).append(time.perf_counter() - start)
                 cpu.setdefault((t, label), []).append(time.process_time() - start_cpu)
+    if byzfl and odd:
+        theirs = {t: byzfl_rows(n, d, b, t, repeats) for t in threads}
     load1 = os.getloadavg()[0]
     torch.set_num_threads(before)
     print(f"load average (1 min) {load0:.2f} before, {load1:.2f} after; {repeats} repeats, interleaved\n")
@@ -240,6 +275,10 @@ def run_case(n: int, d: int, threads: list[int], repeats: int, b: int | None) ->
             med = statistics.median(v)
             print(f"| {t} | {label} | {med * 1e3:.1f} | {min(v) * 1e3:.1f} | {max(v) * 1e3:.1f} | "
                   f"{statistics.median(cpu[(t, label)]) * 1e3:.1f} | {med / floor:.1f} |")
+        for label, c in theirs.get(t, {}).items():  # another process: wall time only
+            if "median" in c:
+                print(f"| {t} | {label} (own process) | {c['median'] * 1e3:.1f} | {c['min'] * 1e3:.1f} | "
+                      f"{c['max'] * 1e3:.1f} | | {c['median'] / floor:.1f} |")
 
 
 def main() -> None:
@@ -249,6 +288,9 @@ def main() -> None:
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2], help="intra-op thread counts (default: 1 2)")
     ap.add_argument("--repeats", type=int, default=5, help="timed calls per variant after a warm-up (default 5)")
     ap.add_argument("--b", type=int, default=None, help="trimmed mean's b (default n // 10)")
+    ap.add_argument("--byzfl", action="store_true",
+                    help="also time ByzFL's Median and TrMean on the same input (needs the venv of "
+                         "benchmarks/reference/setup.sh; $REDTEAM_BENCH_VENV chooses where)")
     args = ap.parse_args()
     cases = []
     for c in args.cases:
@@ -259,8 +301,16 @@ def main() -> None:
         cases.append((n, d))
     print(f"# bench_median: {cpu_name()} ({os.cpu_count()} logical CPUs), torch {torch.__version__} "
           f"({torch.backends.cpu.get_cpu_capability()}), numpy {np.__version__}, Python {platform.python_version()}")
-    for n, d in cases:
-        run_case(n, d, args.threads, args.repeats, args.b)
+    byzfl = args.byzfl
+    if byzfl:
+        from bench_aggregators import DEFAULT_VENV  # noqa: E402
+
+        venv = os.environ.get("REDTEAM_BENCH_VENV", DEFAULT_VENV)
+        if not os.path.exists(os.path.join(venv, "bin", "python")):
+            print(f"(ByzFL skipped: no venv at {venv}; build it with `bash benchmarks/reference/setup.sh`)")
+            byzfl = False
+    for i, (n, d) in enumerate(cases):
+        run_case(n, d, args.threads, args.repeats, args.b, byzfl=byzfl, odd=i % 2 == 1)
 
 
 if __name__ == "__main__":

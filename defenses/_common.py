@@ -4,15 +4,19 @@
   matrix ‖xᵢ‖² + ‖xⱼ‖² − 2⟨xᵢ, xⱼ⟩, accumulated over column chunks so that no float64
   copy of the whole ``(n, d)`` matrix and no ``(n, n, d)`` tensor is ever built.
 * :func:`sorted_reduce` — sort every coordinate's ``n`` values and reduce them,
-  chunk by chunk. On CPU, float32/float64 columns are sorted by numpy on a transposed
-  tile (SIMD sorting networks on short rows), other dtypes by a bitonic network of
-  elementwise min/max over whole rows; elsewhere it calls ``torch.sort``. NaN sorts as
+  chunk by chunk. On CPU, float32/float64 columns of 2 … 256 rows and at least 2²⁰
+  values are sorted by the compiled bitonic network of :mod:`defenses._sortnet` (numba;
+  16 rows in vector registers per comparator), smaller or taller ones, or all of them
+  without numba, by numpy on a transposed tile (SIMD sorting networks on short rows);
+  other dtypes by a bitonic network of elementwise min/max over whole rows; elsewhere it
+  calls ``torch.sort``. NaN sorts as
   +inf, so a non-finite row acts as an extreme value, never as a poison that spreads to
   every coordinate. :func:`halves_reduce` sorts only the two halves of the rows and
   :func:`kth_of_two` reads any order statistic off them (the trimmed mean's cut points).
   :func:`order_statistics` (the median) and :func:`trimmed_means32` (the float32 trimmed
-  mean, with a proof per column that it has the halves' bits) sort tiles of columns on
-  threads of our own, every op below ATen's grain: no OpenMP parallel region per op.
+  mean, with a proof per column that it has the halves' bits) take the same network where
+  it applies, else sort tiles of columns by numpy; both on threads of our own, every op
+  below ATen's grain: no OpenMP parallel region per op.
 * :func:`finite_rows`, :func:`row_norms`, :func:`combine` — row screening, float64
   norms and weighted sums that a zero-weight NaN row cannot spoil.
 * :func:`rescale_pow2`, :func:`rescale_rows_pow2` — exact power-of-two rescaling of rows
@@ -529,8 +533,12 @@ def order_statistics(x: "torch.Tensor", ranks: tuple[int, ...]) -> "torch.Tensor
     (0-based; NaN sorted as +inf, and returned as +inf). ``x`` is not changed."""
     import torch
 
+    from . import _sortnet
+
     ranks = tuple(int(r) for r in ranks)
     n, d = x.shape
+    if _sortnet.usable(x, n):
+        return _sortnet.order_statistics(x, ranks)
     if not _numpy_sorts(x, n):
         return halves_reduce(x, lambda a, b: torch.stack([kth_of_two(a, b, r) for r in ranks]), lead=(len(ranks),))
     out = torch.empty(len(ranks), d, dtype=x.dtype)
@@ -572,13 +580,18 @@ def trimmed_means32(x: "torch.Tensor", b: int) -> "tuple[torch.Tensor, torch.Ten
     import numpy as np
     import torch
 
+    from . import _sortnet
+
     n, d = x.shape
     keep = n - 2 * b
+    slack = 8.0 * (n + 2) ** 2 * 2.0 ** -52 / keep  # reach = slack·M + 8·2⁻⁵³·|mean|
+    if _sortnet.usable(x, n):
+        means, settled = _sortnet.trimmed_means32(x, b, slack)
+        return _settle_exact(x, b, means, settled)
     sums = torch.empty(d, dtype=torch.float64)
     means = torch.empty(d, dtype=x.dtype)
     settled = torch.empty(d, dtype=torch.bool)
     sums_np, means_np, settled_np = sums.numpy(), means.numpy(), settled.numpy()
-    slack = 8.0 * (n + 2) ** 2 * 2.0 ** -52 / keep  # reach = slack·M + 8·2⁻⁵³·|mean|
 
     def work(start: int, cols: "torch.Tensor", cols_np: Any, piece: int) -> None:
         cols_np.sort(axis=1)
@@ -600,6 +613,16 @@ def trimmed_means32(x: "torch.Tensor", b: int) -> "tuple[torch.Tensor, torch.Ten
             settled_np[start:end] = (low.view(np.int32) == high.view(np.int32)) & np.isfinite(big)
 
     _each_tile(x, n, work, load=True)
+    return _settle_exact(x, b, means, settled)
+
+
+def _settle_exact(x: "torch.Tensor", b: int, means: "torch.Tensor", settled: "torch.Tensor"
+                  ) -> "tuple[torch.Tensor, torch.Tensor]":
+    """:func:`trimmed_means32`'s second test (exact sums) on the columns the first left unsettled."""
+    import numpy as np
+    import torch
+
+    n = x.shape[0]
     rest = (~settled).nonzero().flatten()
     if rest.numel():  # the exact-sum test, on those columns sorted again
         cols = torch.nan_to_num(x.index_select(1, rest), nan=math.inf, posinf=math.inf, neginf=-math.inf)
@@ -626,8 +649,20 @@ def _sorted_chunks(x: "torch.Tensor", rows: "torch.Tensor | None", n: int, bound
     """:func:`_sorted_groups` on CPU float32/float64, ``reduce`` called on whole chunks."""
     import torch
 
+    from . import _sortnet
+
     d = x.shape[1]
     segments = [slice(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+    if all(_sortnet.usable(x, hi - lo, n * d) for lo, hi in zip(bounds, bounds[1:])):
+        picks = [torch.arange(lo, hi) if rows is None else rows[lo:hi] for lo, hi in zip(bounds, bounds[1:])]
+        buf = torch.empty(n, c, dtype=x.dtype)
+        for start in range(0, d, c):
+            width = min(c, d - start)
+            a = buf if width == c else torch.empty(n, width, dtype=x.dtype)
+            for seg, pick in zip(segments, picks):
+                _sortnet.sorted_rows(x, pick, start, start + width, a[seg])
+            out[..., start:start + width] = reduce(*[a[seg] for seg in segments])
+        return out
     threads = _tile_plan(n, d)[1]
     pool = None
     if threads > 1:

@@ -1,0 +1,217 @@
+"""The compiled drivers of ``defenses/_sortnet.py`` (numba; importing this module needs numba).
+
+They take float data as integer keys (see ``_sortnet``'s docstring), tiles of ``W`` = 64 columns,
+and the network's fixed pieces from ``_sortnet_kernels``. Unsigned indices throughout: numba adds
+no wrap-around test for negative indices, which would stop LLVM from vectorizing the loops.
+"""
+
+import math
+
+import numpy as np
+from numba import njit
+
+from . import _sortnet_kernels as K
+
+U = np.uint64
+W = K.W
+
+
+@njit(nogil=True, boundscheck=False, cache=True)
+def _cascade(buf, g, base, up):
+    if g == U(2):
+        if up:
+            K.cascade2_up(buf, base)
+        else:
+            K.cascade2_down(buf, base)
+    elif g == U(4):
+        if up:
+            K.cascade4_up(buf, base)
+        else:
+            K.cascade4_down(buf, base)
+    elif g == U(8):
+        if up:
+            K.cascade8_up(buf, base)
+        else:
+            K.cascade8_down(buf, base)
+    elif up:
+        K.cascade16_up(buf, base)
+    else:
+        K.cascade16_down(buf, base)
+
+@njit(nogil=True, boundscheck=False, cache=True)
+def _network(buf, real, nb, last):
+    """Sort the tile ascending: ``real`` blocks of 16 rows, blocks real … nb − 1 +inf and left
+    alone; in the last merge only the blocks flagged in ``last`` get the final four layers."""
+    B = U(16) * W
+    q = U(0)
+    while q < real:
+        if (real - U(1) - q) % U(2) == U(0):
+            K.sort16_up(buf, q * B)
+        else:
+            K.sort16_down(buf, q * B)
+        q += U(1)
+    g = U(2)
+    while g <= nb:
+        top = (real - U(1)) // g  # the group holding the last real block merges ascending
+        q = U(0)
+        while q <= top:
+            up = (top - q) % U(2) == U(0)
+            _cascade(buf, g, q * g * B, up)
+            m = q * g
+            while m < min(q * g + g, real):
+                if g < nb or last[m]:
+                    if up:
+                        K.clean16_up(buf, m * B)
+                    else:
+                        K.clean16_down(buf, m * B)
+                m += U(1)
+            q += U(1)
+        g *= U(2)
+
+@njit(nogil=True, boundscheck=False, cache=True)
+def _fill(bufs, nb, inf):
+    i = U(0)
+    while i < bufs.shape[0]:
+        bufs[i] = inf
+        i += U(1)
+
+@njit(nogil=True, boundscheck=False, cache=True)
+def _load(x, idx, d, c0, wide, bufs, T, real, mag, inf):
+    """Keys of columns c0 … c0 + wide − 1 into the tiles (64 columns each); rows n … of the
+    last real block +inf."""
+    n = U(idx.shape[0])
+    r = U(0)
+    while r < real * U(16):
+        s = U(0)
+        while s * W < wide:
+            w = min(W, wide - s * W)
+            dst = s * T + r * W
+            j = U(0)
+            if r < n:
+                src = idx[r] * d + c0 + s * W
+                while j < w:
+                    v = x[src + j]
+                    kv = v ^ mag if v < 0 else v
+                    bufs[dst + j] = inf if (v & mag) > inf else kv
+                    j += U(1)
+            while j < W:
+                bufs[dst + j] = inf
+                j += U(1)
+            s += U(1)
+        r += U(1)
+
+@njit(nogil=True, boundscheck=False, cache=True)
+def order_stats(x, idx, d, ranks, last, out, start, stop, bufs, nb, mag, inf):
+    real = (U(idx.shape[0]) + U(15)) // U(16)
+    T = nb * U(16) * W
+    S = U(bufs.shape[0]) // T
+    _fill(bufs, nb, inf)
+    c0 = start
+    while c0 < stop:
+        wide = min(S * W, stop - c0)
+        _load(x, idx, d, c0, wide, bufs, T, real, mag, inf)
+        s = U(0)
+        while s * W < wide:
+            w = min(W, wide - s * W)
+            buf = bufs[s * T:(s + U(1)) * T]
+            _network(buf, real, nb, last)
+            q = U(0)
+            while q < U(ranks.shape[0]):
+                src = ranks[q] * W
+                dst = q * d + c0 + s * W
+                j = U(0)
+                while j < w:
+                    kv = buf[src + j]
+                    out[dst + j] = kv ^ mag if kv < 0 else kv
+                    j += U(1)
+                q += U(1)
+            s += U(1)
+        c0 += S * W
+
+@njit(nogil=True, boundscheck=False, cache=True)
+def sorted_rows(x, idx, d, out, width, start, stop, origin, bufs, nb, mag, inf):
+    n = U(idx.shape[0])
+    real = (n + U(15)) // U(16)
+    T = nb * U(16) * W
+    S = U(bufs.shape[0]) // T
+    last = np.ones(nb, dtype=np.bool_)
+    _fill(bufs, nb, inf)
+    c0 = start
+    while c0 < stop:
+        wide = min(S * W, stop - c0)
+        _load(x, idx, d, c0, wide, bufs, T, real, mag, inf)
+        s = U(0)
+        while s * W < wide:
+            w = min(W, wide - s * W)
+            buf = bufs[s * T:(s + U(1)) * T]
+            _network(buf, real, nb, last)
+            r = U(0)
+            while r < n:
+                src = r * W
+                dst = r * width + c0 - origin + s * W
+                j = U(0)
+                while j < w:
+                    kv = buf[src + j]
+                    out[dst + j] = kv ^ mag if kv < 0 else kv
+                    j += U(1)
+                r += U(1)
+            s += U(1)
+        c0 += S * W
+
+@njit(nogil=True, boundscheck=False, cache=True)
+def trimmed32(x, idx, d, b, means, settled, start, stop, bufs, fbufs, nb, slack):
+    """Per column: the float64 sum, in ascending order, of the ranks b … n − 1 − b; the mean as
+    float32; settled as ``defenses._common.trimmed_means32`` defines it."""
+    mag = np.int32(0x7FFFFFFF)
+    inf = np.int32(0x7F800000)
+    n = U(idx.shape[0])
+    real = (n + U(15)) // U(16)
+    T = nb * U(16) * W
+    S = U(bufs.shape[0]) // T
+    keep = n - U(2) * b
+    last = np.ones(nb, dtype=np.bool_)
+    acc = np.empty(64, dtype=np.float64)
+    tiny = 8.0 * 2.0 ** -53
+    _fill(bufs, nb, inf)
+    c0 = start
+    while c0 < stop:
+        wide = min(S * W, stop - c0)
+        _load(x, idx, d, c0, wide, bufs, T, real, mag, inf)
+        s = U(0)
+        while s * W < wide:
+            w = min(W, wide - s * W)
+            base = s * T
+            _network(bufs[base:base + T], real, nb, last)
+            r = b
+            while r < n - b:  # keys back to float bits, in place, for the kept ranks
+                j = U(0)
+                while j < W:
+                    kv = bufs[base + r * W + j]
+                    bufs[base + r * W + j] = kv ^ mag if kv < 0 else kv
+                    j += U(1)
+                r += U(1)
+            j = U(0)
+            while j < W:
+                acc[j] = 0.0
+                j += U(1)
+            r = b
+            while r < n - b:
+                j = U(0)
+                while j < W:
+                    acc[j] += np.float64(fbufs[base + r * W + j])
+                    j += U(1)
+                r += U(1)
+            j = U(0)
+            while j < w:
+                c = c0 + s * W + j
+                mean = (acc[j] + 0.0) / np.float64(keep)  # a zero sum is +0.0, as the halves' sums give
+                means[c] = np.float32(mean)
+                big = np.float64(max(abs(fbufs[base + b * W + j]), abs(fbufs[base + (n - U(1) - b) * W + j])))
+                reach = abs(mean) * tiny + slack * big
+                low = np.float32(mean - reach)
+                high = np.float32(mean + reach)
+                settled[c] = (math.isfinite(big) and low == high
+                              and math.copysign(1.0, low) == math.copysign(1.0, high))
+                j += U(1)
+            s += U(1)
+        c0 += S * W
