@@ -20,7 +20,8 @@ wall median over the read floor's at the same thread count.
 * ``numpy tiles``: the project's rules with ``REDTEAM_SORTNET=0``: transposed tiles sorted by
   numpy (x86-simd-sort).
 * ``network``: the project's rules as they run by default: the bitonic network compiled by numba
-  (``defenses/_sortnet.py``), 16 rows in vector registers per comparator.
+  (``defenses/_sortnet.py``), 16 rows in vector registers per comparator; for Bulyan the window
+  search and its mean compiled in the same pass (``defenses._common.closest_to_median_means``).
 * ``torch.median(dim=0)``: the library's own (the lower median), for reference.
 * ``--byzfl``: ByzFL's ``Median`` and ``TrMean`` (f = b) on the same input in the reference venv
   (``benchmarks/reference/setup.sh``; ``bench_aggregators.py``'s runner), timed in its own process
@@ -49,7 +50,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _timing import cpu_name  # noqa: E402
-from defenses._common import sorted_reduce  # noqa: E402
+from defenses._common import closest_to_median_means  # noqa: E402
 from defenses.krum import _closest_to_median_mean  # noqa: E402
 from defenses.median import coordinate_median, trimmed_mean  # noqa: E402
 
@@ -197,7 +198,8 @@ def rules(x: torch.Tensor, b: int) -> list[tuple[str, Callable[[], object], Call
         ("median", lambda: coordinate_median(x), lambda: old_coordinate_median(x)),
         ("median lower", lambda: coordinate_median(x, "lower"), lambda: old_coordinate_median(x, "lower")),
         (f"trimmed mean b={b}", lambda: trimmed_mean(x, b), lambda: old_trimmed_mean(x, b)),
-        (f"bulyan phase θ={theta} β={beta}", lambda: sorted_reduce(x, lambda s: _closest_to_median_mean(s, beta), rows=sel),
+        (f"bulyan phase θ={theta} β={beta}",
+         lambda: closest_to_median_means(x, sel, beta, lambda s: _closest_to_median_mean(s, beta)),
          lambda: old_sorted_reduce(x, lambda s: _closest_to_median_mean(s, beta), rows=sel)),
     ]
 

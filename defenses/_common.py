@@ -792,6 +792,32 @@ def _sorted_groups(
     return out
 
 
+def closest_to_median_means(x: "torch.Tensor", rows: "torch.Tensor", beta: int,
+                            reduce: Callable[["torch.Tensor"], "torch.Tensor"]) -> "torch.Tensor":
+    """Bulyan's coordinate phase: ``sorted_reduce(x, reduce, rows=rows)`` with ``reduce``
+    :func:`defenses.krum._closest_to_median_mean` at ``beta``, the same bits. On CPU float32 rows
+    the network takes (:mod:`defenses._sortnet`) each chunk is sorted and reduced in one compiled
+    pass; a chunk it cannot settle (a spread that is not finite, which torch compares in float64
+    across the chunk, or a mean whose rounding the error bound leaves open) is sorted again and
+    given to ``reduce``, chunk by chunk as :func:`sorted_reduce` does."""
+    import torch
+
+    from . import _sortnet
+
+    n, d = int(rows.numel()), x.shape[1]
+    if x.dtype != torch.float32 or not _sortnet.usable(x, n):
+        return sorted_reduce(x, reduce, rows=rows)
+    c = _chunk_columns(_pow2(n))
+    out = torch.empty(d, dtype=x.dtype)
+    for start in range(0, d, c):
+        stop = min(start + c, d)
+        if not _sortnet.bulyan32(x, rows, beta, start, stop, out):
+            tile = torch.empty(n, stop - start, dtype=x.dtype)
+            _sortnet.sorted_rows(x, rows, start, stop, tile)
+            out[start:stop] = reduce(tile)
+    return out
+
+
 def sorted_reduce(
     x: "torch.Tensor",
     reduce: Callable[["torch.Tensor"], "torch.Tensor"],

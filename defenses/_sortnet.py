@@ -194,3 +194,28 @@ def trimmed_means32(x: Any, b: int, slack: float) -> tuple[Any, Any]:
 
     _run(work, _spans(d, threads), threads)
     return means, settled
+
+
+def bulyan32(x: Any, rows: Any, beta: int, start: int, stop: int, out: Any) -> bool:
+    """``out[start:stop]`` ← Bulyan's coordinate phase on float32 ``x``'s rows ``rows``
+    (:func:`defenses._sortnet_drivers.bulyan32`); False where those columns must instead take
+    torch's path (a spread not finite, or a mean whose float32 bits the bound cannot settle)."""
+    import torch
+
+    k = _kernels()
+    keys, idx, n, d, consts = _prepare(x, rows)
+    real, nb = _blocks(n)
+    width = stop - start
+    out_np = out.numpy()
+    threads = torch.get_num_threads() if width >= 8192 else 1
+    spans = _spans(width, threads)
+    flags = np.zeros((len(spans), 2), dtype=np.int8)
+
+    def work(lo: int, hi: int) -> None:
+        bufs = _buffers(nb, consts)
+        k.bulyan32(keys, idx, np.uint64(d), np.uint64(beta), out_np, flags[spans.index((lo, hi))],
+                   np.uint64(start + lo), np.uint64(start + hi), bufs, bufs.view(np.float32), np.uint64(nb))
+
+    _run(work, spans, threads)
+    return not flags.any()
+

@@ -215,3 +215,92 @@ def trimmed32(x, idx, d, b, means, settled, start, stop, bufs, fbufs, nb, slack)
                 j += U(1)
             s += U(1)
         c0 += S * W
+
+
+@njit(nogil=True, boundscheck=False, cache=True)
+def bulyan32(x, idx, d, beta, out, flags, start, stop, bufs, fbufs, nb):
+    """Bulyan's coordinate phase (``defenses.krum._closest_to_median_mean``) on float32 ``x``:
+    per column of the θ rows ``idx`` sorted, the mean of the β consecutive values whose farther
+    end is nearest the median (the first such window on ties), written to ``out`` as float32.
+
+    The median and the windows' spreads are float32 operations in torch's order, so the window
+    is torch's; the window's sum is float64 in ascending order. flags[0] = 1: a spread is not
+    finite (torch then compares in float64: the caller must take torch's path for the chunk);
+    flags[1] = 1: a column's mean is not settled (its float32 bits could depend on the order of
+    the float64 sum: any order's error is at most (β − 1)·2⁻⁵³·Σ|v| ≤ β²·2⁻⁵³·M, M the larger end
+    of the window, so the column is settled when m ± (4β·2⁻⁵³·M + 4·2⁻⁵³·|m|) round to the same
+    float32, or when every order's sum is exact, as ``defenses._common.trimmed_means32`` tests)."""
+    mag = np.int32(0x7FFFFFFF)
+    inf = np.int32(0x7F800000)
+    half = np.float32(0.5)
+    eps = 2.0 ** -53
+    n = U(idx.shape[0])
+    real = (n + U(15)) // U(16)
+    T = nb * U(16) * W
+    S = U(bufs.shape[0]) // T
+    last = np.ones(nb, dtype=np.bool_)
+    mid = n // U(2)
+    span = n - beta + U(1)
+    _fill(bufs, nb, inf)
+    c0 = start
+    while c0 < stop:
+        wide = min(S * W, stop - c0)
+        _load(x, idx, d, c0, wide, bufs, T, real, mag, inf)
+        s = U(0)
+        while s * W < wide:
+            w = min(W, wide - s * W)
+            base = s * T
+            _network(bufs[base:base + T], real, nb, last)
+            r = U(0)
+            while r < n:  # keys back to float bits, in place
+                j = U(0)
+                while j < W:
+                    kv = bufs[base + r * W + j]
+                    bufs[base + r * W + j] = kv ^ mag if kv < 0 else kv
+                    j += U(1)
+                r += U(1)
+            j = U(0)
+            while j < w:
+                col = base + j
+                if n % U(2) == U(1):
+                    med = fbufs[col + mid * W]
+                else:
+                    med = half * fbufs[col + (mid - U(1)) * W] + half * fbufs[col + mid * W]
+                best = np.float32(0.0)
+                first = U(0)
+                i = U(0)
+                while i < span:
+                    below = med - fbufs[col + i * W]
+                    above = fbufs[col + (i + beta - U(1)) * W] - med
+                    if not (math.isfinite(below) and math.isfinite(above)):
+                        flags[0] = 1  # torch.maximum would give NaN or inf: its float64 branch
+                    spread = below if below > above else above
+                    if i == U(0) or spread < best:
+                        best = spread
+                        first = i
+                    i += U(1)
+                total = 0.0
+                smallest = np.inf
+                k = U(0)
+                while k < beta:
+                    v = np.float64(fbufs[col + (first + k) * W])
+                    total += v
+                    if v != 0.0 and abs(v) < smallest:
+                        smallest = abs(v)
+                    k += U(1)
+                mean = total / np.float64(beta)
+                big = np.float64(max(abs(fbufs[col + first * W]), abs(fbufs[col + (first + beta - U(1)) * W])))
+                reach = 4.0 * np.float64(beta) * eps * big + 4.0 * eps * abs(mean)
+                low = np.float32(mean - reach)
+                high = np.float32(mean + reach)
+                near = low == high and math.copysign(1.0, low) == math.copysign(1.0, high)
+                # or the sum is exact in any order: every value a multiple of 2^u > smallest·2⁻²⁴,
+                # every partial sum ≤ β·big ≤ smallest·2²⁸ < 2^(u+53) (a mean at a float32 midpoint:
+                # β values of the mean's own size sum exactly, and m = S/β is then a tie)
+                exact = big * np.float64(beta) <= smallest * 2.0 ** 28
+                if not (math.isfinite(big) and (near or exact)):
+                    flags[1] = 1
+                out[c0 + s * W + j] = np.float32(mean)
+                j += U(1)
+            s += U(1)
+        c0 += S * W

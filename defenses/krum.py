@@ -51,7 +51,7 @@ from redteam.errors import InvalidParameter
 from redteam.pipeline import Aggregator
 from redteam.types import Decision, ServerContext, param_error
 
-from ._common import check_choice, check_count, combine, finite_or_refuse, sorted_reduce
+from ._common import check_choice, check_count, closest_to_median_means, combine, finite_or_refuse
 from ._pairwise import PairwiseDistances, k_smallest_sum_bounds, pairwise, resolve_k_smallest_sums, tie_classes
 
 if TYPE_CHECKING:
@@ -428,7 +428,7 @@ class Bulyan(Aggregator):
                 f"Bulyan: only {len(chosen)} of the {n} updates are finite, fewer than β = θ − 2f = {beta} "
                 f"(n = {n}, f = {f})")
         sel = torch.tensor(chosen, dtype=torch.long, device=updates.device)
-        agg = sorted_reduce(updates, lambda s: _closest_to_median_mean(s, beta), rows=sel)  # no copy of the θ rows
+        agg = closest_to_median_means(updates, sel, beta, lambda s: _closest_to_median_mean(s, beta))  # no copy of the θ rows
         if not bool(torch.isfinite(agg).all()):
             agg = finite_or_refuse(self, agg, updates.index_select(0, sel))
         accepted = _credit(pd, chosen, n, len(chosen), updates) > 0

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from defenses import _sortnet
-from defenses._common import order_statistics, sorted_reduce, trimmed_means32
+from defenses._common import closest_to_median_means, order_statistics, sorted_reduce, trimmed_means32
 from defenses.krum import _closest_to_median_mean
 from defenses.median import coordinate_median, trimmed_mean
 
@@ -188,3 +188,45 @@ def test_the_kernels_module_is_what_the_generator_writes():
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_sortnet.py"), "--check"],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "heavy", "symmetric integers", "infinite rows", "near float32 max"])
+@pytest.mark.parametrize("theta,f", [(7, 1), (18, 4), (40, 9), (80, 20), (131, 30)])
+def test_bulyans_phase_has_the_bits_of_sorted_reduce(monkeypatch, kind, theta, f):
+    """The compiled phase against torch's reduce on numpy's sort, column for column, on inputs
+    that settle and on inputs that send chunks back to torch (spreads that are not finite,
+    means near zero that the bound cannot settle)."""
+    g = torch.Generator().manual_seed(theta)
+    n, d = theta + 5, 4096 + 70
+    x = torch.randn(n, d, generator=g)
+    if kind == "heavy":
+        x = x * torch.exp(4 * torch.randn(n, d, generator=g))
+    elif kind == "symmetric integers":
+        x = torch.randint(-3, 4, (n, d), generator=g).float()
+    elif kind == "infinite rows":
+        x[0, : d // 2] = float("inf")
+        x[1, 100:200] = float("nan")
+        x[2, 300:] = float("-inf")
+    elif kind == "near float32 max":
+        x[:, :50] = 3.0e38 * torch.sign(torch.randn(n, 50, generator=g))
+    sel = torch.randperm(n, generator=g)[:theta]
+    beta = theta - 2 * f
+
+    def reduce(s):
+        return _closest_to_median_mean(s, beta)
+
+    got = closest_to_median_means(x, sel, beta, reduce)
+    monkeypatch.setenv("REDTEAM_SORTNET", "0")
+    want = sorted_reduce(x, reduce, rows=sel)
+    assert got.dtype == want.dtype == torch.float32
+    assert torch.equal(got, want) or (torch.isnan(got) == torch.isnan(want)).all() and torch.equal(
+        torch.nan_to_num(got), torch.nan_to_num(want))
+
+
+def test_bulyans_phase_settles_ordinary_columns_in_one_pass():
+    x = torch.randn(60, 5000, generator=torch.Generator().manual_seed(1))
+    out = torch.empty(5000)
+    assert _sortnet.bulyan32(x, torch.arange(50), 30, 0, 5000, out)
+    x[0, 7] = float("inf")
+    x[1:, 7] = float("inf")  # every spread of column 7 is inf − inf
+    assert not _sortnet.bulyan32(x, torch.arange(50), 30, 0, 5000, out)
