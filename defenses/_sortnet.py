@@ -101,15 +101,21 @@ def _spans(d: int, threads: int) -> list[tuple[int, int]]:
     return [(s, min(s + step, d)) for s in range(0, d, step)]
 
 
-def _run(work: Any, spans: list[tuple[int, int]], threads: int) -> None:
-    if threads <= 1 or len(spans) == 1:
+def _run(work: Any, spans: list[tuple[int, int]], threads: int, pool: Any = None) -> None:
+    """``work(start, stop)`` for every span: on ``pool`` (an executor the caller keeps for many
+    calls) or on ``threads`` threads started here."""
+    if len(spans) == 1 or (pool is None and threads <= 1):
         for s in spans:
             work(*s)
         return
+    if pool is not None:
+        for f in [pool.submit(work, *s) for s in spans]:
+            f.result()
+        return
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(min(threads, len(spans))) as pool:
-        for f in [pool.submit(work, *s) for s in spans]:
+    with ThreadPoolExecutor(min(threads, len(spans))) as own:
+        for f in [own.submit(work, *s) for s in spans]:
             f.result()
 
 
@@ -154,24 +160,23 @@ def order_statistics(x: Any, ranks: tuple[int, ...], rows: Any = None) -> Any:
     return out
 
 
-def sorted_rows(x: Any, rows: Any, start: int, stop: int, out: Any) -> None:
+def sorted_rows(x: Any, rows: Any, start: int, stop: int, out: Any, pool: Any = None, threads: int = 1) -> None:
     """``out`` ``(n, stop − start)`` (a contiguous tensor) ← columns ``start … stop − 1`` of the rows
-    ``rows`` of ``x`` (all rows if None), each column sorted ascending; NaN as +inf."""
-    import torch
-
+    ``rows`` of ``x`` (all rows if None), each column sorted ascending; NaN as +inf. ``pool``: an
+    executor of ``threads`` threads to spread the columns over (else this thread only)."""
     k = _kernels()
     keys, idx, n, d, consts = _prepare(x, rows)
     real, nb = _blocks(n)
     width = stop - start
     out_keys = out.numpy().reshape(-1).view(consts[0])
-    threads = torch.get_num_threads() if width >= 8192 else 1
+    threads = threads if pool is not None else 1
 
     def work(lo: int, hi: int) -> None:
         k.sorted_rows(keys, idx, np.uint64(d), out_keys, np.uint64(width), np.uint64(start + lo),
                       np.uint64(start + hi), np.uint64(start), _buffers(nb, consts), np.uint64(nb),
                       consts[2], consts[3])
 
-    _run(work, _spans(width, threads), threads)
+    _run(work, _spans(width, threads), threads, pool)
 
 
 def trimmed_means32(x: Any, b: int, slack: float) -> tuple[Any, Any]:
@@ -198,24 +203,15 @@ def trimmed_means32(x: Any, b: int, slack: float) -> tuple[Any, Any]:
 
 def bulyan32(x: Any, rows: Any, beta: int, start: int, stop: int, out: Any) -> bool:
     """``out[start:stop]`` ← Bulyan's coordinate phase on float32 ``x``'s rows ``rows``
-    (:func:`defenses._sortnet_drivers.bulyan32`); False where those columns must instead take
-    torch's path (a spread not finite, or a mean whose float32 bits the bound cannot settle)."""
-    import torch
-
+    (:func:`defenses._sortnet_drivers.bulyan32`), on this thread; False where those columns
+    must instead take torch's path (a spread not finite, or a mean whose float32 bits the
+    bound cannot settle)."""
     k = _kernels()
     keys, idx, n, d, consts = _prepare(x, rows)
     real, nb = _blocks(n)
-    width = stop - start
-    out_np = out.numpy()
-    threads = torch.get_num_threads() if width >= 8192 else 1
-    spans = _spans(width, threads)
-    flags = np.zeros((len(spans), 2), dtype=np.int8)
-
-    def work(lo: int, hi: int) -> None:
-        bufs = _buffers(nb, consts)
-        k.bulyan32(keys, idx, np.uint64(d), np.uint64(beta), out_np, flags[spans.index((lo, hi))],
-                   np.uint64(start + lo), np.uint64(start + hi), bufs, bufs.view(np.float32), np.uint64(nb))
-
-    _run(work, spans, threads)
+    flags = np.zeros(2, dtype=np.int8)
+    bufs = _buffers(nb, consts)
+    k.bulyan32(keys, idx, np.uint64(d), np.uint64(beta), out.numpy(), flags, np.uint64(start),
+               np.uint64(stop), bufs, bufs.view(np.float32), np.uint64(nb))
     return not flags.any()
 

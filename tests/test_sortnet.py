@@ -230,3 +230,27 @@ def test_bulyans_phase_settles_ordinary_columns_in_one_pass():
     x[0, 7] = float("inf")
     x[1:, 7] = float("inf")  # every spread of column 7 is inf − inf
     assert not _sortnet.bulyan32(x, torch.arange(50), 30, 0, 5000, out)
+
+
+def test_bulyans_phase_on_two_threads_with_a_chunk_sent_back(monkeypatch):
+    """Chunks go to threads of our own; one of them (a column of +inf and −inf) takes torch's
+    path afterwards; the whole still has sorted_reduce's bits."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(140, 3 * 4096 + 5, generator=g)
+    x[:60, 5000] = float("inf")
+    x[60:, 5000] = float("-inf")
+    sel = torch.arange(3, 134)
+    beta = sel.numel() - 60
+
+    def reduce(s):
+        return _closest_to_median_mean(s, beta)
+
+    torch.set_num_threads(2)
+    try:
+        got = closest_to_median_means(x, sel, beta, reduce)
+    finally:
+        torch.set_num_threads(1)
+    monkeypatch.setenv("REDTEAM_SORTNET", "0")
+    want = sorted_reduce(x, reduce, rows=sel)
+    assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(want))
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
