@@ -654,22 +654,15 @@ def _sorted_chunks(x: "torch.Tensor", rows: "torch.Tensor | None", n: int, bound
     d = x.shape[1]
     segments = [slice(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
     if all(_sortnet.usable(x, hi - lo, n * d) for lo, hi in zip(bounds, bounds[1:])):
-        from concurrent.futures import ThreadPoolExecutor
-
         picks = [torch.arange(lo, hi) if rows is None else rows[lo:hi] for lo, hi in zip(bounds, bounds[1:])]
         buf = torch.empty(n, c, dtype=x.dtype)
-        threads = torch.get_num_threads()
-        pool = ThreadPoolExecutor(threads) if threads > 1 and c >= 4096 else None
-        try:
-            for start in range(0, d, c):
-                width = min(c, d - start)
-                a = buf if width == c else torch.empty(n, width, dtype=x.dtype)
-                for seg, pick in zip(segments, picks):
-                    _sortnet.sorted_rows(x, pick, start, start + width, a[seg], pool, threads)
-                out[..., start:start + width] = reduce(*[a[seg] for seg in segments])
-        finally:
-            if pool is not None:
-                pool.shutdown()
+        threads = torch.get_num_threads() if c >= 4096 else 1
+        for start in range(0, d, c):
+            width = min(c, d - start)
+            a = buf if width == c else torch.empty(n, width, dtype=x.dtype)
+            for seg, pick in zip(segments, picks):
+                _sortnet.sorted_rows(x, pick, start, start + width, a[seg], threads)
+            out[..., start:start + width] = reduce(*[a[seg] for seg in segments])
         return out
     threads = _tile_plan(n, d)[1]
     pool = None
@@ -820,10 +813,8 @@ def closest_to_median_means(x: "torch.Tensor", rows: "torch.Tensor", beta: int,
     chunks = [(start, min(start + c, d)) for start in range(0, d, c)]
     threads = min(torch.get_num_threads(), len(chunks))
     if threads > 1:  # whole chunks to threads of our own (the compiled pass releases the GIL)
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(threads) as pool:
-            settled = list(pool.map(lambda ch: _sortnet.bulyan32(x, rows, beta, ch[0], ch[1], out), chunks))
+        settled = list(_sortnet.pool(threads).map(lambda ch: _sortnet.bulyan32(x, rows, beta, ch[0], ch[1], out),
+                                                  chunks))
     else:
         settled = [_sortnet.bulyan32(x, rows, beta, start, stop, out) for start, stop in chunks]
     for (start, stop), ok in zip(chunks, settled):

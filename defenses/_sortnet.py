@@ -101,22 +101,30 @@ def _spans(d: int, threads: int) -> list[tuple[int, int]]:
     return [(s, min(s + step, d)) for s in range(0, d, step)]
 
 
-def _run(work: Any, spans: list[tuple[int, int]], threads: int, pool: Any = None) -> None:
-    """``work(start, stop)`` for every span: on ``pool`` (an executor the caller keeps for many
-    calls) or on ``threads`` threads started here."""
-    if len(spans) == 1 or (pool is None and threads <= 1):
+def pool(threads: int) -> Any:
+    """A shared executor of ``threads`` threads for the compiled kernels (they release the GIL):
+    started once per process and thread count (starting threads on every call cost more than a
+    median of 10⁷ values). Only leaf work may be submitted to it (nothing that waits on it)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    key = (os.getpid(), threads)  # a forked child has the object but not its threads
+    with _state.setdefault("lock", threading.Lock()):
+        if _state.get("pool_key") != key:
+            _state["pool"] = ThreadPoolExecutor(threads, thread_name_prefix="redteam-sortnet")
+            _state["pool_key"] = key
+        return _state["pool"]
+
+
+def _run(work: Any, spans: list[tuple[int, int]], threads: int, executor: Any = None) -> None:
+    """``work(start, stop)`` for every span, on ``executor`` or the shared :func:`pool`."""
+    if len(spans) == 1 or (executor is None and threads <= 1):
         for s in spans:
             work(*s)
         return
-    if pool is not None:
-        for f in [pool.submit(work, *s) for s in spans]:
-            f.result()
-        return
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(min(threads, len(spans))) as own:
-        for f in [own.submit(work, *s) for s in spans]:
-            f.result()
+    ex = executor if executor is not None else pool(threads)
+    for f in [ex.submit(work, *s) for s in spans]:
+        f.result()
 
 
 def _prepare(x: Any, rows: Any) -> tuple[Any, Any, int, int, tuple[Any, ...]]:
@@ -160,23 +168,22 @@ def order_statistics(x: Any, ranks: tuple[int, ...], rows: Any = None) -> Any:
     return out
 
 
-def sorted_rows(x: Any, rows: Any, start: int, stop: int, out: Any, pool: Any = None, threads: int = 1) -> None:
+def sorted_rows(x: Any, rows: Any, start: int, stop: int, out: Any, threads: int = 1) -> None:
     """``out`` ``(n, stop − start)`` (a contiguous tensor) ← columns ``start … stop − 1`` of the rows
-    ``rows`` of ``x`` (all rows if None), each column sorted ascending; NaN as +inf. ``pool``: an
-    executor of ``threads`` threads to spread the columns over (else this thread only)."""
+    ``rows`` of ``x`` (all rows if None), each column sorted ascending; NaN as +inf; on
+    ``threads`` threads of :func:`pool`."""
     k = _kernels()
     keys, idx, n, d, consts = _prepare(x, rows)
     real, nb = _blocks(n)
     width = stop - start
     out_keys = out.numpy().reshape(-1).view(consts[0])
-    threads = threads if pool is not None else 1
 
     def work(lo: int, hi: int) -> None:
         k.sorted_rows(keys, idx, np.uint64(d), out_keys, np.uint64(width), np.uint64(start + lo),
                       np.uint64(start + hi), np.uint64(start), _buffers(nb, consts), np.uint64(nb),
                       consts[2], consts[3])
 
-    _run(work, _spans(width, threads), threads, pool)
+    _run(work, _spans(width, threads), threads)
 
 
 def trimmed_means32(x: Any, b: int, slack: float) -> tuple[Any, Any]:

@@ -254,3 +254,12 @@ def test_bulyans_phase_on_two_threads_with_a_chunk_sent_back(monkeypatch):
     want = sorted_reduce(x, reduce, rows=sel)
     assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(want))
     assert torch.equal(torch.isnan(got), torch.isnan(want))
+
+
+def test_the_shared_pool_is_started_again_in_a_forked_child(monkeypatch):
+    first = _sortnet.pool(2)
+    assert _sortnet.pool(2) is first
+    monkeypatch.setattr(_sortnet.os, "getpid", lambda: -1)  # as a child process sees it
+    child = _sortnet.pool(2)
+    assert child is not first
+    assert child.submit(lambda: 7).result(timeout=10) == 7
