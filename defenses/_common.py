@@ -810,15 +810,20 @@ def closest_to_median_means(x: "torch.Tensor", rows: "torch.Tensor", beta: int,
         return sorted_reduce(x, reduce, rows=rows)
     c = _chunk_columns(_pow2(n))
     out = torch.empty(d, dtype=x.dtype)
-    chunks = [(start, min(start + c, d)) for start in range(0, d, c)]
-    threads = min(torch.get_num_threads(), len(chunks))
-    if threads > 1:  # whole chunks to threads of our own (the compiled pass releases the GIL)
-        settled = list(_sortnet.pool(threads).map(lambda ch: _sortnet.bulyan32(x, rows, beta, ch[0], ch[1], out),
-                                                  chunks))
+    count = -(-d // c)
+    threads = min(torch.get_num_threads(), count)
+    # a run of whole chunks per thread, one compiled call each (the call releases the GIL; one
+    # call per chunk made every chunk wait for the GIL on a busy machine)
+    per = -(-count // threads)
+    runs = [(i * c, min((i + per) * c, d)) for i in range(0, count, per)]
+    if len(runs) > 1:
+        parts = list(_sortnet.pool(threads).map(lambda r: _sortnet.bulyan32(x, rows, beta, r[0], r[1], out, c), runs))
     else:
-        settled = [_sortnet.bulyan32(x, rows, beta, start, stop, out) for start, stop in chunks]
-    for (start, stop), ok in zip(chunks, settled):
-        if not ok:
+        parts = [_sortnet.bulyan32(x, rows, beta, 0, d, out, c)]
+    for (lo, _), settled in zip(runs, parts):
+        for k in (~settled).nonzero()[0].tolist():
+            start = lo + k * c
+            stop = min(start + c, d)
             tile = torch.empty(n, stop - start, dtype=x.dtype)
             _sortnet.sorted_rows(x, rows, start, stop, tile)
             out[start:stop] = reduce(tile)

@@ -208,17 +208,17 @@ def trimmed_means32(x: Any, b: int, slack: float) -> tuple[Any, Any]:
     return means, settled
 
 
-def bulyan32(x: Any, rows: Any, beta: int, start: int, stop: int, out: Any) -> bool:
+def bulyan32(x: Any, rows: Any, beta: int, start: int, stop: int, out: Any, chunk: int) -> Any:
     """``out[start:stop]`` ← Bulyan's coordinate phase on float32 ``x``'s rows ``rows``
-    (:func:`defenses._sortnet_drivers.bulyan32`), on this thread; False where those columns
-    must instead take torch's path (a spread not finite, or a mean whose float32 bits the
-    bound cannot settle)."""
+    (:func:`defenses._sortnet_drivers.bulyan32`), on this thread, in one compiled call; a bool
+    array, one entry per chunk of ``chunk`` columns from ``start``: False where the chunk must
+    instead take torch's path (a spread not finite, or a mean whose float32 bits the bound cannot
+    settle)."""
     k = _kernels()
     keys, idx, n, d, consts = _prepare(x, rows)
     real, nb = _blocks(n)
-    flags = np.zeros(2, dtype=np.int8)
+    flags = np.zeros((-(-(stop - start) // chunk), 2), dtype=np.int8)
     bufs = _buffers(nb, consts)
     k.bulyan32(keys, idx, np.uint64(d), np.uint64(beta), out.numpy(), flags, np.uint64(start),
-               np.uint64(stop), bufs, bufs.view(np.float32), np.uint64(nb))
-    return not flags.any()
-
+               np.uint64(stop), bufs, bufs.view(np.float32), np.uint64(nb), np.uint64(chunk))
+    return ~flags.any(axis=1)

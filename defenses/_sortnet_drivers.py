@@ -218,15 +218,16 @@ def trimmed32(x, idx, d, b, means, settled, start, stop, bufs, fbufs, nb, slack)
 
 
 @njit(nogil=True, boundscheck=False, cache=True)
-def bulyan32(x, idx, d, beta, out, flags, start, stop, bufs, fbufs, nb):
+def bulyan32(x, idx, d, beta, out, flags, start, stop, bufs, fbufs, nb, chunk):
     """Bulyan's coordinate phase (``defenses.krum._closest_to_median_mean``) on float32 ``x``:
     per column of the θ rows ``idx`` sorted, the mean of the β consecutive values whose farther
     end is nearest the median (the first such window on ties), written to ``out`` as float32.
 
     The median and the windows' spreads are float32 operations in torch's order, so the window
-    is torch's; the window's sum is float64 in ascending order. flags[0] = 1: a spread is not
-    finite (torch then compares in float64: the caller must take torch's path for the chunk);
-    flags[1] = 1: a column's mean is not settled (its float32 bits could depend on the order of
+    is torch's; the window's sum is float64 in ascending order. Per chunk of ``chunk`` columns
+    (column c in chunk (c − start) // chunk), flags[k, 0] = 1: a spread is not finite (torch
+    then compares in float64: the caller must take torch's path for the chunk);
+    flags[k, 1] = 1: a column's mean is not settled (its float32 bits could depend on the order of
     the float64 sum: any order's error is at most (β − 1)·2⁻⁵³·Σ|v| ≤ β²·2⁻⁵³·M, M the larger end
     of the window, so the column is settled when m ± (4β·2⁻⁵³·M + 4·2⁻⁵³·|m|) round to the same
     float32, or when every order's sum is exact, as ``defenses._common.trimmed_means32`` tests)."""
@@ -273,7 +274,7 @@ def bulyan32(x, idx, d, beta, out, flags, start, stop, bufs, fbufs, nb):
                     below = med - fbufs[col + i * W]
                     above = fbufs[col + (i + beta - U(1)) * W] - med
                     if not (math.isfinite(below) and math.isfinite(above)):
-                        flags[0] = 1  # torch.maximum would give NaN or inf: its float64 branch
+                        flags[(c0 + s * W + j - start) // chunk, 0] = 1  # torch.maximum: NaN or inf
                     spread = below if below > above else above
                     if i == U(0) or spread < best:
                         best = spread
@@ -299,7 +300,7 @@ def bulyan32(x, idx, d, beta, out, flags, start, stop, bufs, fbufs, nb):
                 # β values of the mean's own size sum exactly, and m = S/β is then a tie)
                 exact = big * np.float64(beta) <= smallest * 2.0 ** 28
                 if not (math.isfinite(big) and (near or exact)):
-                    flags[1] = 1
+                    flags[(c0 + s * W + j - start) // chunk, 1] = 1
                 out[c0 + s * W + j] = np.float32(mean)
                 j += U(1)
             s += U(1)

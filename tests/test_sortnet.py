@@ -226,10 +226,10 @@ def test_bulyans_phase_has_the_bits_of_sorted_reduce(monkeypatch, kind, theta, f
 def test_bulyans_phase_settles_ordinary_columns_in_one_pass():
     x = torch.randn(60, 5000, generator=torch.Generator().manual_seed(1))
     out = torch.empty(5000)
-    assert _sortnet.bulyan32(x, torch.arange(50), 30, 0, 5000, out)
-    x[0, 7] = float("inf")
-    x[1:, 7] = float("inf")  # every spread of column 7 is inf − inf
-    assert not _sortnet.bulyan32(x, torch.arange(50), 30, 0, 5000, out)
+    assert _sortnet.bulyan32(x, torch.arange(50), 30, 0, 5000, out, 1024).tolist() == [True] * 5
+    x[0, 2050] = float("inf")
+    x[1:, 2050] = float("inf")  # every spread of column 2050 is inf − inf
+    assert _sortnet.bulyan32(x, torch.arange(50), 30, 0, 5000, out, 1024).tolist() == [True, True, False, True, True]
 
 
 def test_bulyans_phase_on_two_threads_with_a_chunk_sent_back(monkeypatch):
