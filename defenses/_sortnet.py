@@ -188,7 +188,7 @@ def sorted_rows(x: Any, rows: Any, start: int, stop: int, out: Any, threads: int
 
 def trimmed_means32(x: Any, b: int, slack: float) -> tuple[Any, Any]:
     """(means, settled) as ``defenses._common.trimmed_means32`` computes them for float32 ``x``
-    (its docstring gives the test), the sums of the kept ranks taken here in ascending order."""
+    (its docstring gives the test, which holds for any order of the additions)."""
     import torch
 
     k = _kernels()
@@ -198,11 +198,13 @@ def trimmed_means32(x: Any, b: int, slack: float) -> tuple[Any, Any]:
     settled = torch.empty(d, dtype=torch.bool)
     means_np, settled_np = means.numpy(), settled.numpy()
     threads = torch.get_num_threads()
+    last = np.zeros(nb, dtype=np.bool_)
+    last[[b // 16, (n - 1 - b) // 16]] = True  # the blocks of the cut points
 
     def work(start: int, stop: int) -> None:
         bufs = _buffers(nb, consts)
         k.trimmed32(keys, idx, np.uint64(d), np.uint64(b), means_np, settled_np, np.uint64(start),
-                    np.uint64(stop), bufs, bufs.view(np.float32), np.uint64(nb), float(slack))
+                    np.uint64(stop), bufs, bufs.view(np.float32), np.uint64(nb), float(slack), last)
 
     _run(work, _spans(d, threads), threads)
     return means, settled

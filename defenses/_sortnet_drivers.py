@@ -159,9 +159,12 @@ def sorted_rows(x, idx, d, out, width, start, stop, origin, bufs, nb, mag, inf):
         c0 += S * W
 
 @njit(nogil=True, boundscheck=False, cache=True)
-def trimmed32(x, idx, d, b, means, settled, start, stop, bufs, fbufs, nb, slack):
-    """Per column: the float64 sum, in ascending order, of the ranks b … n − 1 − b; the mean as
-    float32; settled as ``defenses._common.trimmed_means32`` defines it."""
+def trimmed32(x, idx, d, b, means, settled, start, stop, bufs, fbufs, nb, slack, last):
+    """Per column: the float64 sum of the values of ranks b … n − 1 − b; the mean as float32;
+    settled as ``defenses._common.trimmed_means32`` defines it (its test holds for any order
+    of the additions). Only the blocks holding ranks b and n − 1 − b are flagged in ``last``:
+    after the last merge's block layers every block holds exactly the values of its 16 ranks,
+    so the others need not be sorted inside to be summed."""
     mag = np.int32(0x7FFFFFFF)
     inf = np.int32(0x7F800000)
     n = U(idx.shape[0])
@@ -169,7 +172,6 @@ def trimmed32(x, idx, d, b, means, settled, start, stop, bufs, fbufs, nb, slack)
     T = nb * U(16) * W
     S = U(bufs.shape[0]) // T
     keep = n - U(2) * b
-    last = np.ones(nb, dtype=np.bool_)
     acc = np.empty(64, dtype=np.float64)
     tiny = 8.0 * 2.0 ** -53
     _fill(bufs, nb, inf)
