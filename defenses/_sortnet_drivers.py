@@ -173,6 +173,12 @@ def trimmed32(x, idx, d, b, means, settled, start, stop, bufs, fbufs, nb, slack,
     S = U(bufs.shape[0]) // T
     keep = n - U(2) * b
     acc = np.empty(64, dtype=np.float64)
+    mean32 = np.empty(64, dtype=np.float32)
+    low = np.empty(64, dtype=np.float32)
+    high = np.empty(64, dtype=np.float32)
+    low_bits = low.view(np.int32)
+    high_bits = high.view(np.int32)
+    finite = np.empty(64, dtype=np.bool_)
     tiny = 8.0 * 2.0 ** -53
     _fill(bufs, nb, inf)
     c0 = start
@@ -203,17 +209,23 @@ def trimmed32(x, idx, d, b, means, settled, start, stop, bufs, fbufs, nb, slack,
                     acc[j] += np.float64(fbufs[base + r * W + j])
                     j += U(1)
                 r += U(1)
+            # per column, in loops without branches (vectorized): the mean, and the ends of the
+            # interval that must round to one float32, compared by their bits
+            j = U(0)
+            while j < W:
+                mean = (acc[j] + 0.0) / np.float64(keep)  # a zero sum is +0.0, as the halves' sums give
+                mean32[j] = np.float32(mean)
+                big = np.float64(max(abs(fbufs[base + b * W + j]), abs(fbufs[base + (n - U(1) - b) * W + j])))
+                reach = abs(mean) * tiny + slack * big
+                low[j] = np.float32(mean - reach)
+                high[j] = np.float32(mean + reach)
+                finite[j] = big < np.inf
+                j += U(1)
             j = U(0)
             while j < w:
                 c = c0 + s * W + j
-                mean = (acc[j] + 0.0) / np.float64(keep)  # a zero sum is +0.0, as the halves' sums give
-                means[c] = np.float32(mean)
-                big = np.float64(max(abs(fbufs[base + b * W + j]), abs(fbufs[base + (n - U(1) - b) * W + j])))
-                reach = abs(mean) * tiny + slack * big
-                low = np.float32(mean - reach)
-                high = np.float32(mean + reach)
-                settled[c] = (math.isfinite(big) and low == high
-                              and math.copysign(1.0, low) == math.copysign(1.0, high))
+                means[c] = mean32[j]
+                settled[c] = finite[j] & (low_bits[j] == high_bits[j])
                 j += U(1)
             s += U(1)
         c0 += S * W
