@@ -238,7 +238,7 @@ def bulyan32(x, idx, d, beta, out, flags, start, stop, bufs, fbufs, nb, chunk):
     end is nearest the median (the first such window on ties), written to ``out`` as float32.
 
     The median and the windows' spreads are float32 operations in torch's order, so the window
-    is torch's; the window's sum is float64 in ascending order. Per chunk of ``chunk`` columns
+    is torch's; the window's sum is float64. Per chunk of ``chunk`` columns
     (column c in chunk (c − start) // chunk), flags[k, 0] = 1: a spread is not finite (torch
     then compares in float64: the caller must take torch's path for the chunk);
     flags[k, 1] = 1: a column's mean is not settled (its float32 bits could depend on the order of
@@ -256,6 +256,19 @@ def bulyan32(x, idx, d, beta, out, flags, start, stop, bufs, fbufs, nb, chunk):
     last = np.ones(nb, dtype=np.bool_)
     mid = n // U(2)
     span = n - beta + U(1)
+    med = np.empty(64, dtype=np.float32)
+    best = np.empty(64, dtype=np.float32)
+    first = np.zeros(64, dtype=np.uint64)
+    bad = np.empty(64, dtype=np.bool_)
+    total = np.empty(64, dtype=np.float64)
+    big = np.empty(64, dtype=np.float64)
+    small = np.empty(64, dtype=np.float64)
+    out32 = np.empty(64, dtype=np.float32)
+    low = np.empty(64, dtype=np.float32)
+    high = np.empty(64, dtype=np.float32)
+    low_bits = low.view(np.int32)
+    high_bits = high.view(np.int32)
+    exact = np.empty(64, dtype=np.bool_)
     _fill(bufs, nb, inf)
     c0 = start
     while c0 < stop:
@@ -274,48 +287,72 @@ def bulyan32(x, idx, d, beta, out, flags, start, stop, bufs, fbufs, nb, chunk):
                     bufs[base + r * W + j] = kv ^ mag if kv < 0 else kv
                     j += U(1)
                 r += U(1)
+            # per column, vectorized across the tile's 64 columns (loops over rows outside,
+            # branch-free selects inside): the median, the first window of least spread, the
+            # window's float64 sum (the other rows add +0.0, exactly), its largest and smallest
+            # nonzero magnitude, and the settle tests
             j = U(0)
-            while j < w:
-                col = base + j
+            while j < W:
                 if n % U(2) == U(1):
-                    med = fbufs[col + mid * W]
+                    med[j] = fbufs[base + mid * W + j]
                 else:
-                    med = half * fbufs[col + (mid - U(1)) * W] + half * fbufs[col + mid * W]
-                best = np.float32(0.0)
-                first = U(0)
-                i = U(0)
-                while i < span:
-                    below = med - fbufs[col + i * W]
-                    above = fbufs[col + (i + beta - U(1)) * W] - med
-                    if not (math.isfinite(below) and math.isfinite(above)):
-                        flags[(c0 + s * W + j - start) // chunk, 0] = 1  # torch.maximum: NaN or inf
+                    med[j] = half * fbufs[base + (mid - U(1)) * W + j] + half * fbufs[base + mid * W + j]
+                bad[j] = False
+                j += U(1)
+            i = U(0)
+            while i < span:
+                lo_row = base + i * W
+                hi_row = base + (i + beta - U(1)) * W
+                j = U(0)
+                while j < W:
+                    below = med[j] - fbufs[lo_row + j]
+                    above = fbufs[hi_row + j] - med[j]
+                    bad[j] = bad[j] | (not (abs(below) < np.float32(np.inf) and abs(above) < np.float32(np.inf)))
                     spread = below if below > above else above
-                    if i == U(0) or spread < best:
-                        best = spread
-                        first = i
-                    i += U(1)
-                total = 0.0
-                smallest = np.inf
-                k = U(0)
-                while k < beta:
-                    v = np.float64(fbufs[col + (first + k) * W])
-                    total += v
-                    if v != 0.0 and abs(v) < smallest:
-                        smallest = abs(v)
-                    k += U(1)
-                mean = total / np.float64(beta)
-                big = np.float64(max(abs(fbufs[col + first * W]), abs(fbufs[col + (first + beta - U(1)) * W])))
-                reach = 4.0 * np.float64(beta) * eps * big + 4.0 * eps * abs(mean)
-                low = np.float32(mean - reach)
-                high = np.float32(mean + reach)
-                near = low == high and math.copysign(1.0, low) == math.copysign(1.0, high)
+                    better = (i == U(0)) | (spread < best[j])
+                    best[j] = spread if better else best[j]
+                    first[j] = i if better else first[j]
+                    j += U(1)
+                i += U(1)
+            j = U(0)
+            while j < W:
+                total[j] = 0.0
+                big[j] = 0.0
+                small[j] = np.inf
+                j += U(1)
+            r = U(0)
+            while r < n:
+                row = base + r * W
+                j = U(0)
+                while j < W:
+                    v = np.float64(fbufs[row + j])
+                    inside = (r >= first[j]) & (r < first[j] + beta)
+                    total[j] += v if inside else 0.0
+                    size = abs(v)
+                    big[j] = size if inside and size > big[j] else big[j]
+                    small[j] = size if inside and size != 0.0 and size < small[j] else small[j]
+                    j += U(1)
+                r += U(1)
+            j = U(0)
+            while j < W:
+                mean = total[j] / np.float64(beta)
+                out32[j] = np.float32(mean)
+                reach = 4.0 * np.float64(beta) * eps * big[j] + 4.0 * eps * abs(mean)
+                low[j] = np.float32(mean - reach)
+                high[j] = np.float32(mean + reach)
                 # or the sum is exact in any order: every value a multiple of 2^u > smallest·2⁻²⁴,
                 # every partial sum ≤ β·big ≤ smallest·2²⁸ < 2^(u+53) (a mean at a float32 midpoint:
                 # β values of the mean's own size sum exactly, and m = S/β is then a tie)
-                exact = big * np.float64(beta) <= smallest * 2.0 ** 28
-                if not (math.isfinite(big) and (near or exact)):
-                    flags[(c0 + s * W + j - start) // chunk, 1] = 1
-                out[c0 + s * W + j] = np.float32(mean)
+                exact[j] = big[j] * np.float64(beta) <= small[j] * 2.0 ** 28
+                j += U(1)
+            k = (c0 + s * W - start) // chunk  # a strip lies in one chunk (chunks are multiples of 64)
+            j = U(0)
+            while j < w:
+                out[c0 + s * W + j] = out32[j]
+                if bad[j]:
+                    flags[k, 0] = 1  # torch.maximum would give NaN or inf: its float64 branch
+                if not (big[j] < np.inf and (low_bits[j] == high_bits[j] or exact[j])):
+                    flags[k, 1] = 1
                 j += U(1)
             s += U(1)
         c0 += S * W
