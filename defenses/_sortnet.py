@@ -161,8 +161,8 @@ def order_statistics(x: Any, ranks: tuple[int, ...], rows: Any = None) -> Any:
     threads = torch.get_num_threads()
 
     def work(start: int, stop: int) -> None:
-        k.order_stats(keys, idx, np.uint64(d), wanted, last, out_keys, np.uint64(start), np.uint64(stop),
-                      _buffers(nb, consts), np.uint64(nb), consts[2], consts[3])
+        k.order_stats(keys, idx, np.uint64(d), wanted, last, out_keys, np.uint64(d), np.uint64(0), np.uint64(start),
+                      np.uint64(stop), _buffers(nb, consts), np.uint64(nb), consts[2], consts[3])
 
     _run(work, _spans(d, threads), threads)
     return out
@@ -178,9 +178,12 @@ def sorted_rows(x: Any, rows: Any, start: int, stop: int, out: Any, threads: int
     width = stop - start
     out_keys = out.numpy().reshape(-1).view(consts[0])
 
+    every = np.arange(n, dtype=np.uint64)
+    finish = np.ones(nb, dtype=np.bool_)
+
     def work(lo: int, hi: int) -> None:
-        k.sorted_rows(keys, idx, np.uint64(d), out_keys, np.uint64(width), np.uint64(start + lo),
-                      np.uint64(start + hi), np.uint64(start), _buffers(nb, consts), np.uint64(nb),
+        k.order_stats(keys, idx, np.uint64(d), every, finish, out_keys, np.uint64(width), np.uint64(start),
+                      np.uint64(start + lo), np.uint64(start + hi), _buffers(nb, consts), np.uint64(nb),
                       consts[2], consts[3])
 
     _run(work, _spans(width, threads), threads)

@@ -5,8 +5,6 @@ and the network's fixed pieces from ``_sortnet_kernels``. Unsigned indices throu
 no wrap-around test for negative indices, which would stop LLVM from vectorizing the loops.
 """
 
-import math
-
 import numpy as np
 from numba import njit
 
@@ -100,8 +98,27 @@ def _load(x, idx, d, c0, wide, bufs, T, real, mag, inf):
             s += U(1)
         r += U(1)
 
+
 @njit(nogil=True, boundscheck=False, cache=True)
-def order_stats(x, idx, d, ranks, last, out, start, stop, bufs, nb, mag, inf):
+def _to_bits(bufs, base, lo, hi, mag):
+    """Rows lo … hi − 1 of the tile at ``base``: keys back to float bits, in place (the key map
+    is its own inverse)."""
+    r = lo
+    while r < hi:
+        j = U(0)
+        while j < W:
+            kv = bufs[base + r * W + j]
+            bufs[base + r * W + j] = kv ^ mag if kv < 0 else kv
+            j += U(1)
+        r += U(1)
+
+
+@njit(nogil=True, boundscheck=False, cache=True)
+def order_stats(x, idx, d, ranks, last, out, out_stride, origin, start, stop, bufs, nb, mag, inf):
+    """Columns start … stop − 1 of the rows ``idx`` of ``x`` (keys, flat, rows of d): row q of
+    ``out`` (flat, rows of ``out_stride``, column c at c − ``origin``) ← every column's
+    ``ranks[q]``-th smallest value, as float bits. ``last``: the blocks the last merge finishes
+    (those holding the ranks)."""
     real = (U(idx.shape[0]) + U(15)) // U(16)
     T = nb * U(16) * W
     S = U(bufs.shape[0]) // T
@@ -118,7 +135,7 @@ def order_stats(x, idx, d, ranks, last, out, start, stop, bufs, nb, mag, inf):
             q = U(0)
             while q < U(ranks.shape[0]):
                 src = ranks[q] * W
-                dst = q * d + c0 + s * W
+                dst = q * out_stride + c0 + s * W - origin
                 j = U(0)
                 while j < w:
                     kv = buf[src + j]
@@ -128,35 +145,6 @@ def order_stats(x, idx, d, ranks, last, out, start, stop, bufs, nb, mag, inf):
             s += U(1)
         c0 += S * W
 
-@njit(nogil=True, boundscheck=False, cache=True)
-def sorted_rows(x, idx, d, out, width, start, stop, origin, bufs, nb, mag, inf):
-    n = U(idx.shape[0])
-    real = (n + U(15)) // U(16)
-    T = nb * U(16) * W
-    S = U(bufs.shape[0]) // T
-    last = np.ones(nb, dtype=np.bool_)
-    _fill(bufs, nb, inf)
-    c0 = start
-    while c0 < stop:
-        wide = min(S * W, stop - c0)
-        _load(x, idx, d, c0, wide, bufs, T, real, mag, inf)
-        s = U(0)
-        while s * W < wide:
-            w = min(W, wide - s * W)
-            buf = bufs[s * T:(s + U(1)) * T]
-            _network(buf, real, nb, last)
-            r = U(0)
-            while r < n:
-                src = r * W
-                dst = r * width + c0 - origin + s * W
-                j = U(0)
-                while j < w:
-                    kv = buf[src + j]
-                    out[dst + j] = kv ^ mag if kv < 0 else kv
-                    j += U(1)
-                r += U(1)
-            s += U(1)
-        c0 += S * W
 
 @njit(nogil=True, boundscheck=False, cache=True)
 def trimmed32(x, idx, d, b, means, settled, start, stop, bufs, fbufs, nb, slack, last):
@@ -190,14 +178,7 @@ def trimmed32(x, idx, d, b, means, settled, start, stop, bufs, fbufs, nb, slack,
             w = min(W, wide - s * W)
             base = s * T
             _network(bufs[base:base + T], real, nb, last)
-            r = b
-            while r < n - b:  # keys back to float bits, in place, for the kept ranks
-                j = U(0)
-                while j < W:
-                    kv = bufs[base + r * W + j]
-                    bufs[base + r * W + j] = kv ^ mag if kv < 0 else kv
-                    j += U(1)
-                r += U(1)
+            _to_bits(bufs, base, b, n - b, mag)  # the kept ranks, in place
             j = U(0)
             while j < W:
                 acc[j] = 0.0
@@ -279,14 +260,7 @@ def bulyan32(x, idx, d, beta, out, flags, start, stop, bufs, fbufs, nb, chunk):
             w = min(W, wide - s * W)
             base = s * T
             _network(bufs[base:base + T], real, nb, last)
-            r = U(0)
-            while r < n:  # keys back to float bits, in place
-                j = U(0)
-                while j < W:
-                    kv = bufs[base + r * W + j]
-                    bufs[base + r * W + j] = kv ^ mag if kv < 0 else kv
-                    j += U(1)
-                r += U(1)
+            _to_bits(bufs, base, U(0), n, mag)
             # per column, vectorized across the tile's 64 columns (loops over rows outside,
             # branch-free selects inside): the median, the first window of least spread, the
             # window's float64 sum (the other rows add +0.0, exactly), its largest and smallest
