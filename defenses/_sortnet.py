@@ -53,7 +53,7 @@ _state: dict[str, Any] = {}
 
 
 def _kernels() -> Any:
-    """The compiled drivers (a namespace), or None without numba."""
+    """The compiled drivers (the module ``_sortnet_drivers``), or None without numba."""
     if "mod" not in _state:
         try:
             from . import _sortnet_drivers
@@ -116,14 +116,13 @@ def pool(threads: int) -> Any:
         return _state["pool"]
 
 
-def _run(work: Any, spans: list[tuple[int, int]], threads: int, executor: Any = None) -> None:
-    """``work(start, stop)`` for every span, on ``executor`` or the shared :func:`pool`."""
-    if len(spans) == 1 or (executor is None and threads <= 1):
+def _run(work: Any, spans: list[tuple[int, int]], threads: int) -> None:
+    """``work(start, stop)`` for every span: here, or on the shared :func:`pool`."""
+    if len(spans) == 1 or threads <= 1:
         for s in spans:
             work(*s)
         return
-    ex = executor if executor is not None else pool(threads)
-    for f in [ex.submit(work, *s) for s in spans]:
+    for f in [pool(threads).submit(work, *s) for s in spans]:
         f.result()
 
 
@@ -177,7 +176,6 @@ def sorted_rows(x: Any, rows: Any, start: int, stop: int, out: Any, threads: int
     real, nb = _blocks(n)
     width = stop - start
     out_keys = out.numpy().reshape(-1).view(consts[0])
-
     every = np.arange(n, dtype=np.uint64)
     finish = np.ones(nb, dtype=np.bool_)
 
