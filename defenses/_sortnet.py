@@ -28,7 +28,8 @@ numpy's sort bit for bit, except that −0.0 and +0.0 are ordered here (numpy le
 values in any order): a median where both meet may differ in the sign of zero only.
 
 Used where it pays and is available: CPU, float32 or float64, 2 ≤ n ≤ 256 rows, at least
-:data:`MIN_VALUES` values, numba importable, and ``REDTEAM_SORTNET`` not set to ``0``.
+:data:`MIN_VALUES` values, numba importable and able to compile the network (checked once per
+dtype; a failure is said once as a warning), and ``REDTEAM_SORTNET`` not set to ``0``.
 The first call in a new environment compiles the kernels (some seconds; numba caches them on
 disk next to this file, or in its user cache directory).
 """
@@ -73,7 +74,32 @@ def usable(x: Any, n: int, values: "int | None" = None) -> bool:
         return False
     size = n * x.shape[1] if values is None else values
     return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and 2 <= n <= MAX_ROWS
-            and size >= MIN_VALUES and x.is_contiguous() and _kernels() is not None)
+            and size >= MIN_VALUES and x.is_contiguous() and _kernels() is not None and _compiled(x.dtype))
+
+
+def _compiled(dtype: Any) -> bool:
+    """numba is there and compiles (or loads) the network for this dtype: checked once per dtype
+    on a 2 × 64 input. A failure (an LLVM or platform problem, not a missing numba) is said
+    once, as a RuntimeWarning, and the rules sort with numpy instead."""
+    key = f"compiled:{dtype}"
+    if key not in _state:
+        k = _kernels()
+        ok = k is not None
+        if ok:
+            import torch
+
+            try:
+                order_statistics(torch.zeros(2, 64, dtype=dtype), (0,))
+            except Exception as e:  # noqa: BLE001 - any compile or run failure: fall back, say why
+                import warnings
+
+                warnings.warn(f"redteam: the compiled sorting network does not run here ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else ''}); the median, the trimmed mean and "
+                              "Bulyan sort with numpy instead (REDTEAM_SORTNET=0 chooses that without this check)",
+                              RuntimeWarning, stacklevel=3)
+                ok = False
+        _state[key] = ok
+    return bool(_state[key])
 
 
 def _constants(dtype: Any) -> tuple[Any, Any, Any, Any]:

@@ -263,3 +263,19 @@ def test_the_shared_pool_is_started_again_in_a_forked_child(monkeypatch):
     child = _sortnet.pool(2)
     assert child is not first
     assert child.submit(lambda: 7).result(timeout=10) == 7
+
+
+def test_a_network_that_does_not_compile_falls_back_to_numpy_and_says_so(monkeypatch):
+    x = torch.randn(20, 100)
+    want = order_statistics(x, (3, 10))
+    k = _sortnet._kernels()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("LLVM ERROR: cannot select\nmore detail")
+
+    monkeypatch.setattr(k, "order_stats", broken)
+    monkeypatch.delitem(_sortnet._state, "compiled:torch.float32", raising=False)
+    with pytest.warns(RuntimeWarning, match="does not run here .*LLVM ERROR: cannot select.*sort with numpy"):
+        assert not _sortnet.usable(x, 20)
+    assert torch.equal(order_statistics(x, (3, 10)), want)
+    monkeypatch.delitem(_sortnet._state, "compiled:torch.float32")  # the next test compiles again
