@@ -85,21 +85,27 @@ def per_node_loop(x, adj, w, merging, defense, messages, byzantine) -> StepResul
     return res
 
 
-def step_times(nodes: int, topology: str, d: int, repeats: int) -> list[tuple[str, float, float]]:
+def gossip_case(nodes: int, topology: str, d: int, **graph_args):
+    """The timed step's inputs, seeded: (adjacency, mixing matrix, models, merging nodes, the
+    Byzantine set, their send function, the most Byzantine neighbours of a merging node)."""
     rng = np.random.default_rng(0)
-    adj = graphs.build_graph(topology, nodes, rng, probability=0.3, bridges=2)
+    adj = graphs.build_graph(topology, nodes, rng, **graph_args)
     byz = sorted(rng.choice(nodes, size=max(1, nodes // 10), replace=False).tolist())
     claimed = adj.sum(1)
     claimed[byz] = 1
     w = graphs.mixing_matrix(adj, degrees=claimed)
     x = torch.randn(nodes, d, generator=torch.Generator().manual_seed(0))
     merging = [i for i in range(nodes) if i not in byz]
-    bset = frozenset(byz)
 
     def send(i, hon, b):
         return x[i] + 5.0 * torch.randn(len(b), d, generator=torch.Generator().manual_seed(i))
 
     b = int(max(adj[i, byz].sum() for i in merging))
+    return adj, w, x, merging, frozenset(byz), send, b
+
+
+def step_times(nodes: int, topology: str, d: int, repeats: int) -> list[tuple[str, float, float]]:
+    adj, w, x, merging, bset, send, b = gossip_case(nodes, topology, d, probability=0.3, bridges=2)
     out = []
     for name, params in (("mean", {}), ("clipped_gossip", {"b": b}), ("cs_plus", {"b": b}), ("ios", {"b": b}),
                          ("geometric_median", {})):
@@ -114,20 +120,7 @@ def server_rule_times(nodes: int, topology: str, d: int, repeats: int
                       ) -> list[tuple[str, list[float], list[float], bool]]:
     """One step of each server rule, batched and by the per-node loop, called alternately: (label,
     batched times, loop times, models bit for bit equal)."""
-    rng = np.random.default_rng(0)
-    adj = graphs.build_graph(topology, nodes, rng, probability=0.15)
-    byz = sorted(rng.choice(nodes, size=max(1, nodes // 10), replace=False).tolist())
-    claimed = adj.sum(1)
-    claimed[byz] = 1
-    w = graphs.mixing_matrix(adj, degrees=claimed)
-    x = torch.randn(nodes, d, generator=torch.Generator().manual_seed(0))
-    merging = [i for i in range(nodes) if i not in byz]
-    bset = frozenset(byz)
-
-    def send(i, hon, b):
-        return x[i] + 5.0 * torch.randn(len(b), d, generator=torch.Generator().manual_seed(i))
-
-    b = int(max(adj[i, byz].sum() for i in merging))
+    adj, w, x, merging, bset, send, b = gossip_case(nodes, topology, d, probability=0.15)
     out = []
     for name, params in (("median", {}), ("trimmed_mean", {"b": b}), ("krum", {}), ("multi_krum", {})):
         rule = DEFENSES.create(name, params)
