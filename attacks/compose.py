@@ -95,9 +95,9 @@ class Compose(Attack):
         return dataclasses.replace(ctx, attack_state=mine, **changes)
 
     @property
-    def history_rounds(self) -> int:
+    def history_rounds(self) -> int:  # type: ignore[override]
         """The most rounds of recorded traffic any part needs (``replay``'s ``lag``)."""
-        return max((int(getattr(p, "history_rounds", 0) or 0) for p in self.parts), default=0)
+        return max((int(p.history_rounds or 0) for p in self.parts), default=0)
 
     @property
     def surfaces(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -110,29 +110,66 @@ class Compose(Attack):
 
     @property
     def omniscient(self) -> bool:  # type: ignore[override]
-        return any(getattr(p, "omniscient", False) for p in self.parts)
+        return any(p.omniscient for p in self.parts)
 
     @property
-    def capabilities(self) -> tuple[str, ...]:
+    def capabilities(self) -> tuple[str, ...]:  # type: ignore[override]
         """What the parts hold (enrolled keys, the log key), for provenance attacks."""
         caps: list[str] = []
         for p in self.parts:
-            caps.extend(c for c in getattr(p, "capabilities", ()) if c not in caps)
+            caps.extend(c for c in p.capabilities if c not in caps)
         return tuple(caps)
 
     @property
-    def adaptive(self) -> bool:
-        return any(getattr(p, "adaptive", False) for p in self.parts)
+    def adaptive(self) -> bool:  # type: ignore[override]
+        return any(p.adaptive for p in self.parts)
 
     @property
     def produces_nonfinite(self) -> bool:  # type: ignore[override]
-        return any(getattr(p, "produces_nonfinite", False) for p in self.parts)
+        return any(p.produces_nonfinite for p in self.parts)
 
-    def targeted_test(self, x: "torch.Tensor", y: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
+    @property
+    def validator_seats(self) -> int:  # type: ignore[override]
+        """The seats of the part that holds validator seats (at most one may)."""
+        return max((int(p.validator_seats or 0) for p in self.parts), default=0)
+
+    @property
+    def skips_compute(self) -> bool:  # type: ignore[override]
+        return any(p.skips_compute for p in self.parts)
+
+    @property
+    def leaves_before_sync(self) -> bool:  # type: ignore[override]
+        return any(p.leaves_before_sync for p in self.parts)
+
+    @property
+    def colluding_verifiers(self) -> bool:  # type: ignore[override]
+        return any(p.colluding_verifiers for p in self.parts)
+
+    def report_scores(self, peers: tuple[int, ...], scores: "torch.Tensor", own: tuple[int, ...]) -> "torch.Tensor":
         for p in self.parts:
-            if hasattr(p, "targeted_test"):
-                return p.targeted_test(x, y)
-        raise AttributeError("no part of this composition is a targeted attack")
+            if int(p.validator_seats or 0) > 0:
+                return p.report_scores(peers, scores, own)
+        return super(Compose, self).report_scores(peers, scores, own)
+
+    def _first(self, method: str, x: "torch.Tensor", y: "torch.Tensor") -> Any:
+        for p in self.parts:
+            got = getattr(p, method)(x, y)
+            if got is not None:
+                return got
+        return None
+
+    def targeted_test(self, x: "torch.Tensor", y: "torch.Tensor") -> Any:
+        """The first targeted part's test inputs (``None`` when no part is targeted)."""
+        return self._first("targeted_test", x, y)
+
+    def clean_test(self, x: "torch.Tensor", y: "torch.Tensor") -> Any:
+        return self._first("clean_test", x, y)
+
+    def near_miss_test(self, x: "torch.Tensor", y: "torch.Tensor") -> Any:
+        return self._first("near_miss_test", x, y)
+
+    def targeted_parts(self, x: "torch.Tensor", y: "torch.Tensor") -> Any:
+        return self._first("targeted_parts", x, y)
 
     def poison_data(self, data: ClientData, client: int, generator: "torch.Generator") -> ClientData:
         for p in self.parts:

@@ -74,13 +74,25 @@ def _check_strength(obj: object, v: float) -> None:
 
 @dataclass(frozen=True, slots=True)
 class _StagePeer(Attack):
-    """What every stage-peer attack shares: the ``advertise`` factor (routing capture)."""
+    """What every stage-peer attack shares: the ``advertise`` factor (routing capture), and
+    ``collude`` (default true): when a check draws one attacker to recompute another's hop, the
+    accomplice vouches for it, reporting the output the peer sent (the attackers collude; a check
+    never learns who is malicious, it only gets the verifier's answer)."""
 
     advertise: float = 1.0
+    collude: bool = True
     surfaces: ClassVar[tuple[str, ...]] = (Surface.PIPELINE,)
 
     def validate_advertise(self, v: float) -> None:
         _check_advertise(self, v)
+
+    def validate_collude(self, v: bool) -> None:
+        if not isinstance(v, bool):
+            raise param_error(self, "collude", v, "must be true or false")
+
+    @property
+    def colluding_verifiers(self) -> bool:  # type: ignore[override]
+        return bool(self.collude)
 
     def advertise_throughput(self, speed: float) -> float:
         return speed * float(self.advertise)

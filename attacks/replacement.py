@@ -62,15 +62,14 @@ def defense_weighting(defense: Any) -> str:
     filter, pre- or post-stage used alone (``norm_bound``, ``fldetector``); every other
     rule (median, Krum, clipping, …) ignores the claimed sample counts.
     """
-    stages = getattr(defense, "stages", None)
-    if stages is not None:
-        aggs = [s for s in stages if getattr(s, "kind", "aggregator") == "aggregator"]
+    if defense.stages:  # a pipeline: its aggregator stage
+        aggs = [s for s in defense.stages if s.kind == "aggregator"]
         if not aggs:
             return "samples"
         defense = aggs[0]
-    elif getattr(defense, "kind", "aggregator") != "aggregator":
+    elif defense.kind != "aggregator":
         return "samples"  # a filter / pre / post stage alone aggregates with the default weighted mean
-    return "samples" if bool(getattr(defense, "weighted", False)) else "uniform"
+    return "samples" if bool(getattr(defense, "weighted", False)) else "uniform"  # a parameter of mean
 
 
 @dataclass(frozen=True, slots=True)

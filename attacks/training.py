@@ -124,7 +124,7 @@ def server_norm_bound(defense: Any, ctx: AttackContext | None = None) -> float |
     if defense is None:
         return None
     bounds: list[float] = []
-    for stage in tuple(getattr(defense, "stages", None) or (defense,)):
+    for stage in defense.parts():
         if isinstance(stage, Clip):
             bounds.append(float(stage.bound))
         elif isinstance(stage, NormBound):

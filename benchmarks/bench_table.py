@@ -52,7 +52,7 @@ DEFAULT = [str(ROOT / "scenarios/literature/karimireddy.toml"),
 
 def plan(files: list[str]) -> list:
     from redteam.runner.matrix_run import plan_units
-    from redteam.scenario import load_matrix
+    from redteam.matrix import load_matrix
 
     units = []
     for f in files:

@@ -46,18 +46,24 @@ Public functions: :func:`pairwise`, :func:`sq_distances` (a dense float64 matrix
 refined to a relative tolerance), :func:`gram` (inner products with their bound),
 :func:`cosine_similarities`, :func:`exact_sq_distances` (given pairs), and the decision
 helpers :func:`k_smallest_sum_bounds`, :func:`resolve_k_smallest_sums`,
-:func:`tie_classes` (defined in ``_ranking``, re-exported here). When many pairs need
-refining, :meth:`PairwiseDistances.recentred` recomputes them through one float64
-Gram matrix of the rows minus a candidate row (bounds relative to distances from it).
+:func:`tie_classes` (defined in ``_ranking``, re-exported here; :class:`PairwiseDistances`,
+:func:`exact_sq_distances` and :func:`underflow_term` are defined in ``_distances``, likewise
+re-exported). When many pairs need refining, :meth:`PairwiseDistances.recentred`
+recomputes them through one float64 Gram matrix of the rows minus a candidate row
+(bounds relative to distances from it).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from ._common import ETA64, TINY32, TINY64, rescale_pow2, rescale_rows_pow2
+from ._common import TINY32, TINY64, rescale_pow2, rescale_rows_pow2
+
+# the result type and the exact stage live in ._distances (._ranking uses them without
+# importing this module); they are part of this API
+from ._distances import (RECENTRE_STEP, U64, PairwiseDistances, _gamma,  # noqa: F401
+                         exact_sq_distances, underflow_term)
 
 if TYPE_CHECKING:
     import torch
@@ -80,17 +86,8 @@ BLOCK = 256
 #: blocks multiplied per batched call (BLOCK × GROUP columns of every row at a time)
 GROUP = 256
 U32 = 2.0 ** -24
-U64 = 2.0 ** -53
 #: the smallest positive float32 (subnormal): the underflow error of one product
 ETA32 = 2.0 ** -149
-
-
-def _gamma(k: int, u: float) -> float:
-    return k * u / (1.0 - k * u)
-
-
-#: columns per float64 block of :meth:`PairwiseDistances.recentred` (≤ 4 MB per 100 rows)
-RECENTRE_STEP = 1 << 12
 #: float32 roundings on any entry's way through the halving sum of a group's block
 #: products (≤ 2 per level: the pairwise add, and the odd one folded into the first)
 TREE_DEPTH = 2 * math.ceil(math.log2(GROUP)) + 2
@@ -227,179 +224,6 @@ def _centred_gram(x: "torch.Tensor", careful: bool = False) -> tuple["torch.Tens
             g.addmm_(b, b.T)
         return g, underflow_term(x)
     return _block_gram(x, _worth_centring(x), careful), 4.0 * d * ETA32
-
-
-@dataclass(frozen=True, slots=True)
-class PairwiseDistances:
-    """Squared distances of the rows of ``rows`` with a per-pair error bound.
-
-    * ``approx`` ``(n, n)`` float64: D̂ᵢⱼ, symmetric, zero diagonal, +inf for pairs
-      with a non-finite row;
-    * ``error`` ``(n, n)`` float64: |D̂ᵢⱼ − ‖xᵢ − xⱼ‖²| ≤ errorᵢⱼ (0 where exact);
-    * ``finite`` ``(n,)`` bool: rows whose every entry is finite;
-    * ``group`` ``(n,)`` int64: the smallest index of a row bitwise equal to row i
-      (non-finite rows are their own group).
-
-    ``rows`` are the input rows, or — for float64 rows beyond ~2⁵⁰⁰ whose squares would
-    overflow, or below 2⁻³⁰⁰ whose squares would underflow (at 1e-170 every distance
-    was 0 and every score tied) — the input times 2^``exponent`` (exact), distances in
-    those units (``exponent`` is 0 otherwise). float64 bounds include the underflow of
-    the products (at most 2⁻¹⁰⁷⁴ each), so a distance that underflowed is never taken
-    as exact.
-    """
-
-    rows: "torch.Tensor"
-    approx: "torch.Tensor"
-    error: "torch.Tensor"
-    finite: "torch.Tensor"
-    group: "torch.Tensor"
-    passes: int = 0  # float64 passes over the rows made so far by :meth:`recentred`
-    exponent: int = 0  # rows = input·2^exponent (exact power-of-two rescaling), 0: the input
-
-    @property
-    def floor(self) -> float:
-        """The absolute underflow term of a float64 distance of these rows (0 for float32 rows,
-        whose differences and squares are normal float64 numbers)."""
-        return underflow_term(self.rows)
-
-    @property
-    def lower(self) -> "torch.Tensor":
-        return (self.approx - self.error).clamp_min(0.0)
-
-    @property
-    def upper(self) -> "torch.Tensor":
-        return self.approx + self.error
-
-    def refine(self, mask: "torch.Tensor") -> "PairwiseDistances":
-        """A copy where the pairs in ``mask`` (``(n, n)`` bool; symmetrised here) are
-        recomputed from their difference rows in float64. Pairs already exact, on the
-        diagonal, between copies of one row or with a non-finite row are skipped."""
-        import torch
-
-        mask = (mask | mask.T) & (self.error > 0)
-        mask = torch.triu(mask, diagonal=1)
-        if not bool(mask.any()):
-            return self
-        # one representative per group: copies share their distances
-        i, j = mask.nonzero(as_tuple=True)
-        gi, gj = self.group[i], self.group[j]
-        lo, hi = torch.minimum(gi, gj), torch.maximum(gi, gj)
-        key = torch.unique(lo * self.rows.shape[0] + hi)
-        ri, rj = key // self.rows.shape[0], key % self.rows.shape[0]
-        vals = exact_sq_distances(self.rows, ri, rj)
-        n = self.rows.shape[0]
-        table = torch.full((n, n), -1.0, dtype=torch.float64, device=self.approx.device)
-        table[ri, rj] = vals
-        table[rj, ri] = vals
-        # every pair whose groups were computed takes the value (copies included)
-        full = table[self.group[:, None], self.group[None, :]]
-        got = (full >= 0) & (self.error > 0)
-        d = self.rows.shape[1]
-        approx = torch.where(got, full, self.approx)
-        error = torch.where(got, full * ((d + 3) * U64) + self.floor, self.error)
-        return replace(self, approx=approx, error=error)
-
-    def recentred(self, centre: int, rows: "torch.Tensor | None" = None) -> "PairwiseDistances":
-        """A copy where the pairs of ``rows`` (indices; default every row) with every row
-        are recomputed through float64 inner products of the rows minus row ``centre``
-        (block by block; the differences of float32 values are exact in float64). Its
-        bound, 1.5·(γ_d + 4u)·(‖xᵢ − x_c‖ + ‖xⱼ − x_c‖)² with u = 2⁻⁵³, is relative to
-        the distances *from row c*: rows far from c widen only their own pairs. Cheaper
-        than difference rows once many pairs need refining; pairs already known more
-        tightly keep their bound."""
-        import torch
-
-        x, ok = self.rows, self.finite
-        n, d = x.shape
-        idx = ok.nonzero().flatten()
-        if idx.numel() == 0:
-            return self
-        sub = idx if rows is None else rows[ok[rows]]
-        every = rows is None
-        pos = torch.full((n,), -1, dtype=torch.long, device=idx.device)
-        pos[idx] = torch.arange(idx.numel(), device=idx.device)
-        c = x[centre].to(torch.float64)
-        m = int(idx.numel())
-        g = torch.zeros(int(sub.numel()), m, dtype=torch.float64, device=x.device)
-        sq = torch.zeros(m, dtype=torch.float64, device=x.device)
-        # one float64 buffer, reused: a fresh float64 copy per block costs page faults,
-        # and a block that stays in cache is cheap to read again for the product
-        step = RECENTRE_STEP
-        buf = torch.empty(m, min(step, d), dtype=torch.float64, device=x.device)
-        rows_sub = pos[sub]
-        for start in range(0, d, step):
-            blk = x[:, start:start + step]
-            blk = blk.index_select(0, idx) if m < n else blk
-            b = buf[:, :blk.shape[1]]
-            b.copy_(blk)  # exact: float32 → float64 (or a float64 copy: the caller's rows stay)
-            b.sub_(c[start:start + step])
-            if every:  # all rows: the squared norms are the Gram diagonal
-                g.addmm_(b, b.T)
-            else:
-                sq += torch.linalg.vector_norm(b, dim=1).square()
-                g.addmm_(b.index_select(0, rows_sub), b.T)
-        if every:
-            sq = torch.diagonal(g).clamp_min(0.0).clone()
-        dist = (sq[pos[sub]][:, None] + sq[None, :] - 2.0 * g).clamp_min_(0.0)
-        norm = sq.sqrt()
-        err = 1.5 * (_gamma(max(d, 1), U64) + 4 * U64) * (norm[pos[sub]][:, None] + norm[None, :]).square()
-        err = err + self.floor
-        approx, error = self.approx.clone(), self.error.clone()
-        cur_a, cur_e = approx[sub[:, None], idx[None, :]], error[sub[:, None], idx[None, :]]
-        better = err < cur_e
-        new_a, new_e = torch.where(better, dist, cur_a), torch.where(better, err, cur_e)
-        approx[sub[:, None], idx[None, :]] = new_a
-        error[sub[:, None], idx[None, :]] = new_e
-        approx[idx[:, None], sub[None, :]] = new_a.T
-        error[idx[:, None], sub[None, :]] = new_e.T
-        same = self.group[:, None] == self.group[None, :]
-        approx = torch.where(same, torch.zeros_like(approx), approx)
-        error = torch.where(same, torch.zeros_like(error), error)
-        return replace(self, approx=approx, error=error, passes=self.passes + 1)
-
-    def refine_rows(self, rows: "torch.Tensor") -> "PairwiseDistances":
-        """Every pair with a row in ``rows`` (indices or a bool mask) made exact."""
-        import torch
-
-        n = self.rows.shape[0]
-        sel = torch.zeros(n, dtype=torch.bool, device=self.approx.device)
-        sel[rows] = True
-        return self.refine(sel[:, None].expand(n, n).clone())
-
-
-def exact_sq_distances(x: "torch.Tensor", i: "torch.Tensor", j: "torch.Tensor",
-                       chunk: int = 1 << 22) -> "torch.Tensor":
-    """‖x_iₚ − x_jₚ‖² for the pairs (iₚ, jₚ), from the difference rows in float64.
-
-    Relative error ≤ (d + 2)·2⁻⁵³ for float32 (or float64) rows: the difference of two
-    float32 values is exact in float64 and every summand is non-negative. Work is
-    bounded to about ``chunk`` float64 values at a time.
-    """
-    import torch
-
-    p = int(i.shape[0])
-    d = int(x.shape[1])
-    out = torch.zeros(p, dtype=torch.float64, device=x.device)
-    if p == 0 or d == 0:
-        return out
-    cols = max(1024, min(d, chunk // max(p, 1)))
-    pairs = max(1, chunk // cols)
-    for ps in range(0, p, pairs):
-        ii, jj = i[ps:ps + pairs], j[ps:ps + pairs]
-        for start in range(0, d, cols):
-            a = x[ii, start:start + cols].to(torch.float64)
-            a -= x[jj, start:start + cols].to(torch.float64)
-            out[ps:ps + pairs] += (a * a).sum(dim=1)
-    return out
-
-
-def underflow_term(x: "torch.Tensor") -> float:
-    """Bound on what underflow adds to a float64 squared distance of rows of ``x``: each of
-    the (≤ 4d) products or squares behind it rounds by at most 2⁻¹⁰⁷⁵; 0 for rows of a
-    narrower dtype (their products are exact or normal in float64)."""
-    import torch
-
-    return 4.0 * x.shape[1] * ETA64 if x.dtype == torch.float64 else 0.0
 
 
 def _duplicate_groups(x: "torch.Tensor", suspect: "torch.Tensor", finite: "torch.Tensor") -> "torch.Tensor":

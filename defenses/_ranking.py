@@ -1,7 +1,7 @@
 """Decisions on the pairwise kernel's intervals (private; re-exported by ``_pairwise``).
 
 Krum-type scores (the sum of a row's k smallest distances to other rows) bounded from
-the per-pair intervals of :class:`~defenses._pairwise.PairwiseDistances`, made exact
+the per-pair intervals of :class:`~defenses._distances.PairwiseDistances`, made exact
 for the rows a decision cannot settle, and tie classes in which every value carries
 its *own* error bound (so no other value can widen a tie).
 """
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-    from ._pairwise import PairwiseDistances
+    from ._distances import PairwiseDistances
 
 __all__ = ["k_smallest_sum_bounds", "resolve_k_smallest_sums", "tie_classes"]
 

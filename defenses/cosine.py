@@ -97,6 +97,11 @@ class CosineFilter(Filter):
     def validate_against(self, v: str) -> None:
         check_choice(self, "against", v, ("median", "previous", "root"))
 
+    @property
+    def uses_server_data(self) -> bool:  # type: ignore[override]
+        """Only against the root update does it read the server's data."""
+        return self.against == "root"
+
     def validate_threshold(self, v: float) -> None:
         check_number(self, "threshold", v, low=-1.0, high=1.0)
 

@@ -43,6 +43,7 @@ class FLTrust(Aggregator):
     """
 
     normalize: bool = True
+    uses_server_data: ClassVar[bool] = True  # g₀ is trained on the server's root data
     summary: ClassVar[str] = "FLTrust: ReLU(cos) trust to the server's root update, magnitudes normalised"
     reference: ClassVar[str] = "Cao et al., NDSS 2021"
 

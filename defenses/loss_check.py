@@ -43,6 +43,7 @@ class LossCheck(Filter):
     """
 
     epsilon: float = 0.0
+    uses_server_data: ClassVar[bool] = True  # losses on the server's root data
     batch_size: int | None = None
     summary: ClassVar[str] = "Accept Δ iff L(w+Δ) ≤ L(w) + ε on server-held data (Gauntlet-style)"
     reference: ClassVar[str] = "Templar Gauntlet, arXiv:2505.21684; RONI, Barreno et al. 2010"

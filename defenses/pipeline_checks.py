@@ -7,8 +7,10 @@ is computed again by another peer of the same stage, from the same input with th
 parameters (within a round every replica of a stage holds the round's parameters), and the two
 outputs are compared within a tolerance for non-deterministic kernels. A peer whose output
 differs is flagged; after ``strikes`` flags it is banned from the router for the rest of the run.
-The verifier is any other active peer of the stage: if it is an attacker too, it covers for its
-accomplice (the attackers collude), so a stage whose other peers are all attackers is unchecked.
+The verifier is any other active peer of the stage, and the check takes its answer
+(``view.recompute``): if the verifier is an attacker whose attack colludes (the attack's
+``collude``, default true), it vouches for its accomplice, so a stage whose other peers are all
+colluding attackers is unchecked. The check itself never learns who is malicious.
 The recomputation costs one extra stage forward per checked hop: the run reports how many
 (``extra["pipeline"]["recomputed_hops"]``).
 
@@ -52,8 +54,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from redteam.pipeline import Filter, FilterResult
-from redteam.types import ServerContext, param_error
+from redteam.pipeline import HopVerdict, PipelineCheck
+from redteam.types import param_error
 
 if TYPE_CHECKING:
     import numpy as np
@@ -63,20 +65,9 @@ __all__ = ["RedundantRecompute", "ActivationCommitment", "ActivationMonitor", "H
 
 
 @dataclass(frozen=True, slots=True)
-class HopVerdict:
-    failed: bool
-    recomputed: bool
-    reason: str = ""
-    verifier: int | None = None  # the peer that recomputed the hop
-
-
-@dataclass(frozen=True, slots=True)
-class _HopCheck(Filter):
-    """What the pipeline checks share: ``strikes`` and ``fraction`` checked (where a check has
-    them), and, in the aggregation path (a stage's ``[defense]``), every update accepted unchanged."""
-
-    acts_at: ClassVar[str] = "pipeline"
-    screens_nonfinite: ClassVar[bool] = False  # checks hops, not update values: `sanity` screens those
+class _HopCheck(PipelineCheck):
+    """What the pipeline checks share: the checks of ``strikes`` and ``fraction`` (where a check
+    has them); in the aggregation path (a stage's ``[defense]``) every update is accepted unchanged."""
 
     def validate_strikes(self, v: int) -> None:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -85,12 +76,6 @@ class _HopCheck(Filter):
     def validate_fraction(self, v: float) -> None:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
             raise param_error(self, "fraction", v, "must be in [0, 1]")
-
-    def filter(self, updates: "torch.Tensor", ctx: ServerContext) -> FilterResult:
-        import torch
-
-        n = int(updates.shape[0])
-        return FilterResult(updates=updates, accepted=torch.ones(n, dtype=torch.bool, device=updates.device))
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,22 +98,20 @@ class RedundantRecompute(_HopCheck):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
             raise param_error(self, "tolerance", v, "must be a finite number ≥ 0")
 
-    def verify_hop(self, run: Any, stage: int, peer: Any, inp: "torch.Tensor", sent: "torch.Tensor",
+    def verify_hop(self, view: Any, stage: int, peer: Any, inp: "torch.Tensor", sent: "torch.Tensor",
                    stage_params: "torch.Tensor", rng: "np.random.Generator", memory: dict | None = None) -> HopVerdict:
         """Check one hop: ``peer`` of ``stage`` sent ``sent`` for input ``inp`` (``memory``: the
-        check's own dict for the run, for checks that keep statistics; ``run.current_round``: the round)."""
+        check's own dict for the run, for checks that keep statistics; ``view.current_round``: the round)."""
         import torch
 
         if self.fraction <= 0 or rng.random() >= self.fraction:
             return HopVerdict(False, False)
-        others = [p for p in run.peers if p.stage == stage and p.pid != peer.pid and p.banned_at is None]
+        others = [p for p in view.peers if p.stage == stage and p.pid != peer.pid and p.banned_at is None]
         if not others:
             return HopVerdict(False, False)
         verifier = others[int(rng.integers(len(others)))]
-        if verifier.malicious and peer.malicious:
-            return HopVerdict(False, True, verifier=verifier.pid)  # the accomplice vouches for it
-        with torch.no_grad():
-            ref = run.stage_forward(stage, inp.detach(), stage_params.detach())
+        with torch.no_grad():  # the verifier's answer (a colluding accomplice reports what the peer sent)
+            ref = view.recompute(stage, verifier.pid, peer.pid, inp.detach(), stage_params.detach(), sent.detach())
             got = sent.detach()
             if got.shape != ref.shape:
                 return HopVerdict(True, True, f"redundant recompute: output shape {tuple(got.shape)} "
@@ -182,16 +165,20 @@ class ActivationCommitment(_HopCheck):
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 24:
             raise param_error(self, "bits", v, "must be an integer in [1, 24] (24: every float32 bit)")
 
-    def verify_hop(self, run: Any, stage: int, peer: Any, inp: "torch.Tensor", sent: "torch.Tensor",
+    audits: ClassVar[bool] = True
+
+    def verify_hop(self, view: Any, stage: int, peer: Any, inp: "torch.Tensor", sent: "torch.Tensor",
                    stage_params: "torch.Tensor", rng: "np.random.Generator", memory: dict | None = None) -> HopVerdict:
-        """Take the hop's commitment; keep it with its input when the hop is sampled for audit.
+        """Take the hop's commitment; keep it with its input when the hop is sampled for audit
+        (and the output the peer published, which an auditor that colludes with it echoes).
         Nothing is decided on the hop itself (:meth:`audit_round` decides)."""
         if memory is None or self.fraction <= 0 or rng.random() >= self.fraction:
             return HopVerdict(False, False)
-        memory.setdefault("log", []).append((stage, peer.pid, inp.detach(), commitment(sent, self.bits)))
+        memory.setdefault("log", []).append((stage, peer.pid, inp.detach(), commitment(sent, self.bits),
+                                             sent.detach()))
         return HopVerdict(False, False)
 
-    def audit_round(self, run: Any, stage_params: Any, rng: "np.random.Generator",
+    def audit_round(self, view: Any, stage_params: Any, rng: "np.random.Generator",
                     memory: dict) -> list[tuple[int, HopVerdict]]:
         """Recompute the round's kept hops on another peer of each one's stage and compare
         digests; ``stage_params(s)`` gives stage ``s``'s parameters of the round. Returns
@@ -200,16 +187,13 @@ class ActivationCommitment(_HopCheck):
 
         out: list[tuple[int, HopVerdict]] = []
         log, memory["log"] = memory.get("log", []), []
-        for stage, pid, inp, digest in log:
-            others = [p for p in run.peers if p.stage == stage and p.pid != pid and p.banned_at is None]
+        for stage, pid, inp, digest, sent in log:
+            others = [p for p in view.peers if p.stage == stage and p.pid != pid and p.banned_at is None]
             if not others:
                 continue
             verifier = others[int(rng.integers(len(others)))]
-            if verifier.malicious and run.peers[pid].malicious:
-                out.append((pid, HopVerdict(False, True, verifier=verifier.pid)))  # the accomplice vouches
-                continue
-            with torch.no_grad():
-                ref = run.stage_forward(stage, inp, stage_params(stage).detach())
+            with torch.no_grad():  # the auditor's answer (a colluding accomplice echoes the published output)
+                ref = view.recompute(stage, verifier.pid, pid, inp, stage_params(stage).detach(), sent)
             if commitment(ref, self.bits) != digest:
                 out.append((pid, HopVerdict(True, True, f"commitment audit by peer {verifier.pid}: the hop's output "
                                                         f"does not match its recomputation ({self.bits} bits)",
@@ -278,8 +262,14 @@ class ActivationMonitor(_HopCheck):
     warmup: int = 1
     backward: bool = True
     strikes: int = 1
+    watches_loss: ClassVar[bool] = True
+    audits: ClassVar[bool] = True
     summary: ClassVar[str] = "Pipeline: flag peers whose activation/gradient statistics stray from their stage peers'"
     reference: ClassVar[str] = "in the spirit of SENTINEL (Dolatabadi et al., arXiv 2603.03592); our own statistics"
+
+    @property
+    def watches_backward(self) -> bool:  # type: ignore[override]
+        return bool(self.backward)
 
     def validate_momentum(self, v: float) -> None:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
@@ -307,7 +297,7 @@ class ActivationMonitor(_HopCheck):
         if memory is not None:
             memory.setdefault("hops", []).append((kind, memory.get("mb", 0), stage, peer.pid, value))
 
-    def verify_hop(self, run: Any, stage: int, peer: Any, inp: "torch.Tensor", sent: "torch.Tensor",
+    def verify_hop(self, view: Any, stage: int, peer: Any, inp: "torch.Tensor", sent: "torch.Tensor",
                    stage_params: "torch.Tensor", rng: "np.random.Generator", memory: dict | None = None) -> HopVerdict:
         """Keep the hop's forward log-ratio for the round's judgement (:meth:`audit_round`); a hop
         whose input was already non-finite says nothing about this peer and is skipped."""
@@ -329,7 +319,7 @@ class ActivationMonitor(_HopCheck):
             memory.setdefault("owed", {})[(memory["mb"], stage)] = peer.pid
         return HopVerdict(False, False)
 
-    def verify_backward(self, run: Any, stage: int, peer: Any, grad_received: "torch.Tensor",
+    def verify_backward(self, view: Any, stage: int, peer: Any, grad_received: "torch.Tensor",
                         grad_sent: "torch.Tensor", memory: dict) -> HopVerdict:
         """Keep the hop's backward log-ratio (the gradient the peer sent back against the one it
         received) for the round's judgement; a non-finite received gradient is skipped."""
@@ -341,7 +331,7 @@ class ActivationMonitor(_HopCheck):
                 self._keep(memory, "backward", stage, peer, _log_ratio(grad_sent, grad_received))
         return HopVerdict(False, False)
 
-    def verify_loss(self, run: Any, stage: int, peer: Any, loss: float, memory: dict) -> HopVerdict:
+    def verify_loss(self, view: Any, stage: int, peer: Any, loss: float, memory: dict) -> HopVerdict:
         """The last stage's peer: keep the log of the micro-batch's loss computed from its output
         (a sign or magnitude test cannot see negated logits; their loss can)."""
         import math
@@ -350,7 +340,7 @@ class ActivationMonitor(_HopCheck):
             self._keep(memory, "loss", stage, peer, math.log(loss))
         return HopVerdict(False, False)
 
-    def audit_round(self, run: Any, stage_params: Any, rng: "np.random.Generator",
+    def audit_round(self, view: Any, stage_params: Any, rng: "np.random.Generator",
                     memory: dict) -> list[tuple[int, HopVerdict]]:
         """Judge the round's statistics (class docstring); returns ``(peer, verdict)`` for each
         peer measured this round; the round's values are emptied.
@@ -372,7 +362,7 @@ class ActivationMonitor(_HopCheck):
             hops.append(("backward_share", mb, stage, pid, 0.0 if (mb, stage) in paid else math.log(1e-3)))
         ema: dict = memory.setdefault("ema", {})
         verdicts: dict[int, HopVerdict] = {}
-        flagged: set[int] = {p.pid for p in run.peers if p.banned_at is not None}
+        flagged: set[int] = {p.pid for p in view.peers if p.banned_at is not None}
         n_stages = 1 + max((st for r in route.values() for st in r), default=0)
         for kind in ("forward", "loss", "backward", "backward_share"):
             downstream = kind in ("backward", "backward_share")
@@ -381,7 +371,7 @@ class ActivationMonitor(_HopCheck):
             for stage in order:
                 per_peer: dict[int, list[float]] = {}
                 for _, mb, st, pid, value in rows:
-                    if st != stage or run.peers[pid].banned_at is not None:
+                    if st != stage or view.peers[pid].banned_at is not None:
                         continue
                     r = route.get(mb, {})
                     before = [r[t] for t in r if (t > st if downstream else t < st)]

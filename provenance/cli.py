@@ -564,7 +564,7 @@ class OneLineParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose usage errors are a single line (exit status 2)."""
 
     def error(self, message: str) -> "NoReturn":  # type: ignore[override]
-        from redteam.cli import usage_error_line
+        from redteam.cli_common import usage_error_line
 
         self.exit(2, usage_error_line(self.prog, message) + "\n")
 
@@ -575,7 +575,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     register(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # named by the command that got them
-        from redteam.cli import _leaf_parser
+        from redteam.cli_common import _leaf_parser
 
         _leaf_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     return args.func(args)

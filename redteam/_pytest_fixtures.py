@@ -11,12 +11,11 @@ import copy
 import dataclasses
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import pytest
 
-if TYPE_CHECKING:
-    from .pytest_plugin import _State
+from ._pytest_state import _RUNS, _SessionRuns
 
 __all__ = ["SMALL_SCENARIO", "CellMetrics", "DefenseTable", "Registries"]
 
@@ -28,10 +27,8 @@ SMALL_SCENARIO: dict[str, Any] = {
 }
 
 
-def _state(request: pytest.FixtureRequest) -> "_State":
-    from .pytest_plugin import _STATE
-
-    return request.config.stash[_STATE]
+def _state(request: pytest.FixtureRequest) -> _SessionRuns:
+    return request.config.stash[_RUNS]
 
 
 class Registries(NamedTuple):
@@ -143,7 +140,7 @@ def _label(table: Any) -> str:
     return table if isinstance(table, str) else str(table.get("name", "?")) if isinstance(table, Mapping) else "?"
 
 
-def _run_cell(state: _State, doc: dict[str, Any], seeds: int | Sequence[int], device: str,
+def _run_cell(state: _SessionRuns, doc: dict[str, Any], seeds: int | Sequence[int], device: str,
               settings: Mapping[str, Any]) -> CellMetrics:
     from .matrix import derive_seed
     from .scenario import baseline_attack, parse_scenario

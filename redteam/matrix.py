@@ -778,3 +778,19 @@ def check_cell(cell: Cell, metrics: Mapping[str, Any], expectations: Sequence[Ex
         if why is not None:
             fails.append(f"expect #{e.index + 1} ({e.describe()}): {why}")
     return fails
+
+
+def load_matrix(path: "str | Path", *, limits: Limits | None = None) -> "tuple[Any, Matrix, dict[str, Any]]":
+    """Read a scenario file and expand its ``[matrix]`` (a file without one is one cell).
+
+    Returns the base scenario, the :class:`Matrix` and the raw document.
+    """
+    from pathlib import Path
+
+    from .scenario import load_document, parse_scenario
+
+    limits = limits if limits is not None else Limits.from_env()
+    p = Path(path)
+    doc = load_document(p, limits=limits)
+    base = parse_scenario(doc, file=p.name, limits=limits, base_dir=p.parent)
+    return base, expand(doc, p.name, limits=limits), doc

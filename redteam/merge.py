@@ -132,11 +132,10 @@ def _flag_note(defense: Any, state: Mapping[str, Any], accepted: torch.Tensor | 
     note = state.get("degraded")
     if isinstance(note, str) and note:
         return note
-    describe = getattr(defense, "degradation", None)
-    if not callable(describe):
+    if not isinstance(defense, Defense):  # a bare callable (tests): it declares nothing
         return None
     n = int(accepted) if isinstance(accepted, int) else int(accepted.sum())
-    return describe(state, n)
+    return defense.degradation(state, n)
 
 
 def degradation_notes(defense: Any, state: Mapping[str, Any], accepted: torch.Tensor | int,
@@ -144,7 +143,7 @@ def degradation_notes(defense: Any, state: Mapping[str, Any], accepted: torch.Te
     """One line per rule (a pipeline's stages each) whose ``state`` says it could not run as
     configured: ``"trimmed_mean: b reduced from 2 to 1 (3 updates)"``. ``accepted`` is the
     node's accepted mask (or its count); ``where`` names the node (empty for a flat merge)."""
-    stages = getattr(defense, "stages", None)
+    stages = defense.stages if isinstance(defense, Defense) else ()
     if isinstance(stages, tuple) and stages and any(isinstance(state.get(str(i)), Mapping)
                                                     for i in range(len(stages))):
         out: list[str] = []

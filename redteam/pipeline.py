@@ -33,6 +33,8 @@ __all__ = [
     "Aggregator",
     "PostProcessor",
     "Pipeline",
+    "PipelineCheck",
+    "HopVerdict",
     "weighted_mean",
 ]
 
@@ -144,7 +146,75 @@ class PostProcessor(Defense):
 
 
 def _kind(stage: Defense) -> str:
-    return getattr(stage, "kind", "aggregator")
+    return stage.kind
+
+
+@dataclass(frozen=True, slots=True)
+class HopVerdict:
+    """A pipeline check's judgement of one hop (or one peer's round): ``failed`` (a strike),
+    ``recomputed`` (a verifier recomputed it: one extra stage forward, on ``verifier``), why."""
+
+    failed: bool
+    recomputed: bool
+    reason: str = ""
+    verifier: int | None = None  # the peer that recomputed the hop
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineCheck(Filter):
+    """A check of a model-parallel pipeline's hops: a plugin kind of its own (``acts_at =
+    "pipeline"``), run by the ``[pipeline]`` regime (:mod:`redteam.federation.swarm`) from its
+    ``[pipeline] checks`` or from a stage of its ``[defense]`` pipeline. In a stage's aggregation
+    path it accepts every update unchanged.
+
+    What the regime calls, each with ``view`` (:class:`redteam.federation.swarm.CheckView`: the
+    round, the peers' public state — pid, stage, banned — the stage forward, and ``recompute``,
+    which answers as the drawn verifier would; a check never learns who is malicious):
+
+    * :meth:`verify_hop` on every hop;
+    * :meth:`verify_backward` on the gradient each peer sends back, when ``watches_backward``;
+    * :meth:`verify_loss` on the last stage's micro-batch loss, when ``watches_loss``;
+    * :meth:`audit_round` at the round's end, before the stages sync, when ``audits``.
+
+    ``strikes`` failures ban a peer for the rest of the run."""
+
+    acts_at: ClassVar[str] = "pipeline"
+    screens_nonfinite: ClassVar[bool] = False  # checks hops, not update values: `sanity` screens those
+    strikes: ClassVar[int] = 1
+    watches_backward: ClassVar[bool] = False
+    watches_loss: ClassVar[bool] = False
+    audits: ClassVar[bool] = False
+
+    #: what the regime reads of a check, by name (the plugin guide documents each)
+    CHECK_INTERFACE: ClassVar[tuple[str, ...]] = (
+        "strikes", "watches_backward", "watches_loss", "audits", "verify_hop", "verify_backward", "verify_loss",
+        "audit_round")
+
+    def verify_hop(self, view: Any, stage: int, peer: Any, inp: "torch.Tensor", sent: "torch.Tensor",
+                   stage_params: "torch.Tensor", rng: Any, memory: dict | None = None) -> HopVerdict:
+        """Judge one hop: ``peer`` of ``stage`` sent ``sent`` for input ``inp`` with ``stage_params``
+        (``rng``: the checks' stream; ``memory``: the check's own dict for the run)."""
+        return HopVerdict(False, False)
+
+    def verify_backward(self, view: Any, stage: int, peer: Any, grad_received: "torch.Tensor",
+                        grad_sent: "torch.Tensor", memory: dict) -> HopVerdict:
+        """Judge the gradient ``peer`` sent back, given the one it received (``watches_backward``)."""
+        return HopVerdict(False, False)
+
+    def verify_loss(self, view: Any, stage: int, peer: Any, loss: float, memory: dict) -> HopVerdict:
+        """Judge the last stage's output by its micro-batch loss (``watches_loss``)."""
+        return HopVerdict(False, False)
+
+    def audit_round(self, view: Any, stage_params: Any, rng: Any, memory: dict) -> list[tuple[int, HopVerdict]]:
+        """Deferred judgements at the round's end (``audits``): ``(peer, verdict)`` pairs;
+        ``stage_params(s)`` gives stage ``s``'s parameters of the round."""
+        return []
+
+    def filter(self, updates: "torch.Tensor", ctx: ServerContext) -> FilterResult:
+        import torch
+
+        n = int(updates.shape[0])
+        return FilterResult(updates=updates, accepted=torch.ones(n, dtype=torch.bool, device=updates.device))
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +249,7 @@ class Pipeline(Defense):
 
     @property
     def symmetric(self) -> bool:  # type: ignore[override]
-        return all(getattr(s, "symmetric", True) for s in self.stages)
+        return all(s.symmetric for s in self.stages)
 
     def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
         import torch

@@ -63,6 +63,7 @@ from ._pytest_fixtures import (  # noqa: F401  (the fixtures: pytest finds them 
     redteam_registries,
     run_cell,
 )
+from ._pytest_state import _RUNS, _SessionRuns
 
 if TYPE_CHECKING:
     from .matrix import Cell, Expectation
@@ -107,6 +108,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     state = _State(config)
     config.stash[_STATE] = state
+    config.stash[_RUNS] = state  # what the fixtures use (redteam._pytest_state)
     for p in state.roots:
         if p != state.default_root and not p.exists():
             config.issue_config_time_warning(
@@ -381,7 +383,7 @@ class _FileRun:
         from .runner.matrix_run import _exp_dict, plan_units
         from .runner.single import _versions
         from .runner.store import ResultsStore
-        from .scenario import load_matrix
+        from .matrix import load_matrix
 
         base, matrix, doc = load_matrix(path)  # full validation: plugins are instantiated here
         rows, b_units, a_units = plan_units(matrix, base.seed, path.name, base_dir=path.parent,
@@ -442,8 +444,9 @@ class _FileRun:
         self.store.close()
 
 
-class _State:
+class _State(_SessionRuns):
     def __init__(self, config: pytest.Config) -> None:
+        super().__init__()  # the records memo and the fixtures' rows (``memo``, ``python_results``)
         self.config = config
         self.default_root = (config.rootpath / "scenarios").resolve()
         self.roots = [self.default_root, *(Path(p).resolve() for p in config.getini("redteam_scenarios"))]
@@ -465,8 +468,6 @@ class _State:
         self.runs: dict[Path, _FileRun | BaseException] = {}
         self.stores: dict[str, Path] = {}
         self.outcomes: list[_Outcome] = []
-        self.memo: dict[str, list[Any]] = {}
-        self.python_results: list[tuple[str, str, dict[str, Any]]] = []
 
     def marks_for(self, path: Path, rootpath: Path) -> list[str]:
         rel = path.resolve().relative_to(rootpath.resolve()).as_posix() if path.resolve().is_relative_to(
@@ -502,15 +503,6 @@ class _State:
         if isinstance(run, BaseException):
             raise run
         return run
-
-    def records(self, scenario: Any, device: str) -> list[Any]:
-        """The round records of one concrete scenario, computed once per session."""
-        key = scenario.digest()
-        if key not in self.memo:
-            from .federation.regimes import make_run
-
-            self.memo[key] = make_run(scenario, device=device).run().records
-        return self.memo[key]
 
     def close(self) -> None:
         for run in self.runs.values():

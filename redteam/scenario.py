@@ -47,6 +47,7 @@ from typing import Any, Callable, Literal, Mapping
 from .errors import InvalidParameter, InvalidScenario, RedteamError
 from .registry import ATTACKS, DEFENSES, WORKLOADS, _coerce
 from .scenario_limits import Limits, check_federation, check_work, read_toml, shown
+from .topology import check_keys, regime_section
 
 __all__ = [
     "Scenario",
@@ -687,7 +688,7 @@ def parse_scenario(
             specs = tuple(_plugin(c, f"pipeline.checks[{i}]", where, DEFENSES, check_plugins) for i, c in enumerate(v))
             if check_plugins:
                 for i, c in enumerate(specs):
-                    if getattr(DEFENSES.create(c.name, c.params), "acts_at", None) != "pipeline":
+                    if DEFENSES.create(c.name, c.params).acts_at != "pipeline":
                         raise where.err(f"[pipeline].checks[{i}].name", c.name,
                                         "is not a pipeline check (redteam defenses list: acts_at pipeline)")
             return specs
@@ -698,49 +699,41 @@ def parse_scenario(
             raise where.err("[pipeline].attacker_stage", pl.attacker_stage, f"must be a stage in [0, {pl.stages - 1}]")
         if pl.attackers > pl.peers_per_stage:
             raise where.err("[pipeline].attackers", pl.attackers, f"is more than the stage's {pl.peers_per_stage} peers")
-        fed = kw.get("federation", FederationSpec())
-        if fed.clients_per_round is not None or fed.attacker_selection != "random":
-            raise InvalidScenario(f"{where.file}: [federation] clients_per_round / attacker_selection do not apply "
-                                  "to [pipeline], whose peers take micro-batches by routing")
     if "gossip" in data:
         kw["gossip"] = _check_gossip(_build(GossipSpec, data["gossip"], "gossip", where),
-                                     kw.get("federation", FederationSpec()), "pipeline" in kw, where)
+                                     kw.get("federation", FederationSpec()), where)
     if "async" in data:
-        kw["asynchronous"] = _check_async(_build(AsyncSpec, data["async"], "async", where), kw, where)
+        kw["asynchronous"] = _build(AsyncSpec, data["async"], "async", where)
+    _check_regime(data, kw, where)
     _check_protocol(kw.get("federation", FederationSpec()), kw.get("window", AttackWindow()), where)
     return Scenario(**kw)
 
 
-def _check_async(a: AsyncSpec, kw: Mapping[str, Any], where: _Where) -> AsyncSpec:
-    """``[async]`` against the other sections: one regime per scenario; every client is in flight."""
-    if "pipeline" in kw or "gossip" in kw:
-        other = "pipeline" if "pipeline" in kw else "gossip"
-        raise InvalidScenario(f"{where.file}: [async] and [{other}] are two regimes; a scenario takes one")
+def _check_regime(data: Mapping[str, Any], kw: Mapping[str, Any], where: _Where) -> None:
+    """One rule for every regime (:mod:`redteam.topology`): one regime section at most, and the
+    keys that regime does not read at their defaults."""
+    try:
+        support = regime_section(data)
+    except InvalidScenario as exc:
+        raise InvalidScenario(f"{where.file}: {exc}") from None
     fed = kw.get("federation", FederationSpec())
-    if fed.clients_per_round is not None or fed.attacker_selection != "random":
-        raise InvalidScenario(f"{where.file}: [federation] clients_per_round / attacker_selection do not apply "
-                              "to [async], where every client trains again as soon as it has sent")
-    if kw.get("hierarchy", HierarchySpec()).depth > 1:
-        raise where.err("[hierarchy].depth", kw["hierarchy"].depth, "must be 1 under [async] (one server merges)")
-    if kw.get("transport", TransportSpec()).codec != "none":
-        raise where.err("[transport].codec", kw["transport"].codec, 'must be "none" under [async] '
-                        "(updates travel uncompressed; their upload time comes from the link draws)")
-    return a
+    values = {
+        "federation.clients_per_round": fed.clients_per_round,
+        "federation.attacker_selection": fed.attacker_selection,
+        "federation.malicious_fraction": fed.malicious_fraction,
+        "scenario.warmup_rounds": kw.get("scenario", ScenarioInfo()).warmup_rounds,
+        "hierarchy.depth": kw.get("hierarchy", HierarchySpec()).depth,
+        "transport.codec": kw.get("transport", TransportSpec()).codec,
+        "workload.name": kw.get("workload", WorkloadSpec()).name,
+    }
+    check_keys(support, values, where.file)
 
 
-def _check_gossip(g: GossipSpec, fed: FederationSpec, pipeline: bool, where: _Where) -> GossipSpec:
+def _check_gossip(g: GossipSpec, fed: FederationSpec, where: _Where) -> GossipSpec:
     """``[gossip]`` against the federation: the nodes are its clients, the attackers ``[gossip]``'s."""
-    if pipeline:
-        raise InvalidScenario(f"{where.file}: [gossip] and [pipeline] are two regimes; a scenario takes one")
     n = fed.clients
     if g.attackers >= n:
         raise where.err("[gossip].attackers", g.attackers, f"must leave an honest node among the {n} clients")
-    if fed.malicious_fraction > 0:
-        raise where.err("[federation].malicious_fraction", fed.malicious_fraction,
-                        "must be 0 under [gossip], whose attackers are [gossip] attackers (with their placement)")
-    if fed.clients_per_round is not None or fed.attacker_selection != "random":
-        raise InvalidScenario(f"{where.file}: [federation] clients_per_round / attacker_selection do not apply "
-                              "to [gossip], where every node trains and gossips in every round")
     honest = n - g.attackers if g.placement == "everywhere" else n
     if honest < 2:
         raise where.err("[gossip].attackers", g.attackers, f"leaves {honest} honest node(s) to build the graph on")
@@ -897,17 +890,3 @@ def load_scenario(path: str | Path, *, limits: Limits | None = None) -> Scenario
     """Read and validate a scenario file (its base scenario, if it has a ``[matrix]``)."""
     p = Path(path)
     return parse_scenario(load_document(p, limits=limits), file=p.name, limits=limits, base_dir=p.parent)
-
-
-def load_matrix(path: str | Path, *, limits: Limits | None = None) -> tuple[Scenario, "Any", dict[str, Any]]:
-    """Read a scenario file and expand its ``[matrix]`` (a file without one is one cell).
-
-    Returns the base scenario, the :class:`~redteam.matrix.Matrix` and the raw document.
-    """
-    from .matrix import expand
-
-    limits = limits if limits is not None else Limits.from_env()
-    p = Path(path)
-    doc = load_document(p, limits=limits)
-    base = parse_scenario(doc, file=p.name, limits=limits, base_dir=p.parent)
-    return base, expand(doc, p.name, limits=limits), doc

@@ -496,9 +496,56 @@ class Attack:
     produces_nonfinite: ClassVar[bool] = False
     summary: ClassVar[str] = ""
     reference: ClassVar[str] = ""
+    # -- capabilities the engine reads (docs/plugins.md, "What the engine asks of an attack") --
+    #: ``True``: the attack's context carries the server's defense (``AttackContext.defense``)
+    adaptive: ClassVar[bool] = False
+    #: rounds of recorded traffic a transport attack is shown (``ctx.state["history"]``)
+    history_rounds: ClassVar[int] = 0
+    #: validator seats the attacker holds (a consensus of validators; ``report_scores``)
+    validator_seats: ClassVar[int] = 0
+    #: what a provenance attacker holds (``"enrolled_key"``, ``"log_key"``)
+    capabilities: ClassVar[tuple[str, ...]] = ()
+    #: a pipeline peer that skips its compute (it is never busy in simulated time)
+    skips_compute: ClassVar[bool] = False
+    #: a pipeline peer that leaves just before its stage's sync
+    leaves_before_sync: ClassVar[bool] = False
+    #: a pipeline peer's accomplices vouch for it when they are drawn to recompute its hop
+    colluding_verifiers: ClassVar[bool] = False
+
+    #: the capabilities above, by name (the plugin guide documents each)
+    CAPABILITIES: ClassVar[tuple[str, ...]] = (
+        "surfaces", "omniscient", "produces_nonfinite", "adaptive", "history_rounds", "validator_seats",
+        "capabilities", "skips_compute", "leaves_before_sync", "colluding_verifiers", "targeted_test", "clean_test",
+        "near_miss_test", "targeted_parts", "report_scores")
 
     def __post_init__(self) -> None:
         _check_fields(self)
+
+    # -- what a targeted attack is scored on (None: not targeted) -------------------
+    def targeted_test(self, x: "torch.Tensor", y: "torch.Tensor") -> "tuple[torch.Tensor, torch.Tensor] | None":
+        """The test inputs (with the trigger) and the labels the attack wants for them, from the
+        workload's test split ``(x, y)``: its attack success rate. ``None``: not a targeted attack."""
+        return None
+
+    def clean_test(self, x: "torch.Tensor", y: "torch.Tensor") -> "tuple[torch.Tensor, torch.Tensor] | None":
+        """A text backdoor's prompts without the trigger, scored like ``targeted_test``: its
+        false-trigger rate. ``None``: none."""
+        return None
+
+    def near_miss_test(self, x: "torch.Tensor", y: "torch.Tensor"
+                       ) -> "Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None":
+        """Prompts with a partial trigger, by kind: the near-miss trigger rate. ``None``: none."""
+        return None
+
+    def targeted_parts(self, x: "torch.Tensor", y: "torch.Tensor"
+                       ) -> "Mapping[str, tuple[torch.Tensor, torch.Tensor]] | None":
+        """A distributed trigger's local triggers, each scored alone (``extra["asr_parts"]``). ``None``: none."""
+        return None
+
+    def report_scores(self, peers: tuple[int, ...], scores: "torch.Tensor", own: tuple[int, ...]) -> "torch.Tensor":
+        """The ``(validator_seats, len(peers))`` scores the attacker's validator seats report, given
+        the honest ``scores`` and its own peers ``own`` (only called when ``validator_seats > 0``)."""
+        raise NotImplementedError(f"{type(self).__name__} holds validator seats but does not report scores")
 
     # -- hooks (identity by default) ------------------------------------------------
     def poison_data(self, data: ClientData, client: int, generator: "torch.Generator") -> ClientData:
@@ -586,9 +633,62 @@ class Defense:
     #: True when n copies of one update x aggregate to x (unanimity); False for rules
     #: whose point is to change that result (added noise, down-weighting look-alikes).
     unanimity: ClassVar[bool] = True
+    # -- capabilities the engine reads (docs/plugins.md, "What the engine asks of a defense") --
+    #: where the engine runs it: "aggregate" (a merge node's rows), "transport" (chunk headers and
+    #: signatures), "admission" (dataset manifests before round 0); pipeline hop checks are their own
+    #: kind (:class:`PipelineCheck`)
+    acts_at: ClassVar[str] = "aggregate"
+    #: reads the server's root data (``ctx.evaluate_loss``, ``ctx.root_update``)
+    uses_server_data: ClassVar[bool] = False
+    #: recomputes peers' local training (``ctx.replay_work``)
+    replays_work: ClassVar[bool] = False
+    #: needs the round's commit phase (``ctx.commits``)
+    commit_reveal: ClassVar[bool] = False
+    #: validators in a consensus that reads ``ctx.validator_reports`` (0: reads none)
+    validators: ClassVar[int] = 0
+    #: a pipeline stage's kind: "filter", "pre", "aggregator", "post" (:mod:`redteam.pipeline`)
+    kind: ClassVar[str] = "aggregator"
+    #: the stages of a composed defense (``()`` for a single rule)
+    stages: ClassVar[tuple["Defense", ...]] = ()
+    #: fields that default to the scenario's malicious count when left unset
+    from_malicious_count: ClassVar[tuple[str, ...]] = ()
+    #: a rule over many neighbourhoods at once (gossip): ``decide_batch(rows, weights, valid, own_row)``
+    #: returning a ``defenses.gossip.BatchDecision``; ``None``: node by node
+    decide_batch: ClassVar[Any] = None
+    #: entries of the padded neighbourhood tensor ``decide_batch`` gets at a time (``None``: the engine's)
+    chunk_entries: ClassVar["int | None"] = None
+    #: a node's batched result does not depend on the padding, so nodes may be grouped by degree
+    sort_by_degree: ClassVar[bool] = False
+
+    #: the capabilities above and the methods below, by name (the plugin guide documents each)
+    CAPABILITIES: ClassVar[tuple[str, ...]] = (
+        "symmetric", "unanimity", "acts_at", "uses_server_data", "replays_work", "commit_reveal", "validators",
+        "kind", "stages", "from_malicious_count", "decide_batch", "chunk_entries", "sort_by_degree", "batch_ready", "value_from_malicious_count",
+        "check_capacity", "degradation")
 
     def __post_init__(self) -> None:
         _check_fields(self)
+
+    def parts(self) -> tuple["Defense", ...]:
+        """Its stages when composed, else itself alone."""
+        return tuple(self.stages) or (self,)
+
+    def batch_ready(self) -> bool:
+        """Whether ``decide_batch`` can decide with the parameters as set."""
+        return self.decide_batch is not None
+
+    @staticmethod
+    def value_from_malicious_count(name: str, f: int) -> int:
+        """The value a field of ``from_malicious_count`` takes for f malicious clients (default f)."""
+        return int(f)
+
+    def check_capacity(self, most: int) -> None:
+        """Refuse (``InvalidParameter``) parameters no round of at most ``most`` rows can meet."""
+        return None
+
+    def degradation(self, state: Mapping[str, Any], accepted: int) -> "str | None":
+        """A note when the rule could not run as configured this round (``RoundRecord.defense_notes``)."""
+        return None
 
     def __call__(self, updates: "torch.Tensor", ctx: ServerContext | None = None) -> Decision:
         if getattr(updates, "ndim", None) != 2:

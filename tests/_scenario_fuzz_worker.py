@@ -46,7 +46,8 @@ from redteam.cli import main  # noqa: E402
 from redteam.errors import InvalidScenario  # noqa: E402
 from redteam.limits import load_limits  # noqa: E402
 from redteam.matrix import expand  # noqa: E402
-from redteam.scenario import load_document, load_matrix  # noqa: E402
+from redteam.matrix import load_matrix  # noqa: E402
+from redteam.scenario import load_document  # noqa: E402
 
 MAX_MESSAGE = 1500  # unknown-name errors list every registered name
 

@@ -113,9 +113,9 @@ def test_jobs_from_one_version_train_in_one_batched_call(monkeypatch):
     calls: list[list[int]] = []
     real = stages.train
 
-    def spy(fed, part_t, *a, **k):
-        calls.append(part_t.tolist())
-        return real(fed, part_t, *a, **k)
+    def spy(fed, rin, *a, **k):
+        calls.append(rin.part_t.tolist())
+        return real(fed, rin, *a, **k)
 
     monkeypatch.setattr(stages, "train", spy)
     sc = parse_scenario(_doc(federation={"clients": 4, "rounds": 3, "local_steps": 1},

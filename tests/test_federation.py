@@ -8,7 +8,7 @@ import torch
 from redteam.federation.loop import Federation
 from redteam.runner.single import run_scenario
 from redteam.scenario import PluginSpec, parse_scenario
-from redteam.types import ChunkDelivery
+from redteam.types import Attack, ChunkDelivery
 
 BASE = {
     "scenario": {"seed": 0},
@@ -61,7 +61,7 @@ def test_hierarchical_mean_equals_flat():
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class _FlipOneBit:
+class _FlipOneBit(Attack):
     """A relay flips one bit of chunk 0 of the first malicious client, every time it passes."""
 
     from typing import ClassVar
@@ -91,7 +91,9 @@ def test_single_flipped_bit_is_detected_and_update_dropped(monkeypatch):
         federation={"rounds": 2, "malicious_fraction": 0.1},
         transport={"chunk_size": 1024, "network": {"retries": 0}},
     )
-    monkeypatch.setattr(loop, "build_attack", lambda spec: _FlipOneBit())
+    import redteam.federation.setup as setup_module
+
+    monkeypatch.setattr(setup_module, "build_attack", lambda spec: _FlipOneBit())
     fed = Federation(sc, attack=PluginSpec("bitflip"))
     res = fed.run()
     victim = fed.malicious[0]

@@ -15,7 +15,8 @@ from redteam.errors import InvalidScenario
 from redteam.matrix import derive_seed, expand
 from redteam.runner.matrix_run import plan_units, run_matrix
 from redteam.runner.store import ResultsStore, StoreError
-from redteam.scenario import load_document, load_matrix
+from redteam.matrix import load_matrix
+from redteam.scenario import load_document
 
 BASE = {
     "scenario": {"name": "t", "seed": 7},

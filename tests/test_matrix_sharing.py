@@ -19,7 +19,7 @@ import pytest
 from redteam.runner.claims import Claims, live_owners, node_id, process_start
 from redteam.runner.matrix_run import plan_units, run_matrix
 from redteam.runner.store import ResultsStore
-from redteam.scenario import load_matrix
+from redteam.matrix import load_matrix
 
 SCENARIO = textwrap.dedent(
     """\

@@ -36,7 +36,7 @@ _WORKER = r"""
 import json, os, resource, signal, sys, traceback
 import torch  # before the cap: importing it maps a lot of address space
 from redteam.errors import InvalidScenario
-from redteam.scenario import load_matrix
+from redteam.matrix import load_matrix
 with open("/proc/self/status") as fh:
     vm = next(int(l.split()[1]) * 1024 for l in fh if l.startswith("VmSize:"))
 resource.setrlimit(resource.RLIMIT_AS, (vm + 3 * 2**29, resource.getrlimit(resource.RLIMIT_AS)[1]))

@@ -57,7 +57,7 @@ def test_honest_pipeline_is_one_sgd_step_on_the_round_micro_batches(routing):
         flat = params.clone().requires_grad_(True)
         losses = []
         for _ in range(pl.micro_batches):
-            idx = torch.randint(0, ref.train_x.shape[0], (pl.micro_batch_size,), generator=ref._torch["train"])
+            idx = torch.randint(0, ref.train_x.shape[0], (pl.micro_batch_size,), generator=ref.torch_rng["train"])
             out = functional_call(model, spec.unflatten(flat), (ref.train_x[idx],))
             losses.append(F.cross_entropy(out.reshape(-1, out.shape[-1]), ref.train_y[idx].reshape(-1)))
         (g,) = torch.autograd.grad(torch.stack(losses).mean(), flat)
@@ -135,9 +135,9 @@ def test_sampled_checks_catch_a_lazy_peer_later_and_cheaper():
     ({"pipeline": {"attacker_stage": 3}}, "must be a stage"),
     ({"pipeline": {"attackers": 4}}, "more than the stage"),
     ({"pipeline": {"checks": [{"name": "median"}]}}, "not a pipeline check"),
-    ({"federation": {"clients_per_round": 2}}, "do not apply"),
+    ({"federation": {"clients_per_round": 2}}, "does not apply to \\[pipeline\\]"),
     ({"pipeline": {"reputation_penalty": 0.0}}, "must be in \\(0, 1\\]"),
-    ({"attack": "sign_flip"}, "not on a pipeline stage"),
+    ({"attack": "sign_flip"}, "acts on updates.* which the \\[pipeline\\] regime does not model"),
 ])
 def test_bad_pipeline_scenarios_are_one_clear_line(change, msg):
     d = copy.deepcopy(DOC)
@@ -411,7 +411,7 @@ def test_activation_monitor_sees_a_last_stage_peer_that_cuts_the_graph():
 def test_a_composed_attack_runs_in_the_pipeline_regime():
     """A composition with no targeted part: no ASR test set, and no crash (it raised AttributeError)."""
     r, res = run(doc({"name": "compose", "attacks": [{"name": "none"}]}))
-    assert r._targeted is None and len(res.records) == 3
+    assert r.setup.probes.targeted is None and len(res.records) == 3
 
 
 def test_pipeline_cells_that_differ_only_in_who_attacks_share_one_warm_up():

@@ -131,7 +131,7 @@ import torch  # before the cap: importing it maps a lot of address space
 import redteam.scenario_limits as SL
 from redteam.errors import InvalidScenario
 from redteam.limits import load_limits
-from redteam.scenario import load_matrix
+from redteam.matrix import load_matrix
 with open("/proc/self/status") as fh:
     vm = next(int(l.split()[1]) * 1024 for l in fh if l.startswith("VmSize:"))
 resource.setrlimit(resource.RLIMIT_AS, (vm + 2**30, resource.getrlimit(resource.RLIMIT_AS)[1]))

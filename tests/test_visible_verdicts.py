@@ -33,7 +33,8 @@ from redteam.federation.builders import build_defense
 from redteam.federation.loop import Federation
 from redteam.matrix import expand
 from redteam.merge import degradation_notes
-from redteam.scenario import PluginSpec, load_matrix, parse_scenario
+from redteam.matrix import load_matrix
+from redteam.scenario import PluginSpec, parse_scenario
 from redteam.scoring import LANGUAGE_MODEL_METRICS, summarize
 from redteam.types import RoundRecord
 

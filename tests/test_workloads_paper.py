@@ -127,7 +127,7 @@ def test_published_table_scenarios_load_and_say_what_they_need(name, monkeypatch
     from pathlib import Path
 
     from redteam.requirements import unmet
-    from redteam.scenario import load_matrix
+    from redteam.matrix import load_matrix
 
     monkeypatch.delenv("REDTEAM_DATA_DIR", raising=False)
     base, matrix, _ = load_matrix(Path(__file__).parent.parent / "scenarios" / name)

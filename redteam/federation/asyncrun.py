@@ -67,14 +67,13 @@ import torch
 
 from ..errors import InvalidParameter, RedteamError
 from ..scenario import AsyncSpec, PluginSpec, Scenario
-from ..types import AsyncContext, AsyncSend, RoundRecord, ServerContext, Surface
+from ..topology import ASYNC
+from ..types import AsyncContext, AsyncSend, RoundRecord, Surface
 from . import stages
+from .rounds import RunResult, call_defense, record, result_of, server_context, standard_extra
 from .server_opt import make_server_optimizer
 
 __all__ = ["AsyncRun", "staleness_weight", "Job"]
-
-_SURFACES = {Surface.UPDATES, Surface.DATA, Surface.TRAINING, Surface.ASYNC}
-
 
 def staleness_weight(tau: int | float, rule: str = "polynomial", exponent: float = 0.5) -> float:
     """s(τ): 1 for ``"constant"``; (1 + τ)^−a for ``"polynomial"`` (FedBuff; τ ≥ 0)."""
@@ -116,29 +115,21 @@ class AsyncRun:
 
     def __init__(self, scenario: Scenario, *, device: str = "cpu", attack: PluginSpec | None = None,
                  warmup_dir: str | None = None, start: torch.Tensor | None = None) -> None:
-        from .loop import Federation
+        from .loop import Federation, run_warmup
 
-        spec = getattr(scenario, "asynchronous", None)
+        spec = scenario.asynchronous
         if spec is None:
             raise InvalidParameter("AsyncRun needs a scenario with an [async] section")
         self.async_spec: AsyncSpec = spec
         self.scenario = scenario
-        self.fed = fed = Federation(scenario, device=device, attack=attack, warmup_dir=warmup_dir, start=start)
+        # the server's parts (data split, roles, model, local training, network draws) are the
+        # synchronous federation's, built under this regime's declaration (topology.ASYNC)
+        self.fed = fed = Federation(scenario, device=device, attack=attack, warmup_dir=warmup_dir, start=start,
+                                    compute_warmup=run_warmup(AsyncRun), support=ASYNC)
+        self.setup = fed.setup
         # what the runners read of a run object (the model's layout, workload, data, device)
         self.spec, self.workload, self.data, self.device = fed.spec, fed.workload, fed.data, fed.device
         self.malicious = list(fed.malicious)
-        surfaces = set(fed.attack.surfaces)
-        if surfaces - _SURFACES:
-            raise InvalidParameter(f"attack {fed.attack_spec.name!r} acts on {', '.join(sorted(surfaces - _SURFACES))}; "
-                                   "the [async] regime takes update, data, training and async attacks")
-        from .builders import refuse_replay
-
-        refuse_replay(fed.defense, "[async]")
-        for st in tuple(getattr(fed.defense, "stages", ()) or (fed.defense,)):
-            at = getattr(st, "acts_at", None)
-            if at in ("transport", "admission"):
-                raise InvalidParameter(f"[defense]: {type(st).__name__} acts at {at}, which the [async] regime "
-                                       "does not model; use a rule over the buffer's rows")
         if spec.server_lr is not None:
             fs = scenario.federation
             kw: dict[str, Any] = {"lr": spec.server_lr}
@@ -173,9 +164,6 @@ class AsyncRun:
                       base: int) -> None:
         """Train every job started from version ``base`` (from ``params``), batched; set their rows."""
         fed = self.fed
-        attacking = bool(fed.attack.surfaces)
-        fed.roles = fed.plan.roles(base, attacking)
-        fed.data, fed.weights = fed._phases[int(fed.plan.active(base))]
         waves: list[list[Job]] = []
         for job in jobs:  # a client twice in one cohort trains in a later wave
             for wave in waves:
@@ -186,17 +174,16 @@ class AsyncRun:
                 waves.append([job])
         for wave in waves:
             part = np.asarray([j.client for j in wave], dtype=np.int64)
-            part_t = torch.as_tensor(part, dtype=torch.long, device=fed.device)
-            hook, hook_rows = stages.training_hook(fed, base, part, params, prev_update)
-            sent = stages.train(fed, part_t, params, hook, hook_rows)
-            sent, _ = stages.craft(fed, base, part, sent, params, prev_update)
+            rin = fed.inputs(base, part, params, prev_update)
+            self._weights = rin.weights  # the sample weights of the data the latest cohort trained on
+            hook, hook_rows = stages.training_hook(fed, rin)
+            trained = stages.train(fed, rin, hook, hook_rows)
+            sent, _ = stages.craft(fed, rin, trained.sent)
             for k, j in enumerate(wave):
                 j.row = sent[k]
 
     # ------------------------------------------------------------------ one run
-    def run(self, on_round: Callable[[RoundRecord], None] | None = None) -> Any:
-        from .loop import RunResult
-
+    def run(self, on_round: Callable[[RoundRecord], None] | None = None) -> RunResult:
         if self._ran:
             raise RedteamError("this AsyncRun has already run; build a new one for another run")
         self._ran = True
@@ -210,8 +197,7 @@ class AsyncRun:
         defense_state: dict = {}
         records: list[RoundRecord] = []
         t_run = time.perf_counter()
-        untrained = fed._untrained_reference()
-        windowed = not sc.window.is_full
+        self._weights = fed.weights
 
         version = 0
         now = 0.0
@@ -282,28 +268,28 @@ class AsyncRun:
             true = [version - j.base for j in rows_jobs]
             s = [staleness_weight(t, spec.staleness, spec.exponent) for t in used]
             rows = torch.stack([j.row for j in rows_jobs])  # type: ignore[misc]
-            sizes = fed.weights[torch.as_tensor(clients, dtype=torch.long, device=fed.device)].to(torch.float32)
+            sizes = self._weights[torch.as_tensor(clients, dtype=torch.long, device=fed.device)].to(torch.float32)
             s_t = torch.as_tensor(s, dtype=torch.float32, device=fed.device)
             w = sizes * s_t
-            ctx = ServerContext(
-                round=rnd, n_clients=len(rows_jobs), weights=w, global_params=params, previous_update=prev_update,
-                generator=fed._torch["defense"], state=defense_state,
-                evaluate_loss=stages._evaluate_loss(fed, params), root_update=stages._root_update(fed, params),
-                client_ids=tuple(clients))
+            ctx = server_context(fed.setup, rnd=rnd, weights=w, global_params=params, previous_update=prev_update,
+                                 state=defense_state, client_ids=clients,
+                                 evaluate_loss=stages._evaluate_loss(fed, params),
+                                 root_update=stages._root_update(fed, params))
             extra: dict[str, Any] = {}
             refused: list[dict[str, Any]] = []
             t_def = time.perf_counter()
-            try:
-                dec = fed.defense(rows, ctx)
+            called = call_defense(fed.defense, rows, ctx, check_finite=False)
+            if called.decision is not None:
+                dec = called.decision
                 ok = [bool(x) for x in dec.accepted.tolist()]
                 reasons = dict(dec.reasons)
                 defense_state = dict(dec.state)
                 agg = dec.aggregate
-            except InvalidParameter as exc:  # e.g. Krum on a buffer too small for it
+            else:  # e.g. Krum on a buffer too small for it
                 ok = [False] * len(rows_jobs)
                 reasons = {}
                 agg = torch.zeros(dim, dtype=rows.dtype, device=rows.device)
-                refused.append({"stage": "merge", "reason": str(exc), "clients": sorted(set(clients))})
+                refused.append({"stage": "merge", "reason": called.refused, "clients": sorted(set(clients))})
             defense_time = time.perf_counter() - t_def
             acc_mask = torch.as_tensor(ok, dtype=torch.bool, device=fed.device)
             total = float(sizes[acc_mask].sum()) if bool(acc_mask.any()) else 0.0
@@ -321,10 +307,7 @@ class AsyncRun:
             version += 1
             acc, loss, scored = stages.evaluate(fed, params)
             extra.update(scored)
-            if rnd == 0:
-                extra["untrained"] = untrained
-            if windowed:
-                extra["attack_active"] = fed.plan.active(rnd)
+            extra.update(standard_extra(fed.setup, rnd, active=fed.plan.active(rnd)))
             accepted = [False] * n
             malicious = [False] * n
             participating = [False] * n
@@ -347,12 +330,10 @@ class AsyncRun:
                 "stale_dropped": len(pending.dropped),
                 "misclaimed": sum(int(j.claimed != j.base) for j in rows_jobs),
                 "malicious_rows": sum(int(j.malicious) for j in rows_jobs), "held": len(held)}
-            rec = RoundRecord(
-                round=rnd, accuracy=acc, loss=loss, accepted=accepted, malicious=malicious,
-                participating=participating, dropped=dict(sorted(pending.dropped.items())),
-                rejected=dict(sorted(rejected.items())), bytes_on_wire=4 * dim * pending.transfers,
-                sim_time_s=now - last_step_s, wall_time_s=time.perf_counter() - t0, defense_time_s=defense_time,
-                extra=extra)
+            rec = record(rnd, acc, loss, accepted=accepted, malicious=malicious, participating=participating,
+                         dropped=dict(sorted(pending.dropped.items())), rejected=rejected,
+                         bytes_on_wire=4 * dim * pending.transfers, sim_time_s=now - last_step_s, started=t0,
+                         defense_time_s=defense_time, extra=extra)
             last_step_s = now
             pending.dropped.clear()
             pending.dropped_malicious.clear()
@@ -400,8 +381,5 @@ class AsyncRun:
             restart.clear()
 
         self.final_params = params
-        return RunResult(
-            attack=fed.attack_spec.name, defense=sc.defense_label(), records=records, malicious=list(fed.malicious),
-            params={"attack": dict(fed.attack_spec.params), "defense": repr(fed.defense),
-                    "async": {"buffer_size": spec.buffer_size, "staleness": spec.staleness}},
-            wall_time_s=time.perf_counter() - t_run)
+        return result_of(fed.setup, records, time.perf_counter() - t_run,
+                         **{"async": {"buffer_size": spec.buffer_size, "staleness": spec.staleness}})

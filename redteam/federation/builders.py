@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Any, Sequence
 
 from ..errors import InvalidParameter
 from ..pipeline import Pipeline
 from ..registry import ATTACKS, DEFENSES, WORKLOADS
 from ..types import Attack, Defense
 
-if TYPE_CHECKING:
-    from ..scenario import HierarchySpec, PluginSpec, TransportSpec
+# the scenario's specs (redteam.scenario's PluginSpec, HierarchySpec, TransportSpec) are read by
+# their fields; this module does not import the scenario module, which imports it
+PluginSpec = HierarchySpec = TransportSpec = Any
 
 __all__ = ["build_defense", "build_upper_defense", "build_attack", "build_workload", "build_compressor",
            "needs_server_data"]
-
-# built-ins that read the server's root data (ServerContext.evaluate_loss / root_update)
-_SERVER_DATA_RULES = {"FLTrust": None, "LossCheck": None, "CosineFilter": ("against", "root")}
 
 
 def build_defense(specs: "Sequence[PluginSpec] | PluginSpec", n_malicious: int | None = None,
@@ -41,9 +39,8 @@ def build_defense(specs: "Sequence[PluginSpec] | PluginSpec", n_malicious: int |
     for s, st in zip(specs, stages):
         if not isinstance(st, Defense):
             raise InvalidParameter(f"defense {s.name!r} is not a redteam.Defense (got {type(st).__name__})")
-        check = getattr(st, "check_capacity", None)
-        if most_updates is not None and callable(check):
-            check(int(most_updates))
+        if most_updates is not None:
+            st.check_capacity(int(most_updates))
     if len(stages) == 1:
         return stages[0]
     return Pipeline(tuple(stages))
@@ -75,10 +72,11 @@ def _with_malicious_count(spec: "PluginSpec", n_malicious: int | None) -> dict:
     if n_malicious is None:
         return params
     cls = DEFENSES.get(spec.name)
-    rule = getattr(cls, "value_from_malicious_count", None)
-    for name in getattr(cls, "from_malicious_count", ()):
+    if not (isinstance(cls, type) and issubclass(cls, Defense)):
+        return params  # refused by build_defense, naming it
+    for name in cls.from_malicious_count:
         if params.get(name) is None:
-            params[name] = int(rule(name, int(n_malicious))) if callable(rule) else int(n_malicious)
+            params[name] = int(cls.value_from_malicious_count(name, int(n_malicious)))
     return params
 
 
@@ -100,32 +98,7 @@ def build_compressor(spec: "TransportSpec") -> object:
     return Compressor(codec=codec, error_feedback=spec.error_feedback)
 
 
-
 def needs_server_data(*defenses: Defense) -> bool:
-    """Whether any stage of these defenses reads the server's root data.
-
-    A defense says so with a class attribute ``uses_server_data = True``; for built-ins
-    without it: FLTrust, the loss check, and the cosine filter with ``against = "root"``."""
-    for d in defenses:
-        for stage in tuple(getattr(d, "stages", ()) or (d,)):
-            flag = getattr(stage, "uses_server_data", None)
-            if flag is not None:
-                if flag:
-                    return True
-                continue
-            name = type(stage).__name__
-            if name in _SERVER_DATA_RULES:
-                rule = _SERVER_DATA_RULES[name]
-                if rule is None or getattr(stage, rule[0], None) == rule[1]:
-                    return True
-    return False
-
-
-def refuse_replay(defense: Defense, regime: str) -> None:
-    """Spot-check replay (a stage with ``replays_work = True``, defenses/spot_check.py) is wired
-    into the server's synchronous round only: refuse it, by name, in another regime."""
-    for stage in tuple(getattr(defense, "stages", ()) or (defense,)):
-        if getattr(stage, "replays_work", False):
-            raise InvalidParameter(f"[defense]: {type(stage).__name__} replays peers' local training from the "
-                                   f"round's inputs, which the {regime} regime does not record; it runs in the "
-                                   "server's synchronous round (no [gossip], [async] or [pipeline] section)")
+    """Whether any stage of these defenses reads the server's root data (their declared
+    ``uses_server_data``)."""
+    return any(stage.uses_server_data for d in defenses for stage in d.parts())

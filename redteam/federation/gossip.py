@@ -49,28 +49,23 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from ..errors import InvalidParameter, RedteamError
 from ..scenario import PluginSpec, Scenario
-from ..types import AttackContext, ClientData, GossipContext, RoundRecord, ServerContext, Surface
+from ..topology import GOSSIP, Support
+from ..types import AttackContext, GossipContext, RoundRecord, ServerContext, Surface
 from . import graphs
-from .builders import build_attack, build_defense, build_workload, needs_server_data
-from .params import ParamSpec
-from .partition import deal
-from .state import ClientStates
-from .training import BatchedTrainer, LocalTraining, StackedData
+from .rounds import RunResult, record, result_of, standard_extra
+from .setup import build_setup
 
-if TYPE_CHECKING:
-    from .loop import RunResult
+__all__ = ["GossipRun", "GossipPlacement", "gossip_step", "consensus_distance", "STREAMS"]
 
-__all__ = ["GossipRun", "gossip_step", "consensus_distance"]
-
-_STREAMS = ("split", "roles", "init", "train", "topology", "attack", "defense", "churn")
-_SURFACES = {Surface.UPDATES, Surface.DATA, Surface.GOSSIP}
+#: the gossip regime's random streams
+STREAMS = ("split", "roles", "init", "train", "topology", "attack", "defense", "churn")
 
 
 def consensus_distance(x: torch.Tensor) -> float:
@@ -255,7 +250,7 @@ def _mean_step(x: torch.Tensor, w: np.ndarray, merging: list[int], hoods: list[t
 def _batched_rule(defense: Any) -> Any:
     """What decides every neighbourhood at once: the rule itself when it has ``decide_batch``, the
     batched form of a server rule (:func:`defenses._gossip_batch.batched_form`), or ``None``."""
-    if callable(getattr(defense, "decide_batch", None)):
+    if defense.decide_batch is not None:
         return defense
     try:
         from defenses._gossip_batch import batched_form
@@ -267,8 +262,7 @@ def _batched_rule(defense: Any) -> Any:
 def _batch_ready(defense: Any) -> bool:
     """Whether the rule's batched form can run (its parameters are set); a rule that would refuse
     every neighbourhood is left to the per-node path, which records the refusal node by node."""
-    ready = getattr(defense, "batch_ready", None)
-    return bool(ready()) if callable(ready) else True
+    return bool(defense.batch_ready())
 
 
 def _batched_step(x: torch.Tensor, w: np.ndarray, merging: list[int], hoods: list[tuple[list[int], list[int]]],
@@ -287,10 +281,10 @@ def _batched_step(x: torch.Tensor, w: np.ndarray, merging: list[int], hoods: lis
     defense = batched if defense is None else defense
     gen = gen if gen is not None else torch.Generator().manual_seed(0)
     d = x.shape[1]
-    entries = getattr(batched, "chunk_entries", None) or _CHUNK_ENTRIES
+    entries = batched.chunk_entries or _CHUNK_ENTRIES
     degree = [len(hon) + len(byz) for hon, byz in hoods]
     chunks: list[tuple[list[int], int]] = []  # (positions in merging, K)
-    if getattr(batched, "sort_by_degree", False):
+    if batched.sort_by_degree:
         cur: list[int] = []
         for p in sorted(range(len(merging)), key=lambda q: degree[q]):  # stable: merging order within a degree
             if cur and (len(cur) + 1) * (1 + degree[p]) * d > entries:
@@ -336,7 +330,7 @@ def _batched_step(x: torch.Tensor, w: np.ndarray, merging: list[int], hoods: lis
         dec = batched.decide_batch(rows, torch.as_tensor(wt, dtype=x.dtype, device=x.device), vmask, own_row=0)
         agg = dec.aggregate.to(x.dtype)
         fin = torch.isfinite(agg).all(1)
-        undecided = getattr(dec, "undecided", frozenset())
+        undecided = dec.undecided
         if undecided:
             fin[list(undecided)] = False  # not written here: the rule merges those nodes itself
         new = xi + agg
@@ -370,109 +364,93 @@ def _batched_step(x: torch.Tensor, w: np.ndarray, merging: list[int], hoods: lis
                 res.rejected.setdefault(j, f"node {i}: {why[k]}")
 
 
-class GossipRun:
-    """A gossip graph built from a scenario with ``[gossip]``; ``run()`` executes all rounds."""
+@dataclass
+class GossipPlacement:
+    """The gossip regime's answers to :func:`~.setup.build_setup`: the graph and the Byzantine
+    nodes placed on it (``[gossip] placement``), each honest node's rule sized for its
+    neighbourhood, and no server (no root sample)."""
 
-    def __init__(self, scenario: Scenario, *, device: str = "cpu", attack: PluginSpec | None = None,
-                 warmup_dir: str | None = None, start: torch.Tensor | None = None) -> None:
-        from .loop import random_streams, resolve_device
+    scenario: Scenario
+    support: Support = GOSSIP
+    streams: tuple[str, ...] = STREAMS
+    adj: np.ndarray | None = None
 
-        if scenario.gossip is None:
-            raise InvalidParameter("GossipRun needs a scenario with a [gossip] section")
-        self.scenario = scenario
-        self.g = g = scenario.gossip
-        fed = scenario.federation
-        self.device = resolve_device(device)
-        self.attack_spec = attack if attack is not None else scenario.attack
-        self._ran = False
-        self._np, self._torch = random_streams(scenario, _STREAMS)
-        if scenario.scenario.warmup_rounds:
-            raise InvalidParameter("[scenario].warmup_rounds: a warm-up is a data-parallel run; the [gossip] regime "
-                                   "starts every node from the workload's model (or [scenario] start_from)")
-        self.workload = build_workload(scenario.workload.name, dict(scenario.workload.params))
-        ds = self.workload.load(scenario.seed)
-        self.num_classes = ds.num_classes
-        self.dataset_source = ds.source
-        n = self.n = fed.clients
+    def check_workload(self, workload: Any) -> None:
+        return None
+
+    def place(self, n: int, rng: Any) -> list[int]:
+        g = self.scenario.gossip
         f = g.attackers
-        # the graph and the roles
-        rng = self._np["topology"]
+        topo = rng["topology"]
         if g.placement == "everywhere":
-            bad = sorted(self._np["roles"].choice(n, size=f, replace=False).tolist()) if f else []
+            bad = sorted(rng["roles"].choice(n, size=f, replace=False).tolist()) if f else []
             honest = [i for i in range(n) if i not in set(bad)]
-            sub = graphs.build_graph(g.topology, len(honest), rng, probability=g.probability, rows=g.rows,
+            sub = graphs.build_graph(g.topology, len(honest), topo, probability=g.probability, rows=g.rows,
                                      bridges=g.bridges)
             adj = np.zeros((n, n), dtype=bool)
             adj[np.ix_(honest, honest)] = sub
             for b_ in bad:
                 adj[b_, honest] = adj[honest, b_] = True
         else:
-            adj = graphs.build_graph(g.topology, n, rng, probability=g.probability, rows=g.rows, bridges=g.bridges)
+            adj = graphs.build_graph(g.topology, n, topo, probability=g.probability, rows=g.rows, bridges=g.bridges)
             if g.placement == "hubs":
                 deg = adj.sum(1)
                 bad = sorted(sorted(range(n), key=lambda i: (-int(deg[i]), i))[:f])
             else:
-                bad = sorted(self._np["roles"].choice(n, size=f, replace=False).tolist()) if f else []
+                bad = sorted(rng["roles"].choice(n, size=f, replace=False).tolist()) if f else []
         self.adj = adj
-        self.malicious = bad
-        self.is_malicious = np.zeros(n, dtype=bool)
-        self.is_malicious[bad] = True
-        self.honest = [i for i in range(n) if not self.is_malicious[i]]
+        return bad
 
-        self.attack = build_attack(self.attack_spec)
-        surfaces = set(self.attack.surfaces)
-        if surfaces - _SURFACES:
-            raise InvalidParameter(f"attack {self.attack_spec.name!r} acts on {', '.join(sorted(surfaces - _SURFACES))}; "
-                                   "the [gossip] regime takes gossip, update and data attacks (no server, "
-                                   "no transport, no pipeline)")
-        honest_deg = int(adj[self.honest].sum(1).max()) if self.honest else 0
-        self.defense = build_defense(scenario.defense, n_malicious=f, most_updates=honest_deg + 1)
-        from .builders import refuse_replay
+    def defense_sizes(self, malicious: list[int]) -> tuple[int | None, int | None]:
+        assert self.adj is not None
+        honest = [i for i in range(self.adj.shape[0]) if i not in set(malicious)]
+        honest_deg = int(self.adj[honest].sum(1).max()) if honest else 0
+        return self.scenario.gossip.attackers, honest_deg + 1
 
-        refuse_replay(self.defense, "[gossip]")
-        if needs_server_data(self.defense):
-            raise InvalidParameter(f"[defense] {scenario.defense_label()}: the rule needs server-held data, and the "
-                                   "[gossip] regime has no server; use a rule without server data")
+    def root_size(self, pool: int, defense: Any) -> int | None:
+        return None
 
-        # data: the partition of the federation (no server root sample)
-        pool = np.arange(len(ds.train_y))
-        labels = ds.train_y.numpy()[pool] if ds.groups is None else (
-            ds.groups.numpy()[pool] if fed.partition in ("by_group", "natural") else ds.train_y.numpy()[pool])
-        parts = deal(labels, n, bad, fed.partition, fed.malicious_data_rule, self._np["split"], alpha=fed.alpha,
-                     shards_per_client=fed.shards_per_client, beta=fed.quantity_beta, min_samples=fed.min_samples)
-        clean, clients = [], []
-        for i, p in enumerate(parts):
-            cd = ClientData(ds.train_x[pool[p]], ds.train_y[pool[p]])
-            clean.append(cd)
-            if self.is_malicious[i] and Surface.DATA in surfaces:
-                cd = self.attack.poison_data(cd, i, self._torch["attack"])
-            clients.append(cd)
-        self.data = StackedData.stack(clients).to(self.device)
-        self._phases = (self.data, self.data)
-        if not scenario.window.is_full and Surface.DATA in surfaces:
-            self._phases = (StackedData.stack(clean).to(self.device), self.data)
-        self.test_x, self.test_y = ds.test_x.to(self.device), ds.test_y.to(self.device)
-        self._targeted: tuple[torch.Tensor, torch.Tensor] | None = None
-        for candidate in (self.attack, build_attack(scenario.attack)):
-            targeted_test = getattr(candidate, "targeted_test", None)
-            if targeted_test is not None:
-                tx, ty = targeted_test(ds.test_x, ds.test_y)
-                self._targeted = (tx.to(self.device), ty.to(self.device))
-                break
 
-        model = self.workload.build_model(self._torch["init"])
-        self.spec = ParamSpec.of(model)
-        self.params_init = self.spec.flatten(model).to(self.device)
-        from .warmup import round0_params
+class GossipRun:
+    """A gossip graph built from a scenario with ``[gossip]``; ``run()`` executes all rounds."""
 
-        self.params0, self._start_info = round0_params(scenario, self.spec, self.params_init, self.device, warmup_dir,
-                                                       self.dataset_source, start)
-        self.trainer = BatchedTrainer(self.workload, model.to(self.device), self.spec)
-        self.local = LocalTraining(
-            steps=fed.local_steps, epochs=fed.local_epochs, batch_size=fed.batch_size, lr=fed.lr, prox_mu=fed.prox_mu,
-            optimizer=fed.local_optimizer, weight_decay=fed.local_weight_decay, betas=tuple(fed.local_betas),
-            sampling=fed.sampling)
-        self.states = ClientStates(n, self.device)
+    def __init__(self, scenario: Scenario, *, device: str = "cpu", attack: PluginSpec | None = None,
+                 warmup_dir: str | None = None, start: torch.Tensor | None = None) -> None:
+        if scenario.gossip is None:
+            raise InvalidParameter("GossipRun needs a scenario with a [gossip] section")
+        self.scenario = scenario
+        self.g = scenario.gossip
+        placement = GossipPlacement(scenario)
+        self.setup = su = build_setup(scenario, placement, device=device, attack=attack, warmup_dir=warmup_dir,
+                                      start=start)
+        self.device = su.device
+        self.attack_spec = su.attack_spec
+        self._ran = False
+        self.rng, self.torch_rng = su.rng, su.torch_rng
+        self.workload = su.workload
+        self.num_classes = su.num_classes
+        self.dataset_source = su.dataset_source
+        self.n = scenario.federation.clients
+        assert placement.adj is not None
+        self.adj = placement.adj
+        self.malicious = list(su.malicious)
+        self.is_malicious = su.is_malicious
+        self.honest = [i for i in range(self.n) if not self.is_malicious[i]]
+        self.attack = su.attack
+        self.defense = su.defense
+        part = su.partition
+        assert part is not None
+        self.data = part.data
+        self.phases = (self.data, self.data)
+        if not scenario.window.is_full and part.clean_data is not part.data:
+            self.phases = (part.clean_data, self.data)
+        self.test_x, self.test_y = su.test_x, su.test_y
+        self.spec = su.spec
+        self.params_init = su.params_init
+        self.params0 = su.params0
+        self.trainer = su.trainer
+        self.local = su.local
+        self.states = su.states
         self.final_params: torch.Tensor | None = None
         self.final_models: torch.Tensor | None = None
 
@@ -494,7 +472,7 @@ class GossipRun:
                     self_weight=float(w[i, i]), attackers=tuple(byz),
                     attacker_weights=torch.tensor([w[i, j] for j in byz], dtype=dt, device=x.device),
                     own_models=x[byz], honest=tuple(self.honest), honest_models=honest_models, laplacian=lap,
-                    fiedler=fied, position=pos[i], generator=self._torch["attack"], state=attack_state,
+                    fiedler=fied, position=pos[i], generator=self.torch_rng["attack"], state=attack_state,
                     defense=self.defense)
                 return self.attack.craft_gossip(ctx)
             if Surface.UPDATES in self.attack.surfaces:
@@ -505,7 +483,7 @@ class GossipRun:
                 visible = rows[: 1 + len(hon)] if self.attack.omniscient else own
                 actx = AttackContext(
                     round=rnd, n_clients=len(ids), malicious=tuple(byz), own_updates=own, visible_updates=visible,
-                    global_params=xi, generator=self._torch["attack"], num_classes=self.num_classes,
+                    global_params=xi, generator=self.torch_rng["attack"], num_classes=self.num_classes,
                     weights=torch.tensor([w[i, j] for j in ids], dtype=dt, device=x.device),
                     malicious_rows=mal_rows, attack_state=attack_state,
                     visible_clients=ids[: 1 + len(hon)] if self.attack.omniscient else tuple(byz))
@@ -531,17 +509,13 @@ class GossipRun:
         attack_state: dict = {}
         node_states: dict[int, dict] = {}
         t_run = time.perf_counter()
-        acc0, loss0 = self.trainer.evaluate(self.params_init, self.test_x, self.test_y)
-        untrained = {"accuracy": acc0, "loss": loss0 if math.isfinite(loss0) else None, "chance_accuracy": None}
-        y = self.test_y
-        if y.dtype in (torch.int64, torch.int32) and y.ndim == 1 and y.numel() and int(y.min()) >= 0:
-            untrained["chance_accuracy"] = float(torch.bincount(y).max()) / y.numel()
+        start = self.setup.start_record()
         dim = self.spec.dim
         for rnd in range(sc.federation.rounds):
             t0 = time.perf_counter()
             acting = sc.window.active(rnd) and bool(self.attack.surfaces)
-            data = self._phases[int(acting)]
-            adj = graphs.drop_edges(self.adj, g.churn, self._np["churn"]) if g.churn else self.adj
+            data = self.phases[int(acting)]
+            adj = graphs.drop_edges(self.adj, g.churn, self.rng["churn"]) if g.churn else self.adj
             w = graphs.mixing_matrix(adj, g.mixing)
             gap = graphs.spectral_gap(w)
             if acting and self.malicious and g.byzantine_degree == "one":  # the largest weight MH gives them
@@ -549,7 +523,7 @@ class GossipRun:
                 claimed[self.malicious] = 1
                 w = graphs.mixing_matrix(adj, g.mixing, claimed)
             # local training: every node from its own model, batched over the nodes
-            x = self.trainer.train(x, data, nodes, self.local, self._torch["train"], states=self.states)
+            x = self.trainer.train(x, data, nodes, self.local, self.torch_rng["train"], states=self.states)
             hs = self.honest
             adj_h = adj[np.ix_(hs, hs)]
             lap = graphs.laplacian(adj_h, w[np.ix_(hs, hs)])
@@ -565,7 +539,7 @@ class GossipRun:
                 send = self._messages(rnd, step, x, adj, w, spectral, attack_state) if byz else None
                 t1 = time.perf_counter()
                 res = gossip_step(x, adj, w, merging, self.defense, send, byz, rnd=rnd,
-                                  generator=self._torch["defense"], states=node_states)
+                                  generator=self.torch_rng["defense"], states=node_states)
                 t_def += time.perf_counter() - t1
                 x = res.models
                 for j, ok in res.accepted.items():
@@ -589,30 +563,33 @@ class GossipRun:
             }}
             if refused:
                 extra["gossip"]["refused"] = dict(sorted(refused.items()))
-            if self._targeted is not None:
-                extra["asr"] = sum(self.trainer.evaluate(x[i], *self._targeted)[0] for i in hs) / len(hs)
-            if rnd == 0:
-                extra["untrained"] = untrained
-                if self._start_info:
-                    extra["start"] = dict(self._start_info)
-            if not sc.window.is_full:
-                extra["attack_active"] = sc.window.active(rnd)
+            extra.update(_mean_over_nodes([self.setup.probes.evaluate(self.trainer, x[i]) for i in hs]))
+            extra.update(standard_extra(self.setup, rnd, active=sc.window.active(rnd), start=start))
             isolated = {i: "no edge this round (churn)" for i in range(n) if not adj[i].any()}
             mean_loss = sum(losses) / len(losses)
-            rec = RoundRecord(
-                round=rnd, accuracy=sum(accs) / len(accs), loss=mean_loss if math.isfinite(mean_loss) else float("inf"),
+            rec = record(
+                rnd, sum(accs) / len(accs), mean_loss if math.isfinite(mean_loss) else float("inf"),
                 accepted=[bool(accepted_all.get(i, False)) for i in range(n)],
                 malicious=[bool(self.is_malicious[i]) and acting for i in range(n)],
-                participating=[True] * n, dropped=isolated, rejected=dict(sorted(rejected.items())),
-                bytes_on_wire=4 * dim * int(adj.sum()) * g.steps,
-                sim_time_s=0.0, wall_time_s=time.perf_counter() - t0, defense_time_s=t_def, extra=extra)
+                participating=[True] * n, dropped=isolated, rejected=rejected,
+                bytes_on_wire=4 * dim * int(adj.sum()) * g.steps, started=t0, defense_time_s=t_def, extra=extra)
             records.append(rec)
             if on_round is not None:
                 on_round(rec)
         self.final_models = x
         self.final_params = x[self.honest].mean(0)
-        from .loop import RunResult
+        return result_of(self.setup, records, time.perf_counter() - t_run)
 
-        return RunResult(self.attack_spec.name, sc.defense_label(), records, list(self.malicious),
-                          {"attack": dict(self.attack_spec.params), "defense": repr(self.defense)},
-                          time.perf_counter() - t_run)
+
+def _mean_over_nodes(per_node: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each probe's figure (ASR, false-trigger rate …) averaged over the honest nodes, in node order;
+    a figure by kind (a dict) averaged kind by kind."""
+    if not per_node or not per_node[0]:
+        return {}
+    out: dict[str, Any] = {}
+    for key, first in per_node[0].items():
+        if isinstance(first, dict):
+            out[key] = {k: sum(d[key][k] for d in per_node) / len(per_node) for k in first}
+        else:
+            out[key] = sum(d[key] for d in per_node) / len(per_node)
+    return out

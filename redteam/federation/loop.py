@@ -49,9 +49,8 @@ loss checks) is ``root_samples`` items held out of the pool: unset keeps the his
 
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -60,76 +59,85 @@ import torch
 from ..errors import InvalidParameter, RedteamError
 from ..merge import DefenseMemory, Hierarchy
 from ..scenario import PluginSpec, Scenario
+from ..topology import DATA_PARALLEL, Support
 from ..transport.network import Network, NetworkConfig
-from ..types import AttackContext, ChunkDelivery, ClientData, RoundRecord, Surface
+from ..types import AttackContext, ChunkDelivery, ClientData, Defense, RoundRecord, Surface
 from . import stages
-from .builders import build_attack, build_compressor, build_defense, build_upper_defense, build_workload
-from .params import ParamSpec
-from .builders import needs_server_data
-from .partition import deal
+from .builders import build_compressor, build_upper_defense, needs_server_data
+from .rounds import RunResult, record, result_of, standard_extra
 from .sampling import RoundPlan
-from .warmup import round0_params
 from .server_opt import make_server_optimizer
-from .state import ClientStates
-from .training import BatchedTrainer, LocalTraining, StackedData
+from .setup import RunSetup, build_setup, random_streams, resolve_device
+from .stages import RoundInputs
+from .training import StackedData
 
-__all__ = ["Federation", "RunResult", "resolve_device", "random_streams"]
+__all__ = ["Federation", "RunResult", "resolve_device", "random_streams", "ServerPlacement", "STREAMS"]
 
-# appended streams never change the earlier ones (SeedSequence children are indexed)
 #: items in a client's assigned page (the validator's assigned batch; attacks/verification.py)
 ASSIGNED_PAGE = 32
 
-_STREAMS = ("split", "roles", "init", "train", "network", "attack", "defense", "codec", "merge", "root",
-            "keys", "provenance", "sampling")
-
-
-def random_streams(scenario: Scenario, names: tuple[str, ...]
-                   ) -> tuple[dict[str, np.random.Generator], dict[str, torch.Generator]]:
-    """Independent numpy and torch streams, one per name, spawned from the scenario seed
-    (appending a name never changes the earlier ones); with ``[scenario] training_seed`` the
-    ``init`` and ``train`` streams come from that seed instead."""
-    seeds = dict(zip(names, np.random.SeedSequence(scenario.seed).spawn(len(names))))
-    training_seed = getattr(scenario.scenario, "training_seed", None)
-    if training_seed is not None:  # model init and batches from their own seed
-        own = dict(zip(names, np.random.SeedSequence(training_seed).spawn(len(names))))
-        seeds["init"], seeds["train"] = own["init"], own["train"]
-    gens = {k: np.random.default_rng(s) for k, s in seeds.items()}
-    torch_gens = {k: torch.Generator(device="cpu").manual_seed(int(s.generate_state(1, np.uint64)[0] >> np.uint64(1)))
-                  for k, s in seeds.items()}
-    return gens, torch_gens
-
-
-def resolve_device(device: str) -> torch.device:
-    """``auto`` → CUDA when available, else CPU; ``cuda`` without a GPU is a clear error."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise InvalidParameter("device = 'cuda': no CUDA device is available (use --device cpu or auto)")
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        raise InvalidParameter(f"device = {device!r}: must be auto, cpu or cuda")
-    return torch.device(device)
+#: the data-parallel regime's random streams (appended streams never change the earlier ones:
+#: SeedSequence children are indexed)
+STREAMS = ("split", "roles", "init", "train", "network", "attack", "defense", "codec", "merge", "root",
+           "keys", "provenance", "sampling")
 
 
 @dataclass
-class RunResult:
-    """The outcome of one run: its records and what it was."""
+class ServerPlacement:
+    """The data-parallel (and asynchronous) server's answers to :func:`~.setup.build_setup`:
+    malicious clients drawn uniformly, each merge party's rule sized for a round of K clients,
+    and the server's root sample held out of the training pool."""
 
-    attack: str
-    defense: str
-    records: list[RoundRecord]
-    malicious: list[int]
-    params: dict[str, Any] = field(default_factory=dict)
-    wall_time_s: float = 0.0
+    scenario: Scenario
+    server_root_samples: int = 64
+    support: Support = DATA_PARALLEL
+    streams: tuple[str, ...] = STREAMS
+
+    def check_workload(self, workload: Any) -> None:
+        return None
+
+    def place(self, n: int, rng: Any) -> list[int]:
+        f = self.scenario.federation.n_malicious
+        return sorted(rng["roles"].choice(n, size=f, replace=False).tolist()) if f else []
+
+    def defense_sizes(self, malicious: list[int]) -> tuple[int | None, int | None]:
+        # a round holds K clients (clients_per_round): the rules' capacity and their malicious-count
+        # defaults are per round, so they are sized for K and the attackers K can hold
+        fed = self.scenario.federation
+        k = fed.clients_per_round or fed.clients
+        f_round = min(fed.n_malicious, k) if fed.attacker_selection != "count" else int(fed.attackers_per_round or 0)
+        return f_round, k
+
+    def root_size(self, pool: int, defense: Defense) -> int | None:
+        wanted = self.scenario.federation.root_samples
+        if wanted is None:
+            wanted = self.server_root_samples
+        elif wanted == "auto":
+            upper = build_upper_defense(self.scenario.hierarchy, n_malicious=self.scenario.federation.n_malicious)
+            wanted = self.server_root_samples if needs_server_data(defense, upper) else 0
+        return min(int(wanted), pool // 10)
+
+
+def run_warmup(cls: Any) -> Callable[[Scenario, torch.Tensor, torch.device], torch.Tensor]:
+    """A warm-up computed by a run of class ``cls`` (its regime's honest run)."""
+    def compute(ws: Scenario, start: torch.Tensor, device: torch.device) -> torch.Tensor:
+        run = cls(ws, device=device.type if device.index is None else str(device), start=start)
+        run.run()
+        return run.final_params.detach().clone()
+
+    return compute
 
 
 class Federation:
-    """A federation built from a scenario. ``run()`` executes all rounds.
+    """A data-parallel federation built from a scenario. ``run()`` executes all rounds.
 
     ``attack`` overrides the scenario's attack (used for the no-attack baseline).
     ``server_root_samples`` is the size of the server's root sample when the scenario's
     ``[federation] root_samples`` is unset. ``start`` is the model round 0 starts from
     (default: the scenario's ``start_from`` / warm-up, else the fresh initialisation);
-    ``warmup_dir`` where warm-ups are kept (:mod:`.warmup`).
+    ``warmup_dir`` where warm-ups are kept (:mod:`.warmup`). What every regime shares is in
+    ``setup`` (:class:`~.setup.RunSetup`); the server's own parts (network, codec, hierarchy,
+    provenance gate, root sample) are this object's attributes, read by the stages.
     """
 
     def __init__(
@@ -141,202 +149,104 @@ class Federation:
         server_root_samples: int = 64,
         start: torch.Tensor | None = None,
         warmup_dir: str | None = None,
+        compute_warmup: Callable[[Scenario, torch.Tensor, torch.device], torch.Tensor] | None = None,
+        support: Support = DATA_PARALLEL,
     ) -> None:
+        placement = ServerPlacement(scenario, server_root_samples, support)
+        self.setup: RunSetup = build_setup(scenario, placement, device=device, attack=attack, warmup_dir=warmup_dir,
+                                           start=start, compute_warmup=compute_warmup or run_warmup(Federation))
+        su = self.setup
         self.scenario = scenario
         self._ran = False
-        self.device = resolve_device(device)
-        self.attack_spec = attack if attack is not None else scenario.attack
+        self.device = su.device
+        self.attack_spec = su.attack_spec
+        self.rng, self.torch_rng = su.rng, su.torch_rng
+        self.workload = su.workload
+        self.num_classes = su.num_classes
+        self.dataset_source = su.dataset_source  # what the data is, with its digest where the workload computes one
+        n = scenario.federation.clients
         fed = scenario.federation
-        self._np, self._torch = random_streams(scenario, _STREAMS)
-
-        self.workload = build_workload(scenario.workload.name, dict(scenario.workload.params))
-        # pixel-pattern attacks address the workload's images: an image_shape they leave unset is the workload's
-        shape = tuple(getattr(self.workload, "image_shape", ()) or ())
-        scenario_attack = scenario.attack
-        if getattr(self.workload, "input_kind", "") == "image" and shape:
-            self.attack_spec = _fill_image_shape(self.attack_spec, shape)
-            scenario_attack = _fill_image_shape(scenario.attack, shape)
-        ds = self.workload.load(scenario.seed)
-        self.num_classes = ds.num_classes
-        self.dataset_source = ds.source  # what the data is, with its digest where the workload computes one
-        n = fed.clients
-        f = fed.n_malicious
-        self.malicious = sorted(self._np["roles"].choice(n, size=f, replace=False).tolist()) if f else []
-        self.is_malicious = np.zeros(n, dtype=bool)
-        self.is_malicious[self.malicious] = True
-
-        self.attack = build_attack(self.attack_spec)
+        self.malicious = list(su.malicious)
+        self.is_malicious = su.is_malicious
+        self.attack = su.attack
         surfaces = set(self.attack.surfaces)
-        if surfaces and surfaces <= {Surface.PIPELINE}:
-            raise InvalidParameter(f"attack {self.attack_spec.name!r} is a pipeline stage peer's attack: it needs a "
-                                   "[pipeline] section (the model-parallel regime)")
         if not scenario.window.is_full and surfaces & {Surface.PROVENANCE, Surface.HIERARCHY}:
             raise InvalidParameter(f"[attack].window: attack {self.attack_spec.name!r} acts on "
                                    f"{', '.join(sorted(surfaces & {Surface.PROVENANCE, Surface.HIERARCHY}))} before the "
                                    "first round (enrolment, merge groups), so it cannot wait for a window")
-        # a round holds K clients (clients_per_round): the rules' capacity and their
-        # malicious-count defaults are per round, so they are sized for K and the attackers K can hold
-        k = fed.clients_per_round or n
-        f_round = min(fed.n_malicious, k) if fed.attacker_selection != "count" else int(fed.attackers_per_round or 0)
-        self.defense = build_defense(scenario.defense, n_malicious=f_round, most_updates=k)
-        for st in tuple(getattr(self.defense, "stages", ()) or (self.defense,)):
-            if getattr(st, "acts_at", None) == "pipeline":
-                raise InvalidParameter(f"[defense]: {type(st).__name__} checks the hops of a model-parallel pipeline; "
-                                       "it needs a [pipeline] section")
+        self.defense = su.defense
         self.upper_defense = build_upper_defense(scenario.hierarchy, n_malicious=fed.n_malicious)
         self.hierarchy = Hierarchy(scenario.hierarchy.fan_out, scenario.hierarchy.depth, scenario.hierarchy.grouping)
-
-        pool = np.arange(len(ds.train_y))
-        # the server's small trusted root set (FLTrust, loss checks), held out of the pool
-        wanted = fed.root_samples
-        if wanted is None:
-            wanted = server_root_samples
-        elif wanted == "auto":
-            wanted = server_root_samples if needs_server_data(self.defense, self.upper_defense) else 0
-        root_k = min(int(wanted), len(pool) // 10)
-        perm = self._np["split"].permutation(len(pool))
-        root_idx, pool = np.sort(perm[:root_k]), np.sort(perm[root_k:])
-        # partitions read labels; a language model's sample groups (text: each window's
-        # package) replace its labels, so that by_group (and the label skews) act on groups;
-        # a classifier's groups (LEAF's writers) are read by by_group / natural only
-        by_groups = ds.groups is not None and (fed.partition in ("by_group", "natural")
-                                               or getattr(self.workload, "input_kind", "") == "tokens")
-        if fed.partition == "natural" and ds.groups is None:
-            raise InvalidParameter(f"[federation].partition = \"natural\": workload {scenario.workload.name!r} "
-                                   "has no natural partition (LEAF's femnist and shakespeare have one, by writer "
-                                   "and by role); use dirichlet, iid, shards, quantity or label_sorted")
-        labels = (ds.groups if by_groups else ds.train_y).numpy()[pool]
-        parts = deal(
-            labels, n, self.malicious, fed.partition, fed.malicious_data_rule, self._np["split"],
-            alpha=fed.alpha, shards_per_client=fed.shards_per_client, beta=fed.quantity_beta,
-            min_samples=fed.min_samples,
-        )
-        stages_ = tuple(getattr(self.defense, "stages", ()) or (self.defense,))
-        self.signed_chunks = next((s for s in stages_ if getattr(s, "acts_at", None) == "transport"), None)
-        self.gate = next((s for s in stages_ if getattr(s, "acts_at", None) == "admission"), None)
+        part = su.partition
+        assert part is not None
+        stages_ = self.defense.parts()
+        self.signed_chunks = next((s for s in stages_ if s.acts_at == "transport"), None)
+        self.gate = next((s for s in stages_ if s.acts_at == "admission"), None)
         self.enrollment = None
         if self.signed_chunks is not None or self.gate is not None:
             from .provenance import Enrollment
 
-            self.enrollment = Enrollment.derive(n, self._np["keys"])
+            self.enrollment = Enrollment.derive(n, self.rng["keys"])
         # public names: hash grouping reads them, and an identity-grinding attacker chooses its own
         self.identities: dict[int, str] = {}
         if Surface.HIERARCHY in self.attack.surfaces:
             self.identities = {c: str(self.attack.choose_identity(c, self.hierarchy.n_groups)) for c in self.malicious}
-
-        clean: list[ClientData] = []
-        clients: list[ClientData] = []
-        for i, p in enumerate(parts):
-            cd = ClientData(ds.train_x[pool[p]], ds.train_y[pool[p]])
-            clean.append(cd)
-            if self.is_malicious[i] and Surface.DATA in self.attack.surfaces:
-                cd = self.attack.poison_data(cd, i, self._torch["attack"])
-                _check_poisoned_labels(self.attack_spec.name, self.attack, cd, i, ds.num_classes)
-            clients.append(cd)
         # each client's assigned page (verification of work, defenses/gauntlet.py): the first
         # ASSIGNED_PAGE items of the data it was dealt, public as a permissionless trainer's data
         # assignment is, so a validator can score an update on the data its peer was meant to train on
         self.assigned = StackedData.stack([ClientData(c.x[:ASSIGNED_PAGE], c.y[:ASSIGNED_PAGE])
-                                           for c in clean]).to(self.device)
+                                           for c in part.clean]).to(self.device)
         # who takes part in each round and whether the attack acts in it (.sampling)
-        self.plan = RoundPlan(fed, scenario.window, self.is_malicious, self._np["sampling"])
-        self.data = StackedData.stack(clients).to(self.device)
+        self.plan = RoundPlan(fed, scenario.window, self.is_malicious, self.rng["sampling"])
+        self.data = part.data
         self.weights = self.data.sizes.to(torch.float32).to(self.device)
         # the data and sample weights of a round the attack acts in (index 1) and of one it
         # does not act in (index 0): poisoned data is used only inside the attack window
-        self._phases = ((self.data, self.weights),) * 2
-        if not scenario.window.is_full and Surface.DATA in self.attack.surfaces:
-            clean_data = StackedData.stack(clean).to(self.device)
-            self._phases = ((clean_data, clean_data.sizes.to(torch.float32).to(self.device)),
-                            (self.data, self.weights))
-        self.roles = self.plan.roles(0, bool(self.attack.surfaces))
-        self.test_x, self.test_y = ds.test_x.to(self.device), ds.test_y.to(self.device)
-        self.root = (StackedData.stack([ClientData(ds.train_x[root_idx], ds.train_y[root_idx])]).to(self.device)
-                     if root_k else None)
-        # targeted / backdoor attacks say which test inputs measure their success (ASR);
-        # the baseline is scored on the same inputs, so its ASR is the natural rate
-        self._targeted = None
-        self._false_trigger: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._near_miss: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._targeted_parts: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        for candidate in (self.attack, build_attack(scenario_attack)):
-            targeted_test = getattr(candidate, "targeted_test", None)
-            if targeted_test is None:
-                continue
-            try:
-                tx, ty = targeted_test(ds.test_x, ds.test_y)
-            except AttributeError:  # a composition without a targeted part
-                continue
-            self._targeted = (tx.to(self.device), ty.to(self.device))
-            # a text backdoor's clean prompts (no trigger): its false-trigger rate; and its
-            # near-miss prompts (a partial trigger), by kind: its near-miss trigger rate
-            for part in (candidate, *getattr(candidate, "parts", ())):
-                clean_test = getattr(part, "clean_test", None)
-                if clean_test is not None:
-                    cx, cy = clean_test(ds.test_x, ds.test_y)
-                    self._false_trigger = (cx.to(self.device), cy.to(self.device))
-                    near_miss_test = getattr(part, "near_miss_test", None)
-                    if near_miss_test is not None:
-                        self._near_miss = {k: (nx.to(self.device), ny.to(self.device))
-                                           for k, (nx, ny) in near_miss_test(ds.test_x, ds.test_y).items()}
-                    break
-            # a distributed trigger (DBA): the success rate of each local trigger alone as well
-            for part in (candidate, *getattr(candidate, "parts", ())):
-                targeted_parts = getattr(part, "targeted_parts", None)
-                if targeted_parts is not None:
-                    self._targeted_parts = {k: (px.to(self.device), py.to(self.device))
-                                            for k, (px, py) in targeted_parts(ds.test_x, ds.test_y).items()}
-                    break
-            break
-
-        model = self.workload.build_model(self._torch["init"])
-        self.spec = ParamSpec.of(model)
-        self.params_init = self.spec.flatten(model).to(self.device)
-        self.params0, self._start_info = round0_params(scenario, self.spec, self.params_init, self.device, warmup_dir,
-                                                       self.dataset_source, start)
+        self.phases = ((self.data, self.weights),) * 2
+        if not scenario.window.is_full and part.clean_data is not part.data:
+            self.phases = ((part.clean_data, part.clean_data.sizes.to(torch.float32).to(self.device)),
+                           (self.data, self.weights))
+        self.test_x, self.test_y = su.test_x, su.test_y
+        ds = su.dataset
+        self.root = (StackedData.stack([ClientData(ds.train_x[part.root], ds.train_y[part.root])]).to(self.device)
+                     if part.root.size else None)
+        self.probes = su.probes
+        self.spec = su.spec
+        self.params_init = su.params_init
+        self.params0 = su.params0
         self.final_params: torch.Tensor | None = None
-        self.trainer = BatchedTrainer(self.workload, model.to(self.device), self.spec)
-        self.local = LocalTraining(
-            steps=fed.local_steps, epochs=fed.local_epochs, batch_size=fed.batch_size, lr=fed.lr, prox_mu=fed.prox_mu,
-            optimizer=fed.local_optimizer, weight_decay=fed.local_weight_decay, betas=tuple(fed.local_betas),
-            sampling=fed.sampling,
-        )
+        self.trainer = su.trainer
+        self.local = su.local
         opt_params: dict[str, Any] = {}
         if fed.server_lr is not None:
             opt_params["lr"] = fed.server_lr
         if fed.server_optimizer == "nesterov":
             opt_params["momentum"] = fed.server_momentum
         self.server_opt = make_server_optimizer(fed.server_optimizer, **opt_params)
-        self.server_lr = float(getattr(self.server_opt, "lr", 1.0))
-        self.omniscient = fed.omniscient if fed.omniscient is not None else \
-            bool(getattr(self.attack, "omniscient", False))
+        self.server_lr = float(self.server_opt.lr)
+        self.omniscient = fed.omniscient if fed.omniscient is not None else bool(self.attack.omniscient)
 
         self.compressor = build_compressor(scenario.transport)
         self.codec_label = self.compressor.codec.spec
         # spot-check replay (defenses/spot_check.py): a verifier recomputes a peer's round from what
         # it committed to (the global model, its batch seed, its assigned = clean data)
-        self.replays_work = any(getattr(st, "replays_work", False) for st in stages_)
+        self.replays_work = any(st.replays_work for st in stages_)
         self.committed_data: StackedData | None = None
         if self.replays_work:
             _check_replayable(scenario, self.compressor.codec)
-            if Surface.DATA not in self.attack.surfaces:  # every client trains on the data it was dealt
-                self.committed_data = self.data
-            elif self._phases[0][0] is not self.data:  # the clean phase's data (a windowed data attack)
-                self.committed_data = self._phases[0][0]
-            else:
-                self.committed_data = StackedData.stack(clean).to(self.device)
+            self.committed_data = part.clean_data
         net = scenario.transport.network
         self.network = Network(
-            NetworkConfig(**{k: getattr(net, k) for k in net.__dataclass_fields__}), n, self._np["network"]
+            NetworkConfig(**{k: getattr(net, k) for k in net.__dataclass_fields__}), n, self.rng["network"]
         )
         # what each client carries across rounds (fresh for the run)
-        self.states = ClientStates(n, self.device)
+        self.states = su.states
         # the provenance gate: admission before the first round (data is fixed for the run)
         self.excluded: dict[int, str] = {}
         self.admission: Any = None
         if self.gate is not None:
-            self.admission = self._admit(clean, clients, scenario.workload.name,
-                                         ds.corpus, [pool[p] for p in parts], ds.source)
+            self.admission = self._admit(part.clean, part.clients, scenario.workload.name,
+                                         ds.corpus, [part.pool[p] for p in part.parts], ds.source)
             self.excluded = dict(self.admission.excluded)
 
     def _admit(self, clean: list[ClientData], actual: list[ClientData], dataset: str,
@@ -349,7 +259,7 @@ class Federation:
             zeros = torch.zeros((f, d), dtype=torch.float32, device=self.device)
             base = AttackContext(
                 round=0, n_clients=len(actual), malicious=tuple(self.malicious), own_updates=zeros,
-                visible_updates=zeros, global_params=self.params0, generator=self._torch["attack"],
+                visible_updates=zeros, global_params=self.params0, generator=self.torch_rng["attack"],
                 num_classes=self.num_classes, weights=self.weights, malicious_rows=tuple(self.malicious),
             )
             forgers = {c: base for c in self.malicious}
@@ -359,7 +269,7 @@ class Federation:
             actual=dict(enumerate(actual)),
             dataset=dataset,
             enrollment=self.enrollment,
-            log_rng=self._np["provenance"],
+            log_rng=self.rng["provenance"],
             origin=f"redteam.federation/seed-{self.scenario.seed}",
             forgers=forgers,
             attack=self.attack,
@@ -368,18 +278,17 @@ class Federation:
             data_source=data_source,
         )
 
-    def _untrained_reference(self) -> dict[str, float | None]:
-        """What "learned nothing" means on this test set (the defender's summary flags a defense
-        whose clean model is no better): the untrained global model's accuracy and loss (the
-        fresh initialisation, before any warm-up or ``start_from``), and the
-        majority-class rate of the test labels (``None`` where the labels are not class ids).
-        Evaluation only: no random stream advances, so no other number of the run changes."""
-        acc, loss = self.trainer.evaluate(self.params_init, self.test_x, self.test_y)
-        chance = None
-        y = self.test_y
-        if y.dtype in (torch.int64, torch.int32, torch.int16, torch.uint8) and y.numel() and int(y.min()) >= 0:
-            chance = float(torch.bincount(y.reshape(-1).long()).max()) / y.numel()
-        return {"accuracy": acc, "loss": loss if math.isfinite(loss) else None, "chance_accuracy": chance}
+    def inputs(self, rnd: int, part: np.ndarray, params: torch.Tensor, prev_update: torch.Tensor | None,
+               base: int | None = None) -> RoundInputs:
+        """What the stages of round ``rnd`` take: its participants, their roles and data (clean
+        outside the attack window), the model it starts from. ``base``: the round the roles and
+        data are those of (an asynchronous job's base version)."""
+        at = rnd if base is None else base
+        active = self.plan.active(at)
+        data, weights = self.phases[int(active)]
+        roles = self.plan.roles(at, bool(self.attack.surfaces))
+        return RoundInputs(rnd=at, part=part, part_t=torch.as_tensor(part, dtype=torch.long, device=self.device),
+                           roles=roles, data=data, weights=weights, params=params, prev_update=prev_update)
 
     # ------------------------------------------------------------------ one run
     def run(self, on_round: Callable[[RoundRecord], None] | None = None) -> RunResult:
@@ -398,56 +307,46 @@ class Federation:
         # ground truth for scoring is the round's roles (self.plan.roles): with an attack that
         # acts on nothing (the baseline's "none"), or outside its window, the would-be
         # attackers are honest clients
-        windowed = not sc.window.is_full
         banned: dict[int, str] = dict(self.excluded)  # gate exclusions, then equivocation bans
         signed = self.signed_chunks is not None
         verifier = self.signed_chunks.verifier(self.enrollment.public) if signed else None
         history: dict[int, tuple[ChunkDelivery, ...]] = {}
-        keep = int(getattr(self.attack, "history_rounds", 0) or 0)
+        keep = int(self.attack.history_rounds or 0)
         t_run = time.perf_counter()
-        untrained = self._untrained_reference()
-        self._start_quality: dict[str, Any] = {}
-        if self._start_info:  # the model the run starts from, as evaluated before round 0
-            s_acc, s_loss = self.trainer.evaluate(self.params0, self.test_x, self.test_y)
-            self._start_quality = {"accuracy": s_acc, "loss": s_loss if math.isfinite(s_loss) else None}
+        start_quality = self.setup.start_record()
 
         for rnd in range(sc.federation.rounds):
             t0 = time.perf_counter()
             if rnd > 0:
-                online = self.network.churn(online, self._np["network"])
+                online = self.network.churn(online, self.rng["network"])
             # the round's plan: who is drawn (K of the online clients), who acts maliciously,
             # and the data of the round (clean outside the attack window)
             active = self.plan.active(rnd)
-            self.roles = self.plan.roles(rnd, bool(self.attack.surfaces))
-            self.data, self.weights = self._phases[int(active)]
             drawn = self.plan.draw(rnd, np.flatnonzero(online).astype(np.int64))
             selected = np.zeros(n, dtype=bool)
             selected[drawn] = True
             part = drawn
             if banned:
                 part = part[~np.isin(part, np.fromiter(banned, dtype=np.int64, count=len(banned)))]
-            part_t = torch.as_tensor(part, dtype=torch.long, device=self.device)
+            rin = self.inputs(rnd, part, params, prev_update)
+            self.roles = rin.roles
             dropped: dict[int, str] = {c: why for c, why in banned.items() if selected[c]}
             rejected: dict[int, str] = dict(dropped)
             extra: dict[str, Any] = {}
             if rnd == 0 and self.admission is not None:
                 extra["provenance_gate"] = self.admission.summary()
-            if rnd == 0:
-                extra["untrained"] = untrained
-                if self._start_info:
-                    extra["start"] = {**self._start_info, **self._start_quality}
-            if windowed:
-                extra["attack_active"] = active
+            extra.update(standard_extra(self.setup, rnd, active=active, start=start_quality))
             accepted = [False] * n
             tx = None
             received = stages.Received()
+            trained = None
             if part.size:
-                hook, hook_rows = stages.training_hook(self, rnd, part, params, prev_update)
-                sent = stages.train(self, part_t, params, hook, hook_rows)
-                sent, actx = stages.craft(self, rnd, part, sent, params, prev_update)
-                comp = stages.encode(self, part_t, sent)
+                hook, hook_rows = stages.training_hook(self, rin)
+                trained = stages.train(self, rin, hook, hook_rows)
+                sent, actx = stages.craft(self, rin, trained.sent)
+                comp = stages.encode(self, rin.part_t, sent)
                 chunked = stages.chunk(self, rnd, part, comp, params, signed)
-                tx, timing = stages.transport(self, rnd, chunked, actx, verifier, history, keep)
+                tx, timing = stages.transport(self, rnd, chunked, actx, verifier, history, keep, trained.client_steps)
                 extra.update(timing)
                 received = stages.receive(self, rnd, part, tx)
                 dropped.update(received.dropped)
@@ -458,7 +357,7 @@ class Federation:
                 actx = None
 
             t_def = time.perf_counter()
-            merged = stages.defend(self, rnd, received, tx, params, prev_update, memory, actx)
+            merged = stages.defend(self, rin, received, tx, memory, actx, trained)
             for c, ok in merged.accepted.items():
                 accepted[c] = accepted[c] or ok
             rejected.update(merged.rejected)
@@ -480,39 +379,23 @@ class Federation:
                 dropped.setdefault(int(c), "offline (churn)")
             # a client banned or excluded for what its attack did stays an attacker in the ground
             # truth outside the window too: judging its ban there is a true positive, not a false one
-            truth = self.roles.copy()
+            truth = rin.roles.copy()
             if banned and self.attack.surfaces:
                 for c in banned:
                     truth[c] = truth[c] or bool(self.is_malicious[c])
-            rec = RoundRecord(
-                round=rnd,
-                accuracy=acc,
-                loss=loss,
-                accepted=accepted,
-                malicious=truth.tolist(),
-                participating=participating,
+            rec = record(
+                rnd, acc, loss, accepted=accepted, malicious=truth.tolist(), participating=participating,
                 dropped={k: v for k, v in sorted(dropped.items()) if participating[k] or "churn" in v},
-                rejected=dict(sorted(rejected.items())),
-                bytes_on_wire=int(tx.bytes_on_wire) if tx is not None else 0,
-                sim_time_s=float(tx.round_time_s) if tx is not None else 0.0,
-                wall_time_s=time.perf_counter() - t0,
-                defense_time_s=defense_time,
-                extra=extra,
-            )
+                rejected=rejected, bytes_on_wire=int(tx.bytes_on_wire) if tx is not None else 0,
+                sim_time_s=float(tx.round_time_s) if tx is not None else 0.0, started=t0,
+                defense_time_s=defense_time, extra=extra)
             records.append(rec)
             if on_round is not None:
                 on_round(rec)
 
         self.final_params = params
-        return RunResult(
-            attack=self.attack_spec.name,
-            defense=sc.defense_label(),
-            records=records,
-            malicious=list(self.malicious),
-            params={"attack": dict(self.attack_spec.params), "defense": repr(self.defense),
-                    **({"upper_defense": repr(self.upper_defense)} if self.hierarchy.depth > 1 else {})},
-            wall_time_s=time.perf_counter() - t_run,
-        )
+        return result_of(self.setup, records, time.perf_counter() - t_run,
+                         **({"upper_defense": repr(self.upper_defense)} if self.hierarchy.depth > 1 else {}))
 
 
 def _check_replayable(scenario: Scenario, codec: Any) -> None:
@@ -530,52 +413,9 @@ def _check_replayable(scenario: Scenario, codec: Any) -> None:
     if fed.client_momentum:
         why.append(f"[federation] client_momentum = {fed.client_momentum} sends a momentum of past rounds "
                    "(use 0)")
-    if not getattr(codec, "lossless", False):
+    if not codec.lossless:
         why.append(f"[transport] codec = {codec.spec!r} is lossy: the update received is not the update trained "
                    "(use \"none\")")
     if why:
         raise InvalidParameter("[defense] spot_check replays a peer's local training from the round's inputs, "
                                "which this scenario does not allow: " + "; ".join(why))
-
-
-def _fill_image_shape(spec: PluginSpec, shape: tuple[int, ...]) -> PluginSpec:
-    """``spec`` with ``image_shape = shape`` where its attack (or a part of a composition) has
-    that parameter and leaves it unset."""
-    import dataclasses
-
-    from ..registry import ATTACKS
-
-    def fill(name: str, params: dict[str, Any]) -> dict[str, Any]:
-        out = dict(params)
-        try:
-            cls = ATTACKS.get(name)
-        except RedteamError:
-            return out
-        fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
-        if "image_shape" in fields and "image_shape" not in out:
-            out["image_shape"] = list(shape)
-        parts = out.get("attacks")
-        if isinstance(parts, (list, tuple)):
-            out["attacks"] = [({**t, **fill(t["name"], {k: v for k, v in t.items() if k != "name"})}
-                               if isinstance(t, dict) and isinstance(t.get("name"), str) else t) for t in parts]
-        return out
-
-    filled = fill(spec.name, dict(spec.params))
-    return spec if filled == dict(spec.params) else PluginSpec(spec.name, filled)
-
-
-def _check_poisoned_labels(name: str, attack: Any, data: ClientData, client: int, num_classes: int) -> None:
-    """A data attack must keep a classifier's labels among the workload's classes: a label
-    out of range would otherwise crash deep inside the loss (e.g. ``label_flip``'s default
-    ``num_classes = 10`` on a 4-class workload)."""
-    y = data.y
-    if num_classes <= 0 or y.dtype.is_floating_point or y.ndim != 1 or not y.numel():
-        return
-    lo, hi = int(y.min()), int(y.max())
-    if lo < 0 or hi >= num_classes:
-        hint = (f"; set num_classes = {num_classes} in [attack]" if getattr(attack, "num_classes", num_classes)
-                != num_classes else "")
-        raise InvalidParameter(
-            f"attack {name!r}: poison_data gave client {client} labels in [{lo}, {hi}], outside the "
-            f"workload's {num_classes} classes [0, {num_classes}){hint}"
-        )

@@ -345,7 +345,7 @@ def admit(
         notes: dict[int, str] = {}
         honest = {c: present(c, manifests[c], enrollment.keys[c]) for c in manifests if c not in forgers}
         indices = _publish(ledger, honest, notes)
-        caps = tuple(getattr(attack, "capabilities", ()))
+        caps = tuple(attack.capabilities) if attack is not None else ()
         keyring = Keyring(
             enrollment.public,
             stolen={c: enrollment.keys[c] for c in forgers} if "enrolled_key" in caps else {},

@@ -5,9 +5,12 @@
     train → craft → encode → chunk (+ sign) → transport → verify/decode
           → defend/merge → server step → evaluate
 
-:class:`~redteam.federation.loop.Federation` holds what is fixed for a run (data, model,
-attack, defense, network, random streams) and passes itself as ``fed``; a stage reads
-those and its arguments and returns its results. What a client carries across rounds is
+:class:`~redteam.federation.loop.Federation` holds what is fixed for a run (its
+:class:`~.setup.RunSetup`, and the server's network, codec, hierarchy, provenance gate and root
+sample, as public attributes) and passes itself as ``fed``; what changes each round comes in a
+:class:`RoundInputs` (the participants, their roles and data, the model). A stage reads those
+and returns its results as a value (:class:`Trained`, :class:`Received`, :class:`Merged`): no
+stage reads or writes another object's private state. What a client carries across rounds is
 in ``fed.states`` (:class:`~.state.ClientStates`), what the defenses carry in the
 :class:`~redteam.merge.DefenseMemory` given to :func:`defend`. A new workload or surface
 plugs into one stage (an LLM workload with DiLoCo's inner AdamW only changes ``train``'s
@@ -37,67 +40,99 @@ from .state import apply_momentum
 from .wire import Chunked, chunk, encode, transport
 
 if TYPE_CHECKING:
-    from .loop import Federation
+    from .training import StackedData
+
+#: the data-parallel run (:class:`~.loop.Federation`), whose public attributes the stages read;
+#: named here, not imported (it imports this module)
+Federation = Any
 
 __all__ = ["train", "craft", "encode", "chunk", "transport", "receive", "defend", "server_step", "evaluate",
-           "Received", "RowView", "Merged", "Chunked"]
+           "Received", "RowView", "Merged", "Chunked", "RoundInputs", "Trained"]
+
+
+@dataclass(frozen=True)
+class RoundInputs:
+    """What changes from round to round: ``rnd`` (an asynchronous job's base version), the
+    participants ``part`` (sorted ids; ``part_t`` as a tensor), who acts maliciously ``roles``
+    ``(n,)``, the round's ``data`` and sample ``weights`` (clean outside the attack window), the
+    model ``params`` it starts from and the previous round's applied update."""
+
+    rnd: int
+    part: np.ndarray
+    part_t: torch.Tensor
+    roles: np.ndarray
+    data: "StackedData"
+    weights: torch.Tensor
+    params: torch.Tensor
+    prev_update: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Trained:
+    """What local training gives the later stages: each participant's row (``sent``), the local
+    steps each ran under the ``partial`` straggler policy (transport times them), and what a
+    spot-check verifier needs to replay the call (``replay``)."""
+
+    sent: torch.Tensor
+    client_steps: dict[int, int] | None = None
+    replay: tuple[Any, ...] | None = None
 
 
 # ------------------------------------------------------------------ train
-def attack_context(fed: "Federation", rnd: int, part: np.ndarray, own: torch.Tensor, visible: torch.Tensor,
-                   visible_clients: tuple[int, ...], params: torch.Tensor,
-                   prev_update: torch.Tensor | None) -> AttackContext:
+def attack_context(fed: "Federation", rin: RoundInputs, own: torch.Tensor, visible: torch.Tensor,
+                   visible_clients: tuple[int, ...]) -> AttackContext:
     """The attack's view of a round (its memory ``attack_state`` is the run's one dict)."""
-    mal_pos = np.flatnonzero(fed.roles[part]).tolist()
+    part = rin.part
+    mal_pos = np.flatnonzero(rin.roles[part]).tolist()
     return AttackContext(
-        round=rnd,
+        round=rin.rnd,
         n_clients=len(part),
         malicious=tuple(int(part[k]) for k in mal_pos),
         malicious_rows=tuple(mal_pos),
         own_updates=own,
         visible_updates=visible,
-        global_params=params,
-        generator=fed._torch["attack"],
+        global_params=rin.params,
+        generator=fed.torch_rng["attack"],
         num_classes=fed.num_classes,
-        weights=fed.weights[torch.as_tensor(part, dtype=torch.long, device=fed.device)],
-        previous_update=prev_update,
+        weights=rin.weights[torch.as_tensor(part, dtype=torch.long, device=fed.device)],
+        previous_update=rin.prev_update,
         server_lr=fed.server_lr,
         server_optimizer=fed.scenario.federation.server_optimizer,
-        defense=fed.defense if getattr(fed.attack, "adaptive", False) else None,
+        defense=fed.defense if fed.attack.adaptive else None,
         attack_state=fed.states.attack,
         visible_clients=visible_clients,
     )
 
 
-def training_hook(fed: "Federation", rnd: int, part: np.ndarray, params: torch.Tensor,
-                  prev_update: torch.Tensor | None) -> tuple[TrainingHook | None, list[int]]:
+def training_hook(fed: "Federation", rin: RoundInputs) -> tuple[TrainingHook | None, list[int]]:
     """Ask a ``Surface.TRAINING`` attack how its clients train this round (previous round's view)."""
-    mal_pos = np.flatnonzero(fed.roles[part]).tolist()
+    part = rin.part
+    mal_pos = np.flatnonzero(rin.roles[part]).tolist()
     if not mal_pos or Surface.TRAINING not in fed.attack.surfaces:
         return None, []
     d = fed.spec.dim
     sent = fed.states.ensure("last_sent", (d,))
-    honest = np.asarray(part)[~fed.roles[part]].tolist()
+    honest = np.asarray(part)[~rin.roles[part]].tolist()
     mal = torch.as_tensor([int(part[k]) for k in mal_pos], dtype=torch.long, device=fed.device)
     own = sent[mal]
     visible = sent[torch.as_tensor(honest, dtype=torch.long, device=fed.device)] if (fed.omniscient and honest) else own
-    ctx = attack_context(fed, rnd, part, own, visible, tuple(honest) if fed.omniscient and honest else
-                         tuple(int(c) for c in mal.tolist()), params, prev_update)
+    ctx = attack_context(fed, rin, own, visible, tuple(honest) if fed.omniscient and honest else
+                         tuple(int(c) for c in mal.tolist()))
     hook = fed.attack.training_hook(ctx)
     if hook is not None and not isinstance(hook, TrainingHook):
         raise RedteamError(f"attack {fed.attack_spec.name!r}: training_hook returned {type(hook).__name__}, "
                            "expected a redteam.types.TrainingHook or None")
-    mask = getattr(hook, "grad_mask", None)
+    mask = hook.grad_mask if hook is not None else None
     if mask is not None and (mask.shape[-1] != d or (mask.ndim == 2 and mask.shape[0] != len(mal_pos))):
         raise RedteamError(f"attack {fed.attack_spec.name!r}: TrainingHook.grad_mask has shape {tuple(mask.shape)}, "
                            f"expected ({d},) or ({len(mal_pos)}, {d})")
     return hook, mal_pos
 
 
-def train(fed: "Federation", part_t: torch.Tensor, params: torch.Tensor, hook: TrainingHook | None,
-          hook_rows: list[int]) -> torch.Tensor:
-    """Local training of the participating clients; returns what each would send ``(m, d)``:
-    its delta (local − global), or its worker momentum of deltas (:func:`~.state.apply_momentum`).
+def train(fed: "Federation", rin: RoundInputs, hook: TrainingHook | None, hook_rows: list[int]) -> Trained:
+    """Local training of the participating clients; returns what each would send ``(m, d)``
+    (:attr:`Trained.sent`): its delta (local − global), or its worker momentum of deltas
+    (:func:`~.state.apply_momentum`).
 
     A malicious client (of an attack that acts on something: under ``none`` the would-be
     attackers are honest) follows ``[federation] malicious_momentum``: ``"raw"`` (default, the
@@ -109,7 +144,8 @@ def train(fed: "Federation", part_t: torch.Tensor, params: torch.Tensor, hook: T
     into any state, and an omniscient attack's ``visible_updates`` are the honest momenta."""
     # the "partial" straggler policy: each client runs the steps it can finish before the
     # deadline (one that cannot finish a step runs them all and arrives late, as under "drop")
-    fed._client_steps = None
+    part_t, params = rin.part_t, rin.params
+    client_steps = None
     steps_t = None
     if fed.network.config.stragglers == "partial" and fed.network.config.deadline_s is not None:
         h = fed.local.steps
@@ -118,37 +154,40 @@ def train(fed: "Federation", part_t: torch.Tensor, params: torch.Tensor, hook: T
         # upload estimate: the payload plus a generous allowance for the (signed) header's digests
         k = fed.network.steps_by_deadline(part_t.tolist(), h, payload + 1024 + 200 * n_chunks)
         k = np.where(k >= 1, k, h)
-        fed._client_steps = dict(zip(part_t.tolist(), k.tolist()))
+        client_steps = dict(zip(part_t.tolist(), k.tolist()))
         steps_t = torch.as_tensor(k, dtype=torch.int64, device=part_t.device)
+    replay = None
     if fed.replays_work:  # what a spot-check verifier needs to replay this call (ServerContext.replay_work)
-        fed._replay_inputs = (fed._torch["train"].get_state(), part_t, steps_t, _draws(fed, part_t))
-    local = fed.trainer.train(params, fed.data, part_t, fed.local, fed._torch["train"], states=fed.states,
-                              hook=hook, hook_rows=hook_rows, hook_generator=fed._torch["attack"],
+        replay = (fed.torch_rng["train"].get_state(), part_t, steps_t, _draws(fed, rin.data, part_t))
+    local = fed.trainer.train(params, rin.data, part_t, fed.local, fed.torch_rng["train"], states=fed.states,
+                              hook=hook, hook_rows=hook_rows, hook_generator=fed.torch_rng["attack"],
                               client_steps=steps_t)
     deltas = local - params
     fedspec = fed.scenario.federation
     raw = None
     if fedspec.client_momentum and fedspec.malicious_momentum == "raw" and fed.attack.surfaces:
-        raw = torch.as_tensor(fed.roles[part_t.cpu().numpy()], dtype=torch.bool, device=deltas.device)
-    return apply_momentum(fed.states, part_t, deltas, fedspec.client_momentum, fedspec.momentum_form, raw)
+        raw = torch.as_tensor(rin.roles[part_t.cpu().numpy()], dtype=torch.bool, device=deltas.device)
+    sent = apply_momentum(fed.states, part_t, deltas, fedspec.client_momentum, fedspec.momentum_form, raw)
+    return Trained(sent, client_steps, replay)
 
 
-def _draws(fed: "Federation", part_t: torch.Tensor) -> int:
+def _draws(fed: "Federation", data: "StackedData", part_t: torch.Tensor) -> int:
     """How many batch draws :meth:`~.training.BatchedTrainer.train` makes from the round's stream:
     the federation's step count, or under ``local_epochs`` the most steps any participant runs
     on the data it actually trains on."""
     cfg = fed.local
     if cfg.epochs is None:
         return int(cfg.steps)
-    sizes = fed.data.sizes.to(part_t.device)[part_t].to(torch.float64)
+    sizes = data.sizes.to(part_t.device)[part_t].to(torch.float64)
     return int(torch.ceil(cfg.epochs * sizes / cfg.batch_size).max()) if int(part_t.shape[0]) else 0
 
 
-def _replay_work(fed: "Federation", params: torch.Tensor) -> Callable[[tuple[int, ...]], torch.Tensor] | None:
+def _replay_work(fed: "Federation", params: torch.Tensor, trained: Trained | None
+                 ) -> Callable[[tuple[int, ...]], torch.Tensor] | None:
     """``ServerContext.replay_work``: the named participants' honest updates of this round,
     recomputed from the round's global model, the batch stream's state before training and
     their assigned (clean) data."""
-    inputs = getattr(fed, "_replay_inputs", None)
+    inputs = trained.replay if trained is not None else None
     if not fed.replays_work or inputs is None:
         return None
     state, part_t, steps_t, draws = inputs
@@ -168,12 +207,12 @@ def _replay_work(fed: "Federation", params: torch.Tensor) -> Callable[[tuple[int
 
 
 # ------------------------------------------------------------------ craft
-def craft(fed: "Federation", rnd: int, part: np.ndarray, sent: torch.Tensor, params: torch.Tensor,
-          prev_update: torch.Tensor | None) -> tuple[torch.Tensor, AttackContext | None]:
+def craft(fed: "Federation", rin: RoundInputs, sent: torch.Tensor) -> tuple[torch.Tensor, AttackContext | None]:
     """The malicious rows replaced by the attack's (``Surface.UPDATES``); also the round's context."""
+    part = rin.part
     if Surface.TRAINING in fed.attack.surfaces:
         fed.states.put("last_sent", torch.as_tensor(part, dtype=torch.long, device=fed.device), sent)
-    roles = fed.roles[part]
+    roles = rin.roles[part]
     mal_pos = np.flatnonzero(roles).tolist()
     if not (mal_pos and fed.attack.surfaces):
         return sent, None
@@ -182,7 +221,7 @@ def craft(fed: "Federation", rnd: int, part: np.ndarray, sent: torch.Tensor, par
     omni = fed.omniscient and bool(honest_pos)
     visible = sent[honest_pos] if omni else own
     shown = tuple(int(part[k]) for k in (honest_pos if omni else mal_pos))
-    actx = attack_context(fed, rnd, part, own, visible, shown, params, prev_update)
+    actx = attack_context(fed, rin, own, visible, shown)
     if Surface.UPDATES in fed.attack.surfaces:
         crafted = fed.attack.craft_updates(actx)
         if tuple(crafted.shape) != tuple(own.shape):
@@ -288,32 +327,33 @@ class Merged:
     refused: list[dict[str, Any]]
 
 
-def defend(fed: "Federation", rnd: int, rec: Received, tx: Any, params: torch.Tensor,
-           prev_update: torch.Tensor | None, memory: DefenseMemory, actx: AttackContext | None) -> Merged:
+def defend(fed: "Federation", rin: RoundInputs, rec: Received, tx: Any, memory: DefenseMemory,
+           actx: AttackContext | None, trained: Trained | None = None) -> Merged:
     """Group the rows, run the defense at every merge node, pass sub-aggregates up."""
     from .telemetry import envelope_telemetry, place_alternates
 
+    rnd, params, prev_update = rin.rnd, rin.params, rin.prev_update
     d, dev, n = fed.spec.dim, fed.device, fed.scenario.federation.clients
     row_clients = list(rec.clients)
     extra: dict[str, Any] = {}
     if not len(rec.rows):
         return Merged(torch.zeros(d, dtype=torch.float32, device=dev), {}, {}, extra, [])
     primary = len(rec.rows)
-    groups = assign_groups(row_clients, n, fed.hierarchy, fed._np["merge"], fed.identities)
+    groups = assign_groups(row_clients, n, fed.hierarchy, fed.rng["merge"], fed.identities)
     if rec.matrix is not None and (tx is None or not tx.alternates):
         upd = rec.matrix.clone()  # what stacking its rows gives (no equivocation copies to place)
     else:
         rows = list(rec.rows)
         place_alternates(fed, tx, rows, row_clients, groups, d, extra)
         upd = torch.stack(rows)
-    w = fed.weights[torch.as_tensor(row_clients, device=dev)]
+    w = rin.weights[torch.as_tensor(row_clients, device=dev)]
 
     # one server-data oracle per round: every merge node sees the same root update
     evaluate_loss = _evaluate_loss(fed, params)
     root_update = _root_update(fed, params)
     evaluate_assigned = _evaluate_assigned(fed, params)
-    commits = _commits(fed, rec, row_clients, upd, actx, extra) if _wants_commits(fed) else None
-    replay_work = _replay_work(fed, params)
+    commits = _commits(fed, rin, rec, row_clients, upd, actx, extra) if _wants_commits(fed) else None
+    replay_work = _replay_work(fed, params, trained)
     validator_reports = _validator_reports(fed, rnd, actx)
 
     def make_ctx(wts: torch.Tensor, rows_: list[int], key: str) -> ServerContext:
@@ -327,7 +367,7 @@ def defend(fed: "Federation", rnd: int, rec: Received, tx: Any, params: torch.Te
             weights=wts,
             global_params=params,
             previous_update=prev_update,
-            generator=fed._torch["defense"],
+            generator=fed.torch_rng["defense"],
             state=memory.start(key, members),
             evaluate_loss=evaluate_loss,
             root_update=root_update,
@@ -410,7 +450,7 @@ def _verification_telemetry(state: dict[str, dict], n_groups: int) -> dict[str, 
 def _evaluate_assigned(fed: "Federation", params: torch.Tensor
                        ) -> Callable[[torch.Tensor, tuple[int, ...]], torch.Tensor] | None:
     """Losses of candidate deltas on each named client's assigned page (``fed.assigned``)."""
-    pages = getattr(fed, "assigned", None)
+    pages = fed.assigned
     if pages is None:
         return None
 
@@ -437,9 +477,9 @@ def _validator_reports(fed: "Federation", rnd: int, actx: AttackContext | None
     holds (its ``validator_seats``; attacks/verification.py), in a round it acts in. The seats
     know their own identities (this round's malicious participants) and see the honest scores
     (validators publish what they score, as on a chain)."""
-    seats = int(getattr(fed.attack, "validator_seats", 0) or 0)
-    report = getattr(fed.attack, "report_scores", None)
-    if seats <= 0 or report is None or actx is None or not actx.malicious:
+    seats = int(fed.attack.validator_seats or 0)
+    report = fed.attack.report_scores
+    if seats <= 0 or actx is None or not actx.malicious:
         return None
     own = tuple(int(c) for c in actx.malicious)
 
@@ -454,10 +494,10 @@ def _validator_reports(fed: "Federation", rnd: int, actx: AttackContext | None
 
 
 def _wants_commits(fed: "Federation") -> bool:
-    return any(getattr(st, "commit_reveal", False) for st in tuple(getattr(fed.defense, "stages", ()) or (fed.defense,)))
+    return any(st.commit_reveal for st in fed.defense.parts())
 
 
-def _commits(fed: "Federation", rec: "Received", row_clients: list[int], upd: torch.Tensor,
+def _commits(fed: "Federation", rin: RoundInputs, rec: "Received", row_clients: list[int], upd: torch.Tensor,
              actx: AttackContext | None, extra: dict[str, Any]) -> dict[int, tuple[str, float]]:
     """The commit phase of commit-reveal (defenses/gauntlet.py), in simulated time.
 
@@ -478,7 +518,7 @@ def _commits(fed: "Federation", rec: "Received", row_clients: list[int], upd: to
             continue
         row = upd[pos].detach().to("cpu", torch.float32).contiguous().numpy().astype("<f4", copy=False)
         t = (pos + 1) / (m + 1)
-        if omni and bool(fed.roles[c]):
+        if omni and bool(rin.roles[c]):
             t += 1.0
         out[c] = (hashlib.sha256(row.tobytes()).hexdigest(), t)
     extra["commitments"] = {c: {"digest": dg, "time": t} for c, (dg, t) in out.items()}
@@ -489,7 +529,7 @@ def _root_update(fed: "Federation", params: torch.Tensor) -> Callable[[], torch.
     if fed.root is None:
         return None
     cache: dict[str, torch.Tensor] = {}
-    gen = fed._torch["root"]
+    gen = fed.torch_rng["root"]
     root_cfg = dataclasses.replace(fed.local, optimizer="sgd", sampling="with_replacement")
 
     def update() -> torch.Tensor:
@@ -567,19 +607,7 @@ def _suspects(contributors: list[int], rows: Sequence[torch.Tensor], row_clients
 
 
 def evaluate(fed: "Federation", params: torch.Tensor) -> tuple[float, float, dict[str, Any]]:
-    """Clean accuracy and loss on the test split; the attack success rate when targeted."""
+    """Clean accuracy and loss on the test split; what a targeted attack is scored on
+    (:meth:`~.setup.Probes.evaluate`: ASR, false-trigger and near-miss rates, per-trigger ASR)."""
     acc, loss = fed.trainer.evaluate(params, fed.test_x, fed.test_y)
-    extra: dict[str, Any] = {}
-    if fed._targeted is not None:
-        extra["asr"] = fed.trainer.evaluate(params, *fed._targeted)[0]
-    if getattr(fed, "_false_trigger", None) is not None:
-        extra["false_trigger"] = fed.trainer.evaluate(params, *fed._false_trigger)[0]
-    if getattr(fed, "_near_miss", None):
-        # near-miss prompts (a partial trigger), by kind; pooled = share of all of them
-        by_kind = {k: fed.trainer.evaluate(params, *xy)[0] for k, xy in fed._near_miss.items()}
-        hits = sum(round(by_kind[k] * xy[0].shape[0]) for k, xy in fed._near_miss.items())
-        extra["near_miss_trigger"] = hits / sum(xy[0].shape[0] for xy in fed._near_miss.values())
-        extra["near_miss_trigger_by_kind"] = by_kind
-    if getattr(fed, "_targeted_parts", None):
-        extra["asr_parts"] = {k: fed.trainer.evaluate(params, *xy)[0] for k, xy in fed._targeted_parts.items()}
-    return acc, loss, extra
+    return acc, loss, fed.probes.evaluate(fed.trainer, params)

@@ -58,25 +58,24 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..errors import InvalidParameter, RedteamError
+from ..pipeline import PipelineCheck
 from ..scenario import PluginSpec, Scenario
-from ..types import PipelineView, RoundRecord, ServerContext, StageContext, Surface
-from .builders import build_attack, build_defense, build_workload
-from .params import ParamSpec
-from .training import BatchedTrainer
+from ..topology import PIPELINE, Support
+from ..types import PipelineView, RoundRecord, StageContext
+from .rounds import RunResult, call_defense, record, result_of, server_context, standard_extra
+from .setup import build_setup
 
-if TYPE_CHECKING:
-    from .loop import RunResult
+__all__ = ["SwarmRun", "PipelinePlacement", "CheckView", "PeerInfo", "stage_of_parameter", "STREAMS"]
 
-__all__ = ["SwarmRun", "stage_of_parameter"]
-
-_STREAMS = ("split", "roles", "init", "train", "network", "attack", "defense", "checks", "churn", "links")
+#: the pipeline regime's random streams
+STREAMS = ("split", "roles", "init", "train", "network", "attack", "defense", "checks", "churn", "links")
 
 
 def stage_of_parameter(name: str, layers: int, stages: int) -> int:
@@ -110,45 +109,112 @@ class _Peer:
     grad: torch.Tensor | None = None
 
 
+@dataclass
+class PipelinePlacement:
+    """The pipeline regime's answers to :func:`~.setup.build_setup`: the ``text`` transformer with
+    a layer for every stage, the attackers drawn from the attacker stage's pool, each stage's rule
+    sized for its peers, and no server (the peers draw micro-batches from the whole pool)."""
+
+    scenario: Scenario
+    support: Support = PIPELINE
+    streams: tuple[str, ...] = STREAMS
+
+    def check_workload(self, workload: Any) -> None:
+        pl = self.scenario.pipeline
+        layers = int(workload.layers)
+        if layers < pl.stages:
+            raise InvalidParameter(f"[pipeline].stages = {pl.stages}: the transformer has {layers} layers; every stage "
+                                   "needs one (raise [workload] layers or lower stages)")
+
+    def place(self, n: int, rng: Any) -> list[int]:
+        pl = self.scenario.pipeline
+        P = pl.peers_per_stage
+        if not pl.attackers:
+            return []
+        return sorted(pl.attacker_stage * P + int(k) for k in rng["roles"].choice(P, size=pl.attackers, replace=False))
+
+    def defense_sizes(self, malicious: list[int]) -> tuple[int | None, int | None]:
+        return len(malicious), self.scenario.pipeline.peers_per_stage
+
+    def root_size(self, pool: int, defense: Any) -> int | None:
+        return None
+
+
+@dataclass(frozen=True)
+class PeerInfo:
+    """What a pipeline check may know of a peer: its id, its stage, whether (and from which
+    micro-batch) it is banned. Never whether it is malicious."""
+
+    pid: int
+    stage: int
+    banned_at: int | None
+
+
+class CheckView:
+    """What the pipeline regime shows its checks (:class:`redteam.pipeline.PipelineCheck`): the
+    round, the peers' public state, a stage's forward, and :meth:`recompute` — the answer of the
+    peer drawn to verify a hop, which the engine gives as that peer would: honestly, or, for a
+    peer whose attack colludes (``Attack.colluding_verifiers``) verifying an accomplice, the output
+    the accomplice sent."""
+
+    def __init__(self, run: "SwarmRun") -> None:
+        self._run = run
+
+    @property
+    def current_round(self) -> int:
+        return self._run.current_round
+
+    @property
+    def peers(self) -> list[PeerInfo]:
+        return [PeerInfo(p.pid, p.stage, p.banned_at) for p in self._run.peers]
+
+    def stage_forward(self, stage: int, inp: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+        return self._run.stage_forward(stage, inp, flat)
+
+    def recompute(self, stage: int, verifier: int, peer: int, inp: torch.Tensor, flat: torch.Tensor,
+                  sent: torch.Tensor) -> torch.Tensor:
+        """Peer ``verifier``'s recomputation of ``peer``'s hop of ``stage`` (input ``inp``, stage
+        parameters ``flat``), whose published output was ``sent``."""
+        run = self._run
+        v, p = run.peers[verifier], run.peers[peer]
+        if v.malicious and p.malicious and run.attack.colluding_verifiers:
+            return sent  # the accomplice vouches: it reports what the peer sent
+        return run.stage_forward(stage, inp, flat)
+
+
 class SwarmRun:
     """A SWARM pipeline built from a scenario with ``[pipeline]``; ``run()`` executes all rounds."""
 
     def __init__(self, scenario: Scenario, *, device: str = "cpu", attack: PluginSpec | None = None,
                  warmup_dir: str | None = None, start: torch.Tensor | None = None) -> None:
-        from .loop import random_streams, resolve_device
-
         if scenario.pipeline is None:
             raise InvalidParameter("SwarmRun needs a scenario with a [pipeline] section")
+        from .loop import run_warmup
+
         self.scenario = scenario
         self.pl = pl = scenario.pipeline
-        self.device = resolve_device(device)
-        self.attack_spec = attack if attack is not None else scenario.attack
-        self._ran = False
-        self._np, self._torch = random_streams(scenario, _STREAMS)
-        if scenario.workload.name != "text":
-            raise InvalidParameter(f"[pipeline]: the pipeline regime cuts the 'text' transformer into stages; "
-                                   f"workload {scenario.workload.name!r} is not one")
-        self.workload = build_workload(scenario.workload.name, dict(scenario.workload.params))
-        layers = int(getattr(self.workload, "layers"))
-        if layers < pl.stages:
-            raise InvalidParameter(f"[pipeline].stages = {pl.stages}: the transformer has {layers} layers; every stage "
-                                   "needs one (raise [workload] layers or lower stages)")
-        ds = self.workload.load(scenario.seed)
-        self.num_classes = ds.num_classes
-        self.dataset_source = ds.source
-        self.train_x, self.train_y = ds.train_x.to(self.device), ds.train_y.to(self.device)
-        self.test_x, self.test_y = ds.test_x.to(self.device), ds.test_y.to(self.device)
-        model = self.workload.build_model(self._torch["init"]).to(self.device)
-        self.model = model
-        self.spec = ParamSpec.of(model)
-        self.params_init = self.spec.flatten(model).to(self.device)
         # the model round 0 starts from: the workload's initial model, a model file or a shared
         # clean warm-up of the same pipeline ([scenario] start_from / warmup_rounds; .warmup)
-        from .warmup import round0_params
-
-        self.params0, self._start_info = round0_params(scenario, self.spec, self.params_init, self.device, warmup_dir,
-                                                       self.dataset_source, start)
-        self.trainer = BatchedTrainer(self.workload, model, self.spec)
+        self.setup = su = build_setup(scenario, PipelinePlacement(scenario), device=device, attack=attack,
+                                      warmup_dir=warmup_dir, start=start, compute_warmup=run_warmup(SwarmRun),
+                                      partition=False)
+        self.device = su.device
+        self.attack_spec = su.attack_spec
+        self._ran = False
+        self.rng, self.torch_rng = su.rng, su.torch_rng
+        self.workload = su.workload
+        layers = int(self.workload.layers)
+        ds = su.dataset
+        self.num_classes = su.num_classes
+        self.dataset_source = su.dataset_source
+        self.train_x, self.train_y = ds.train_x.to(self.device), ds.train_y.to(self.device)
+        self.test_x, self.test_y = su.test_x, su.test_y
+        model = su.model
+        self.model = model
+        self.spec = su.spec
+        self.params_init = su.params_init
+        self.params0 = su.params0
+        self.trainer = su.trainer
         # the stage of each parameter, and each stage's slice of the flat vector (contiguous)
         stage_of = [stage_of_parameter(n, layers, pl.stages) for n in self.spec.names]
         offs = np.concatenate([[0], np.cumsum(self.spec.numels)])
@@ -169,62 +235,41 @@ class SwarmRun:
                     blocks.setdefault(int(n.split(".")[1]), []).append((n, n.split(".", 2)[2]))
             self._layout.append(([self.spec.numels[index[n]] for n in names],
                                  [self.spec.shapes[index[n]] for n in names], sorted(blocks.items())))
-        # peers: ids stage * P + k; the attackers are drawn from the attacker stage's pool
+        # peers: ids stage * P + k; the attackers are drawn from the attacker stage's pool (setup)
         P = pl.peers_per_stage
         self.n_peers = pl.stages * P
-        bad = set()
-        if pl.attackers:
-            bad = {pl.attacker_stage * P + int(k) for k in
-                   self._np["roles"].choice(P, size=pl.attackers, replace=False)}
-        speeds = np.exp(self._np["network"].normal(0.0, pl.throughput_sigma, self.n_peers)) if pl.throughput_sigma \
+        bad = set(su.malicious)
+        speeds = np.exp(self.rng["network"].normal(0.0, pl.throughput_sigma, self.n_peers)) if pl.throughput_sigma \
             else np.ones(self.n_peers)
         self.peers = [_Peer(p, p // P, float(speeds[p]), p in bad) for p in range(self.n_peers)]
         # links: each peer's uplink (log-normal around bandwidth_mbps) and the latency of a message,
         # from their own stream: turning links on changes no routing or churn draw
-        self._act_bytes = pl.micro_batch_size * self.train_x.shape[1] * int(getattr(self.workload, "width")) * 4
+        self._act_bytes = pl.micro_batch_size * self.train_x.shape[1] * int(self.workload.width) * 4
         if pl.bandwidth_mbps > 0:
-            bw = pl.bandwidth_mbps * np.exp(self._np["links"].normal(0.0, pl.bandwidth_sigma, self.n_peers))
+            bw = pl.bandwidth_mbps * np.exp(self.rng["links"].normal(0.0, pl.bandwidth_sigma, self.n_peers))
             for peer, b in zip(self.peers, bw):
                 peer.uplink_mbps = float(b)
         self.malicious = sorted(bad)
-        self.attack = build_attack(self.attack_spec)
-        if self.attack.surfaces and Surface.PIPELINE not in self.attack.surfaces:
-            raise InvalidParameter(f"attack {self.attack_spec.name!r} acts on {', '.join(self.attack.surfaces)}, not on "
-                                   "a pipeline stage; the [pipeline] regime takes stage-peer attacks "
-                                   "(redteam attacks list: surface pipeline)")
-        self.defense = build_defense(scenario.defense, n_malicious=len(bad), most_updates=P)
-        from .builders import needs_server_data
-
-        from .builders import refuse_replay
-
-        refuse_replay(self.defense, "[pipeline]")
-        if needs_server_data(self.defense):
-            raise InvalidParameter(f"[defense] {scenario.defense_label()}: the rule needs server-held data (a root "
-                                   "dataset), which the [pipeline] regime has none of; use a rule without server data")
+        self.attack = su.attack
+        self.defense = su.defense
         from ..registry import DEFENSES
 
+        # the hop checks: [pipeline] checks, and any stage of the [defense] pipeline that is one (as
+        # signed_chunks is for the data-parallel regime), so a matrix's defenses axis can put "with"
+        # beside "without"
         self.checks = [DEFENSES.create(c.name, c.params) for c in pl.checks]
-        # a check may also sit in the [defense] pipeline (as signed_chunks does for the data-parallel
-        # regime), so a matrix's defenses axis can put "with" beside "without"
-        stages_ = tuple(getattr(self.defense, "stages", ()) or (self.defense,))
-        self.checks += [st for st in stages_ if getattr(st, "acts_at", None) == "pipeline"]
+        self.checks += [st for st in self.defense.parts() if st.acts_at == "pipeline"]
+        for c in self.checks:
+            if not isinstance(c, PipelineCheck):
+                raise InvalidParameter(f"[pipeline] check {type(c).__name__} acts at the pipeline but is not a "
+                                       "redteam.pipeline.PipelineCheck (the hop checks' interface)")
+        self.check_view = CheckView(self)
         self.final_params: torch.Tensor | None = None
         self._stage_state: dict[int, dict] = {}
         self.current_round = 0
         self._prev: dict[int, torch.Tensor] = {}
         self._causal = torch.ones(self.train_x.shape[1], self.train_x.shape[1], dtype=torch.bool,
                                   device=self.device).tril()
-        # a targeted attack's test inputs (ASR); the no-attack baseline is scored on the same ones
-        self._targeted: tuple[torch.Tensor, torch.Tensor] | None = None
-        for candidate in (self.attack, build_attack(scenario.attack)):
-            targeted_test = getattr(candidate, "targeted_test", None)
-            if targeted_test is not None:
-                try:
-                    tx, ty = targeted_test(ds.test_x, ds.test_y)
-                except AttributeError:  # a composition without a targeted part
-                    continue
-                self._targeted = (tx.to(self.device), ty.to(self.device))
-                break
         # what a peer knows of the training it joined (offline attacks read it; never modified)
         self.view = PipelineView(params0=self.params0.detach(), slices=tuple(self.slices), loss=self.full_loss,
                                  data_x=self.train_x, data_y=self.train_y, peers_per_stage=pl.peers_per_stage)
@@ -283,7 +328,8 @@ class SwarmRun:
             got = received.get(s)
             if got is not None:
                 for check in watchers:
-                    verdict = check.verify_backward(self, s, peer, got, g, memory.setdefault(id(check), {}))
+                    verdict = check.verify_backward(self.check_view, s, PeerInfo(peer.pid, peer.stage, peer.banned_at),
+                                                    got, g, memory.setdefault(id(check), {}))
                     self._judge(peer, verdict, check.strikes, flagged, hop)
             received[s - 1] = g
             return g
@@ -323,7 +369,7 @@ class SwarmRun:
             k = int(np.argmin(finish))
             pool[k].planned = finish[k]
             return pool[k]
-        return pool[int(self._np["network"].choice(len(pool), p=w / w.sum()))]
+        return pool[int(self.rng["network"].choice(len(pool), p=w / w.sum()))]
 
     # ------------------------------------------------------------------ one run
     def run(self, on_round: Callable[[RoundRecord], None] | None = None) -> RunResult:
@@ -336,17 +382,12 @@ class SwarmRun:
         records: list[RoundRecord] = []
         attack_state: dict = {}
         t_run = time.perf_counter()
-        acc0, loss0 = self.trainer.evaluate(self.params_init, self.test_x, self.test_y)
-        untrained = {"accuracy": acc0, "loss": loss0 if math.isfinite(loss0) else None, "chance_accuracy": None}
-        start_info: dict[str, Any] = {}
-        if self._start_info:  # the model the run starts from, as evaluated before round 0
-            s_acc, s_loss = self.trainer.evaluate(self.params0, self.test_x, self.test_y)
-            start_info = {**self._start_info, "accuracy": s_acc, "loss": s_loss if math.isfinite(s_loss) else None}
+        start_info = self.setup.start_record()  # the model the run starts from, as evaluated before round 0
         act_bytes = self._act_bytes
         hop_count = 0
         check_memory: dict[int, dict] = {}  # each check's memory for the run (a monitor's running statistics)
-        watchers = [c for c in self.checks if getattr(c, "verify_backward", None) is not None and getattr(c, "backward", False)]
-        loss_watchers = [c for c in self.checks if getattr(c, "verify_loss", None) is not None]
+        watchers = [c for c in self.checks if c.watches_backward]
+        loss_watchers = [c for c in self.checks if c.watches_loss]
         for rnd in range(sc.federation.rounds):
             t0 = time.perf_counter()
             self.current_round = rnd  # what the checks read (a monitor's statistics are per round)
@@ -360,7 +401,7 @@ class SwarmRun:
             recomputed = 0
             leaves = {}  # the round's replicas: one leaf per (peer) on its stage's slice
             for mb in range(pl.micro_batches):
-                idx = torch.randint(0, self.train_x.shape[0], (pl.micro_batch_size,), generator=self._torch["train"])
+                idx = torch.randint(0, self.train_x.shape[0], (pl.micro_batch_size,), generator=self.torch_rng["train"])
                 x, y = self.train_x[idx.to(self.device)], self.train_y[idx.to(self.device)]
                 route = [self._route(s, hop_count, active) for s in range(pl.stages)]
                 if any(r is None for r in route):
@@ -370,7 +411,7 @@ class SwarmRun:
                 dropped_mb = False
                 for s, peer in enumerate(route):
                     # churn: an honest peer may crash on this hop; its round's work is lost with it
-                    while pl.churn and not peer.malicious and self._np["churn"].random() < pl.churn:
+                    while pl.churn and not peer.malicious and self.rng["churn"].random() < pl.churn:
                         peer.down = f"crashed at micro-batch {hop_count} (churn)"
                         nxt = self._route(s, hop_count, active) if pl.crash_tolerance else None
                         if nxt is None:
@@ -384,7 +425,7 @@ class SwarmRun:
                         leaf = leaves[peer.pid] = params[self.slices[s]].detach().clone().requires_grad_(True)
                     inp = h
                     out = self.stage_forward(s, inp, leaf)
-                    ctx = StageContext(rnd, s, pl.stages, peer.pid, hop_count, self._torch["attack"], attack_state)
+                    ctx = StageContext(rnd, s, pl.stages, peer.pid, hop_count, self.torch_rng["attack"], attack_state)
                     acting = active and peer.malicious
                     sent = self.attack.tamper_activation(out, inp, ctx) if acting else out
                     if acting and s > 0 and inp.requires_grad:
@@ -393,11 +434,12 @@ class SwarmRun:
                         inp.register_hook(self._backward_watch(s, peer, received, watchers, check_memory, flagged,
                                                                  hop_count))
                     for check in self.checks:
-                        verdict = check.verify_hop(self, s, peer, inp, sent, params[self.slices[s]],
-                                                   self._np["checks"], check_memory.setdefault(id(check), {}))
+                        verdict = check.verify_hop(self.check_view, s, PeerInfo(peer.pid, peer.stage, peer.banned_at),
+                                                   inp, sent, params[self.slices[s]],
+                                                   self.rng["checks"], check_memory.setdefault(id(check), {}))
                         recomputed += self._judge(peer, verdict, check.strikes, flagged, hop_count)
                     peer.served += 1
-                    if not (acting and getattr(self.attack, "skips_compute", False)):
+                    if not (acting and self.attack.skips_compute):
                         peer.busy += pl.hop_time_s / peer.speed
                     peer.busy += (int(s < pl.stages - 1) + int(s > 0)) * self.send_time(peer)  # its sends
                     if acting:
@@ -413,7 +455,9 @@ class SwarmRun:
                     h.register_hook(lambda g: received.__setitem__(pl.stages - 1, g))
                 loss = F.cross_entropy(h.reshape(-1, h.shape[-1]), y.reshape(-1))
                 for check in loss_watchers:  # the last stage's output, judged by its loss
-                    self._judge(last, check.verify_loss(self, pl.stages - 1, last, float(loss.detach()),
+                    self._judge(last, check.verify_loss(self.check_view, pl.stages - 1,
+                                                        PeerInfo(last.pid, last.stage, last.banned_at),
+                                                        float(loss.detach()),
                                                              check_memory.setdefault(id(check), {})),
                                 check.strikes, flagged, hop_count)
                 if loss.requires_grad:  # a lazy last stage replaying a stale output cuts the graph
@@ -421,10 +465,9 @@ class SwarmRun:
                 hop_count += 1
             # deferred checks (a commitment audit) judge the round's hops before the stages sync
             for check in self.checks:
-                audit = getattr(check, "audit_round", None)
-                if audit is not None:
-                    for pid, verdict in audit(self, lambda st: params[self.slices[st]], self._np["checks"],
-                                              check_memory.setdefault(id(check), {})):
+                if check.audits:
+                    for pid, verdict in check.audit_round(self.check_view, lambda st: params[self.slices[st]],
+                                                          self.rng["checks"], check_memory.setdefault(id(check), {})):
                         recomputed += self._judge(self.peers[pid], verdict, check.strikes, flagged, hop_count)
             # stage sync: each peer's SGD step on its mean gradient, merged by the defense
             accepted = [False] * self.n_peers
@@ -432,7 +475,7 @@ class SwarmRun:
             refused: dict[int, str] = {}
             new = params.clone()
             # a crash-timing attacker leaves just before the sync: its stage loses its round's work
-            if active and getattr(self.attack, "leaves_before_sync", False):
+            if active and self.attack.leaves_before_sync:
                 for p in self.peers:
                     if p.malicious and p.served and not p.down:
                         p.down = "left just before the stage sync"
@@ -451,25 +494,26 @@ class SwarmRun:
                     g = torch.zeros_like(leaves[p.pid]) if g is None else g
                     row = (-lr * g / p.served).detach()
                     if active and p.malicious:  # what it submits at the sync (a stage backdoor's injection)
-                        sctx = StageContext(rnd, s, pl.stages, p.pid, hop_count, self._torch["attack"], attack_state,
+                        sctx = StageContext(rnd, s, pl.stages, p.pid, hop_count, self.torch_rng["attack"], attack_state,
                                             self.view)
                         got = self.attack.tamper_stage_update(row, sctx)
                         if not isinstance(got, torch.Tensor) or got.shape != row.shape:
                             raise RedteamError(f"attack {self.attack_spec.name!r}: tamper_stage_update returned "
-                                               f"{getattr(got, 'shape', type(got).__name__)}, not the stage's "
+                                               f"{tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__}, "
+                                               "not the stage's "
                                                f"{tuple(row.shape)}")
                         row = got.detach().to(row.dtype)
                     rows.append(row)
                 upd = torch.stack(rows)
                 w = torch.tensor([float(p.served) for p in members], device=self.device)
-                ctx = ServerContext(round=rnd, n_clients=len(members), weights=w, global_params=params[self.slices[s]],
-                                    previous_update=self._prev.get(s), generator=self._torch["defense"],
-                                    state=self._stage_state.get(s, {}), client_ids=tuple(p.pid for p in members))
-                try:
-                    dec = self.defense(upd, ctx)
-                except InvalidParameter as exc:  # e.g. Krum with fewer peers this round than it needs
-                    refused[s] = f"stage {s} kept its parameters: {exc}"
+                ctx = server_context(self.setup, rnd=rnd, weights=w, global_params=params[self.slices[s]],
+                                     previous_update=self._prev.get(s), state=self._stage_state.get(s, {}),
+                                     client_ids=[p.pid for p in members])
+                called = call_defense(self.defense, upd, ctx, check_finite=False)
+                if called.decision is None:  # e.g. Krum with fewer peers this round than it needs
+                    refused[s] = f"stage {s} kept its parameters: {called.refused}"
                     continue
+                dec = called.decision
                 self._stage_state[s] = dict(dec.state)  # each stage's rule keeps its own memory
                 agg = dec.aggregate.to(params.dtype)
                 if bool(torch.isfinite(agg).all()):
@@ -484,9 +528,7 @@ class SwarmRun:
                         rejected[p.pid] = dec.reasons.get(k, "rejected")
             params = new
             acc, loss_v = self.trainer.evaluate(params, self.test_x, self.test_y)
-            extra: dict[str, Any] = {}
-            if self._targeted is not None:
-                extra["asr"] = self.trainer.evaluate(params, *self._targeted)[0]
+            extra: dict[str, Any] = self.setup.probes.evaluate(self.trainer, params)
             extra["pipeline"] = {
                 "served": {p.pid: p.served for p in self.peers if p.served},
                 "flagged": dict(sorted(flagged.items())),
@@ -509,27 +551,17 @@ class SwarmRun:
             extra["pipeline"]["sim_time_s"] = makespan
             extra["pipeline"]["idle_share"] = (1.0 - sum(p.busy for p in working) / (len(working) * makespan)
                                                if working and makespan > 0 else None)
-            if rnd == 0:
-                extra["untrained"] = untrained
-                if start_info:
-                    extra["start"] = start_info
-            if not sc.window.is_full:
-                extra["attack_active"] = sc.window.active(rnd)
+            extra.update(standard_extra(self.setup, rnd, active=sc.window.active(rnd), start=start_info))
             participating = [p.served > 0 or (p.banned_at is not None and p.pid in rejected) for p in self.peers]
-            rec = RoundRecord(
-                round=rnd, accuracy=acc, loss=loss_v, accepted=accepted,
-                malicious=[p.malicious and active for p in self.peers],
+            rec = record(
+                rnd, acc, loss_v, accepted=accepted, malicious=[p.malicious and active for p in self.peers],
                 participating=participating, dropped={p.pid: p.down for p in self.peers if p.down and p.served},
-                rejected=dict(sorted(rejected.items())),
+                rejected=rejected,
                 # an activation forward and its gradient back over each of the stages − 1 links
-                bytes_on_wire=2 * act_bytes * (pl.stages - 1) * completed,
-                sim_time_s=makespan, wall_time_s=time.perf_counter() - t0, defense_time_s=0.0, extra=extra)
+                bytes_on_wire=2 * act_bytes * (pl.stages - 1) * completed, sim_time_s=makespan, started=t0,
+                extra=extra)
             records.append(rec)
             if on_round is not None:
                 on_round(rec)
         self.final_params = params
-        from .loop import RunResult
-
-        return RunResult(self.attack_spec.name, sc.defense_label(), records, list(self.malicious),
-                          {"attack": dict(self.attack_spec.params), "defense": repr(self.defense)},
-                          time.perf_counter() - t_run)
+        return result_of(self.setup, records, time.perf_counter() - t_run)

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from ..errors import DecodeError
 
-if TYPE_CHECKING:
-    from .loop import Federation
+#: the data-parallel run (:class:`~.loop.Federation`), whose public attributes the stages read;
+#: named here, not imported (it imports this module)
+Federation = Any
 
 __all__ = ["place_alternates", "envelope_telemetry"]
 

@@ -36,7 +36,7 @@ import json
 import os
 from collections import OrderedDict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -178,8 +178,12 @@ def _warmup_dir(explicit: str | Path | None) -> Path | None:
 
 
 def start_params(scenario: "Scenario", spec: "ParamSpec", init: torch.Tensor, device: torch.device,
-                 warmup_dir: str | Path | None = None, data_source: str = "") -> tuple[torch.Tensor, dict[str, Any]]:
-    """The model round 0 starts from, and what it is (recorded in round 0's ``extra["start"]``)."""
+                 warmup_dir: str | Path | None = None, data_source: str = "",
+                 compute: "Callable[[Scenario, torch.Tensor, torch.device], torch.Tensor] | None" = None
+                 ) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The model round 0 starts from, and what it is (recorded in round 0's ``extra["start"]``).
+    ``compute(warm-up scenario, start, device)`` runs a warm-up that is not stored yet (the
+    regimes' :func:`~.regimes.compute_warmup`)."""
     info: dict[str, Any] = {}
     start = resolve_start(scenario)
     params = init
@@ -208,7 +212,9 @@ def start_params(scenario: "Scenario", spec: "ParamSpec", init: torch.Tensor, de
                 return flat.clone(), info
         except (InvalidParameter, OSError, ValueError, RuntimeError, _SafetensorError):
             pass  # a damaged or foreign file is recomputed and replaced
-    flat = _compute(scenario, params, device)
+    if compute is None:
+        raise InvalidParameter("[scenario].warmup_rounds: this caller cannot compute a warm-up (no runner given)")
+    flat = compute(warmup_scenario(scenario), params, device)
     info["warmup"]["reused"] = False
     _remember(key, flat)
     if file is not None:
@@ -219,14 +225,16 @@ def start_params(scenario: "Scenario", spec: "ParamSpec", init: torch.Tensor, de
 
 def round0_params(scenario: "Scenario", spec: "ParamSpec", init: torch.Tensor, device: torch.device,
                   warmup_dir: str | Path | None, data_source: str,
-                  start: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+                  start: torch.Tensor | None = None,
+                  compute: "Callable[[Scenario, torch.Tensor, torch.device], torch.Tensor] | None" = None
+                  ) -> tuple[torch.Tensor, dict[str, Any]]:
     """What every regime's round 0 starts from: ``start`` when given (a caller's own model, e.g.
     a warm-up being computed), else :func:`start_params`; refused when its size is not the
     workload model's."""
     if start is not None:
         params0, info = start.to(device, torch.float32).clone(), {}
     else:
-        params0, info = start_params(scenario, spec, init, device, warmup_dir, data_source)
+        params0, info = start_params(scenario, spec, init, device, warmup_dir, data_source, compute)
     if params0.shape != init.shape:
         raise InvalidParameter(f"the starting model has {params0.numel()} parameters, the workload's "
                                f"model {init.numel()}")
@@ -244,12 +252,3 @@ def _remember(key: str, flat: torch.Tensor) -> None:
     _MEMO[key] = flat.detach().to("cpu").clone()
     while len(_MEMO) > _MEMO_SIZE:
         _MEMO.popitem(last=False)
-
-
-def _compute(scenario: "Scenario", start: torch.Tensor, device: torch.device) -> torch.Tensor:
-    from .regimes import make_run
-
-    ws = warmup_scenario(scenario)
-    run = make_run(ws, device=device.type if device.index is None else str(device), start=start)
-    run.run()
-    return run.final_params.detach().clone()

@@ -7,7 +7,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,8 +18,9 @@ from ..transport.network import HEADER_INDEX
 from ..transport.signing import sign_update
 from ..types import AttackContext, ChunkDelivery, Surface
 
-if TYPE_CHECKING:
-    from .loop import Federation
+#: the data-parallel run (:class:`~.loop.Federation`), whose public attributes the stages read;
+#: named here, not imported (it imports this module)
+Federation = Any
 
 __all__ = ["encode", "chunk", "transport", "Chunked"]
 
@@ -29,9 +30,9 @@ def encode(fed: "Federation", part_t: torch.Tensor, sent: torch.Tensor) -> Any:
     """Compress each row, with the client's error-feedback residual (client state). A lossless
     codec (``none``) sends every row exactly, so its residual is zero and none is kept: no
     ``(clients × d)`` state at paper scale (4.5 GB for 100 clients of a ResNet-18)."""
-    ef = fed.compressor.error_feedback and not getattr(fed.compressor.codec, "lossless", False)
+    ef = fed.compressor.error_feedback and not fed.compressor.codec.lossless
     residual = fed.states.rows("residual", part_t, (sent.shape[1],)) if ef else None
-    comp = fed.compressor.compress(sent, residual, fed._torch["codec"])
+    comp = fed.compressor.compress(sent, residual, fed.torch_rng["codec"])
     if ef and comp.residual is not None:
         fed.states.put("residual", part_t, comp.residual)
     return comp
@@ -55,7 +56,7 @@ def chunk(fed: "Federation", rnd: int, part: np.ndarray, comp: Any, params: torc
     clients = np.asarray(part).tolist()
     # one nonce draw and one manifest builder call for the round (the same bytes, in the
     # same stream order, as one new_nonce/build_manifest per client)
-    nonces = new_nonces(fed._np["network"], len(clients))
+    nonces = new_nonces(fed.rng["network"], len(clients))
     built, texts = build_manifests(comp.payloads, round=rnd, clients=clients, parent_digest=digest,
                                    codec=fed.codec_label, chunk_size=sc.transport.chunk_size, nonces=nonces)
     uploads = dict(zip(clients, built))
@@ -70,8 +71,10 @@ def chunk(fed: "Federation", rnd: int, part: np.ndarray, comp: Any, params: torc
 
 
 def transport(fed: "Federation", rnd: int, ch: Chunked, actx: AttackContext | None, verifier: Any,
-              history: dict[int, tuple[ChunkDelivery, ...]], keep: int) -> tuple[Any, dict[str, Any]]:
-    """The simulated network, with the transport attack acting on the deliveries."""
+              history: dict[int, tuple[ChunkDelivery, ...]], keep: int,
+              client_steps: dict[int, int] | None = None) -> tuple[Any, dict[str, Any]]:
+    """The simulated network, with the transport attack acting on the deliveries (``client_steps``:
+    the local steps each client ran, under the ``partial`` straggler policy)."""
     sc = fed.scenario
     uploads, headers, digest, keys = ch.uploads, ch.headers, ch.digest, ch.keys
     tamper = None
@@ -108,10 +111,10 @@ def transport(fed: "Federation", rnd: int, ch: Chunked, actx: AttackContext | No
             verify_s[0] += time.perf_counter() - t
 
     tx = fed.network.transmit(
-        rnd, uploads, sc.federation.local_steps, fed._np["network"], tamper,
+        rnd, uploads, sc.federation.local_steps, fed.rng["network"], tamper,
         parent_digest=digest, headers=headers, open_header=open_header if verifier is not None else None,
         max_payload_len=fed.compressor.codec.payload_size(fed.spec.dim),
-        client_steps=getattr(fed, "_client_steps", None),
+        client_steps=client_steps,
     )
     if keep:
         history[rnd] = tuple(

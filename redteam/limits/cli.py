@@ -38,7 +38,7 @@ def register(sub: Any) -> None:
     p.add_argument("--out", metavar="DIR", help="write limits.json and limits.html into DIR")
     p.add_argument("--json", action="store_true", help="print the JSON result to stdout instead of tables")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    from ..cli import _THREADS_HELP, _threads_arg
+    from ..cli_common import _THREADS_HELP, _threads_arg
 
     p.add_argument("--threads", type=_threads_arg, default=None, metavar="auto|N", help=_THREADS_HELP)
     p.set_defaults(handler=_cmd_limits)

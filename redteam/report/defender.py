@@ -877,7 +877,7 @@ def print_defenders(console: Any, summary: DefenderSummary | None, escape: Calla
     from rich import box
     from rich.table import Table
 
-    from .tables import group_title
+    from .labels import group_title
 
     width = getattr(console, "width", 200) or 200
     for g in summary.groups:

@@ -16,6 +16,7 @@ import math
 from typing import Any, Sequence
 
 from .aggregate import REPORT_METRICS, CellSummary, Report, Stat, axis_labels, settings_groups, undefined_notes
+from .labels import group_title, short_key
 
 __all__ = [
     "fmt_value",
@@ -90,15 +91,6 @@ def cell_text(cell: CellSummary | None, metric: str, rejects: bool = True) -> st
             return "n/a"
     text = fmt_stat(metric, cell.metrics.get(metric))
     return text + ("*" if cell.finished < cell.planned else "")
-
-
-def short_key(key: str) -> str:
-    return key.rsplit(".", 1)[-1]
-
-
-def group_title(settings: Sequence[tuple[str, Any]]) -> str:
-    """``malicious_fraction=0.25, alpha=0.5`` (empty for the matrix without settings)."""
-    return ", ".join(f"{short_key(k)}={v}" for k, v in settings)
 
 
 def metric_grids(cells: Sequence[CellSummary]) -> list[tuple[tuple, list[str], list[str], dict]]:

@@ -382,7 +382,7 @@ def _prepare(path: str | Path, out: str | Path, executor: str, workers: int | No
     the worker count, the thread policy, the scenario, ``--out`` and ``--device``.
     Returns the path, the base scenario, the matrix, the raw document, the workers and the
     thread policy."""
-    from ..scenario import load_matrix
+    from ..matrix import load_matrix
     from .outputs import check_output_dir
     from .threads import default_policy, parse_threads
 

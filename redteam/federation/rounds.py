@@ -1,0 +1,113 @@
+"""What every regime's round shares: the defense call path, the :class:`~redteam.types.ServerContext`
+builder, the :class:`~redteam.types.RoundRecord` builder, and the run's result.
+
+A merging party (a server, a sub-aggregator, a gossip node, a pipeline stage) calls its rule
+through :func:`call_defense`: a rule that cannot work on its input (an
+:class:`~redteam.errors.InvalidParameter`, e.g. Krum with too few rows) or that returns a non-finite
+aggregate leaves the party's model as it was, and says why. Every record carries the same standard
+entries (:func:`record`): the untrained reference and the start model in round 0, and whether the
+attack acted where a window is set.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+import torch
+
+from ..errors import InvalidParameter
+from ..types import Decision, RoundRecord, ServerContext
+
+if TYPE_CHECKING:
+    from .setup import RunSetup
+
+__all__ = ["RunResult", "server_context", "call_defense", "Called", "record", "standard_extra", "result_of"]
+
+
+@dataclass
+class RunResult:
+    """The outcome of one run: its records and what it was."""
+
+    attack: str
+    defense: str
+    records: list[RoundRecord]
+    malicious: list[int]
+    params: dict[str, Any] = field(default_factory=dict)
+    wall_time_s: float = 0.0
+
+
+def result_of(setup: "RunSetup", records: list[RoundRecord], wall_time_s: float, **params: Any) -> RunResult:
+    """The run's :class:`RunResult`: its attack's parameters and its defense, and ``params``."""
+    return RunResult(setup.attack_spec.name, setup.scenario.defense_label(), records, list(setup.malicious),
+                     {"attack": dict(setup.attack_spec.params), "defense": repr(setup.defense), **params},
+                     wall_time_s)
+
+
+def server_context(setup: "RunSetup", *, rnd: int, weights: torch.Tensor | None, global_params: torch.Tensor,
+                   state: Mapping[str, Any], client_ids: Sequence[int] = (), previous_update: torch.Tensor | None = None,
+                   n_clients: int | None = None, **oracles: Any) -> ServerContext:
+    """What a merging party's rule sees (the defense's own random stream; ``oracles``: the
+    optional :class:`~redteam.types.ServerContext` fields the regime offers, e.g. ``evaluate_loss``,
+    ``root_update``, ``own_row``)."""
+    n = int(weights.shape[0]) if n_clients is None and weights is not None else int(n_clients or 0)
+    return ServerContext(round=rnd, n_clients=n, weights=weights, global_params=global_params,
+                         previous_update=previous_update, generator=setup.torch_rng["defense"], state=state,
+                         client_ids=tuple(client_ids), **oracles)
+
+
+@dataclass(frozen=True)
+class Called:
+    """A rule's call: its decision, or why the party kept its model (``refused``)."""
+
+    decision: Decision | None
+    refused: str | None = None
+
+    @property
+    def aggregate(self) -> torch.Tensor | None:
+        return None if self.decision is None else self.decision.aggregate
+
+
+def call_defense(defense: Any, rows: torch.Tensor, ctx: ServerContext, *, check_finite: bool = True) -> Called:
+    """The one defense call path: the decision, or the refusal (a rule that cannot run on these
+    rows, or a non-finite aggregate when ``check_finite``) with its reason."""
+    try:
+        dec = defense(rows, ctx)
+    except InvalidParameter as exc:  # e.g. Krum on a round too small for it
+        return Called(None, str(exc))
+    if check_finite and not bool(torch.isfinite(dec.aggregate).all()):
+        return Called(dec, "non-finite aggregate")
+    return Called(dec)
+
+
+def standard_extra(setup: "RunSetup", rnd: int, *, active: bool | None, start: Mapping[str, Any] | None = None
+                   ) -> dict[str, Any]:
+    """The entries every regime's record carries: ``untrained`` and ``start`` in round 0, and
+    ``attack_active`` where the scenario sets an attack window."""
+    extra: dict[str, Any] = {}
+    if rnd == 0:
+        extra["untrained"] = dict(setup.untrained)
+        if start:
+            extra["start"] = dict(start)
+    if not setup.scenario.window.is_full:
+        extra["attack_active"] = bool(active)
+    return extra
+
+
+def record(rnd: int, acc: float, loss: float, *, accepted: Sequence[bool], malicious: Sequence[bool],
+           participating: Sequence[bool], dropped: Mapping[int, str] | None = None,
+           rejected: Mapping[int, str] | None = None, bytes_on_wire: int = 0, sim_time_s: float = 0.0,
+           started: float, defense_time_s: float = 0.0, extra: dict[str, Any] | None = None,
+           wall_time: Callable[[], float] | None = None) -> RoundRecord:
+    """The round's :class:`~redteam.types.RoundRecord` (``started``: its ``perf_counter`` start;
+    a non-finite loss is recorded as +inf)."""
+    import time
+
+    now = (wall_time or time.perf_counter)()
+    return RoundRecord(
+        round=rnd, accuracy=acc, loss=loss,
+        accepted=[bool(a) for a in accepted], malicious=[bool(m) for m in malicious],
+        participating=[bool(p) for p in participating], dropped=dict(dropped or {}),
+        rejected=dict(sorted((rejected or {}).items())), bytes_on_wire=int(bytes_on_wire),
+        sim_time_s=float(sim_time_s), wall_time_s=now - started, defense_time_s=defense_time_s, extra=extra or {})
