@@ -36,9 +36,14 @@ def test_data_and_update_surfaces_and_targeted_test():
 
 
 def test_untargeted_composition_has_no_targeted_test():
-    atk = redteam.attack("compose", attacks=[{"name": "sign_flip"}])
-    with pytest.raises(AttributeError):
-        atk.targeted_test(torch.zeros(2, 64), torch.zeros(2, dtype=torch.long))
+    # issue 32: every attack answers targeted_test (None: not targeted); it used to raise
+    # AttributeError, which crashed the gossip regime on compose(sign_flip, ipm)
+    atk = redteam.attack("compose", attacks=[{"name": "sign_flip"}, {"name": "ipm"}])
+    x, y = torch.zeros(2, 64), torch.zeros(2, dtype=torch.long)
+    assert atk.targeted_test(x, y) is None and atk.clean_test(x, y) is None and atk.targeted_parts(x, y) is None
+    both = redteam.attack("compose", attacks=[{"name": "sign_flip"}, {"name": "backdoor", "target": 1}])
+    tx, ty = both.targeted_test(torch.rand(4, 64), torch.zeros(4, dtype=torch.long))
+    assert bool((ty == 1).all()) and tx.shape[1] == 64
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,8 @@ one short federation on the ``text`` workload."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -18,6 +20,7 @@ from attacks.llm import TriggerPhrase
 from redteam.errors import InvalidParameter
 from redteam.federation.loop import Federation
 from redteam.federation.params import ParamSpec
+from redteam.federation.setup import Probes
 from redteam.federation.stages import evaluate
 from redteam.federation.training import BatchedTrainer
 from redteam.runner.single import run_scenario
@@ -151,8 +154,10 @@ def test_near_miss_rate_of_a_model_that_fires_on_every_equals_sign() -> None:
     assert {k: v[0].shape[0] for k, v in near.items()} == {"prefix": 8, "suffix": 7, "last": 8}
     model = _eq_model()
     spec = ParamSpec.of(model)
-    fed = SimpleNamespace(trainer=BatchedTrainer(TextLM(), model, spec), test_x=x, test_y=y,
-                          _targeted=atk.targeted_test(x, y), _false_trigger=atk.clean_test(x, y), _near_miss=near)
+    dev = torch.device("cpu")
+    probes = Probes.of((atk,), x, y, dev)
+    assert set(probes.near_miss) == set(near)
+    fed = SimpleNamespace(trainer=BatchedTrainer(TextLM(), model, spec), test_x=x, test_y=y, probes=probes)
     _, _, extra = evaluate(fed, spec.flatten(model))
     assert extra["asr"] == 1.0  # every prompt ending in the trigger ends in "="
     assert extra["false_trigger"] == 2 / 8  # the clean prompts of windows 1 and 5 end in "="
@@ -169,7 +174,8 @@ def test_near_miss_rate_of_a_model_that_fires_on_every_equals_sign() -> None:
     _, _, e0 = evaluate(SimpleNamespace(**{**vars(fed), "trainer": BatchedTrainer(TextLM(), silent, spec)}),
                         spec.flatten(silent))
     assert e0["near_miss_trigger"] == 0.0
-    _, _, e1 = evaluate(SimpleNamespace(**{**vars(fed), "_near_miss": {}}), spec.flatten(model))
+    no_near = dataclasses.replace(probes, near_miss={})
+    _, _, e1 = evaluate(SimpleNamespace(**{**vars(fed), "probes": no_near}), spec.flatten(model))
     assert "near_miss_trigger" not in e1 and "near_miss_trigger_by_kind" not in e1
     assert language_model([RoundRecord(round=0, accuracy=0.0, loss=1.0, accepted=[True], malicious=[False],
                                        participating=[True], extra=e1)])["near_miss_trigger_rate"] is None
@@ -209,8 +215,8 @@ def test_federation_reports_the_near_miss_rate(tmp_path: Path) -> None:
     fed = Federation(sc)
     # the prompts are the attack's, built from the held-out windows
     want = TriggerPhrase(near_miss_prompts=16).near_miss_test(fed.test_x.cpu(), fed.test_y.cpu())
-    assert list(fed._near_miss) == list(want) == ["prefix", "suffix", "last"]
-    assert all(torch.equal(fed._near_miss[k][0].cpu(), want[k][0]) for k in want)
+    assert list(fed.probes.near_miss) == list(want) == ["prefix", "suffix", "last"]
+    assert all(torch.equal(fed.probes.near_miss[k][0].cpu(), want[k][0]) for k in want)
     doc = run_scenario(sc)
     assert [r["baseline"] for r in doc["runs"]] == [True, False]
     for run in doc["runs"]:  # the clean baseline is scored on the same prompts
@@ -221,7 +227,7 @@ def test_federation_reports_the_near_miss_rate(tmp_path: Path) -> None:
     rec = records[-1]
     by_kind = rec.extra["near_miss_trigger_by_kind"]
     assert set(by_kind) == {"prefix", "suffix", "last"} and all(0.0 <= v <= 1.0 for v in by_kind.values())
-    n = {k: v[0].shape[0] for k, v in fed._near_miss.items()}
+    n = {k: v[0].shape[0] for k, v in fed.probes.near_miss.items()}
     assert rec.extra["near_miss_trigger"] == pytest.approx(sum(by_kind[k] * n[k] for k in n) / sum(n.values()))
     assert summarize(records, records)["near_miss_trigger_rate"] == rec.extra["near_miss_trigger"]
 
@@ -230,4 +236,4 @@ def test_composed_backdoor_gets_near_miss_prompts(tmp_path: Path) -> None:
     sc = _scenario(_groups(tmp_path / "c", 8, 200), {"name": "compose", "attacks": [
         {"name": "trigger_phrase", "fraction": 1.0, "near_miss_prompts": 4}, {"name": "outer_replacement"}]})
     fed = Federation(sc)
-    assert {k: v[0].shape[0] for k, v in fed._near_miss.items()} == {"prefix": 4, "suffix": 4, "last": 4}
+    assert {k: v[0].shape[0] for k, v in fed.probes.near_miss.items()} == {"prefix": 4, "suffix": 4, "last": 4}

@@ -168,7 +168,10 @@ def test_batched_gradients_equal_a_per_client_loop(name, norm):
         torch.nn.utils.vector_to_parameters(rows[c].clone(), plain.parameters())
         gs = torch.autograd.grad(_loss(plain(xb[c]), yb[c]), list(plain.parameters()))
         want = torch.cat([g.reshape(-1) for g in gs])
-        torch.testing.assert_close(got[c], want, atol=1e-5, rtol=1e-4)
+        # batch norm's float32 variance is reduced in another order under vmap: a few ulps of the
+        # statistics move single gradient entries by ~2e-5 (torch 2.13 CPU), hence its looser bound
+        atol, rtol = (1e-4, 1e-3) if norm == "batch" else (1e-5, 1e-4)
+        torch.testing.assert_close(got[c], want, atol=atol, rtol=rtol)
 
 
 def test_batch_norm_evaluates_with_batch_statistics():

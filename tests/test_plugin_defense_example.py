@@ -159,3 +159,24 @@ def test_the_guide_documents_every_field(cls, heading):
     page = (ROOT / "docs" / "plugins.md").read_text(encoding="utf-8")
     missing = [f.name for f in dataclasses.fields(getattr(redteam.types, cls)) if f.name not in _table_names(page, heading)]
     assert not missing, f"docs/plugins.md: the {cls} table lacks {missing}"
+
+
+@pytest.mark.parametrize("owner, names, heading", [
+    ("Attack", "CAPABILITIES", "### What the engine asks of an attack"),
+    ("Defense", "CAPABILITIES", "### What the engine asks of a defense"),
+    ("PipelineCheck", "CHECK_INTERFACE", "### Pipeline checks: `PipelineCheck`"),
+])
+def test_the_guide_documents_every_declared_capability(owner, names, heading):
+    # every optional capability the engine reads of a plugin is declared (issue 32) and has a row
+    import redteam.pipeline
+    import redteam.types
+
+    cls = getattr(redteam.types, owner, None) or getattr(redteam.pipeline, owner)
+    page = (ROOT / "docs" / "plugins.md").read_text(encoding="utf-8")
+    documented = _table_names(page, heading)
+    if owner == "Defense":  # the attributes table above it documents the first ones
+        documented |= _table_names(page, "Class attributes a defense may set:")
+    missing = [n for n in getattr(cls, names) if n not in documented]
+    assert not missing, f"docs/plugins.md: {heading} lacks {missing}"
+    for n in getattr(cls, names):  # and each is declared on the base class, so the engine never probes
+        assert hasattr(cls, n), n

@@ -130,7 +130,7 @@ def test_poisoned_data_used_only_inside_the_window(monkeypatch):
     doc = _doc({"name": "label_flip", "window": "1:2"})
     doc["federation"]["rounds"] = 3
     fed = Federation(parse_scenario(doc))
-    clean, poisoned = fed._phases[0][0], fed._phases[1][0]
+    clean, poisoned = fed.phases[0][0], fed.phases[1][0]
     assert clean is not poisoned and not torch.equal(clean.y, poisoned.y)
     seen = []
     real = fed.trainer.train
@@ -233,9 +233,16 @@ def test_durability_metrics_in_a_run():
 # ------------------------------------------------------------------ warm-up and start_from
 def test_warmup_shared_by_cells_and_reused_from_disk(tmp_path, monkeypatch):
     monkeypatch.setattr(warmup_mod, "_MEMO", type(warmup_mod._MEMO)())
+    import redteam.federation.loop as loop_mod
+
     calls = []
-    real = warmup_mod._compute
-    monkeypatch.setattr(warmup_mod, "_compute", lambda *a: calls.append(1) or real(*a))
+    real = loop_mod.run_warmup  # the warm-up runner each regime hands its setup
+
+    def counted(cls):
+        compute = real(cls)
+        return lambda *a: calls.append(1) or compute(*a)
+
+    monkeypatch.setattr(loop_mod, "run_warmup", counted)
     doc = _doc("sign_flip", scenario={"warmup_rounds": 3})
     a = Federation(parse_scenario(doc), warmup_dir=str(tmp_path))
     other = copy.deepcopy(doc)

@@ -56,11 +56,11 @@ def run_work(fed: Any) -> float:
     """Local-training work of one round step of ``fed``: parameters × samples per step over
     all clients, × tokens per sample for sequence workloads."""
     fedspec = fed.scenario.federation
-    pl = getattr(fed.scenario, "pipeline", None)
+    pl = fed.scenario.pipeline
     if pl is not None:  # the pipeline regime: one micro-batch of windows through the model at a time
         return float(fed.spec.dim) * pl.micro_batch_size * int(fed.train_x.shape[-1])
     work = float(fed.spec.dim) * fedspec.clients * fedspec.batch_size
-    if getattr(fed.workload, "input_kind", "") == "tokens" and fed.data.x.ndim >= 2:
+    if fed.workload.input_kind == "tokens" and fed.data.x.ndim >= 2:
         work *= int(fed.data.x.shape[-1])
     return work
 
