@@ -66,6 +66,7 @@ import hashlib
 import itertools
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from .errors import InvalidScenario
@@ -785,8 +786,6 @@ def load_matrix(path: "str | Path", *, limits: Limits | None = None) -> "tuple[A
 
     Returns the base scenario, the :class:`Matrix` and the raw document.
     """
-    from pathlib import Path
-
     from .scenario import load_document, parse_scenario
 
     limits = limits if limits is not None else Limits.from_env()

@@ -271,7 +271,7 @@ class AsyncRun:
             sizes = self._weights[torch.as_tensor(clients, dtype=torch.long, device=fed.device)].to(torch.float32)
             s_t = torch.as_tensor(s, dtype=torch.float32, device=fed.device)
             w = sizes * s_t
-            ctx = server_context(fed.setup, rnd=rnd, weights=w, global_params=params, previous_update=prev_update,
+            ctx = server_context(fed.torch_rng["defense"], rnd=rnd, weights=w, global_params=params, previous_update=prev_update,
                                  state=defense_state, client_ids=clients,
                                  evaluate_loss=stages._evaluate_loss(fed, params),
                                  root_update=stages._root_update(fed, params))

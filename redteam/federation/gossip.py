@@ -57,9 +57,9 @@ import torch
 from ..errors import InvalidParameter, RedteamError
 from ..scenario import PluginSpec, Scenario
 from ..topology import GOSSIP, Support
-from ..types import AttackContext, GossipContext, RoundRecord, ServerContext, Surface
+from ..types import AttackContext, GossipContext, RoundRecord, Surface
 from . import graphs
-from .rounds import RunResult, record, result_of, standard_extra
+from .rounds import RunResult, adopt, call_defense, record, result_of, server_context, standard_extra
 from .setup import build_setup
 
 __all__ = ["GossipRun", "GossipPlacement", "gossip_step", "consensus_distance", "STREAMS"]
@@ -177,13 +177,13 @@ def _merge_node(x: torch.Tensor, w: np.ndarray, i: int, hon: list[int], byz: lis
     ids = (i, *hon, *byz)
     weights = torch.tensor([w[i, i], *(w[i, j] for j in hon), *(w[i, j] for j in byz)], dtype=x.dtype,
                            device=x.device)
-    ctx = ServerContext(round=rnd, n_clients=len(ids), weights=weights, global_params=xi, generator=gen,
-                        state=(states or {}).get(i, {}), client_ids=ids, own_row=0)
-    try:
-        dec = defense(rows, ctx)
-    except InvalidParameter as exc:  # e.g. Krum on a neighbourhood too small for it
-        res.refused[i] = f"node {i} kept its model: {exc}"
+    ctx = server_context(gen, rnd=rnd, weights=weights, global_params=xi, state=(states or {}).get(i, {}),
+                         client_ids=ids, own_row=0)
+    called = call_defense(defense, rows, ctx, check_finite=False)
+    if called.decision is None:  # e.g. Krum on a neighbourhood too small for it
+        res.refused[i] = f"node {i} kept its model: {called.refused}"
         return
+    dec = called.decision
     if states is not None:
         states[i] = dict(dec.state)
     agg = dec.aggregate.to(x.dtype)
@@ -421,37 +421,19 @@ class GossipRun:
         self.scenario = scenario
         self.g = scenario.gossip
         placement = GossipPlacement(scenario)
-        self.setup = su = build_setup(scenario, placement, device=device, attack=attack, warmup_dir=warmup_dir,
-                                      start=start)
-        self.device = su.device
-        self.attack_spec = su.attack_spec
+        su = build_setup(scenario, placement, device=device, attack=attack, warmup_dir=warmup_dir, start=start)
+        adopt(self, su)
         self._ran = False
-        self.rng, self.torch_rng = su.rng, su.torch_rng
-        self.workload = su.workload
-        self.num_classes = su.num_classes
-        self.dataset_source = su.dataset_source
         self.n = scenario.federation.clients
         assert placement.adj is not None
         self.adj = placement.adj
-        self.malicious = list(su.malicious)
-        self.is_malicious = su.is_malicious
         self.honest = [i for i in range(self.n) if not self.is_malicious[i]]
-        self.attack = su.attack
-        self.defense = su.defense
         part = su.partition
         assert part is not None
         self.data = part.data
         self.phases = (self.data, self.data)
         if not scenario.window.is_full and part.clean_data is not part.data:
             self.phases = (part.clean_data, self.data)
-        self.test_x, self.test_y = su.test_x, su.test_y
-        self.spec = su.spec
-        self.params_init = su.params_init
-        self.params0 = su.params0
-        self.trainer = su.trainer
-        self.local = su.local
-        self.states = su.states
-        self.final_params: torch.Tensor | None = None
         self.final_models: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ messages

@@ -64,7 +64,7 @@ from ..transport.network import Network, NetworkConfig
 from ..types import AttackContext, ChunkDelivery, ClientData, Defense, RoundRecord, Surface
 from . import stages
 from .builders import build_compressor, build_upper_defense, needs_server_data
-from .rounds import RunResult, record, result_of, standard_extra
+from .rounds import RunResult, adopt, record, result_of, standard_extra
 from .sampling import RoundPlan
 from .server_opt import make_server_optimizer
 from .setup import RunSetup, build_setup, random_streams, resolve_device
@@ -156,25 +156,16 @@ class Federation:
         self.setup: RunSetup = build_setup(scenario, placement, device=device, attack=attack, warmup_dir=warmup_dir,
                                            start=start, compute_warmup=compute_warmup or run_warmup(Federation))
         su = self.setup
+        adopt(self, su)
         self.scenario = scenario
         self._ran = False
-        self.device = su.device
-        self.attack_spec = su.attack_spec
-        self.rng, self.torch_rng = su.rng, su.torch_rng
-        self.workload = su.workload
-        self.num_classes = su.num_classes
-        self.dataset_source = su.dataset_source  # what the data is, with its digest where the workload computes one
         n = scenario.federation.clients
         fed = scenario.federation
-        self.malicious = list(su.malicious)
-        self.is_malicious = su.is_malicious
-        self.attack = su.attack
         surfaces = set(self.attack.surfaces)
         if not scenario.window.is_full and surfaces & {Surface.PROVENANCE, Surface.HIERARCHY}:
             raise InvalidParameter(f"[attack].window: attack {self.attack_spec.name!r} acts on "
                                    f"{', '.join(sorted(surfaces & {Surface.PROVENANCE, Surface.HIERARCHY}))} before the "
                                    "first round (enrolment, merge groups), so it cannot wait for a window")
-        self.defense = su.defense
         self.upper_defense = build_upper_defense(scenario.hierarchy, n_malicious=fed.n_malicious)
         self.hierarchy = Hierarchy(scenario.hierarchy.fan_out, scenario.hierarchy.depth, scenario.hierarchy.grouping)
         part = su.partition
@@ -206,17 +197,10 @@ class Federation:
         if not scenario.window.is_full and part.clean_data is not part.data:
             self.phases = ((part.clean_data, part.clean_data.sizes.to(torch.float32).to(self.device)),
                            (self.data, self.weights))
-        self.test_x, self.test_y = su.test_x, su.test_y
         ds = su.dataset
         self.root = (StackedData.stack([ClientData(ds.train_x[part.root], ds.train_y[part.root])]).to(self.device)
                      if part.root.size else None)
         self.probes = su.probes
-        self.spec = su.spec
-        self.params_init = su.params_init
-        self.params0 = su.params0
-        self.final_params: torch.Tensor | None = None
-        self.trainer = su.trainer
-        self.local = su.local
         opt_params: dict[str, Any] = {}
         if fed.server_lr is not None:
             opt_params["lr"] = fed.server_lr
@@ -239,8 +223,6 @@ class Federation:
         self.network = Network(
             NetworkConfig(**{k: getattr(net, k) for k in net.__dataclass_fields__}), n, self.rng["network"]
         )
-        # what each client carries across rounds (fresh for the run)
-        self.states = su.states
         # the provenance gate: admission before the first round (data is fixed for the run)
         self.excluded: dict[int, str] = {}
         self.admission: Any = None

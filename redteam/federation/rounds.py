@@ -11,7 +11,6 @@ attack acted where a window is set.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -23,7 +22,23 @@ from ..types import Decision, RoundRecord, ServerContext
 if TYPE_CHECKING:
     from .setup import RunSetup
 
-__all__ = ["RunResult", "server_context", "call_defense", "Called", "record", "standard_extra", "result_of"]
+__all__ = ["RunResult", "server_context", "call_defense", "Called", "record", "standard_extra", "result_of", "adopt"]
+
+
+#: what every regime's run object exposes of its setup, under the same names
+_ADOPTED = ("device", "attack_spec", "rng", "torch_rng", "workload", "num_classes", "dataset_source", "attack",
+            "defense", "test_x", "test_y", "spec", "params_init", "params0", "trainer", "local", "states")
+
+
+def adopt(run: Any, setup: "RunSetup") -> None:
+    """Give ``run`` its setup (``run.setup``) and the setup's parts under their names (``run.attack``,
+    ``run.trainer`` …), with ``malicious`` as a list, ready for the first round."""
+    run.setup = setup
+    for name in _ADOPTED:
+        setattr(run, name, getattr(setup, name))
+    run.malicious = list(setup.malicious)
+    run.is_malicious = setup.is_malicious
+    run.final_params = None
 
 
 @dataclass
@@ -45,15 +60,17 @@ def result_of(setup: "RunSetup", records: list[RoundRecord], wall_time_s: float,
                      wall_time_s)
 
 
-def server_context(setup: "RunSetup", *, rnd: int, weights: torch.Tensor | None, global_params: torch.Tensor,
-                   state: Mapping[str, Any], client_ids: Sequence[int] = (), previous_update: torch.Tensor | None = None,
-                   n_clients: int | None = None, **oracles: Any) -> ServerContext:
-    """What a merging party's rule sees (the defense's own random stream; ``oracles``: the
-    optional :class:`~redteam.types.ServerContext` fields the regime offers, e.g. ``evaluate_loss``,
-    ``root_update``, ``own_row``)."""
+def server_context(generator: torch.Generator | None, *, rnd: int, weights: torch.Tensor | None,
+                   global_params: torch.Tensor | None, state: Mapping[str, Any], client_ids: Sequence[int] = (),
+                   previous_update: torch.Tensor | None = None, n_clients: int | None = None,
+                   **oracles: Any) -> ServerContext:
+    """What a merging party's rule sees: ``generator`` is the defense's own random stream (a run's
+    ``torch_rng["defense"]``); ``oracles`` the optional :class:`~redteam.types.ServerContext` fields
+    the regime offers (``evaluate_loss``, ``root_update``, ``own_row``, ``commits`` …); ``n_clients``
+    defaults to the number of weights."""
     n = int(weights.shape[0]) if n_clients is None and weights is not None else int(n_clients or 0)
     return ServerContext(round=rnd, n_clients=n, weights=weights, global_params=global_params,
-                         previous_update=previous_update, generator=setup.torch_rng["defense"], state=state,
+                         previous_update=previous_update, generator=generator, state=state,
                          client_ids=tuple(client_ids), **oracles)
 
 

@@ -36,6 +36,7 @@ import torch
 from ..errors import RedteamError
 from ..merge import DefenseMemory, assign_groups, hierarchical_merge
 from ..types import AttackContext, ServerContext, Surface, TrainingHook
+from .rounds import server_context
 from .state import apply_momentum
 from .wire import Chunked, chunk, encode, transport
 
@@ -361,22 +362,11 @@ def defend(fed: "Federation", rin: RoundInputs, rec: Received, tx: Any, memory: 
         # (sub-aggregates), which carry no client ids
         bottom = len(rows_) == int(wts.shape[0])
         members = [row_clients[r] for r in rows_] if bottom else []
-        return ServerContext(
-            round=rnd,
-            n_clients=int(wts.shape[0]),
-            weights=wts,
-            global_params=params,
-            previous_update=prev_update,
-            generator=fed.torch_rng["defense"],
-            state=memory.start(key, members),
-            evaluate_loss=evaluate_loss,
-            root_update=root_update,
-            client_ids=tuple(members),
-            evaluate_loss_assigned=evaluate_assigned,
-            commits=commits,
-            replay_work=replay_work,
-            validator_reports=validator_reports,
-        )
+        return server_context(
+            fed.torch_rng["defense"], rnd=rnd, weights=wts, global_params=params, previous_update=prev_update,
+            state=memory.start(key, members), client_ids=members, evaluate_loss=evaluate_loss,
+            root_update=root_update, evaluate_loss_assigned=evaluate_assigned, commits=commits,
+            replay_work=replay_work, validator_reports=validator_reports)
 
     ctx_h = actx if Surface.HIERARCHY in fed.attack.surfaces else None
 

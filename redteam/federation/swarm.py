@@ -69,7 +69,7 @@ from ..pipeline import PipelineCheck
 from ..scenario import PluginSpec, Scenario
 from ..topology import PIPELINE, Support
 from ..types import PipelineView, RoundRecord, StageContext
-from .rounds import RunResult, call_defense, record, result_of, server_context, standard_extra
+from .rounds import RunResult, adopt, call_defense, record, result_of, server_context, standard_extra
 from .setup import build_setup
 
 __all__ = ["SwarmRun", "PipelinePlacement", "CheckView", "PeerInfo", "stage_of_parameter", "STREAMS"]
@@ -195,26 +195,13 @@ class SwarmRun:
         self.pl = pl = scenario.pipeline
         # the model round 0 starts from: the workload's initial model, a model file or a shared
         # clean warm-up of the same pipeline ([scenario] start_from / warmup_rounds; .warmup)
-        self.setup = su = build_setup(scenario, PipelinePlacement(scenario), device=device, attack=attack,
-                                      warmup_dir=warmup_dir, start=start, compute_warmup=run_warmup(SwarmRun),
-                                      partition=False)
-        self.device = su.device
-        self.attack_spec = su.attack_spec
+        su = build_setup(scenario, PipelinePlacement(scenario), device=device, attack=attack, warmup_dir=warmup_dir,
+                         start=start, compute_warmup=run_warmup(SwarmRun), partition=False)
+        adopt(self, su)
         self._ran = False
-        self.rng, self.torch_rng = su.rng, su.torch_rng
-        self.workload = su.workload
         layers = int(self.workload.layers)
-        ds = su.dataset
-        self.num_classes = su.num_classes
-        self.dataset_source = su.dataset_source
-        self.train_x, self.train_y = ds.train_x.to(self.device), ds.train_y.to(self.device)
-        self.test_x, self.test_y = su.test_x, su.test_y
-        model = su.model
-        self.model = model
-        self.spec = su.spec
-        self.params_init = su.params_init
-        self.params0 = su.params0
-        self.trainer = su.trainer
+        self.train_x, self.train_y = su.dataset.train_x.to(self.device), su.dataset.train_y.to(self.device)
+        self.model = su.model
         # the stage of each parameter, and each stage's slice of the flat vector (contiguous)
         stage_of = [stage_of_parameter(n, layers, pl.stages) for n in self.spec.names]
         offs = np.concatenate([[0], np.cumsum(self.spec.numels)])
@@ -249,9 +236,6 @@ class SwarmRun:
             bw = pl.bandwidth_mbps * np.exp(self.rng["links"].normal(0.0, pl.bandwidth_sigma, self.n_peers))
             for peer, b in zip(self.peers, bw):
                 peer.uplink_mbps = float(b)
-        self.malicious = sorted(bad)
-        self.attack = su.attack
-        self.defense = su.defense
         from ..registry import DEFENSES
 
         # the hop checks: [pipeline] checks, and any stage of the [defense] pipeline that is one (as
@@ -264,7 +248,6 @@ class SwarmRun:
                 raise InvalidParameter(f"[pipeline] check {type(c).__name__} acts at the pipeline but is not a "
                                        "redteam.pipeline.PipelineCheck (the hop checks' interface)")
         self.check_view = CheckView(self)
-        self.final_params: torch.Tensor | None = None
         self._stage_state: dict[int, dict] = {}
         self.current_round = 0
         self._prev: dict[int, torch.Tensor] = {}
@@ -506,7 +489,7 @@ class SwarmRun:
                     rows.append(row)
                 upd = torch.stack(rows)
                 w = torch.tensor([float(p.served) for p in members], device=self.device)
-                ctx = server_context(self.setup, rnd=rnd, weights=w, global_params=params[self.slices[s]],
+                ctx = server_context(self.torch_rng["defense"], rnd=rnd, weights=w, global_params=params[self.slices[s]],
                                      previous_update=self._prev.get(s), state=self._stage_state.get(s, {}),
                                      client_ids=[p.pid for p in members])
                 called = call_defense(self.defense, upd, ctx, check_finite=False)
