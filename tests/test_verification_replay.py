@@ -7,8 +7,8 @@ import math
 
 import torch
 
-from redteam.federation.replay import (PeerJob, bisect_divergence, measured_tolerance, replay_segment, spot_check,
-                                       train_log)
+from redteam.federation.replay import (PeerJob, bisect_divergence, first_divergence, measured_tolerance,
+                                       replay_segment, spot_check, train_log)
 
 TOL = 1e-4  # relative; the measured honest gap below is ≤ 1e-6 (float32, 1 vs 2 threads)
 
@@ -46,9 +46,15 @@ def test_linear_replay_by_hand():
     lazy = train_log(lambda w, x, y: 0.5 * (w * w).sum(), job, skip=frozenset({1}))
     assert [float(v) for v in lazy] == [8.0, 4.0, 4.0, 2.0]
     assert not replay_segment(lambda w, x, y: 0.5 * (w * w).sum(), job, lazy, 1, 0.1)[0]
-    # bisection: the verifier's states are 4, 2, 1; checkpoint 1 agrees (4), checkpoint 2 does not (2 vs 4)
-    first, cost = bisect_divergence(lambda w, x, y: 0.5 * (w * w).sum(), job, lazy, 0.01)
-    assert first == 2 and cost == 3 + 1 + 1  # full replay, then the midpoints 1 and 2
+    # the forward check: the verifier's states are 4, 2, 1; checkpoint 1 agrees (4), checkpoint 2
+    # does not (2 vs 4): found after 2 replayed steps, and the replay stops there
+    first, cost = first_divergence(lambda w, x, y: 0.5 * (w * w).sum(), job, lazy, 0.01)
+    assert first == 2 and cost == 2
+    # the dispute: prefix digests of [8, 4, 4, 2] and [8, 4, 2, 1] first differ at 2; the referee
+    # replays step 1 from the agreed 4 (→ 2), and the claim (4) is the wrong one
+    d = bisect_divergence(lambda w, x, y: 0.5 * (w * w).sum(), job, lazy, log, 0.01)
+    assert (d.first, d.replayed, d.claimed_ok) == (2, 1, False)
+    assert bisect_divergence(lambda w, x, y: 0.5 * (w * w).sum(), job, log, log, 0.01).first is None
 
 
 def test_honest_replay_passes_across_thread_counts():
@@ -64,15 +70,15 @@ def test_honest_replay_passes_across_thread_counts():
     finally:
         torch.set_num_threads(old)
     assert all(ok for ok, _, _ in results), max(g for _, g, _ in results)
-    assert bisect_divergence(loss, job, log, TOL)[0] is None
+    assert first_divergence(loss, job, log, TOL) == (None, job.steps)
 
 
-def test_lazy_peer_bisected_to_its_first_skipped_step():
+def test_lazy_peer_found_at_its_first_skipped_step():
     loss, job = _job(steps=16, every=1)
     lazy = train_log(loss, job, skip=frozenset({5, 9, 12}))
-    first, cost = bisect_divergence(loss, job, lazy, TOL)
+    first, cost = first_divergence(loss, job, lazy, TOL)
     assert first == 6  # the checkpoint after step 5 (0-based), the first it skipped
-    assert cost <= 16 + 16  # one full replay, then at most the steps up to the divergence
+    assert cost == 6  # the replay stops at the fault: never more than the training (1×)
     # the segment check catches it only where it samples a skipped segment
     assert not replay_segment(loss, job, lazy, 5, TOL)[0]
     assert replay_segment(loss, job, lazy, 4, TOL)[0]
@@ -88,7 +94,8 @@ def test_spliced_pol_segment_is_caught_when_sampled():
         forged[i] = log[0] + (log[4] - log[0]) * (i / 4)
     verdicts = [replay_segment(loss, job, forged, k, TOL)[0] for k in range(4)]
     assert verdicts == [False, False, False, False]
-    assert bisect_divergence(loss, job, forged, TOL)[0] is None  # the final state is honest: bisection sees nothing
+    # the final state is honest, but the first forged checkpoint is found (a final-state bisection accepted it)
+    assert first_divergence(loss, job, forged, TOL)[0] == 1
 
 
 def test_replay_inside_the_tolerance_band_passes():
@@ -153,3 +160,36 @@ def test_pol_log_in_a_ledger_fixes_the_log_before_the_verifier_samples(tmp_path)
     # a log of another job (another seed) does not match its job digest anywhere
     other = PeerJob(job.w0, job.x, job.y, seed=8, steps=12, batch=16, lr=0.1, every=2)
     assert mismatched_checkpoints(log, logged, other) == list(range(7))
+
+
+def _forge(log: list[torch.Tensor], at: tuple[int, ...]) -> list[torch.Tensor]:
+    """``log`` with the checkpoints ``at`` replaced by a point off the trajectory."""
+    out = list(log)
+    for i in at:
+        out[i] = log[i] + 0.5 * (log[i] - log[i - 1])
+    return out
+
+
+def test_the_first_bad_checkpoint_is_found_whatever_follows_it():
+    # issue 33 §3, by hand: bad checkpoints at 5 and 64 → 5 (the former bisection reported 64);
+    # only 5 bad and an honest final state → 5 (the former bisection accepted the log)
+    loss, job = _job(steps=64, every=1)
+    log = train_log(loss, job)
+    for at in ((5, 64), (5,)):
+        forged = _forge(log, at)
+        first, cost = first_divergence(loss, job, forged, TOL)
+        assert (first, cost) == (5, 5), at
+        d = bisect_divergence(loss, job, forged, log, TOL)
+        assert d.first == 5 and d.claimed_ok is False and d.replayed == 1
+        assert d.comparisons <= 2 + 7  # the final and start digests, then ⌈log₂ 64⌉ midpoints
+    # the honest challenger's log is the one that replays: the dispute convicts the right party
+    assert bisect_divergence(loss, job, log, _forge(log, (5,)), TOL).claimed_ok is True
+
+
+def test_first_divergence_costs_at_most_the_training_and_nothing_on_an_honest_log():
+    loss, job = _job(steps=32, every=4)
+    log = train_log(loss, job)
+    assert first_divergence(loss, job, log, TOL) == (None, 32)  # 1× the training, every checkpoint checked
+    first, cost = first_divergence(loss, job, _forge(log, (3,)), TOL)
+    assert (first, cost) == (3, 12)  # checkpoint 3 is step 12: the replay stops there
+

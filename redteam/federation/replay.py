@@ -4,15 +4,19 @@ Proof-of-learning logs (Jia et al., "Proof-of-Learning: Definitions and Practice
 2021): a peer trains from a committed start w₀ with a committed seed (which fixes its batches)
 and logs a checkpoint every ``every`` steps; a verifier replays sampled segments from the
 claimed checkpoint and accepts when it lands within a tolerance of the next one. Verde
-(Arun et al., arXiv:2502.19405, 2025), first stage: when the final states disagree, bisect
-over the logged checkpoints to the first segment whose replay diverges, so a dispute costs
-O(log K) segment replays instead of K.
+(Arun et al., arXiv:2502.19405, 2025), first stage: two parties' checkpoint logs are bisected to
+a step where they part, which the referee replays. A check on the final state alone misses a log
+that is wrong in the middle and right at the end (a forged checkpoint over an honest run), and a
+bisection on "does checkpoint i agree" returns a later fault when there are two; here both
+checks return the *first* divergent checkpoint.
 
 The procedure replayed is plain SGD on one peer: at step t the batch is ``batch`` indices
 drawn uniformly (with replacement) from the peer's data by a ``torch.Generator`` seeded with
 the committed seed (float64 uniforms, as :class:`~.training.BatchedTrainer` draws them), and
 w ← w − η·∇L(w; batch). :func:`train_log` is the honest peer; :func:`replay_segment` the
-verifier's check; :func:`bisect_divergence` the dispute.
+verifier's check of one segment; :func:`first_divergence` the verifier's check of a whole log (the
+first divergent checkpoint, ≤ 1× the training); :func:`bisect_divergence` a dispute between two logs (prefix
+digests bisected to their first difference, then one segment replayed by the referee).
 
 The log in a ledger (:func:`write_pol_ledger`): the peer signs, as it trains, one in-toto
 statement per checkpoint (subject: the checkpoint's SHA-256 over float32 little-endian bytes;
@@ -40,7 +44,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PeerJob", "train_log", "replay_segment", "bisect_divergence", "spot_check", "measured_tolerance",
+__all__ = ["PeerJob", "train_log", "replay_segment", "first_divergence", "bisect_divergence", "Dispute",
+           "chain_digests", "spot_check", "measured_tolerance",
            "POL_PREDICATE", "checkpoint_digest", "job_digest", "write_pol_ledger", "read_pol_ledger",
            "mismatched_checkpoints", "sample_segments"]
 
@@ -105,39 +110,91 @@ def replay_segment(loss_fn, job: PeerJob, log: list[torch.Tensor], k: int, tol: 
     return gap <= tol, gap, cost
 
 
-def bisect_divergence(loss_fn, job: PeerJob, log: list[torch.Tensor], tol: float) -> tuple[int | None, int]:
-    """Verde's first stage: the first checkpoint index i ≥ 1 whose claimed state differs (beyond
-    ``tol``, relative to the distance travelled from w₀) from the verifier's own replay from w₀,
-    found by bisection; ``None`` when the final state agrees. Returns (i, steps replayed).
+def _agrees(log: list[torch.Tensor], mine: torch.Tensor, i: int, tol: float) -> bool:
+    """Whether claimed checkpoint ``i`` matches the verifier's own state ``mine`` there (relative
+    to the distance travelled from w₀ by either)."""
+    scale = max(float((log[i] - log[0]).norm()), float((mine - log[0]).norm()), 1e-12)
+    return float((mine - log[i]).norm()) / scale <= tol
 
-    The verifier keeps its own state at the last agreed checkpoint and replays forward from
-    there only, so the cost is at most ``steps`` plus nothing re-run."""
+
+def first_divergence(loss_fn, job: PeerJob, log: list[torch.Tensor], tol: float) -> tuple[int | None, int]:
+    """The first checkpoint index i ≥ 1 whose claimed state differs (beyond ``tol``, relative to
+    the distance travelled from w₀) from the verifier's own honest replay from w₀, and the steps
+    replayed; ``(None, steps)`` when every checkpoint agrees.
+
+    The verifier replays forward once, comparing each checkpoint as it reaches it, and stops at
+    the first that differs: at most the peer's own training (1×), and only up to the fault. This
+    is the check that finds the *first* bad checkpoint whatever the log does after it: a log
+    that is bad at checkpoint 5 and honest again from 6 on (a forged checkpoint over an honest
+    run) is caught at 5, which a bisection on the final state accepts."""
     idx = _batches(job)
-    k_last = len(log) - 1
-    cost = 0
+    mine, cost = log[0].clone(), 0
+    for i in range(1, len(log)):
+        lo, hi = min((i - 1) * job.every, job.steps), min(i * job.every, job.steps)
+        mine, c = _run(loss_fn, job, mine, lo, hi, idx)
+        cost += c
+        if not _agrees(log, mine, i, tol):
+            return i, cost
+    return None, cost
 
-    def ckpt_step(i: int) -> int:
-        return min(i * job.every, job.steps)
 
-    def agrees(mine: torch.Tensor, i: int) -> bool:
-        scale = max(float((log[i] - log[0]).norm()), float((mine - log[0]).norm()), 1e-12)
-        return float((mine - log[i]).norm()) / scale <= tol
+def chain_digests(log: list[torch.Tensor]) -> list[str]:
+    """Prefix digests of a checkpoint log: c₀ = H(w₀), cᵢ = H(cᵢ₋₁ ‖ H(wᵢ)) (SHA-256, float32
+    little-endian bytes). cᵢ of two logs agree exactly when checkpoints 0 … i all do, so "cᵢ
+    differs" is monotone in i, whatever the logs do after their first difference."""
+    import hashlib
 
-    mine_lo, lo = log[0].clone(), 0
-    final, c = _run(loss_fn, job, mine_lo, 0, job.steps, idx)
-    cost += c
-    if agrees(final, k_last):
-        return None, cost
-    hi = k_last
+    out: list[str] = []
+    prev = b""
+    for w in log:
+        prev = hashlib.sha256(prev + bytes.fromhex(checkpoint_digest(w))).digest()
+        out.append(prev.hex())
+    return out
+
+
+@dataclass(frozen=True)
+class Dispute:
+    """The outcome of :func:`bisect_divergence`: the first checkpoint where the logs differ
+    (``None``: identical logs), how many prefix digests were compared, the steps the referee
+    replayed, and whether the claimed log's step into that checkpoint replays within tolerance
+    from the last agreed one (``False``: the claim is the wrong one)."""
+
+    first: int | None
+    comparisons: int
+    replayed: int
+    claimed_ok: bool | None
+
+
+def bisect_divergence(loss_fn, job: PeerJob, claimed: list[torch.Tensor], other: list[torch.Tensor],
+                      tol: float) -> Dispute:
+    """Verde's dispute (Arun et al. 2025, first stage) between two logs of the same job (a
+    trainer's ``claimed`` log and a challenger's ``other``): bisect on the prefix digests
+    (:func:`chain_digests`) to the first checkpoint where the logs differ — O(log K)
+    comparisons, exact, since a prefix digest differs from the first difference on — then the
+    referee replays that one segment from the last agreed checkpoint and checks the claimed
+    state against it (within ``tol``). Exact digests need the parties' kernels to agree bit for
+    bit (Verde's RepOps); a verifier that replays on other hardware uses
+    :func:`first_divergence`, with a tolerance, instead."""
+    a, b = chain_digests(claimed), chain_digests(other)
+    if len(a) != len(b):
+        raise ValueError(f"the logs have {len(a)} and {len(b)} checkpoints")
+    comparisons = 1
+    if a[-1] == b[-1]:
+        return Dispute(None, comparisons, 0, None)
+    lo, hi = 0, len(a) - 1  # the logs agree up to lo (the committed start), differ by hi
+    comparisons += 1
+    if a[0] != b[0]:
+        return Dispute(0, comparisons, 0, False)
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        mine_mid, c = _run(loss_fn, job, mine_lo, ckpt_step(lo), ckpt_step(mid), idx)
-        cost += c
-        if agrees(mine_mid, mid):
-            lo, mine_lo = mid, mine_mid
+        comparisons += 1
+        if a[mid] == b[mid]:
+            lo = mid
         else:
             hi = mid
-    return hi, cost
+    start, stop = min(lo * job.every, job.steps), min(hi * job.every, job.steps)
+    mine, cost = _run(loss_fn, job, claimed[lo], start, stop, _batches(job))
+    return Dispute(hi, comparisons, cost, _agrees(claimed, mine, hi, tol))
 
 
 def spot_check(n_peers: int, p: float, generator: torch.Generator) -> list[int]:
