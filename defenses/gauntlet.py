@@ -4,7 +4,29 @@ After Templar's Gauntlet validator (Lidin, Sarfi, et al., "Incentivizing Permiss
 Distributed Learning of LLMs", arXiv:2505.21684, 2025): a validator applies each peer's
 update to the current model and measures the loss before − after on data it chooses, keeps a
 rating of every peer over rounds, aggregates only the best-rated peers and pays rewards by
-rating. The rule here is our own rendering of that idea, stated exactly:
+rating. Two scoring rules, ``scoring``:
+
+**``"templar"``** (default), as Templar's released validator scores a window (neurons/validator.py of
+tplr-ai/templar; hparams ``binary_score_ma_alpha = 0.05``):
+
+* relative improvements on the peer's *assigned* batch and on the validator's *random* batch,
+  ownᵢ = (L_Aᵢ(w) − L_Aᵢ(w + Δᵢ)) / L_Aᵢ(w) and randᵢ = (L_R(w) − L_R(w + Δᵢ)) / L_R(w);
+* the window's gradient score gᵢ = randᵢ, fed as the score of a one-peer team to an OpenSkill
+  Plackett–Luce rating (Weng & Lin, JMLR 2011; the ``openskill`` package, default μ = 25,
+  σ = 25/3), whose ordinal is μ − 3σ;
+* the binary indicator bᵢ = +1 when ownᵢ > randᵢ (the peer improved the data it was assigned
+  more than data it never saw: evidence that it trained on its assignment), −1 otherwise,
+  smoothed as Bᵢ ← (1 − β)·Bᵢ + β·bᵢ (β = ``bma_alpha``);
+* the final score fᵢ = ordinalᵢ · max(0, Bᵢ); the top G by fᵢ > 0 are aggregated and paid in
+  proportion to fᵢ.
+
+What it rewards: improving the held-out data (the rating) *and* improving one's own assigned
+data more than held-out data (the indicator). A copy of another peer's update improves the
+copier's assigned batch no more than random data, so its indicator is −1 and its pay falls to 0
+as its B turns negative; an update trained on the assigned batch alone (score gaming) earns +1
+indicators — Templar's signal rewards exactly that gap.
+
+**``"min"``** (our own rendering, the earlier default, kept as a named option):
 
 1. **Scores.** For peer i with update Δᵢ and global model w:
 
@@ -36,6 +58,9 @@ rating. The rule here is our own rendering of that idea, stated exactly:
    with rᵢ > 0 and not flagged (ties: lower row first); their sample-weighted mean is the
    aggregate. The others are rejected, with the reason.
 
+   What it rewards: improving *both* batches; an update that improves its assigned batch more
+   than held-out data is held to the smaller figure, the opposite of Templar's indicator.
+
 4. **Rewards.** A round's reward pool (1) is split among the top G in proportion to their
    ratings: rewardᵢ = rᵢ / Σ_top rⱼ; everyone else gets 0. ``Decision.state["rewards"]``
    (client id → share) is copied into ``RoundRecord.extra["rewards"]``; scoring's
@@ -56,7 +81,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Mapping
 
 from redteam.errors import InvalidParameter
 from redteam.pipeline import Aggregator
@@ -68,7 +93,48 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["Gauntlet", "round_scores", "consensus_scores", "update_ratings", "top_g_rewards", "row_digest",
-           "commit_flags"]
+           "commit_flags", "relative_improvement", "templar_indicator", "openskill_update"]
+
+
+def relative_improvement(before: "torch.Tensor | float", after: "torch.Tensor") -> "torch.Tensor":
+    """(L(w) − L(w + Δ)) / L(w) per row (0 where L(w) ≤ 0, as Templar's validator; −inf where a
+    loss is not finite). float64."""
+    import torch
+
+    b = torch.as_tensor(before, dtype=torch.float64).expand_as(after.to(torch.float64))
+    a = after.to(torch.float64)
+    rel = torch.where(b > 0, (b - a) / torch.where(b > 0, b, torch.ones_like(b)), torch.zeros_like(b))
+    return torch.where(torch.isfinite(rel), rel, torch.full_like(rel, -float("inf")))
+
+
+def templar_indicator(own: "torch.Tensor", rand: "torch.Tensor") -> "torch.Tensor":
+    """bᵢ = +1 where ownᵢ > randᵢ (finite), −1 otherwise. float64."""
+    import torch
+
+    better = (own > rand) & torch.isfinite(own) & torch.isfinite(rand)
+    return torch.where(better, torch.ones_like(own, dtype=torch.float64), -torch.ones_like(own, dtype=torch.float64))
+
+
+def openskill_update(ratings: Mapping[int, tuple[float, float]], ids: list[int], scores: "torch.Tensor"
+                     ) -> dict[int, tuple[float, float]]:
+    """One Plackett–Luce rating game between the peers ``ids`` (one-peer teams; a higher score is a
+    better place), from their (μ, σ) (a new peer starts at the model's defaults). Non-finite
+    scores take the last place. Peers absent keep theirs. Needs the ``openskill`` package."""
+    from openskill.models import PlackettLuce
+
+    model = PlackettLuce()
+    out = dict(ratings)
+    vals = [float(v) for v in scores.tolist()]
+    finite = [v for v in vals if v == v and abs(v) != float("inf")]
+    floor = (min(finite) if finite else 0.0) - 1.0
+    vals = [v if (v == v and abs(v) != float("inf")) else floor for v in vals]
+    if len(ids) < 2:
+        return out
+    teams = [[model.rating(mu=ratings[c][0], sigma=ratings[c][1]) if c in ratings else model.rating()] for c in ids]
+    rated = model.rate(teams, scores=vals)
+    for c, team in zip(ids, rated):
+        out[c] = (float(team[0].mu), float(team[0].sigma))
+    return out
 
 
 def consensus_scores(reports: "torch.Tensor", kappa: float = 0.5) -> "torch.Tensor":
@@ -164,7 +230,10 @@ class Gauntlet(Aggregator):
     """Gauntlet-style scoring, rating, top-G aggregation and rewards (module docstring).
 
     * ``top_g``: how many peers are aggregated and paid (G ≥ 1; default 5);
-    * ``alpha``: the rating's EMA weight α ∈ (0, 1] (default 0.3);
+    * ``scoring``: ``"templar"`` (default: Templar's indicator and OpenSkill rating) or ``"min"``
+      (min of the two improvements, an EMA rating);
+    * ``alpha``: the ``"min"`` rating's EMA weight α ∈ (0, 1] (default 0.3);
+    * ``bma_alpha``: the ``"templar"`` indicator's EMA weight β ∈ (0, 1] (default 0.05, Templar's);
     * ``random_batch``: also score on the validator's random batch (default ``True``);
     * ``commit_reveal``: flag peers whose commitment fails (default ``False``);
     * ``validators``: V validator seats of equal stake whose consensus scores the round
@@ -175,7 +244,9 @@ class Gauntlet(Aggregator):
     """
 
     top_g: int = 5
+    scoring: Literal["templar", "min"] = "templar"
     alpha: float = 0.3
+    bma_alpha: float = 0.05
     random_batch: bool = True
     commit_reveal: bool = False
     validators: int = 1
@@ -189,6 +260,13 @@ class Gauntlet(Aggregator):
 
     def validate_alpha(self, v: float) -> None:
         check_number(self, "alpha", v, low=0.0, low_open=True, high=1.0)
+
+    def validate_bma_alpha(self, v: float) -> None:
+        check_number(self, "bma_alpha", v, low=0.0, low_open=True, high=1.0)
+
+    def validate_scoring(self, v: str) -> None:
+        if v not in ("templar", "min"):
+            raise InvalidParameter(f"Gauntlet.scoring = {v!r}: must be 'templar' or 'min'")
 
     def validate_validators(self, v: int) -> None:
         check_count(self, "validators", v, allow_none=False, minimum=1)
@@ -218,7 +296,15 @@ class Gauntlet(Aggregator):
             before_a, after_a = la[:n], la[n:]
         else:  # no assignment: the random batch stands for both
             before_a, after_a = torch.full((n,), before_r, dtype=torch.float64), after_r
-        scores = round_scores(before_a, after_a, before_r, after_r if self.random_batch else None)
+        indicator = None
+        if self.scoring == "templar":
+            own = relative_improvement(before_a, after_a)
+            rand = relative_improvement(before_r, after_r) if (after_r is not None and self.random_batch) else None
+            scores = rand if rand is not None else own
+            # without a random batch the indicator compares the own improvement with none
+            indicator = templar_indicator(own, rand if rand is not None else torch.zeros_like(own))
+        else:
+            scores = round_scores(before_a, after_a, before_r, after_r if self.random_batch else None)
         scores = torch.where(ok.cpu(), scores, torch.full_like(scores, -float("inf")))
         if ctx.validator_reports is not None or self.validators > 1:
             # the seats an attacker holds report what it likes; the others report the scores above
@@ -238,8 +324,20 @@ class Gauntlet(Aggregator):
             flags = commit_flags(updates, ids, ctx.commits)
         flagged = {ids[k] for k in flags}
         state = ctx.state or {}
-        old = _ratings_of(state)
-        ratings = update_ratings(old, ids, scores, self.alpha, flagged)
+        extra_state: dict[str, Any] = {}
+        if indicator is not None:  # Templar: OpenSkill on the scores, times the indicator's moving average
+            flagged_rows = torch.as_tensor([c in flagged for c in ids], dtype=torch.bool)
+            scores = torch.where(flagged_rows, torch.full_like(scores, -float("inf")), scores)
+            indicator = torch.where(flagged_rows | ~ok.cpu(), -torch.ones_like(indicator), indicator)
+            skill = openskill_update(_pairs_of(state, "skill"), ids, scores)
+            bma = {int(c): float(v) for c, v in (state.get("bma") or {}).items()}
+            for c, b in zip(ids, indicator.tolist()):
+                bma[c] = (1.0 - self.bma_alpha) * bma.get(c, 0.0) + self.bma_alpha * float(b)
+            ratings = {c: (mu - 3.0 * sig) * max(0.0, bma.get(c, 0.0)) for c, (mu, sig) in skill.items()}
+            extra_state = {"skill": {c: [mu, sig] for c, (mu, sig) in skill.items()}, "bma": bma,
+                           "indicator": {c: float(b) for c, b in zip(ids, indicator.tolist())}}
+        else:
+            ratings = update_ratings(_ratings_of(state), ids, scores, self.alpha, flagged)
         top, rewards = top_g_rewards(ratings, ids, self.top_g, flagged)
         accepted = torch.zeros(n, dtype=torch.bool, device=updates.device)
         if top:
@@ -263,13 +361,19 @@ class Gauntlet(Aggregator):
                 reasons[k] = (f"Gauntlet: rating {ratings[ids[k]]:.4g} (round score {float(scores[k]):.4g}) "
                               f"not among the top {self.top_g} positive ratings")
         known = sorted(ratings)
+        per_client = ["rating", *(["skill", "bma"] if indicator is not None else [])]
         return Decision(aggregate=agg, accepted=accepted, weights=w, reasons=reasons, state={
-            "ids": known, "per_client": ["rating"], "rating": {c: ratings[c] for c in known},
+            "ids": known, "per_client": per_client, "rating": {c: ratings[c] for c in known},
             "scores": {c: float(s) for c, s in zip(ids, scores.tolist())},
-            "rewards": rewards, "flags": {ids[k]: why for k, why in flags.items()},
+            "rewards": rewards, "flags": {ids[k]: why for k, why in flags.items()}, **extra_state,
         })
 
 
 def _ratings_of(state: Mapping[str, Any]) -> dict[int, float]:
     r = state.get("rating")
     return {int(c): float(v) for c, v in r.items()} if isinstance(r, Mapping) else {}
+
+
+def _pairs_of(state: Mapping[str, Any], key: str) -> dict[int, tuple[float, float]]:
+    r = state.get(key)
+    return {int(c): (float(v[0]), float(v[1])) for c, v in r.items()} if isinstance(r, Mapping) else {}

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from attacks.verification import CopyNoise, LazyScaled, ScoreGaming
-from defenses.gauntlet import Gauntlet, commit_flags, round_scores, row_digest, top_g_rewards, update_ratings
+from defenses.gauntlet import (Gauntlet, commit_flags, relative_improvement, round_scores, row_digest,
+                               templar_indicator, top_g_rewards, update_ratings)
 from redteam.scoring import reward_metrics
 from redteam.types import AttackContext, ClientData, RoundRecord, ServerContext
 
@@ -57,7 +58,7 @@ def test_gauntlet_scores_rates_and_pays_the_work():
     # s_A = 9 − 0 = 9, s_R = 1 − 4 = −3 → s = −3. Peer 3: Δ = 0: s = 0.
     upd = torch.tensor([[1.0], [1.0], [3.0], [0.0]])
     ctx = _ctx(upd, [[1.0], [1.0], [3.0], [1.0]], [1.0])
-    dec = Gauntlet(top_g=2, alpha=0.5)(upd, ctx)
+    dec = Gauntlet(top_g=2, alpha=0.5, scoring="min")(upd, ctx)
     assert dec.state["scores"] == {0: 1.0, 1: 1.0, 2: -3.0, 3: 0.0}
     # scale 3: ŝ = (1/3, 1/3, −1, 0), r = ŝ/2
     assert dec.state["rating"] == pytest.approx({0: 1 / 6, 1: 1 / 6, 2: -0.5, 3: 0.0})
@@ -65,15 +66,15 @@ def test_gauntlet_scores_rates_and_pays_the_work():
     assert dec.state["rewards"] == {0: 0.5, 1: 0.5, 2: 0.0, 3: 0.0}
     assert float(dec.aggregate) == 1.0
     # without the random batch the overfitting peer scores s = 9 and takes most of the pool
-    dec = Gauntlet(top_g=2, alpha=0.5, random_batch=False)(upd, ctx)
+    dec = Gauntlet(top_g=2, alpha=0.5, random_batch=False, scoring="min")(upd, ctx)
     assert dec.state["scores"][2] == 9.0
     assert dec.accepted.tolist() == [True, False, True, False]  # ŝ = (1/9, 1/9, 1, 0): ties → lower row
     assert dec.state["rewards"][2] == pytest.approx((0.5) / (0.5 + 1 / 18))
     # the rating carries over: next round peer 2 is honest (s = 1 like the others) but starts at −0.5
-    dec1 = Gauntlet(top_g=2, alpha=0.5)(upd, ctx)
+    dec1 = Gauntlet(top_g=2, alpha=0.5, scoring="min")(upd, ctx)
     ctx2 = _ctx(upd, [[1.0], [1.0], [1.0], [1.0]], [1.0], state=dec1.state)
     upd2 = torch.tensor([[1.0], [1.0], [1.0], [1.0]])
-    dec2 = Gauntlet(top_g=2, alpha=0.5)(upd2, ctx2)
+    dec2 = Gauntlet(top_g=2, alpha=0.5, scoring="min")(upd2, ctx2)
     assert dec2.state["rating"][2] == pytest.approx(-0.25 + 0.5)  # 0.5·(−0.5) + 0.5·1
     assert dec2.state["rating"][0] == pytest.approx(1 / 12 + 0.5)
 
@@ -91,7 +92,7 @@ def test_commit_reveal_flags_late_wrong_and_shared_digests():
     # in the defense: a flagged peer is not aggregated, gets ŝ = −1 and no reward
     ctx = _ctx(upd[:2, :1], [[1.0], [3.0]], [2.0], commits={0: (row_digest(upd[0, :1]), 0.1),
                                                              1: (row_digest(upd[1, :1]), 1.5)})
-    dec = Gauntlet(top_g=2, alpha=1.0, commit_reveal=True)(upd[:2, :1], ctx)
+    dec = Gauntlet(top_g=2, alpha=1.0, commit_reveal=True, scoring="min")(upd[:2, :1], ctx)
     assert dec.accepted.tolist() == [True, False] and dec.state["rating"][1] == -1.0
     assert dec.state["rewards"] == {0: 1.0, 1: 0.0}
 
@@ -241,7 +242,58 @@ def test_colluding_seats_in_the_federation():
                "federation": {"clients": 10, "malicious_fraction": 0.2, "rounds": 2, "local_steps": 5,
                               "batch_size": 16, "partition": "iid"},
                "attack": {"name": "lazy_scaled", "validator_seats": seats},
-               "defense": {"name": "gauntlet", "top_g": 5, "validators": 3}}
+               "defense": {"name": "gauntlet", "top_g": 5, "validators": 3, "scoring": "min"}}
         return reward_metrics(L.Federation(parse_scenario(doc)).run().records)["cheat_reward_ratio"]
 
     assert run(1) == 0.0 and run(2) == pytest.approx(5.0)
+
+
+def test_templar_scoring_by_hand():
+    # issue 33 §2: Templar's validator. 1-D model, w = 0, random target r = 1.
+    # peer 0 (assigned 2, Δ = 1): L_A 4 → 1, own = 0.75; L_R 1 → 0, rand = 1   → b = −1
+    # peer 1 (assigned 3, Δ = 3): L_A 9 → 0, own = 1;    L_R 1 → 4, rand = −3  → b = +1 (trained on its own data)
+    # peer 2 (assigned 1, Δ = 0.5): L_A 1 → 0.25, own = 0.75; L_R same, rand = 0.75 → b = −1 (no gap)
+    upd = torch.tensor([[1.0], [3.0], [0.5]])
+    ctx = _ctx(upd, [[2.0], [3.0], [1.0]], [1.0])
+    assert relative_improvement(torch.tensor([4.0, 9.0, 1.0]), torch.tensor([1.0, 0.0, 0.25])).tolist() == [
+        0.75, 1.0, 0.75]
+    assert templar_indicator(torch.tensor([0.75, 1.0, 0.75]), torch.tensor([1.0, -3.0, 0.75])).tolist() == [
+        -1.0, 1.0, -1.0]
+    dec = Gauntlet(top_g=2)(upd, ctx)  # scoring = "templar" is the default
+    assert dec.state["scores"] == {0: 1.0, 1: -3.0, 2: 0.75}  # the random batch's relative improvement
+    assert dec.state["indicator"] == {0: -1.0, 1: 1.0, 2: -1.0}
+    assert dec.state["bma"] == pytest.approx({0: -0.05, 1: 0.05, 2: -0.05})  # β = 0.05
+    # the rating: one Plackett–Luce game (openskill's defaults), places by score 0 > 2 > 1
+    from openskill.models import PlackettLuce
+
+    m = PlackettLuce()
+    games = m.rate([[m.rating()], [m.rating()], [m.rating()]], scores=[1.0, -3.0, 0.75])
+    want = {c: (t[0].mu, t[0].sigma) for c, t in enumerate(games)}
+    assert {c: tuple(v) for c, v in dec.state["skill"].items()} == pytest.approx(want)
+    # final = ordinal · max(0, B): only peer 1 has B > 0, and its ordinal (last place) is negative
+    ordinal1 = want[1][0] - 3 * want[1][1]
+    assert ordinal1 < 0 and dec.state["rating"] == pytest.approx({0: 0.0, 1: ordinal1 * 0.05, 2: 0.0})
+    assert dec.accepted.tolist() == [False, False, False] and set(dec.state["rewards"].values()) == {0.0}
+    # a second window in which every peer repeats: peer 0 keeps winning the games but its indicator
+    # stays −1, so it is never paid; the rule pays only a peer with B > 0 and a positive ordinal
+    state = dec.state
+    for _ in range(40):
+        state = Gauntlet(top_g=2)(upd, _ctx(upd, [[2.0], [3.0], [1.0]], [1.0], state=state)).state
+    assert state["rating"][0] == 0.0 and state["bma"][0] < 0 and state["skill"][0][0] > state["skill"][1][0]
+
+
+def test_templar_pays_a_peer_that_improves_its_own_batch_and_the_random_one():
+    # two honest peers whose own batches improve more than the random one (b = +1, positive rand) and a
+    # copier whose own batch improves no more than the random one (b = −1): only the honest are paid
+    upd = torch.tensor([[1.0], [1.2], [1.1]])
+    ctx = _ctx(upd, [[1.0], [1.2], [0.0]], [1.1])  # copier (peer 2): assigned 0, it sent another's update
+    state: dict = {}
+    for _ in range(30):
+        dec = Gauntlet(top_g=3)(upd, _ctx(upd, [[1.0], [1.2], [0.0]], [1.1], state=state))
+        state = dec.state
+    assert dec.state["indicator"][2] == -1.0 and dec.state["rewards"][2] == 0.0
+    assert dec.state["rewards"][0] + dec.state["rewards"][1] == pytest.approx(1.0)
+    # the earlier rule ("min") pays that copier, whose smaller improvement is on its own batch
+    mdec = Gauntlet(top_g=3, scoring="min")(upd, ctx)
+    assert mdec.state["scores"][2] < 0
+
