@@ -23,14 +23,15 @@ for a direction v_i that uses the graph:
   halves). Every Byzantine neighbour of node i sends x_i + c · v_i, the factor c chosen by
   ``factor``:
 
-  - ``"line_search"`` (default; the authors' code, ``factor=-16`` there): c ≥ 0 maximising the
-    squared distance between the node's model after its rule (``GossipContext.defense``; the
-    weighted mean when unknown) and where honest gossip alone would take it,
-    x_i − Σ_{j honest} W_ij (x_i − x_j), by their best-effort line search in ``evals``
-    evaluations (:func:`line_maximize`: from c = 0 with step 1, doubling the step while the
-    distance grows, then contracting it by 0.8 around the best c). The raw direction is theirs
-    (no normalisation), and so is the search: the factor adapts to the rule, as in their
-    experiments.
+  - ``"line_search"`` (default; the authors' code searches the factor too, ``factor=-16`` there):
+    c ≥ 0 maximising the squared distance between the node's model after its rule
+    (``GossipContext.defense``; the weighted mean when unknown) and where honest gossip alone
+    would take it, x_i − Σ_{j honest} W_ij (x_i − x_j), by their best-effort line search in
+    ``evals`` evaluations (:func:`line_maximize`: from c = 0 with step 1, doubling the step while
+    the score grows, then contracting it by 0.8 around the best c). The raw direction is theirs
+    (no normalisation), and so is the search procedure; the *score* is not: their release scores a
+    factor by a squared norm ‖x‖² of the resulting model, where this scores the displacement from
+    honest gossip (our choice: it measures the harm to the node whatever the model's scale).
   - ``"raw"``: a fixed c = ``scale`` on the raw direction (their ``factor > 0``).
   - ``"normalised"``: c = ``scale`` · μ₂ / δ_i, μ₂ the eigenvalue of u and δ_i the node's Byzantine
     weight (our own convention, not the authors': it makes ``scale`` mean the same on every
@@ -126,7 +127,7 @@ def line_maximize(score: Callable[[float], float], evals: int = 16, start: float
 @dataclass(frozen=True, slots=True)
 class Spectral(Attack):
     """Send x_i + c · u_i (uᵀX) to honest node i, u the honest subgraph's Fiedler vector, c by
-    ``factor``: ``"line_search"`` against the node's rule (default, as the authors' code),
+    ``factor``: ``"line_search"`` against the node's rule (default; the authors' search, our score),
     ``"raw"`` (c = ``scale``) or ``"normalised"`` (c = ``scale`` · μ₂/δ_i) (module docstring)."""
 
     factor: Literal["line_search", "raw", "normalised"] = "line_search"
@@ -180,7 +181,8 @@ class Spectral(Attack):
 
 def _distance_after_rule(ctx: GossipContext, v: "torch.Tensor") -> Callable[[float], float]:
     """c ↦ ‖(the target's model after its rule, every Byzantine neighbour sending x_i + c v) − (its
-    model after honest gossip alone)‖², as Gaucher et al.'s line search scores a factor."""
+    model after honest gossip alone)‖²: our score for Gaucher et al.'s line search (their release scores
+    a squared norm of the resulting model; module docstring)."""
     import torch
 
     x = ctx.target_model
