@@ -227,3 +227,37 @@ def test_no_import_circle_among_the_projects_modules():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert mod.circles() == []
+
+
+def test_untrained_reference_has_the_unigram_rate_by_hand():
+    # issue 33 §1: the "does not train" guard compares with the unigram rate in every regime. Train
+    # targets (0, 0, 1, −100 masked), test targets (0, 1): add-one counts (3, 2) → p = (0.6, 0.4);
+    # unigram loss = −(ln 0.6 + ln 0.4)/2; the majority rate of the test labels is 1/2
+    import math
+
+    import torch
+
+    from redteam.federation.setup import untrained_reference
+
+    class _Trainer:
+        def evaluate(self, params, x, y):
+            return 0.25, 1.5
+
+    ref = untrained_reference(_Trainer(), torch.zeros(1), torch.zeros(2, 1), torch.tensor([0, 1]),
+                              train_y=torch.tensor([0, 0, 1, -100]))
+    assert ref["chance_accuracy"] == 0.5
+    assert ref["unigram_loss"] == pytest.approx(-(math.log(0.6) + math.log(0.4)) / 2)
+    # every regime records it in round 0, with the majority rate
+    for sc in (_gossip({"name": "none"}, rounds=1), _server("none")):
+        rec = make_run(sc).run().records[0]
+        assert set(rec.extra["untrained"]) == {"accuracy", "loss", "chance_accuracy", "unigram_loss"}
+
+
+def test_the_defenders_untrained_level_for_a_loss_is_the_better_of_the_model_and_the_unigram_rate():
+    import math
+
+    from redteam.report.defender import Quality, _untrained_of
+
+    rounds = [{"round": 0, "extra": {"untrained": {"loss": 5.5, "unigram_loss": 3.6, "accuracy": 0.0}}}]
+    q = Quality("final_bits_per_byte", "bits_per_byte_increase", "bits per byte", False)
+    assert _untrained_of(rounds, q) == pytest.approx(3.6 / math.log(2))

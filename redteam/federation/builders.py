@@ -88,7 +88,15 @@ def build_attack(spec: "PluginSpec") -> Attack:
 
 
 def build_workload(name: str, params: dict) -> object:
-    return WORKLOADS.create(name, params)
+    """The workload ``name``; one that is not a :class:`~redteam.workloads.base.Workload` is refused
+    by name (the engine reads the attributes that base declares: ``input_kind``, ``image_shape``)."""
+    from ..workloads.base import Workload
+
+    wl = WORKLOADS.create(name, params)
+    if not isinstance(wl, Workload):
+        raise InvalidParameter(f"workload {name!r} is not a redteam.workloads.base.Workload (got {type(wl).__name__}); "
+                               "subclass it (docs/plugins.md)")
+    return wl
 
 
 def build_compressor(spec: "TransportSpec") -> object:

@@ -257,7 +257,8 @@ def build_setup(scenario: Any, topology: Placement, *, device: str = "cpu", atta
         spec=spec, params_init=params_init, params0=params0, start_info=dict(start_info), trainer=trainer,
         local=local_training(scenario.federation), states=ClientStates(n, dev), untrained={})
     # evaluation only: no random stream advances
-    return dataclasses.replace(setup, untrained=untrained_reference(trainer, params_init, test_x, test_y))
+    return dataclasses.replace(setup, untrained=untrained_reference(trainer, params_init, test_x, test_y,
+                                                                    train_y=ds.train_y))
 
 
 def _partition(scenario: Any, topology: Placement, workload: Any, ds: Any, atk: Attack, attack_name: str,
@@ -300,17 +301,32 @@ def _partition(scenario: Any, topology: Placement, workload: Any, ds: Any, atk: 
 
 
 def untrained_reference(trainer: BatchedTrainer, params_init: torch.Tensor, test_x: torch.Tensor,
-                        test_y: torch.Tensor) -> dict[str, float | None]:
+                        test_y: torch.Tensor, train_y: torch.Tensor | None = None) -> dict[str, float | None]:
     """What "learned nothing" means on this test set (the defender's summary flags a defense
     whose clean model is no better): the untrained model's accuracy and loss (the fresh
-    initialisation, before any warm-up or ``start_from``), and the majority-class rate of the
-    test labels (``None`` where the labels are not class ids)."""
+    initialisation, before any warm-up or ``start_from``); the majority-class rate of the test
+    labels (``chance_accuracy``); and the unigram loss (``unigram_loss``, nats): the test
+    cross-entropy of predicting every target by the training targets' frequencies (add-one
+    smoothed over the classes), the best a model that ignores its input can do — for a language
+    model, the rate a model must beat to have learned anything of the context. Both ``None``
+    where the labels are not class ids."""
     acc, loss = trainer.evaluate(params_init, test_x, test_y)
-    chance = None
-    y = test_y
-    if y.dtype in (torch.int64, torch.int32, torch.int16, torch.uint8) and y.numel() and int(y.min()) >= 0:
-        chance = float(torch.bincount(y.reshape(-1).long()).max()) / y.numel()
-    return {"accuracy": acc, "loss": loss if math.isfinite(loss) else None, "chance_accuracy": chance}
+    chance = unigram = None
+    y = test_y.reshape(-1)
+    ints = (torch.int64, torch.int32, torch.int16, torch.uint8)
+    if test_y.dtype in ints and y.numel() and int(y.min()) >= 0:
+        chance = float(torch.bincount(y.long()).max()) / y.numel()
+    if test_y.dtype in ints and y.numel():
+        y = y[y >= 0].long()  # a language model's masked targets (−100) are not scored
+        src = y if train_y is None or train_y.dtype not in ints else train_y.reshape(-1)
+        src = src[src >= 0].long().cpu()
+        if y.numel() and src.numel():
+            k = int(max(int(src.max()), int(y.max()))) + 1
+            counts = torch.bincount(src, minlength=k).to(torch.float64) + 1.0
+            logp = torch.log(counts / counts.sum())
+            unigram = float(-logp[y.cpu()].mean())
+    return {"accuracy": acc, "loss": loss if math.isfinite(loss) else None, "chance_accuracy": chance,
+            "unigram_loss": unigram}
 
 
 def fill_image_shape(spec: Any, shape: tuple[int, ...]) -> Any:

@@ -144,7 +144,7 @@ class BatchedTrainer:
 
         self._loss = loss
         self._vmapped: Callable[..., torch.Tensor] = vmap(grad(loss))
-        self._rows = int(workload.cpu_grad_rows or 0)
+        self._rows = int(getattr(workload, "cpu_grad_rows", 0) or 0)  # a bare workload (tests) declares none
 
     def _chunked(self, params: torch.Tensor) -> bool:
         return 0 < self._rows < int(params.shape[0]) and params.device.type == "cpu"

@@ -21,8 +21,9 @@ Per settings group (a matrix with ``[matrix.settings]`` axes has several) and pe
 * the quality the worst attack takes away, in absolute terms: (best clean quality in the group
   − the defense's worst quality under attack) / (best clean quality − the untrained level),
   where the *untrained level* is the better of the untrained model and the majority-class rate
-  (the federation evaluates the initial model once per run); 0 = as good as the best clean
-  model, 1 = no better than a model that never trained;
+  (for a loss: the better of the untrained model's loss and the unigram rate, predicting every
+  target by its training frequency; every regime evaluates them once per run); 0 = as good as
+  the best clean model, 1 = no better than a model that never trained;
 * the worst ASR.
 
 A defense whose model an attack destroyed (a non-finite loss, a refused step) has harm 1 there.
@@ -241,8 +242,10 @@ def _untrained_of(rounds: Any, quality: Quality) -> float | None:
     if quality.higher_is_better:
         vals = [v for v in (_num(ref.get("accuracy")), _num(ref.get("chance_accuracy"))) if v is not None]
         return max(vals) if vals else None
-    loss = _num(ref.get("loss"))
-    return loss / math.log(2) if loss is not None else None
+    # the better of the untrained model and the unigram rate (a language model that does not beat
+    # predicting each byte by its frequency has learned nothing of the context)
+    vals = [v for v in (_num(ref.get("loss")), _num(ref.get("unigram_loss"))) if v is not None]
+    return min(vals) / math.log(2) if vals else None
 
 
 def _rounds_flagged(rounds: Any) -> bool:
