@@ -128,7 +128,11 @@ def openskill_update(ratings: Mapping[int, tuple[float, float]], ids: list[int],
     finite = [v for v in vals if v == v and abs(v) != float("inf")]
     floor = (min(finite) if finite else 0.0) - 1.0
     vals = [v if (v == v and abs(v) != float("inf")) else floor for v in vals]
-    if len(ids) < 2:
+    if len(ids) < 2:  # no game with one player: a new peer gets the model's starting rating
+        for c in ids:
+            if c not in out:
+                first = model.rating()
+                out[c] = (float(first.mu), float(first.sigma))
         return out
     teams = [[model.rating(mu=ratings[c][0], sigma=ratings[c][1]) if c in ratings else model.rating()] for c in ids]
     rated = model.rate(teams, scores=vals)
@@ -260,6 +264,13 @@ class Gauntlet(Aggregator):
 
     def validate_alpha(self, v: float) -> None:
         check_number(self, "alpha", v, low=0.0, low_open=True, high=1.0)
+
+    @property
+    def unanimity(self) -> bool:  # type: ignore[override]
+        """Templar's scoring aggregates only peers whose indicator average is positive: n copies
+        of one update give no such evidence (their own and random improvements tie, b = −1), so
+        it aggregates nothing rather than x. The ``"min"`` rule keeps unanimity."""
+        return self.scoring != "templar"
 
     def validate_bma_alpha(self, v: float) -> None:
         check_number(self, "bma_alpha", v, low=0.0, low_open=True, high=1.0)
