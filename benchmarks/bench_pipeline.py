@@ -164,7 +164,7 @@ def _time_single(run, args: argparse.Namespace, functional: bool) -> dict[str, A
 
     model, spec = run.model, run.spec
     x_all, y_all = run.train_x, run.train_y
-    gen = run._torch["train"]  # the run's training stream (private; tests/test_swarm.py reads it too)
+    gen = run.torch_rng["train"]  # the run's training stream
     M, B, lr = args.micro_batches, args.micro_batch_size, args.lr
     n = x_all.shape[0]
     t = time.perf_counter()

@@ -135,7 +135,7 @@ def export(clients: int, rounds: int, seed: int, path: str) -> None:
             or loc.weight_decay or fc.clients_per_round or fed.malicious or fed.server_lr != 1.0):
         raise SystemExit("export: the scenario no longer is plain FedAvg with i.i.d. batches; update export()")
     gen = torch.Generator()
-    gen.set_state(fed._torch["train"].get_state())  # the stream the run's training will draw from
+    gen.set_state(fed.torch_rng["train"].get_state())  # the stream the run's training will draw from
     n, steps, b = clients, loc.steps, loc.batch_size
     sizes = fed.data.sizes.cpu()
     batches = np.empty((rounds, steps, n, b), dtype=np.int64)

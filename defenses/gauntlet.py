@@ -295,6 +295,10 @@ class Gauntlet(Aggregator):
         if ctx.evaluate_loss is None and ctx.evaluate_loss_assigned is None:
             raise InvalidParameter("Gauntlet needs ctx.evaluate_loss (server-held data) or "
                                    "ctx.evaluate_loss_assigned (the peers' assigned batches); both are None")
+        if self.scoring == "templar" and ctx.evaluate_loss_assigned is None:
+            raise InvalidParameter("Gauntlet(scoring='templar') compares each peer's improvement on its assigned batch "
+                                   "with the random batch's, and ctx.evaluate_loss_assigned is None (the engine offers "
+                                   "no assignment here); use scoring = 'min'")
         ok = finite_rows(updates)
         safe = torch.where(ok[:, None], updates, torch.zeros_like(updates))
         zeros = torch.zeros_like(safe)

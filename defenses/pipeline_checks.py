@@ -110,17 +110,24 @@ class RedundantRecompute(_HopCheck):
         if not others:
             return HopVerdict(False, False)
         verifier = others[int(rng.integers(len(others)))]
-        with torch.no_grad():  # the verifier's answer (a colluding accomplice reports what the peer sent)
-            ref = view.recompute(stage, verifier.pid, peer.pid, inp.detach(), stage_params.detach(), sent.detach())
-            got = sent.detach()
+        got = sent.detach()
+        why: list[str] = []
+
+        def matches(ref: "torch.Tensor") -> bool:  # what an honest verifier checks on its recomputation
             if got.shape != ref.shape:
-                return HopVerdict(True, True, f"redundant recompute: output shape {tuple(got.shape)} "
-                                              f"!= {tuple(ref.shape)}", verifier.pid)
+                why.append(f"redundant recompute: output shape {tuple(got.shape)} != {tuple(ref.shape)}")
+                return False
             gap = float((got - ref).abs().max()) if ref.numel() else 0.0
             bound = self.tolerance * (1.0 + float(ref.abs().max()) if ref.numel() else 1.0)
-        if not gap <= bound:
-            return HopVerdict(True, True, f"redundant recompute by peer {verifier.pid}: max |Δ| = {gap:.3g} "
-                                          f"> {bound:.3g}", verifier.pid)
+            if not gap <= bound:
+                why.append(f"redundant recompute by peer {verifier.pid}: max |Δ| = {gap:.3g} > {bound:.3g}")
+                return False
+            return True
+
+        with torch.no_grad():  # the verifier's answer (a colluding accomplice vouches)
+            ok = view.verifier_agrees(stage, verifier.pid, peer.pid, inp.detach(), stage_params.detach(), matches)
+        if not ok:
+            return HopVerdict(True, True, why[0] if why else "redundant recompute: mismatch", verifier.pid)
         return HopVerdict(False, True, verifier=verifier.pid)
 
 
@@ -170,12 +177,10 @@ class ActivationCommitment(_HopCheck):
     def verify_hop(self, view: Any, stage: int, peer: Any, inp: "torch.Tensor", sent: "torch.Tensor",
                    stage_params: "torch.Tensor", rng: "np.random.Generator", memory: dict | None = None) -> HopVerdict:
         """Take the hop's commitment; keep it with its input when the hop is sampled for audit
-        (and the output the peer published, which an auditor that colludes with it echoes).
         Nothing is decided on the hop itself (:meth:`audit_round` decides)."""
         if memory is None or self.fraction <= 0 or rng.random() >= self.fraction:
             return HopVerdict(False, False)
-        memory.setdefault("log", []).append((stage, peer.pid, inp.detach(), commitment(sent, self.bits),
-                                             sent.detach()))
+        memory.setdefault("log", []).append((stage, peer.pid, inp.detach(), commitment(sent, self.bits)))
         return HopVerdict(False, False)
 
     def audit_round(self, view: Any, stage_params: Any, rng: "np.random.Generator",
@@ -187,14 +192,15 @@ class ActivationCommitment(_HopCheck):
 
         out: list[tuple[int, HopVerdict]] = []
         log, memory["log"] = memory.get("log", []), []
-        for stage, pid, inp, digest, sent in log:
+        for stage, pid, inp, digest in log:
             others = [p for p in view.peers if p.stage == stage and p.pid != pid and p.banned_at is None]
             if not others:
                 continue
             verifier = others[int(rng.integers(len(others)))]
-            with torch.no_grad():  # the auditor's answer (a colluding accomplice echoes the published output)
-                ref = view.recompute(stage, verifier.pid, pid, inp, stage_params(stage).detach(), sent)
-            if commitment(ref, self.bits) != digest:
+            with torch.no_grad():  # the auditor's answer (a colluding accomplice vouches)
+                ok = view.verifier_agrees(stage, verifier.pid, pid, inp, stage_params(stage).detach(),
+                                          lambda ref: commitment(ref, self.bits) == digest)
+            if not ok:
                 out.append((pid, HopVerdict(True, True, f"commitment audit by peer {verifier.pid}: the hop's output "
                                                         f"does not match its recomputation ({self.bits} bits)",
                                             verifier.pid)))

@@ -168,8 +168,9 @@ class PipelineCheck(Filter):
     path it accepts every update unchanged.
 
     What the regime calls, each with ``view`` (:class:`redteam.federation.swarm.CheckView`: the
-    round, the peers' public state — pid, stage, banned — the stage forward, and ``recompute``,
-    which answers as the drawn verifier would; a check never learns who is malicious):
+    round, the peers' public state — pid, stage, banned — the stage forward, and
+    ``verifier_agrees``, which answers as the drawn verifier would; a check never learns who is
+    malicious, only the answer):
 
     * :meth:`verify_hop` on every hop;
     * :meth:`verify_backward` on the gradient each peer sends back, when ``watches_backward``;

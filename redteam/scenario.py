@@ -69,7 +69,6 @@ __all__ = [
     "parse_window",
     "load_scenario",
     "load_document",
-    "load_matrix",
     "parse_scenario",
 ]
 

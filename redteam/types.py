@@ -509,8 +509,9 @@ class Attack:
     skips_compute: ClassVar[bool] = False
     #: a pipeline peer that leaves just before its stage's sync
     leaves_before_sync: ClassVar[bool] = False
-    #: a pipeline peer's accomplices vouch for it when they are drawn to recompute its hop
-    colluding_verifiers: ClassVar[bool] = False
+    #: a pipeline peer's accomplices vouch for it when they are drawn to recompute its hop (the
+    #: attackers collude unless an attack says otherwise)
+    colluding_verifiers: ClassVar[bool] = True
 
     #: the capabilities above, by name (the plugin guide documents each)
     CAPABILITIES: ClassVar[tuple[str, ...]] = (

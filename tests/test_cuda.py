@@ -176,8 +176,11 @@ def run_trace(sc: Any, device: str, *, perturb: Callable[[torch.Tensor], torch.T
         seen.append((id(fed), p.detach().to("cpu", torch.float64).clone(), p.device.type))
         return evaluate(fed, p)
 
-    def train_perturbed(*args: Any, **kwargs: Any) -> torch.Tensor:
-        return perturb(train(*args, **kwargs))  # type: ignore[misc]
+    def train_perturbed(*args: Any, **kwargs: Any) -> Any:
+        import dataclasses
+
+        out = train(*args, **kwargs)  # a stages.Trained: its rows perturbed
+        return dataclasses.replace(out, sent=perturb(out.sent))  # type: ignore[misc]
 
     with mock.patch.object(stages, "evaluate", spy), \
             mock.patch.object(stages, "train", train_perturbed if perturb is not None else train):
@@ -197,7 +200,7 @@ def run_trace(sc: Any, device: str, *, perturb: Callable[[torch.Tensor], torch.T
         params=params,
         param_devices=devices,
         n_test=int(fed.test_y.shape[0]),
-        n_asr=int(fed._targeted[0].shape[0]) if fed._targeted is not None else 0,
+        n_asr=int(fed.probes.targeted[0].shape[0]) if fed.probes.targeted is not None else 0,
     )
 
 

@@ -193,3 +193,14 @@ def test_first_divergence_costs_at_most_the_training_and_nothing_on_an_honest_lo
     first, cost = first_divergence(loss, job, _forge(log, (3,)), TOL)
     assert (first, cost) == (3, 12)  # checkpoint 3 is step 12: the replay stops there
 
+
+
+def test_a_dispute_over_the_start_blames_the_log_that_left_the_committed_start():
+    # the challenger's w₀ is off by one: the logs differ at checkpoint 0, and the claim (which starts
+    # at the committed w₀) is the right one
+    loss, job = _job(steps=8)
+    log = train_log(loss, job)
+    off = [log[0] + 1.0, *log[1:]]
+    d = bisect_divergence(loss, job, log, off, TOL)
+    assert d.first == 0 and d.claimed_ok is True and d.replayed == 0
+    assert bisect_divergence(loss, job, off, log, TOL).claimed_ok is False

@@ -144,13 +144,15 @@ class AsyncRun:
         self.jobs: list[Job] = []
 
     # ------------------------------------------------------------------ timing
-    def job_seconds(self, client: int) -> float:
-        """How long one job of ``client`` takes (module docstring), jitter included."""
+    def job_seconds(self, client: int, base: int = 0) -> float:
+        """How long one job of ``client`` from version ``base`` takes (module docstring), jitter
+        included; under ``local_epochs`` its steps follow the data of that version's phase (clean
+        outside the attack window)."""
         fed = self.fed
         net = fed.network
         steps = fed.local.steps
         if fed.local.epochs is not None:
-            size = int(fed.data.sizes[client])
+            size = int(fed.phases[int(fed.plan.active(base))][0].sizes[client])
             steps = int(math.ceil(fed.local.epochs * size / fed.local.batch_size))
         with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
             t = float(steps * net.compute_s[client] + 4.0 * fed.spec.dim / net.bytes_per_s[client]
@@ -198,6 +200,7 @@ class AsyncRun:
         records: list[RoundRecord] = []
         t_run = time.perf_counter()
         self._weights = fed.weights
+        start_info = fed.setup.start_record()  # the model the run starts from, as evaluated before step 0
 
         version = 0
         now = 0.0
@@ -212,7 +215,7 @@ class AsyncRun:
 
         def start(client: int, at: float) -> None:
             malicious = bool(fed.is_malicious[client]) and attacking and fed.plan.active(version)
-            job = Job(len(jobs), client, version, at, at + self.job_seconds(client), malicious)
+            job = Job(len(jobs), client, version, at, at + self.job_seconds(client, version), malicious)
             jobs.append(job)
             cohorts.setdefault(version, []).append(job)
             served[client] = version
@@ -274,7 +277,8 @@ class AsyncRun:
             ctx = server_context(fed.torch_rng["defense"], rnd=rnd, weights=w, global_params=params, previous_update=prev_update,
                                  state=defense_state, client_ids=clients,
                                  evaluate_loss=stages._evaluate_loss(fed, params),
-                                 root_update=stages._root_update(fed, params))
+                                 root_update=stages._root_update(fed, params),
+                                 evaluate_loss_assigned=stages._evaluate_assigned(fed, params))
             extra: dict[str, Any] = {}
             refused: list[dict[str, Any]] = []
             t_def = time.perf_counter()
@@ -307,7 +311,7 @@ class AsyncRun:
             version += 1
             acc, loss, scored = stages.evaluate(fed, params)
             extra.update(scored)
-            extra.update(standard_extra(fed.setup, rnd, active=fed.plan.active(rnd)))
+            extra.update(standard_extra(fed.setup, rnd, active=fed.plan.active(rnd), start=start_info))
             accepted = [False] * n
             malicious = [False] * n
             participating = [False] * n

@@ -183,8 +183,8 @@ def bisect_divergence(loss_fn, job: PeerJob, claimed: list[torch.Tensor], other:
         return Dispute(None, comparisons, 0, None)
     lo, hi = 0, len(a) - 1  # the logs agree up to lo (the committed start), differ by hi
     comparisons += 1
-    if a[0] != b[0]:
-        return Dispute(0, comparisons, 0, False)
+    if a[0] != b[0]:  # the start itself differs: the committed w₀ says which log is wrong
+        return Dispute(0, comparisons, 0, checkpoint_digest(claimed[0]) == checkpoint_digest(job.w0))
     while hi - lo > 1:
         mid = (lo + hi) // 2
         comparisons += 1

@@ -117,8 +117,8 @@ def record(rnd: int, acc: float, loss: float, *, accepted: Sequence[bool], malic
            rejected: Mapping[int, str] | None = None, bytes_on_wire: int = 0, sim_time_s: float = 0.0,
            started: float, defense_time_s: float = 0.0, extra: dict[str, Any] | None = None,
            wall_time: Callable[[], float] | None = None) -> RoundRecord:
-    """The round's :class:`~redteam.types.RoundRecord` (``started``: its ``perf_counter`` start;
-    a non-finite loss is recorded as +inf)."""
+    """The round's :class:`~redteam.types.RoundRecord` (``started``: its ``perf_counter`` start).
+    The loss is recorded as given (gossip passes +inf for a non-finite mean over its nodes)."""
     import time
 
     now = (wall_time or time.perf_counter)()

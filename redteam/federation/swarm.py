@@ -121,6 +121,10 @@ class PipelinePlacement:
 
     def check_workload(self, workload: Any) -> None:
         pl = self.scenario.pipeline
+        name = self.scenario.workload.name
+        if name not in self.support.workloads:
+            raise InvalidParameter(f"[pipeline]: the pipeline regime cuts the 'text' transformer into stages; "
+                                   f"workload {name!r} is not one")
         layers = int(workload.layers)
         if layers < pl.stages:
             raise InvalidParameter(f"[pipeline].stages = {pl.stages}: the transformer has {layers} layers; every stage "
@@ -152,10 +156,9 @@ class PeerInfo:
 
 class CheckView:
     """What the pipeline regime shows its checks (:class:`redteam.pipeline.PipelineCheck`): the
-    round, the peers' public state, a stage's forward, and :meth:`recompute` — the answer of the
-    peer drawn to verify a hop, which the engine gives as that peer would: honestly, or, for a
-    peer whose attack colludes (``Attack.colluding_verifiers``) verifying an accomplice, the output
-    the accomplice sent."""
+    round, the peers' public state, a stage's forward, and :meth:`verifier_agrees` — the answer of
+    the peer drawn to verify a hop, which the engine gives as that peer would: honestly, or, for a
+    peer whose attack colludes (``Attack.colluding_verifiers``) verifying an accomplice, yes."""
 
     def __init__(self, run: "SwarmRun") -> None:
         self._run = run
@@ -171,15 +174,17 @@ class CheckView:
     def stage_forward(self, stage: int, inp: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
         return self._run.stage_forward(stage, inp, flat)
 
-    def recompute(self, stage: int, verifier: int, peer: int, inp: torch.Tensor, flat: torch.Tensor,
-                  sent: torch.Tensor) -> torch.Tensor:
-        """Peer ``verifier``'s recomputation of ``peer``'s hop of ``stage`` (input ``inp``, stage
-        parameters ``flat``), whose published output was ``sent``."""
+    def verifier_agrees(self, stage: int, verifier: int, peer: int, inp: torch.Tensor, flat: torch.Tensor,
+                        test: Callable[[torch.Tensor], bool]) -> bool:
+        """Peer ``verifier``'s answer on ``peer``'s hop of ``stage`` (input ``inp``, stage
+        parameters ``flat``): an honest verifier recomputes the stage's output and applies
+        ``test`` to it; one whose attack colludes (``Attack.colluding_verifiers``) vouches for an
+        accomplice without computing. The check learns only the answer."""
         run = self._run
         v, p = run.peers[verifier], run.peers[peer]
         if v.malicious and p.malicious and run.attack.colluding_verifiers:
-            return sent  # the accomplice vouches: it reports what the peer sent
-        return run.stage_forward(stage, inp, flat)
+            return True  # the accomplice vouches
+        return bool(test(run.stage_forward(stage, inp, flat)))
 
 
 class SwarmRun:

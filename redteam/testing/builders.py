@@ -43,6 +43,7 @@ __all__ = [
     "DEFENSE_KINDS",
     "QuadraticLoss",
     "FixedUpdate",
+    "AssignedLoss",
     "RowReplay",
     "generator",
     "make_updates",
@@ -165,6 +166,26 @@ class QuadraticLoss:
 
 
 @dataclass(frozen=True, slots=True)
+class AssignedLoss:
+    """Each client's assigned-batch loss for tests (``ServerContext.evaluate_loss_assigned``):
+    ``L_c(w + Δ) = ½‖Δ − t_c‖²`` with ``t_c`` the client's own row (its assignment is what it
+    trained on; a non-finite row's target is zero). ``(k, d)`` deltas and ``k`` client ids →
+    ``(k,)`` losses (float64)."""
+
+    ids: tuple[int, ...]
+    rows: "torch.Tensor"
+
+    def __call__(self, deltas: "torch.Tensor", clients: tuple[int, ...]) -> "torch.Tensor":
+        import torch
+
+        where = {c: k for k, c in enumerate(self.ids)}
+        t = self.rows.to(device=deltas.device, dtype=torch.float64)
+        t = torch.where(torch.isfinite(t), t, torch.zeros_like(t))
+        rows = t[[where[int(c)] for c in clients]] if len(clients) else t[:0]
+        return 0.5 * (deltas.to(torch.float64) - rows).square().sum(dim=1)
+
+
+@dataclass(frozen=True, slots=True)
 class FixedUpdate:
     """A server root update for tests (``ServerContext.root_update``): returns a copy of
     ``vector`` on every call, so a defense that modifies it cannot change the next call."""
@@ -228,7 +249,8 @@ def make_server_context(
     * ``previous``: a previous global update (random, or the tensor given) or none;
     * ``server_data``: give the server data: ``evaluate_loss`` is a
       :class:`QuadraticLoss` and ``root_update`` a :class:`FixedUpdate`, both centred on
-      ``target`` (default: the coordinate median of the finite rows), and ``replay_work`` a
+      ``target`` (default: the coordinate median of the finite rows), ``evaluate_loss_assigned`` an
+      :class:`AssignedLoss` centred on each client's own row, and ``replay_work`` a
       :class:`RowReplay` of the rows themselves (every client did its work);
     * ``client_ids``: ``"positions"`` (0 … n−1) or ``"sparse"`` (distinct, increasing
       ids from a larger population, as under churn);
@@ -252,11 +274,12 @@ def make_server_context(
         ids = tuple(sorted(torch.randperm(3 * n, generator=g)[:n].tolist()))
     else:
         ids = tuple(range(n))
-    evaluate = root = replay = None
+    evaluate = root = replay = assigned = None
     if server_data:
         t = _consensus(updates) if target is None else target.to(dtype=dt, device=dev)
         evaluate, root = QuadraticLoss(t.clone()), FixedUpdate(t.clone())
         replay = RowReplay(ids, updates.detach().clone())
+        assigned = AssignedLoss(ids, updates.detach().clone())
     return ServerContext(
         round=round,
         n_clients=n,
@@ -269,6 +292,7 @@ def make_server_context(
         root_update=root,
         client_ids=ids,
         replay_work=replay,
+        evaluate_loss_assigned=assigned,
     )
 
 
