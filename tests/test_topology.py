@@ -63,19 +63,13 @@ def test_gossip_checks_the_poisoned_labels_as_the_server_does():
         make_run(sc)
 
 
-def _packages(root: Path, groups: int, length: int) -> Path:
-    for g in range(groups):
-        d = root / f"pkg{g}"
-        d.mkdir(parents=True)
-        (d / "mod.py").write_text((f"def f{g}(x):\n    return x * {g} + {g * g}\n" * 20)[:length])
-    return root
-
-
 def test_gossip_partitions_a_token_workload_by_its_groups_as_the_server_does(tmp_path):
     # label_sorted on a language model sorts by the windows' groups (packages), not by their next
     # byte: each node's windows come from one package. Before, gossip sorted by next-byte labels
     # and mixed packages in every node.
-    wl = {"name": "text", "text_dir": str(_packages(tmp_path / "c", 6, 400)), "context": 8, "width": 16,
+    from test_near_miss_trigger import _groups  # one source file per package
+
+    wl = {"name": "text", "text_dir": str(_groups(tmp_path / "c", 6, 400)), "context": 8, "width": 16,
           "layers": 1, "heads": 2}
     sc = _gossip({"name": "none"}, workload=wl, federation={"partition": "label_sorted", "batch_size": 4}, rounds=1)
     run = make_run(sc)

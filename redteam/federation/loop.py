@@ -260,16 +260,14 @@ class Federation:
             data_source=data_source,
         )
 
-    def inputs(self, rnd: int, part: np.ndarray, params: torch.Tensor, prev_update: torch.Tensor | None,
-               base: int | None = None) -> RoundInputs:
-        """What the stages of round ``rnd`` take: its participants, their roles and data (clean
-        outside the attack window), the model it starts from. ``base``: the round the roles and
-        data are those of (an asynchronous job's base version)."""
-        at = rnd if base is None else base
-        active = self.plan.active(at)
-        data, weights = self.phases[int(active)]
-        roles = self.plan.roles(at, bool(self.attack.surfaces))
-        return RoundInputs(rnd=at, part=part, part_t=torch.as_tensor(part, dtype=torch.long, device=self.device),
+    def inputs(self, rnd: int, part: np.ndarray, params: torch.Tensor, prev_update: torch.Tensor | None
+               ) -> RoundInputs:
+        """What the stages of round ``rnd`` take (an asynchronous job's base version): its
+        participants, their roles and data (clean outside the attack window), the model it
+        starts from."""
+        data, weights = self.phases[int(self.plan.active(rnd))]
+        roles = self.plan.roles(rnd, bool(self.attack.surfaces))
+        return RoundInputs(rnd=rnd, part=part, part_t=torch.as_tensor(part, dtype=torch.long, device=self.device),
                            roles=roles, data=data, weights=weights, params=params, prev_update=prev_update)
 
     # ------------------------------------------------------------------ one run

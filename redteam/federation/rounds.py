@@ -81,10 +81,6 @@ class Called:
     decision: Decision | None
     refused: str | None = None
 
-    @property
-    def aggregate(self) -> torch.Tensor | None:
-        return None if self.decision is None else self.decision.aggregate
-
 
 def call_defense(defense: Any, rows: torch.Tensor, ctx: ServerContext, *, check_finite: bool = True) -> Called:
     """The one defense call path: the decision, or the refusal (a rule that cannot run on these

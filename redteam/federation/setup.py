@@ -117,8 +117,8 @@ class Partition:
     """The training pool dealt to the clients: ``pool`` (indices of the training split the clients
     share, the server's ``root`` sample held out), ``parts`` (each client's indices into ``pool``),
     ``clean`` (each client's data as dealt) and ``clients`` (what each trains on: a malicious
-    client's poisoned); ``data`` stacks ``clients``, ``clean_data`` stacks ``clean`` (the same
-    object when no data attack acts)."""
+    client's poisoned); ``data`` stacks ``clients``, ``clean_data`` stacks ``clean`` where a run
+    reads it (a windowed data attack, a replaying verifier), else it is ``data``."""
 
     pool: np.ndarray
     root: np.ndarray
@@ -295,7 +295,9 @@ def _partition(scenario: Any, topology: Placement, workload: Any, ds: Any, atk: 
         clients.append(cd)
     data = StackedData.stack(clients).to(dev)
     clean_data = data
-    if poisons:  # poisoned data is used only inside the attack window, and a verifier replays the clean
+    # the clean data is read only outside an attack window (poisoned data is used inside it) and
+    # by a verifier that replays the peers' training: stacked only then
+    if poisons and (not scenario.window.is_full or any(st.replays_work for st in defense.parts())):
         clean_data = StackedData.stack(clean).to(dev)
     return Partition(pool, root_idx, parts, clean, clients, data, clean_data)
 
