@@ -287,6 +287,11 @@ class PipelineSpec:
     micro_batches: int = _rule(8, lambda v: isinstance(v, int) and 1 <= v <= 100_000, "must be an integer in [1, 100000]")
     micro_batch_size: int = _rule(8, lambda v: isinstance(v, int) and 1 <= v <= 65_536, "must be an integer in [1, 65536]")
     routing: Literal["swarm", "flow", "round_robin"] = "swarm"
+    # how each stage applies its merged update: "sgd" (the merged step −lr·g as it is) or "adam"
+    # (Adam, Kingma & Ba, ICLR 2015, with bias correction, β = (0.9, 0.999), ε = 1e-8, step size
+    # [federation] lr, on the merged gradient g = −merged/lr; SWARM trains with an adaptive
+    # optimizer). The peers' rows the [defense] merges are −lr·g either way.
+    optimizer: Literal["sgd", "adam"] = "sgd"
     attacker_stage: int = _rule(1, lambda v: isinstance(v, int) and v >= 0, "must be an integer ≥ 0")
     attackers: int = _rule(0, lambda v: isinstance(v, int) and v >= 0, "must be an integer ≥ 0")
     throughput_sigma: float = _rule(0.5, _nonneg, "must be ≥ 0")

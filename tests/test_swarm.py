@@ -67,6 +67,34 @@ def test_honest_pipeline_is_one_sgd_step_on_the_round_micro_batches(routing):
     assert sum(served.values()) == pl.micro_batches * pl.stages
 
 
+def test_adam_pipeline_is_torch_adam_on_the_round_micro_batches():
+    """optimizer = "adam": with mean and honest peers each round is one step of torch.optim.Adam
+    (default betas and eps) on the mean loss of the round's micro-batches; the stages' moments
+    together are Adam's moments over the whole model, since Adam is coordinate-wise."""
+    d = doc()
+    d["pipeline"]["optimizer"] = "adam"
+    d["federation"]["lr"] = 0.01
+    r, _ = run(d)
+    ref = SwarmRun(parse_scenario(d))
+    flat = ref.params0.clone().requires_grad_(True)
+    opt = torch.optim.Adam([flat], lr=0.01)
+    pl = ref.pl
+    for _ in range(d["federation"]["rounds"]):
+        losses = []
+        for _ in range(pl.micro_batches):
+            idx = torch.randint(0, ref.train_x.shape[0], (pl.micro_batch_size,), generator=ref.torch_rng["train"])
+            out = functional_call(ref.model, ref.spec.unflatten(flat), (ref.train_x[idx],))
+            losses.append(F.cross_entropy(out.reshape(-1, out.shape[-1]), ref.train_y[idx].reshape(-1)))
+        opt.zero_grad()
+        torch.stack(losses).mean().backward()
+        opt.step()
+    assert torch.allclose(r.final_params, flat.detach(), rtol=1e-4, atol=1e-5), \
+        float((r.final_params - flat.detach()).abs().max())
+    sgd = SwarmRun(parse_scenario(doc()))  # the second code path: SGD moves differently
+    sgd.run()
+    assert not torch.allclose(sgd.final_params, r.final_params, atol=1e-4)
+
+
 def test_swarm_routing_follows_throughput_and_is_deterministic():
     d = doc(micro_batches=60, throughput_sigma=1.0)
     a, ra = run(d)

@@ -35,7 +35,11 @@ who trains what and who merges whose updates:
   of its micro-batches; the stage's updates are merged by the scenario's ``[defense]`` (any
   registered rule, weighted by micro-batches served), so the robust aggregators still apply *within*
   a stage. With ``mean`` and honest peers the round is exactly one SGD step on the mean loss of the
-  round's micro-batches, as a single process would take (``tests/test_swarm.py``).
+  round's micro-batches, as a single process would take (``tests/test_swarm.py``). With ``[pipeline]
+  optimizer = "adam"`` the stage applies instead one Adam step (Kingma & Ba, ICLR 2015, bias
+  corrected, β = (0.9, 0.999), ε = 10⁻⁸, step size ``lr``) on the merged gradient −merged/lr, each
+  stage keeping its own moments (SWARM trains with an adaptive optimizer); a stage that kept its
+  parameters in a round does not advance its moments.
 * **checks** — ``[pipeline] checks`` (or a stage of the ``[defense]`` pipeline; ``acts_at =
   "pipeline"``, :mod:`defenses.pipeline_checks`): ``verify_hop`` on every hop (a redundant
   recomputation decides there), optionally ``verify_backward`` on the gradient each peer sends
@@ -256,6 +260,7 @@ class SwarmRun:
         self._stage_state: dict[int, dict] = {}
         self.current_round = 0
         self._prev: dict[int, torch.Tensor] = {}
+        self._adam: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}  # each stage's (m, v, steps)
         self._causal = torch.ones(self.train_x.shape[1], self.train_x.shape[1], dtype=torch.bool,
                                   device=self.device).tril()
         # what a peer knows of the training it joined (offline attacks read it; never modified)
@@ -323,6 +328,18 @@ class SwarmRun:
             return g
 
         return watch
+
+    def _step(self, s: int, merged: torch.Tensor, lr: float) -> torch.Tensor:
+        """The change stage ``s`` applies for its merged update: the update itself (SGD), or one
+        Adam step on the merged gradient ``−merged / lr`` (bias-corrected, the stage's moments)."""
+        if self.pl.optimizer == "sgd":
+            return merged
+        b1, b2, eps = 0.9, 0.999, 1e-8
+        g = -merged / lr
+        m, v, t = self._adam.get(s, (torch.zeros_like(g), torch.zeros_like(g), 0))
+        m, v, t = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g, t + 1
+        self._adam[s] = (m, v, t)
+        return -lr * (m / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt() + eps)
 
     def send_time(self, peer: _Peer) -> float:
         """Simulated seconds for ``peer`` to send one micro-batch's activations (or their
@@ -505,7 +522,7 @@ class SwarmRun:
                 self._stage_state[s] = dict(dec.state)  # each stage's rule keeps its own memory
                 agg = dec.aggregate.to(params.dtype)
                 if bool(torch.isfinite(agg).all()):
-                    new[self.slices[s]] = params[self.slices[s]] + agg
+                    new[self.slices[s]] = params[self.slices[s]] + self._step(s, agg, lr)
                     self._prev[s] = agg.detach()
                 else:
                     refused[s] = f"stage {s} kept its parameters: non-finite aggregate"

