@@ -292,6 +292,11 @@ class PipelineSpec:
     # [federation] lr, on the merged gradient g = −merged/lr; SWARM trains with an adaptive
     # optimizer). The peers' rows the [defense] merges are −lr·g either way.
     optimizer: Literal["sgd", "adam"] = "sgd"
+    # the clean warm-up ([scenario] warmup_rounds) with another optimizer and step size than the
+    # attacked run (unset: the run's): pre-training with Adam, then post-training by plain
+    # averaged SGD steps, where a stage update adds to the weights as task arithmetic assumes
+    warmup_optimizer: Literal["sgd", "adam"] | None = None
+    warmup_lr: float | None = _rule(None, lambda v: v is None or _pos(v), "must be > 0")
     attacker_stage: int = _rule(1, lambda v: isinstance(v, int) and v >= 0, "must be an integer ≥ 0")
     attackers: int = _rule(0, lambda v: isinstance(v, int) and v >= 0, "must be an integer ≥ 0")
     throughput_sigma: float = _rule(0.5, _nonneg, "must be ≥ 0")
@@ -703,6 +708,11 @@ def parse_scenario(
             raise where.err("[pipeline].attacker_stage", pl.attacker_stage, f"must be a stage in [0, {pl.stages - 1}]")
         if pl.attackers > pl.peers_per_stage:
             raise where.err("[pipeline].attackers", pl.attackers, f"is more than the stage's {pl.peers_per_stage} peers")
+        info = kw.get("scenario", ScenarioInfo())
+        for key in ("warmup_optimizer", "warmup_lr"):
+            if getattr(pl, key) is not None and info.warmup_rounds == 0:
+                raise where.err(f"[pipeline].{key}", getattr(pl, key),
+                                "sets the warm-up, and there is none ([scenario] warmup_rounds = 0)")
     if "gossip" in data:
         kw["gossip"] = _check_gossip(_build(GossipSpec, data["gossip"], "gossip", where),
                                      kw.get("federation", FederationSpec()), where)

@@ -305,6 +305,28 @@ def test_pipeline_starts_from_its_own_clean_warm_up():
     assert not torch.equal(r.params0, r.params_init)
 
 
+def test_warm_up_can_pre_train_with_its_own_optimizer_and_step():
+    """warmup_optimizer / warmup_lr: the warm-up is the clean pipeline run with that optimizer and
+    step size (pre-training), the attacked rounds with the run's (post-training); unset, the
+    run's own. Either key without a warm-up is refused by name."""
+    d = doc()
+    d["scenario"]["warmup_rounds"] = 2
+    d["pipeline"].update(warmup_optimizer="adam", warmup_lr=0.01)
+    r, _ = run(d)
+    pre = doc()
+    pre["federation"].update(rounds=2, lr=0.01)
+    pre["pipeline"].update(attackers=0, optimizer="adam")
+    c, _ = run(pre)
+    assert torch.equal(r.params0, c.final_params)
+    same = doc()
+    same["scenario"]["warmup_rounds"] = 2
+    assert not torch.equal(SwarmRun(parse_scenario(same)).params0, r.params0)
+    bad = doc()
+    bad["pipeline"]["warmup_lr"] = 0.01
+    with pytest.raises(InvalidScenario, match=r"\[pipeline\].warmup_lr.*there is none"):
+        parse_scenario(bad)
+
+
 def test_stage_backdoor_vector_backdoors_the_starting_model_and_is_injected_gradually():
     """Offline, the stage's backdoor vector τ (trained on the stage alone, from the starting
     weights) plants the trigger: ASR at θ₀ + τ is far above θ₀'s. Online, the peer adds

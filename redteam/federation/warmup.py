@@ -146,7 +146,10 @@ def warmup_scenario(scenario: "Scenario") -> "Scenario":
                                        reputation_penalty=d.reputation_penalty,
                                        reputation_recovery=d.reputation_recovery, bandwidth_mbps=d.bandwidth_mbps,
                                        bandwidth_sigma=d.bandwidth_sigma, latency_ms=d.latency_ms,
-                                       hop_time_s=d.hop_time_s)
+                                       hop_time_s=d.hop_time_s, optimizer=pipeline.warmup_optimizer or pipeline.optimizer,
+                                       warmup_optimizer=None, warmup_lr=None)
+        if scenario.pipeline.warmup_lr is not None:
+            fed = dataclasses.replace(fed, lr=scenario.pipeline.warmup_lr)
     return dataclasses.replace(
         scenario,
         pipeline=pipeline,
