@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from redteam.types import Attack, AttackContext, ClientData, Surface, TrainingHook, param_error
 
@@ -74,12 +74,19 @@ def _nonneg(obj: object, name: str, v: float) -> None:
 class CopyNoise(_ValidatorSeats, Attack):
     """Copy a random honest peer's update of this round and add relative Gaussian noise.
 
-    * ``noise``: relative noise std σ: each cheat sends x_v + σ·‖x_v‖/√d · N(0, I), x_v a
-      victim drawn uniformly (per cheat, per round) from ``ctx.visible_updates``;
+    * ``noise``: the noise's std σ, in the unit ``noise_mode`` says; each cheat sends
+      x_v + σ·u·N(0, I), x_v a victim drawn uniformly (per cheat, per round) from
+      ``ctx.visible_updates``;
+    * ``noise_mode``: ``"relative"`` (default): u = ‖x_v‖/√d, the victim's RMS coordinate;
+      ``"spread"``: u = the honest updates' spread, √(mean over coordinates of their variance
+      across peers), so that at σ = 1 the copy differs from its victim as much as a fresh honest
+      peer's update differs from the honest mean (its distance to the victim is then √2 less than
+      two honest peers' typical distance, not more): a copier calibrated not to look like a copy;
     * ``validator_seats``: validator seats the cheats also hold (:class:`_ValidatorSeats`).
     """
 
     noise: float = 0.01
+    noise_mode: Literal["relative", "spread"] = "relative"
     validator_seats: int = 0
     surfaces: ClassVar[tuple[str, ...]] = (Surface.UPDATES,)
     omniscient: ClassVar[bool] = True
@@ -88,6 +95,10 @@ class CopyNoise(_ValidatorSeats, Attack):
 
     def validate_noise(self, v: float) -> None:
         _nonneg(self, "noise", v)
+
+    def validate_noise_mode(self, v: str) -> None:
+        if v not in ("relative", "spread"):
+            raise param_error(self, "noise_mode", v, 'must be "relative" or "spread"')
 
     def craft_updates(self, ctx: AttackContext) -> "torch.Tensor":
         import torch
@@ -99,7 +110,12 @@ class CopyNoise(_ValidatorSeats, Attack):
         g = ctx.generator
         pick = torch.randint(0, honest.shape[0], (f,), generator=g, device=g.device).to(honest.device)
         base = work(honest[pick])
-        scale = torch.linalg.vector_norm(base, dim=1, keepdim=True) / math.sqrt(max(base.shape[1], 1))
+        if self.noise_mode == "spread":  # one honest peer: no spread to copy, the copy is exact
+            h = work(honest)
+            spread = h.var(dim=0, unbiased=True).mean().sqrt() if h.shape[0] > 1 else h.new_zeros(())
+            scale = spread.expand(base.shape[0], 1)
+        else:
+            scale = torch.linalg.vector_norm(base, dim=1, keepdim=True) / math.sqrt(max(base.shape[1], 1))
         out = base + self.noise * scale * randn(tuple(base.shape), ctx, base)
         return out.to(dtype=own.dtype, device=own.device)
 

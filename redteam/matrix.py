@@ -8,6 +8,7 @@ state what must hold for them.
     defenses = ["mean", { name = "krum", f = 4 }, { label = "nb+median",
                 pipeline = [{ name = "norm_bound", bound = 2.0 }, { name = "median" }] }]
     seeds    = 2                               # or an explicit list: [0, 1]
+    defender_metric = "cheat_reward_ratio"     # optional: what the defender's summary ranks by
     [matrix.settings]                          # any scalar setting, by its key path
     "federation.malicious_fraction" = [0.1, 0.2]
 
@@ -51,6 +52,13 @@ whose kind cannot be told (a plugin that does not load) is not refused. The chec
 the workload classes, so it runs with ``check_plugins`` (``redteam matrix``, and the pytest
 plugin's first run of the file; collection stays torch-free).
 
+``defender_metric`` (optional) names the metric the defender cares about in this scenario
+(e.g. ``cheat_reward_ratio`` for a rewarding validator, whose cheats want payment, not
+damage): the defender's summary then ranks the defenses by their worst seed mean of it over
+the attacks instead of by harm (:mod:`redteam.report.defender`), and the HTML report draws its
+heatmap first. It must be a metric of :data:`redteam.scoring.METRICS` with a direction
+(:data:`redteam.scoring.HIGHER_IS_BETTER`), which says which end is worst; it changes no run.
+
 A **cell** is one (attack, defense, settings) combination; it runs once per seed
 (replicate). A cell's seed is derived from the scenario seed, its settings and the
 replicate index — not from its attack or defense — so every attack and defense of the
@@ -72,7 +80,11 @@ from typing import Any, Callable, Mapping, Sequence
 from .errors import InvalidScenario
 from .scenario_limits import Limits, shown
 
-__all__ = ["Cell", "Expectation", "Matrix", "expand", "derive_seed", "parse_expectations"]
+__all__ = ["Cell", "Expectation", "Matrix", "expand", "derive_seed", "parse_expectations", "defender_metrics",
+           "check_defender_metric", "MATRIX_KEYS"]
+
+#: The keys ``[matrix]`` reads; any other is refused.
+MATRIX_KEYS = ("attacks", "defenses", "seeds", "settings", "defender_metric")
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,6 +353,7 @@ class Matrix:
     cells: tuple[Cell, ...]
     seeds: tuple[int, ...]
     expectations: tuple[Expectation, ...]
+    defender_metric: str | None = None  # [matrix] defender_metric: what the defender's summary ranks by
 
     def __len__(self) -> int:
         return len(self.cells)
@@ -368,6 +381,36 @@ def derive_seed(scenario_seed: int, settings: Sequence[tuple[str, Any]], replica
     """A 63-bit seed from the scenario seed, the cell's settings and the replicate index."""
     blob = json.dumps([scenario_seed, sorted(settings), replicate], sort_keys=True, default=str).encode()
     return int.from_bytes(hashlib.sha256(blob).digest()[:8], "big") >> 1
+
+
+def defender_metrics() -> list[str]:
+    """The metrics ``[matrix] defender_metric`` may name: those of :data:`redteam.scoring.METRICS`
+    that have a direction (:data:`redteam.scoring.HIGHER_IS_BETTER`), in that table's order; a
+    metric with no direction (``bytes_on_wire``, the envelope figures) has no worst case to rank by."""
+    from .scoring import HIGHER_IS_BETTER, METRICS
+
+    return [m for m in METRICS if m in HIGHER_IS_BETTER]
+
+
+def check_defender_metric(value: Any, where: str) -> str:
+    """``value`` as a ``[matrix] defender_metric``, or a one-line :class:`InvalidScenario` that
+    names the key and lists the valid metrics (with the closest ones first, for a typo)."""
+    import difflib
+
+    from .scoring import METRICS
+
+    valid = defender_metrics()
+    key = f"{where}: [matrix].defender_metric = {shown(value)}"
+    if not isinstance(value, str):
+        raise InvalidScenario(f"{key}: must be a metric name (a string); valid: {', '.join(valid)}")
+    if value in valid:
+        return value
+    if value in METRICS:
+        raise InvalidScenario(f"{key}: has no direction (neither higher nor lower is better), so no worst case to "
+                              f"rank defenses by; valid: {', '.join(valid)}")
+    close = difflib.get_close_matches(value.lower(), valid, n=2)
+    hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+    raise InvalidScenario(f"{key}: unknown metric{hint} (valid: {', '.join(valid)})")
 
 
 def _entry_label(entry: Any, kind: str, where: str, i: int) -> tuple[str, dict[str, Any]]:
@@ -435,10 +478,10 @@ def expand(
     mx = doc.get("matrix", {})
     if not isinstance(mx, Mapping):
         raise InvalidScenario(f"{where}: [matrix] must be a table")
-    allowed = ("attacks", "defenses", "seeds", "settings")
     for k in mx:
-        if k not in allowed:
-            raise InvalidScenario(f"{where}: [matrix] has unknown key {_echo(k)} (allowed: {', '.join(allowed)})")
+        if k not in MATRIX_KEYS:
+            raise InvalidScenario(f"{where}: [matrix] has unknown key {_echo(k)} (allowed: {', '.join(MATRIX_KEYS)})")
+    defender_metric = check_defender_metric(mx["defender_metric"], where) if "defender_metric" in mx else None
 
     def axis(key: str, fallback: Any) -> list[tuple[str, dict[str, Any]]]:
         entries = mx.get(key)
@@ -541,7 +584,25 @@ def expand(
 
     exps = parse_expectations(rows, where, cells, workload_is_language_model=kind_of if check_plugins else None,
                               seeds=seeds)
-    return Matrix(tuple(cells), seeds, exps)
+    if defender_metric is not None and check_plugins:
+        _refuse_classifier_metric(defender_metric, cells, kind_of, where)
+    return Matrix(tuple(cells), seeds, exps, defender_metric)
+
+
+def _refuse_classifier_metric(metric: str, cells: Sequence[Cell], is_lm: Callable[[str], bool | None],
+                              where: str) -> None:
+    """A language-model ``defender_metric`` on a matrix with a cell whose workload is known not to be one."""
+    from .scoring import LANGUAGE_MODEL_METRICS
+
+    if metric not in LANGUAGE_MODEL_METRICS:
+        return
+    for cell in cells:
+        name = _workload_of(cell)
+        if isinstance(name, str) and is_lm(name) is False:
+            raise InvalidScenario(
+                f"{where}: [matrix].defender_metric = {shown(metric)} is a language-model metric, but cell {cell.id} "
+                f"runs workload {_echo(name)}, which is not a language model (input_kind is not \"tokens\"): the "
+                "ranking would mean nothing there; name another metric")
 
 
 def _workload_of(cell: Cell) -> Any:

@@ -80,6 +80,24 @@ __all__ = [
 
 _CONTEXT_METRICS = ("final_accuracy", "accuracy_drop")
 
+#: the environment variable that sets ``--redteam-workers``
+WORKERS_ENV = "REDTEAM_PYTEST_WORKERS"
+#: the most worker processes the plugin starts unless told otherwise
+MAX_DEFAULT_WORKERS = 4
+
+
+def _workers(config: pytest.Config) -> int:
+    v = config.getoption("redteam_workers", None) or os.environ.get(WORKERS_ENV)
+    if v is None:
+        return max(1, min(MAX_DEFAULT_WORKERS, os.cpu_count() or 1))
+    try:
+        n = int(v)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise pytest.UsageError(f"--redteam-workers / {WORKERS_ENV} = {v!r}: must be an integer ≥ 1")
+    return n
+
 
 # ------------------------------------------------------------------------------ hooks
 
@@ -95,6 +113,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="metric of the terminal summary table (default: accuracy_drop; final_bits_per_byte for a "
                      "language-model scenario, in its own unit)")
     g.addoption("--redteam-device", metavar="DEVICE", default="cpu", help="device of the runs (cpu, cuda, auto)")
+    g.addoption("--redteam-workers", metavar="N", default=None,
+                help="processes that run a scenario cell's seeds side by side (default: env "
+                     f"{WORKERS_ENV}, else the machine's cores, at most {MAX_DEFAULT_WORKERS}; 1 = in this process). "
+                     "The results do not depend on it")
     parser.addini("redteam_scenarios", type="paths", default=[],
                   help="files or directories of scenario files, besides <rootdir>/scenarios")
     parser.addini("redteam_marks", type="linelist", default=[],
@@ -379,7 +401,8 @@ _Other = tuple["Cell", dict[str, Any], list[dict[str, Any]]]
 class _FileRun:
     """One scenario file's validated matrix, run plan and results store."""
 
-    def __init__(self, path: Path, display: str, out: Path, device: str) -> None:
+    def __init__(self, path: Path, display: str, out: Path, device: str,
+                 execute: "Any | None" = None) -> None:
         from .runner.matrix_run import _exp_dict, plan_units
         from .runner.single import _versions
         from .runner.store import ResultsStore
@@ -389,6 +412,7 @@ class _FileRun:
         rows, b_units, a_units = plan_units(matrix, base.seed, path.name, base_dir=path.parent,
                                             warmup_dir=Path(out) / "warmups")
         self.device = device
+        self.execute = execute  # units → results, side by side (None: one after the other, here)
         self.rows: dict[str, list[Any]] = {}
         for r in rows:
             self.rows.setdefault(r.cell_id, []).append(r)
@@ -409,8 +433,14 @@ class _FileRun:
         rows = self.rows[cell.id]
         finished = self.store.finished_keys()
         need = {k: self.units[k] for r in rows for k in (r.baseline_key, r.run_key) if k not in finished}
-        for unit in sorted(need.values(), key=lambda u: not u.baseline):  # baselines first
-            _record(self.store, unit, execute_unit(unit.doc, self.device))
+        for phase in (True, False):  # baselines first: an attacked run's warm-up and metrics read them
+            units = [u for u in need.values() if u.baseline is phase]
+            if self.execute is not None and len(units) > 1:
+                for unit, result in zip(units, self.execute(units, self.device)):
+                    _record(self.store, unit, result)
+            else:
+                for unit in units:
+                    _record(self.store, unit, execute_unit(unit.doc, self.device))
         return [self.store.run(r.run_key)["metrics"] for r in rows]
 
     def run_cell(self, cell: "Cell", expectations: Sequence["Expectation"]) -> _Outcome:
@@ -468,6 +498,25 @@ class _State(_SessionRuns):
         self.runs: dict[Path, _FileRun | BaseException] = {}
         self.stores: dict[str, Path] = {}
         self.outcomes: list[_Outcome] = []
+        self.workers = _workers(config)
+        self._pool: Any = None
+
+    def execute(self, units: Sequence[Any], device: str) -> list[dict[str, Any]]:
+        """Run ``units`` side by side in this session's worker processes (started at first use,
+        each with one intra-op thread per share of the cores); their results in order."""
+        from .runner.matrix_run import execute_unit
+
+        if self._pool is None:
+            import multiprocessing as mp
+            from concurrent.futures import ProcessPoolExecutor
+
+            from .runner.matrix_run import _init_worker
+
+            threads = max(1, (os.cpu_count() or 1) // self.workers)
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=mp.get_context("spawn"),
+                                             initializer=_init_worker, initargs=(threads, os.getpid()))
+        futures = [self._pool.submit(execute_unit, u.doc, device, None, u.where, self.workers) for u in units]
+        return [f.result() for f in futures]
 
     def marks_for(self, path: Path, rootpath: Path) -> list[str]:
         rel = path.resolve().relative_to(rootpath.resolve()).as_posix() if path.resolve().is_relative_to(
@@ -496,7 +545,8 @@ class _State(_SessionRuns):
             out = self.store_dir(path)
             self.stores[self.display(path)] = out
             try:
-                self.runs[key] = _FileRun(path, self.display(path), out, self.config.getoption("redteam_device"))
+                self.runs[key] = _FileRun(path, self.display(path), out, self.config.getoption("redteam_device"),
+                                          self.execute if self.workers > 1 else None)
             except Exception as exc:  # remembered: every item of the file fails with it, fast
                 self.runs[key] = exc
         run = self.runs[key]
@@ -508,6 +558,9 @@ class _State(_SessionRuns):
         for run in self.runs.values():
             if isinstance(run, _FileRun):
                 run.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
 
 _STATE = pytest.StashKey[_State]()

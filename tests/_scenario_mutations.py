@@ -127,7 +127,7 @@ def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
 
 HUGE_INTS = [10**9, 10**12, 2**31, 2**53 + 1, 2**63 - 1, 2**63, 2**64 + 7, -(2**63), -1, 0, 10**300]
 SPECIAL_FLOATS = [math.inf, -math.inf, math.nan, 1e308, -0.0, 5e-324, 1e-300]
-KNOWN_KEYS = ["name", "pipeline", "label", "include", "seeds", "settings", "attacks", "defenses",
+KNOWN_KEYS = ["name", "pipeline", "label", "include", "seeds", "settings", "attacks", "defenses", "defender_metric",
               "codec_params", "metric", "min", "max", "attack", "defense", "network", "upper_defense",
               "federation.clients", "federation.batch_size", "federation.local_steps",
               "federation.local_epochs", "federation.rounds", "federation.malicious_fraction",

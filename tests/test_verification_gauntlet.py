@@ -120,6 +120,20 @@ def test_attacks_by_hand():
     noisy = CopyNoise(noise=0.01).craft_updates(_actx(own, honest))
     # each row is within ~σ‖x‖ of a victim (noise std σ‖x‖/√d per coordinate, d = 4)
     assert all(min(float((r - h).norm() / h.norm()) for h in honest) < 0.05 for r in noisy)
+    # noise_mode = "spread": the unit is the honest rows' spread. Two honest rows [0, 0] and
+    # [2, 4]: per-coordinate variances (unbiased) 2 and 8, mean 5, spread √5; σ = 1 adds noise
+    # of std √5 per coordinate, so ‖copy − victim‖² averages d·5 = 10 over many draws
+    pair = torch.tensor([[0.0, 0.0], [2.0, 4.0]])
+    many = torch.zeros(4000, 2)
+    sp = CopyNoise(noise=1.0, noise_mode="spread").craft_updates(_actx(many, pair))
+    # averaged over both honest rows h: E‖c − h‖² = 10 (noise) + ‖h0 − h1‖²/2 (half the time h is
+    # not the victim) = 20
+    assert abs(float((sp - pair[0]).pow(2).sum(1).mean() + (sp - pair[1]).pow(2).sum(1).mean()) / 2
+               - (10.0 + 20.0 / 2)) < 1.0
+    one = CopyNoise(noise=1.0, noise_mode="spread").craft_updates(_actx(own, honest[:1]))
+    assert torch.equal(one, honest[:1].expand(2, -1))  # one honest peer: no spread, an exact copy
+    with pytest.raises(Exception, match="noise_mode"):
+        CopyNoise(noise_mode="absolute")
     assert torch.equal(LazyScaled(steps=1, scale=5.0).craft_updates(_actx(torch.ones(1, 4), honest)),
                        torch.full((1, 4), 5.0))
     assert LazyScaled(steps=2).training_hook(_actx(own, honest)).steps == 2

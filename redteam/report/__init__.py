@@ -23,12 +23,14 @@ from .aggregate import (
     ExpectationResult,
     Report,
     ReportError,
+    SharedDraw,
     Stat,
     aggregate_cells,
     breakdown,
     check_expectations,
     convergence,
     envelope_utilisation,
+    shared_draws,
 )
 from .fail_if import FailIf, FailIfError, parse_fail_if
 from .load import load_report, report_from_rows
@@ -53,6 +55,8 @@ __all__ = [
     "breakdown",
     "envelope_utilisation",
     "check_expectations",
+    "SharedDraw",
+    "shared_draws",
     "FailIf",
     "FailIfError",
     "parse_fail_if",

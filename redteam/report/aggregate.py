@@ -18,6 +18,11 @@ table, Markdown, JSON, CSV and HTML writers only format; no writer computes a nu
 * :func:`envelope_utilisation`: per cell, the worst case over seeds of how close accepted
   malicious updates came to the validation bounds (largest norm / bound, smallest cosine).
 * :func:`check_expectations`: the scenario's ``[[expect]]`` rows against the seed means.
+* :func:`shared_draws`: per defense and metric, the attacks whose cells hold exactly the same
+  per-seed values (values that vary from seed to seed): a figure that does not depend on the
+  attack (e.g. a spot check's ``rounds_to_catch``, drawn from the defense's own sampling) is
+  one sample of its seeds, however many attack rows repeat it; the reports mark those cells
+  with :data:`SHARED_MARK` and say so in one line (:meth:`SharedDraw.note`).
 
 :func:`redteam.report.load.load_report` puts them together from a results store.
 """
@@ -46,6 +51,9 @@ __all__ = [
     "breakdown",
     "envelope_utilisation",
     "check_expectations",
+    "SharedDraw",
+    "SHARED_MARK",
+    "shared_draws",
     "settings_groups",
     "axis_labels",
     "fraction_axis",
@@ -161,6 +169,34 @@ class ExpectationResult:
     other_value: float | None = None  # and that cell's seed mean
 
 
+#: The footnote marker of a cell whose per-seed values are one draw shared with other attacks.
+SHARED_MARK = "†"
+
+
+@dataclass(frozen=True, slots=True)
+class SharedDraw:
+    """Cells of one defense (and settings group) whose per-seed values of ``metric`` are
+    exactly the same, seed by seed: one draw that does not depend on the attack."""
+
+    metric: str
+    defense: str
+    settings: Settings
+    attacks: tuple[str, ...]  # in matrix order (≥ 2)
+    cell_ids: tuple[str, ...]
+    replicates: tuple[int, ...]  # the seeds (replicate indices) the values are over
+    values: tuple[float | None, ...]  # per replicate, in that order (None: undefined in that seed)
+
+    def note(self) -> str:
+        """One line: which cells share the draw, and what it is worth."""
+        from .labels import group_title
+
+        group = f" ({group_title(self.settings)})" if self.settings else ""
+        n, k = len(self.replicates), len(self.attacks)
+        return (f"{self.metric} under {self.defense}{group}: the same per-seed values for {', '.join(self.attacks)} "
+                f"(a draw that does not depend on the attack, e.g. the defense's own sampling): one sample of "
+                f"{n} seed{'s' if n != 1 else ''}, not {k} confirmations")
+
+
 @dataclass(frozen=True, slots=True)
 class Report:
     source: Path  # the store file
@@ -180,6 +216,27 @@ class Report:
     asr_level: float = 0.5
     #: per defense: clean accuracy, cost, worst case, ranking (:mod:`redteam.report.defender`)
     defenders: Any = field(default=None, hash=False)
+    #: cells whose per-seed values of a metric are one draw shared across attacks (:func:`shared_draws`)
+    shared: tuple[SharedDraw, ...] = field(default=(), hash=False)
+
+    def shared_draw(self, cell_id: str, metric: str) -> SharedDraw | None:
+        """The shared draw ``cell_id``'s ``metric`` belongs to, if any."""
+        for d in self.shared:
+            if d.metric == metric and cell_id in d.cell_ids:
+                return d
+        return None
+
+    def shared_cells(self, metric: str) -> frozenset[str]:
+        """The cell ids whose ``metric`` is part of a shared draw (marked :data:`SHARED_MARK`)."""
+        return frozenset(c for d in self.shared if d.metric == metric for c in d.cell_ids)
+
+    def shared_notes(self, metric: str) -> list[str]:
+        """One line per shared draw of ``metric``, starting with the marker (not for a detection
+        rate of a defense that does not reject: the grids show ``n/a`` there)."""
+        from .defender import DETECTION_RATES, rejects
+
+        return [f"{SHARED_MARK} {d.note()}" for d in self.shared if d.metric == metric
+                and (metric not in DETECTION_RATES or rejects(self, d.defense))]
 
     @property
     def out_dir(self) -> Path:
@@ -299,6 +356,48 @@ def aggregate_cells(rows: Sequence[Mapping[str, Any]], *, confidence: float = 0.
         broken = sum(1 for r in done if model_broke(r))
         out.append(CellSummary(cell_id, first["attack"], first["defense"], _settings(first["settings"]),
                                len(rs), len(done), stats, broken, _why_undefined(done)))
+    return tuple(out)
+
+
+def shared_draws(rows: Sequence[Mapping[str, Any]], metrics: Iterable[str] | None = None) -> tuple[SharedDraw, ...]:
+    """Per settings group, defense and metric, the classes of attacks whose cells hold exactly
+    the same per-seed values (the same finished replicates, every value equal to the other
+    cell's of the same replicate, an undefined one included), for classes of ≥ 2 attacks.
+
+    Only values that vary from seed to seed count: a cell needs at least two distinct defined
+    values over its seeds. A vector constant over the seeds (a recall of 1.0 under every attack, a
+    figure the rule fixes, the last round where a target is reached) may be the same because the
+    measure is saturated, not because one draw was repeated, so it is never marked; with one seed
+    nothing is.
+    ``metrics``: the names to look at (default: :data:`REPORT_METRICS`)."""
+    names = list(metrics) if metrics is not None else list(REPORT_METRICS)
+    # (settings, defense) → cell id → (attack, replicate → metrics)
+    groups: dict[tuple[Settings, str], dict[str, tuple[str, dict[int, Mapping[str, Any]]]]] = {}
+    for r in rows:
+        if not r.get("finished") or not isinstance(r.get("metrics"), Mapping):
+            continue
+        rep = r.get("replicate")
+        if not isinstance(rep, int) or isinstance(rep, bool):
+            continue
+        key = (_settings(r["settings"]), str(r["defense"]))
+        cell = groups.setdefault(key, {}).setdefault(str(r["cell_id"]), (str(r["attack"]), {}))
+        cell[1][rep] = r["metrics"]
+    out: list[SharedDraw] = []
+    for (settings, defense), cells in groups.items():
+        if len(cells) < 2:
+            continue
+        for m in names:
+            classes: dict[tuple[tuple[int, float | None], ...], list[tuple[str, str]]] = {}
+            for cell_id, (attack, by_rep) in cells.items():
+                vec = tuple(sorted((rep, _num(ms.get(m))) for rep, ms in by_rep.items()))
+                if len({v for _, v in vec if v is not None}) < 2:
+                    continue  # fewer than two distinct values: cannot be told from a saturated measure
+                classes.setdefault(vec, []).append((attack, cell_id))
+            for vec, members in classes.items():
+                if len(members) >= 2:
+                    out.append(SharedDraw(m, defense, settings, tuple(a for a, _ in members),
+                                          tuple(c for _, c in members), tuple(rep for rep, _ in vec),
+                                          tuple(v for _, v in vec)))
     return tuple(out)
 
 

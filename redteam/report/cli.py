@@ -36,7 +36,10 @@ _DESCRIPTION = textwrap.dedent(
     Values are means over seeds; ± is the half-width of the 95 % Student-t interval.
     Every format but csv starts with the defender's summary: per defense its clean
     accuracy, cost vs mean, worst accuracy drop and ASR (with the attack), detection
-    only for rules that reject, ranked by worst case then clean accuracy.
+    only for rules that reject, ranked by worst case then clean accuracy; a scenario
+    with [matrix] defender_metric = "M" is ranked by its worst M instead, and M's
+    table and heatmap come first. A cell marked † holds exactly the per-seed values
+    of other attacks' cells under the same defense: one draw, named under the table.
 
     --fail-if EXPR gates a pipeline: EXPR is evaluated on each cell's seed means, e.g.
       --fail-if "asr > 0.2 or accuracy_drop > 0.05"
@@ -61,7 +64,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--metric", action="append", default=None, metavar="M",
         help="metric(s) to show; repeat or comma-separate (default: accuracy_drop for table; "
-             "accuracy_drop, asr, recall, fpr for md/html; all for json/csv)",
+             "accuracy_drop, asr, recall, fpr for md/html, after the scenario's [matrix] defender_metric "
+             "if it declares one; all for json/csv)",
     )
     p.add_argument("--out", metavar="FILE", help="write to FILE instead of stdout (html: default DIR/report.html)")
     p.add_argument("--fail-if", metavar="EXPR", help="exit 1 naming every cell for which EXPR holds")
@@ -76,10 +80,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 def _default_metrics(fmt: str, report: Any) -> list[str]:
     from .aggregate import REPORT_METRICS
     from .html import default_html_metrics
-    from .tables import default_table_metric
+    from .tables import default_table_metrics
 
     if fmt == "table":
-        return [default_table_metric(report)]
+        return default_table_metrics(report)
     if fmt in ("md", "html"):
         return default_html_metrics(report)
     return report.applicable(REPORT_METRICS)  # all that mean something for the workload
@@ -217,14 +221,14 @@ def print_summary(console: Any, out_dir: str | Path) -> MatrixSummaryReport:
     be made is printed as the reason, nothing raised."""
     from ..errors import RedteamError
     from .load import load_report
-    from .tables import _markup as escape, default_table_metric, print_tables
+    from .tables import _markup as escape, default_table_metrics, print_tables
 
     try:
         report = load_report(out_dir)
     except RedteamError as exc:
         console.print(f"[yellow]no report: {escape(str(exc))}[/yellow]")
         return MatrixSummaryReport(None)
-    print_tables(console, report, [default_table_metric(report)])
+    print_tables(console, report, default_table_metrics(report))
     bad = [e for e in report.expectations if e.failure]
     if report.expectations:
         style = "red" if bad else "green"

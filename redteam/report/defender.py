@@ -45,6 +45,17 @@ the leader's is marked ``≈1``: the data cannot tell it from the leader. With o
 line says that nothing is tested against noise. The **Pareto set** over (worst quality under
 attack, worst ASR, clean quality) is named in the notes.
 
+**A declared defender metric** (``[matrix] defender_metric``, e.g. ``cheat_reward_ratio`` for a
+rewarding validator whose cheats want payment, not damage): the scenario says which figure its
+defender lives with, so the ranking follows it instead of harm. Per defense, its **worst seed mean
+of that metric over the attacks** (the direction, from :data:`redteam.scoring.HIGHER_IS_BETTER`,
+says which end is worst: the largest of a lower-is-better metric), with the 95 % interval of that
+cell and the attack; trained defenses ranked by it, best first (3 decimals), ties by mean recall
+then clean quality as above; ``≈1`` when that interval overlaps the leader's. Harm, clean quality
+and the other worst cases stay in the table as context, and a defense that does not train here
+is still listed apart, unranked. A group where the metric is undefined in every attacked cell
+is ranked by harm, and its headline says so.
+
 **Headline**: the first lines name the pick, those indistinguishable from it, the defenses that
 do not train, the attacks no defense here stops (every trained defense leaves an ASR ≥
 ``asr_level`` or loses at least half the learnable quality), and destroyed models.
@@ -64,7 +75,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from ..scoring import mean_ci
+from ..scoring import HIGHER_IS_BETTER, mean_ci
 from .aggregate import CellSummary, Stat, _num, _settings
 
 __all__ = [
@@ -79,6 +90,8 @@ __all__ = [
     "DefenderSummary",
     "DETECTION_RATES",
     "defender_summary",
+    "declared_metric",
+    "declared_rank_rule",
     "defender_headline",
     "reference_label",
     "no_attack_labels",
@@ -165,6 +178,9 @@ class DefenderRow:
     caught: int = 0  # attacked cells whose seed-mean recall is ≥ 0.5 (a rule that rejects)
     #: per attacked cell: (attack, quality share lost or None, ASR or None, destroyed)
     by_attack: tuple[tuple[str, float | None, float | None, bool], ...] = ()
+    #: the declared defender metric's worst seed mean over the attacks (that cell's interval), and its attack
+    declared: Stat | None = None
+    declared_attack: str | None = None
 
     @property
     def rank_text(self) -> str:
@@ -184,6 +200,19 @@ class DefenderGroup:
     untrained: float | None = None  # the untrained level in the quality's unit (None: not in the store)
     seeds: int = 0  # the most seeds any cell of the group has finished
     headline: tuple[str, ...] = ()  # the summary's first lines (see :func:`defender_headline`)
+    #: the declared defender metric this group is ranked by (None: ranked by harm)
+    ranked_by: str | None = None
+    #: the scenario declared a metric but this group cannot be ranked by it (why, one line)
+    declared_note: str | None = None
+
+    @property
+    def higher_is_better(self) -> bool:
+        """The direction of :attr:`ranked_by` (from :data:`redteam.scoring.HIGHER_IS_BETTER`)."""
+        return bool(self.ranked_by is not None and HIGHER_IS_BETTER[self.ranked_by])
+
+    @property
+    def rank_rule(self) -> str:
+        return declared_rank_rule(self.ranked_by, self.quality) if self.ranked_by is not None else RANK_RULE
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +220,8 @@ class DefenderSummary:
     reference: str  # the defense the cost is measured against ("mean")
     groups: tuple[DefenderGroup, ...]
     non_rejecting: frozenset[str] = field(default_factory=frozenset)
+    #: the scenario's ``[matrix] defender_metric`` (None: not declared, or not a metric with a direction)
+    metric: str | None = None
 
     def rejects(self, defense: str) -> bool:
         """Whether detection figures of ``defense`` mean anything (see the module doc)."""
@@ -385,6 +416,53 @@ def _harm_of(q: Quality, stat: Stat | None, best: float | None, floor: float | N
     return m, h(lo) if lo is not None else m, h(hi) if hi is not None else m
 
 
+def declared_metric(scenario_doc: Any) -> tuple[str | None, str | None]:
+    """The scenario's ``[matrix] defender_metric`` as stored: ``(metric, None)``, ``(None, None)``
+    when none is declared, or ``(None, why)`` when the stored value is not a metric with a
+    direction (a store made by hand or by another version: the file itself is checked when it
+    loads, :func:`redteam.matrix.check_defender_metric`)."""
+    matrix = scenario_doc.get("matrix") if isinstance(scenario_doc, Mapping) else None
+    if not isinstance(matrix, Mapping) or "defender_metric" not in matrix:
+        return None, None
+    from ..errors import InvalidScenario
+    from ..matrix import check_defender_metric
+
+    try:
+        return check_defender_metric(matrix["defender_metric"], "the stored scenario"), None
+    except InvalidScenario:
+        from ..scenario_limits import shown
+
+        return None, (f"The stored scenario's [matrix] defender_metric = {shown(matrix['defender_metric'])} is not a "
+                      "metric with a direction: ranked by harm.")
+
+
+def declared_rank_rule(metric: str, q: Quality | None = None) -> str:
+    """The ranking rule when the scenario declares ``metric`` as its defender metric."""
+    higher = HIGHER_IS_BETTER[metric]
+    label = q.label if q is not None else "quality"
+    better, worst = ("higher", "smallest") if higher else ("lower", "largest")
+    return (f"ranked by {metric}, the metric this scenario declares its defender cares about ([matrix] "
+            f"defender_metric), not by harm: per defense its worst seed mean over the attacks ({better} "
+            f"is better, so the {worst}), best first; ties by mean recall, then clean "
+            f"{label}; still tied = same rank; a defense that does not train here is not ranked; harm and the "
+            "worst cases are shown for context")
+
+
+def _declared_worst(cells: Sequence[CellSummary], metric: str) -> tuple[Stat | None, str | None]:
+    """The worst seed mean of ``metric`` over ``cells`` (direction-aware) with its cell's interval,
+    and its attack (first in matrix order on ties)."""
+    higher = HIGHER_IS_BETTER[metric]
+    worst: Stat | None = None
+    attack: str | None = None
+    for c in cells:
+        s = c.metrics.get(metric)
+        if s is None or s.mean is None:
+            continue
+        if worst is None or (s.mean < worst.mean if higher else s.mean > worst.mean):  # type: ignore[operator]
+            worst, attack = s, c.attack
+    return worst, attack
+
+
 def defender_summary(
     rows: Sequence[Mapping[str, Any]],
     cells: Sequence[CellSummary],
@@ -399,6 +477,7 @@ def defender_summary(
     ``reference`` is the plugin the cost is measured against; its label in the matrix is
     found with :func:`reference_label` (``scenario_doc``: the scenario as stored)."""
     reference = reference_label(list(dict.fromkeys(c.defense for c in cells)), scenario_doc, reference)
+    declared, declared_problem = declared_metric(scenario_doc)
     idle = no_attack_labels(scenario_doc)
     flagging = _flagging_defenses(rows)
     defenses_all = list(dict.fromkeys(c.defense for c in cells))
@@ -512,6 +591,7 @@ def defender_summary(
             harm = max(p[0] for p in parts) if parts else None
             harm_lo = max(p[1] for p in parts) if parts else None
             harm_hi = max(p[2] for p in parts) if parts else None
+            dm, dm_a = _declared_worst(hit, declared) if declared is not None else (None, None)
             rows_out.append(DefenderRow(
                 None, d, clean[d], cost, wq, wq_cell.attack if wq_cell is not None else None, drop, drop_a,
                 asr, asr_cell.attack if asr_cell is not None else None, can_reject,
@@ -519,24 +599,36 @@ def defender_summary(
                 fpr if can_reject else None, fpr_a if can_reject else None,
                 len(hit), sum(1 for c in mine if c.attack not in idle and c.finished < c.planned),
                 harm, harm_lo, harm_hi, mean_recall, trains[d], destroyed, by_attack=by_attack,
-                caught=sum(1 for v in recalls if v >= 0.5) if can_reject else 0))
+                caught=sum(1 for v in recalls if v >= 0.5) if can_reject else 0,
+                declared=dm, declared_attack=dm_a))
 
-        ranked, unranked = _rank(rows_out, q, bool(attacks))
+        by, note = declared, declared_problem
+        if declared is not None and attacks and not any(r.declared is not None for r in rows_out
+                                                        if r.trains is not False):
+            by, note = None, (f"{declared} (this scenario's defender metric, [matrix] defender_metric) is undefined "
+                              "in every attacked cell here: ranked by harm instead.")
+        ranked, unranked = _rank(rows_out, q, bool(attacks), by)
         ranked = _mark_pareto(ranked, q)
-        ranked = _mark_ties(ranked, seeds)
+        ranked = _mark_ties(ranked, seeds, by)
         group = DefenderGroup(settings, attacks, targeted, ref, tuple(ranked + unranked), q,
-                              untrained, seeds)
+                              untrained, seeds, ranked_by=by if attacks else None, declared_note=note)
         groups.append(replace(group, headline=tuple(defender_headline(group, asr_level=asr_level))))
-    return DefenderSummary(reference, tuple(groups), non_rejecting)
+    return DefenderSummary(reference, tuple(groups), non_rejecting, declared)
 
 
-def _rank(rows: list[DefenderRow], q: Quality, attacked: bool) -> tuple[list[DefenderRow], list[DefenderRow]]:
-    """Trained defenses ranked by :data:`RANK_RULE` (ties share a rank); the rest unranked."""
+def _rank(rows: list[DefenderRow], q: Quality, attacked: bool, by: str | None = None) -> tuple[
+        list[DefenderRow], list[DefenderRow]]:
+    """Trained defenses ranked by :data:`RANK_RULE`, or by the declared metric ``by``
+    (:func:`declared_rank_rule`; ties share a rank); the rest unranked."""
     unranked = sorted((r for r in rows if r.trains is False), key=lambda r: r.defense)
 
     def key(r: DefenderRow) -> tuple[Any, ...]:
         if not attacked:  # only baselines: clean quality decides
             tier, harm = 0, 0.0
+        elif by is not None:  # the declared metric's worst case, best first
+            v = r.declared.mean if r.declared is not None else None
+            tier = 2 if v is None else (1 if r.pending else 0)
+            harm = 0.0 if v is None else (-round(v, 3) if HIGHER_IS_BETTER[by] else round(v, 3))
         else:
             tier = 2 if r.harm is None else (1 if r.pending else 0)
             harm = round(r.harm, 3) if r.harm is not None else 0.0
@@ -574,21 +666,83 @@ def _mark_pareto(rows: list[DefenderRow], q: Quality) -> list[DefenderRow]:
     return out
 
 
-def _mark_ties(rows: list[DefenderRow], seeds: int) -> list[DefenderRow]:
-    """With ≥ 2 seeds, mark the defenses whose harm interval overlaps the leader's."""
-    if seeds < 2 or not rows or rows[0].harm_lo is None:
+def _interval(r: DefenderRow, by: str | None) -> tuple[float | None, float | None]:
+    """The interval the ranking reads: harm's, or the declared metric's worst cell's."""
+    if by is None:
+        return r.harm_lo, r.harm_hi
+    s = r.declared
+    return (None, None) if s is None or s.mean is None else (s.lo, s.hi)
+
+
+def _mark_ties(rows: list[DefenderRow], seeds: int, by: str | None = None) -> list[DefenderRow]:
+    """With ≥ 2 seeds, mark the defenses whose interval (harm's, or the declared metric's
+    ``by``) overlaps the leader's."""
+    lead_lo, lead_hi = _interval(rows[0], by) if rows else (None, None)
+    if seeds < 2 or not rows or lead_lo is None or lead_hi is None:
         return rows
-    lead = rows[0]
     out = [rows[0]]
     for r in rows[1:]:
-        tied = (r.harm_lo is not None and r.harm_hi is not None and not r.pending
-                and r.harm_lo <= lead.harm_hi and lead.harm_lo <= r.harm_hi)
+        lo, hi = _interval(r, by)
+        tied = lo is not None and hi is not None and not r.pending and lo <= lead_hi and lead_lo <= hi
         out.append(replace(r, tied_with_leader=tied))
     return out
 
 
 def _fmt_q(q: Quality, v: float | None) -> str:
     return "—" if v is None else f"{v:.3f}"
+
+
+def _declared_text(s: Stat | None, attack: str | None = None, stacked: bool = False, star: str = "") -> str:
+    """A declared metric's worst case: ``0.880 [0.512, 1.248] (sybil_jitter)`` (the interval
+    when ≥ 2 seeds had a value and it has a width; ``star`` right after the mean)."""
+    if s is None or s.mean is None:
+        return "—"
+    text = f"{s.mean:.3f}{star}"
+    if s.n >= 2 and s.lo is not None and s.hi is not None and s.hi > s.lo:
+        text += ("\n" if stacked else " ") + f"[{s.lo:.3f}, {s.hi:.3f}]"
+    if attack is None:
+        return text
+    from ..runner.outputs import terminal_safe
+
+    attack = terminal_safe(attack)
+    return f"{text}\n{attack}" if stacked else f"{text} ({attack})"
+
+
+def _declared_pick(group: DefenderGroup, ranked: Sequence[DefenderRow], by: str) -> list[str]:
+    """The pick and what cannot be told from it, by the scenario's declared metric ``by``."""
+    q = group.quality
+    lead = ranked[0]
+    same = [r.defense for r in ranked if r.rank == lead.rank and r is not lead]
+    head = lead.defense + (f" (tied: {', '.join(same)})" if same else "")
+    better = "higher" if group.higher_is_better else "lower"
+    context = []
+    if lead.harm is not None:
+        context.append(f"harm {lead.harm:.2f}" + (" (over half the learnable quality or a backdoor: it does not "
+                                                  "hold the model)" if lead.harm >= 0.5 else ""))
+    if lead.worst_quality is not None:
+        context.append(f"worst {q.label} under attack {_fmt_q(q, lead.worst_quality.mean)}"
+                       + (f" ({lead.worst_quality_attack})" if lead.worst_quality_attack else ""))
+    if lead.worst_asr is not None:
+        context.append(f"worst ASR {lead.worst_asr:.3f} ({lead.worst_asr_attack})")
+    context.append(f"clean {_fmt_q(q, lead.clean.mean)}")
+    if lead.rejects and lead.caught:
+        context.append(f"flags the attackers in {lead.caught} of {lead.attacked} attacks (recall ≥ 0.5)")
+    nxt = next((r for r in ranked if r.rank != lead.rank), None)
+    if (nxt is not None and nxt.declared is not None and nxt.declared.mean is not None
+            and lead.declared is not None and lead.declared.mean is not None
+            and round(nxt.declared.mean, 3) == round(lead.declared.mean, 3)):
+        mine, theirs = lead.mean_recall or 0.0, nxt.mean_recall or 0.0
+        context.append(f"ahead of {nxt.defense} at equal {by} on mean recall ({mine:.3f} vs {theirs:.3f})"
+                       if round(mine, 3) != round(theirs, 3) else f"ahead of {nxt.defense} at equal {by} on clean "
+                       f"{q.label}")
+    lines = [f"Pick: {head}, worst {by} {_declared_text(lead.declared, lead.declared_attack)}: ranked by {by} "
+             f"({better} is better) because this scenario declares it its defender metric ([matrix] "
+             f"defender_metric), not by harm; for context: {'; '.join(context)}."]
+    close = [r.defense for r in ranked if r.tied_with_leader]
+    if close:
+        lines.append(f"Indistinguishable from {lead.defense} in {by} at 95 % over {group.seeds} seeds: "
+                     f"{', '.join(close)}.")
+    return lines
 
 
 def defender_headline(group: DefenderGroup, *, asr_level: float = STOP_ASR) -> list[str]:
@@ -599,7 +753,12 @@ def defender_headline(group: DefenderGroup, *, asr_level: float = STOP_ASR) -> l
     if group.seeds <= 1:
         lines.append("One seed: no difference here is tested against noise (run seeds ≥ 3 before choosing).")
     ranked = [r for r in group.rows if r.rank is not None]
-    if group.attacks and ranked and ranked[0].harm is not None:
+    if group.declared_note:
+        lines.append(group.declared_note)
+    by = group.ranked_by
+    if group.attacks and ranked and by is not None and ranked[0].declared is not None:
+        lines += _declared_pick(group, ranked, by)
+    elif group.attacks and ranked and ranked[0].harm is not None:
         lead = ranked[0]
         facts = [f"worst {q.label} under attack {_fmt_q(q, lead.worst_quality.mean if lead.worst_quality else None)}"
                  + (f" ({lead.worst_quality_attack})" if lead.worst_quality_attack else "")]
@@ -702,6 +861,9 @@ def defender_columns(group: DefenderGroup, summary: DefenderSummary, *, stacked:
     q = group.quality
     any_rejects = any(r.rejects for r in group.rows)
     header = ["#", "defense"]
+    by = group.ranked_by
+    if by is not None:
+        header.append(f"worst {by} {'↑' if group.higher_is_better else '↓'}")
     if group.attacks:
         header.append("harm ↓")
     header.append(f"clean {q.label} {q.arrow}")
@@ -718,6 +880,10 @@ def defender_columns(group: DefenderGroup, summary: DefenderSummary, *, stacked:
     body = []
     for r in group.rows:
         line = [r.rank_text, r.defense]
+        if by is not None:
+            star = "*" if r.pending and r.attacked else ""
+            line.append("… (not run yet)" if not r.attacked
+                        else _declared_text(r.declared, r.declared_attack, stacked, star))
         if group.attacks:
             line.append("does not train" if r.trains is False else _harm_text(r, stacked))
         line.append(_clean_text(r.clean))
@@ -750,11 +916,15 @@ def defender_notes(group: DefenderGroup, summary: DefenderSummary) -> list[str]:
     """One line per fact the table needs: the ranking rule, harm, the cost's sign, the columns left out."""
     q = group.quality
     k_note = " (the mean of the last k evaluations when [federation] last_k > 1)" if q.higher_is_better else ""
+    rule = group.rank_rule
     notes = [f"Quality here: {q.label}{k_note}, {'higher' if q.higher_is_better else 'lower'} is better; "
              f"'worst under attack' is the worst seed-mean {q.label} over the attacks; 'worst "
              f"{'drop' if q.higher_is_better else 'increase'}' is from the defense's own baseline (for reference, "
              "not ranked on).",
-             f"{RANK_RULE[0].upper()}{RANK_RULE[1:]}."]
+             f"{rule[0].upper()}{rule[1:]}."]
+    if group.ranked_by is not None:
+        notes.append(f"worst {group.ranked_by} = its worst seed mean over the attacks, the 95 % interval of that "
+                     "cell in brackets, and the attack.")
     if group.attacks:
         notes.append(HARM_RULE + ".")
         if group.untrained is not None:
@@ -766,7 +936,8 @@ def defender_notes(group: DefenderGroup, summary: DefenderSummary) -> list[str]:
             notes.append(f"Untrained level: not in this store (made before it was recorded): harm is measured from "
                          f"{floor}, and no defense is flagged as not training.")
     if group.seeds >= 2:
-        notes.append(f"≈1 = its harm interval (95 %, {group.seeds} seeds) overlaps the leader's: the data cannot "
+        what = group.ranked_by if group.ranked_by is not None else "harm"
+        notes.append(f"≈1 = its {what} interval (95 %, {group.seeds} seeds) overlaps the leader's: the data cannot "
                      "tell it from the pick.")
     pareto = [r.defense for r in group.rows if r.pareto]
     if group.attacks and pareto:
@@ -830,7 +1001,9 @@ def defenders_dict(summary: DefenderSummary | None) -> dict[str, Any] | None:
         return None
     return {
         "reference": summary.reference,
-        "rank_rule": RANK_RULE,
+        "defender_metric": ({"metric": summary.metric, "higher_is_better": HIGHER_IS_BETTER[summary.metric],
+                             "declared_by": "[matrix] defender_metric"} if summary.metric is not None else None),
+        "rank_rule": declared_rank_rule(summary.metric) if summary.metric is not None else RANK_RULE,
         "harm_rule": HARM_RULE,
         "reject_rule": REJECT_RULE,
         "train_share": TRAIN_SHARE,
@@ -838,6 +1011,8 @@ def defenders_dict(summary: DefenderSummary | None) -> dict[str, Any] | None:
             {
                 "settings": dict(g.settings),
                 "headline": list(g.headline),
+                "ranked_by": g.ranked_by or ("harm" if g.attacks else "clean quality"),
+                "rank_rule": g.rank_rule,
                 "quality": {"metric": g.quality.metric, "label": g.quality.label,
                             "higher_is_better": g.quality.higher_is_better, "drop_metric": g.quality.drop_metric},
                 "untrained_level": g.untrained,
@@ -850,6 +1025,8 @@ def defenders_dict(summary: DefenderSummary | None) -> dict[str, Any] | None:
                         "rank": r.rank, "rank_text": r.rank_text, "defense": r.defense,
                         "trains": r.trains, "pareto": r.pareto, "indistinguishable_from_leader": r.tied_with_leader,
                         "harm": {"value": r.harm, "lo": r.harm_lo, "hi": r.harm_hi},
+                        "defender_metric": ({**(_stat_dict(r.declared) or {"mean": None}),
+                                             "attack": r.declared_attack} if summary.metric is not None else None),
                         "clean": _stat_dict(r.clean),
                         "cost_vs_reference": r.cost,
                         "worst_under_attack": {**(_stat_dict(r.worst_quality) or {"mean": None}),

@@ -8,6 +8,10 @@
   (:func:`cell_seeds`); the breakdown, envelope and expectation rows, and ``defenders``
   (the defender's summary, :mod:`redteam.report.defender`). Undefined values are ``null``.
 * **Markdown** and **HTML** list the same seeds and commands per cell.
+* A cell whose per-seed values of a metric are exactly those of other attacks' cells under the
+  same defense (:func:`~redteam.report.aggregate.shared_draws`) is marked ``†`` in the tables,
+  with a line under them; JSON lists them under ``shared_draws`` and per cell
+  (``cells[i].shared_draws``: metric → the cells sharing its draw).
 * **CSV**: one row per cell: ``cell_id, attack, defense``, one column per matrix
   setting, ``seeds_planned, seeds_finished``, then ``M, M_lo, M_hi, M_n`` for each metric
   ``M`` (empty = undefined).
@@ -158,15 +162,19 @@ def to_markdown(report: Report, metrics: Sequence[str]) -> str:
         lines += [f"## {m}", "", f"{REPORT_METRICS[m]}.", ""]
         if (note := na_note(report, m)) is not None:
             lines += [md_text(note) + ".", ""]
+        marked = report.shared_cells(m)
         for group, attacks, defenses, by in metric_grids(report.cells):
             if group:
                 lines += [f"### {md_text(group_title(group))}", ""]
             lines += _md_table(["attack \\ defense", *map(md_text, defenses)],
-                               [[md_text(a), *[cell_text(by.get((a, d)), m, rejects(report, d)) for d in defenses]]
+                               [[md_text(a), *[cell_text(c := by.get((a, d)), m, rejects(report, d),
+                                                         c is not None and c.cell_id in marked) for d in defenses]]
                                 for a in attacks])
             lines.append("")
         if notes := undefined_notes(report.cells, m):
             lines += [f"- — {md_text(line)}" for line in notes] + [""]
+        if shared := report.shared_notes(m):
+            lines += [f"- {md_text(line)}" for line in shared] + [""]
     if report.breakdown:
         lines += [f"## Breakdown fraction ({md_text(short_key(report.breakdown[0].axis))})", "",
                   f"Smallest malicious fraction at which accuracy_drop > {report.accuracy_margin:g} "
@@ -249,6 +257,10 @@ def report_dict(report: Report, metrics: Sequence[str]) -> dict[str, Any]:
         "confidence": report.confidence,
         "metrics": {m: REPORT_METRICS[m] for m in metrics},
         "defenders": defenders_dict(report.defenders),
+        "shared_draws": [{"metric": d.metric, "defense": d.defense, "settings": dict(d.settings),
+                          "attacks": list(d.attacks), "cell_ids": list(d.cell_ids),
+                          "replicates": list(d.replicates), "values": [_f(v) for v in d.values],
+                          "note": d.note()} for d in report.shared if d.metric in metrics],
         "cells": [
             {
                 "cell_id": c.cell_id, "attack": c.attack, "defense": c.defense, "settings": dict(c.settings),
@@ -257,6 +269,8 @@ def report_dict(report: Report, metrics: Sequence[str]) -> dict[str, Any]:
                 "metrics": {m: {"mean": _f(s.mean), "lo": _f(s.lo), "hi": _f(s.hi), "n": s.n}
                             for m in metrics if (s := c.metrics.get(m)) is not None},
                 "undefined": {m: c.undefined[m] for m in metrics if m in c.undefined},
+                "shared_draws": {m: list(d.cell_ids) for m in metrics
+                                 if (d := report.shared_draw(c.cell_id, m)) is not None},
             }
             for c in report.cells
         ],

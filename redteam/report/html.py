@@ -23,8 +23,8 @@ import shlex
 from pathlib import Path
 from typing import Any, Sequence
 
-from .aggregate import (REPORT_METRICS, CellSummary, Curve, Report, axis_labels, fraction_axis, settings_groups,
-                        undefined_notes)
+from .aggregate import (REPORT_METRICS, SHARED_MARK, CellSummary, Curve, Report, axis_labels, fraction_axis,
+                        settings_groups, undefined_notes)
 from .formats import _bd_text, toml_dump
 from .tables import LEGEND, cell_text, fmt_stat, fmt_value, group_title, metric_grids, short_key
 
@@ -69,10 +69,17 @@ def _wrap(label: str, width: int = 24) -> str:
 
 def default_html_metrics(report: Report) -> list[str]:
     """The default heatmaps: accuracy drop, ASR and detection for a classifier; bits per byte, its
-    increase, ASR, false-trigger rates and detection for a language model (only those defined)."""
+    increase, ASR, false-trigger rates and detection for a language model (only those defined).
+    A scenario that declares its defender metric (``[matrix] defender_metric``) gets that one
+    first: the figure its defender's summary ranks by."""
     if report.language_model() is True:
-        return [m for m in DEFAULT_LM_HTML_METRICS if m in ("recall", "fpr") or report.defined(m)]
-    return [m for m in DEFAULT_HTML_METRICS if m != "asr" or report.defined("asr")]
+        out = [m for m in DEFAULT_LM_HTML_METRICS if m in ("recall", "fpr") or report.defined(m)]
+    else:
+        out = [m for m in DEFAULT_HTML_METRICS if m != "asr" or report.defined("asr")]
+    declared = getattr(report.defenders, "metric", None)
+    if declared is not None and report.applies(declared):
+        out = [declared, *(m for m in out if m != declared)]
+    return out
 
 
 # ---------------------------------------------------------------------- figures
@@ -107,8 +114,10 @@ def _scale(metric: str, values: list[float]) -> tuple[str, float, float]:
     return ("Greens" if good else "Reds" if better_high is False else "viridis"), lo, hi
 
 
-def heatmap_figure(cells: Sequence[CellSummary], metric: str, no_reject: frozenset[str] = frozenset()) -> Any:
-    """One attacks × defenses heatmap of ``metric`` per settings group, side by side."""
+def heatmap_figure(cells: Sequence[CellSummary], metric: str, no_reject: frozenset[str] = frozenset(),
+                   shared: frozenset[str] = frozenset()) -> Any:
+    """One attacks × defenses heatmap of ``metric`` per settings group, side by side; the cells
+    whose ids are in ``shared`` (one draw shared across attacks) carry the marker ``†``."""
     import numpy as np
     from matplotlib import colormaps
     from matplotlib.colors import Normalize
@@ -149,7 +158,7 @@ def heatmap_figure(cells: Sequence[CellSummary], metric: str, no_reject: frozens
         for i, a in enumerate(attacks):
             for j, d in enumerate(defenses):
                 c = by.get((a, d))
-                text = cell_text(c, metric, _rejects(d)).replace(" ± ", "\n±")
+                text = cell_text(c, metric, _rejects(d), c is not None and c.cell_id in shared).replace(" ± ", "\n±")
                 v = data[i, j]
                 dark = math.isfinite(v) and sum(cmap(norm(v))[:3]) < 1.5
                 ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if dark else "#222")
@@ -325,22 +334,34 @@ def _defenders(report: Report) -> str:
     return "".join(out)
 
 
+def _mark(report: Report, c: CellSummary, metric: str, text: str) -> str:
+    """``text`` with the shared-draw marker when ``c``'s ``metric`` is one draw shared across attacks."""
+    return text + SHARED_MARK if report.shared_draw(c.cell_id, metric) is not None else text
+
+
+def _shared_list(report: Report, metrics: Sequence[str]) -> str:
+    """The shared-draw lines of ``metrics``, one paragraph each (empty when there are none)."""
+    return "".join(f'<p class="muted">{_E(line)}</p>' for m in metrics for line in report.shared_notes(m))
+
+
 def _detection(report: Report) -> str:
     from .defender import NO_REJECT, REJECT_RULE
 
     rows = []
     summary = report.defenders
     skipped = 0
+    rate_names, count_names = ("precision", "recall", "f1", "fpr"), ("tp", "fp", "tn", "fn")
     for c in report.cells:
-        counts = [c.metrics[k].mean for k in ("tp", "fp", "tn", "fn")]
+        counts = [c.metrics[k].mean for k in count_names]
         if summary is not None and not summary.rejects(c.defense):
             skipped += 1
             rates = [NO_REJECT] * 4
         else:
-            rates = [fmt_stat(m, c.metrics.get(m)) for m in ("precision", "recall", "f1", "fpr")]
-        rows.append([c.cell_id, *rates, *[fmt_value(k, v) for k, v in zip(("tp", "fp", "tn", "fn"), counts)]])
+            rates = [_mark(report, c, m, fmt_stat(m, c.metrics.get(m))) for m in rate_names]
+        rows.append([c.cell_id, *rates, *[_mark(report, c, k, fmt_value(k, v)) for k, v in zip(count_names, counts)]])
     note = f'<p class="muted">{_E(REJECT_RULE)}.</p>' if skipped else ""
     return (_table(["cell", "precision", "recall", "f1", "fpr", "tp", "fp", "tn", "fn"], rows) + note
+            + _shared_list(report, (*rate_names, *count_names))
             + '<p class="muted">Over judged updates (those that reached a defense or an integrity check): flagged = '
               'not accepted, positive = malicious. Rates: seed means ± half-width of the 95 % interval; counts: '
               'seed means. — = undefined (0/0, e.g. recall without malicious clients).</p>')
@@ -390,10 +411,10 @@ def _seeds(report: Report) -> str:
 
 def _all_metrics(report: Report) -> str:
     ms = report.applicable(REPORT_METRICS)  # not a classifier's "perplexity"
-    rows = [[c.cell_id, f"{c.finished}/{c.planned}", *[fmt_stat(m, c.metrics.get(m)) for m in ms]]
+    rows = [[c.cell_id, f"{c.finished}/{c.planned}", *[_mark(report, c, m, fmt_stat(m, c.metrics.get(m))) for m in ms]]
             for c in report.cells]
     return ("<details><summary>every metric of every cell</summary>"
-            + _table(["cell", "seeds", *ms], rows) + "</details>")
+            + _table(["cell", "seeds", *ms], rows) + _shared_list(report, ms) + "</details>")
 
 
 def render_html(report: Report, metrics: Sequence[str] | None = None) -> str:
@@ -441,8 +462,9 @@ def render_html(report: Report, metrics: Sequence[str] | None = None) -> str:
 
         no_reject = report.defenders.non_rejecting if report.defenders is not None else frozenset()
         note = na_note(report, m)
-        parts.append(_img(heatmap_figure(report.cells, m, no_reject), f"heatmap of {m}",
-                          f"{m}: {REPORT_METRICS[m]}" + (f"; {note}" if note else "")) + notes)
+        parts.append(_img(heatmap_figure(report.cells, m, no_reject, report.shared_cells(m)), f"heatmap of {m}",
+                          f"{m}: {REPORT_METRICS[m]}" + (f"; {note}" if note else "")) + notes
+                     + _shared_list(report, [m]))
 
     parts.append('<h2 id="fraction">Accuracy drop against the malicious fraction</h2>')
     fig = fraction_figure(report)

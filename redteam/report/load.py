@@ -21,6 +21,7 @@ from .aggregate import (
     check_expectations,
     convergence,
     envelope_utilisation,
+    shared_draws,
 )
 
 __all__ = ["load_report", "report_from_rows"]
@@ -123,4 +124,5 @@ def report_from_rows(
         accuracy_margin=accuracy_margin,
         asr_level=asr_level,
         defenders=defender_summary(rows, cells, confidence=confidence, scenario_doc=meta.get("scenario_doc")),
+        shared=shared_draws(rows),
     )

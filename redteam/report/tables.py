@@ -4,7 +4,9 @@ A matrix with ``[matrix.settings]`` axes gives one table per combination of sett
 (titled e.g. ``malicious_fraction=0.25``). Each entry is the mean over the cell's seeds,
 ``± h`` the half-width of the 95 % Student-t interval when two or more seeds have a
 value; ``—`` = undefined (e.g. ASR of an untargeted attack); ``…`` = no seed finished;
-a trailing ``*`` = some of the cell's seeds have not finished. A table wider than the
+a trailing ``*`` = some of the cell's seeds have not finished; a trailing ``†`` = the cell's
+per-seed values are exactly those of other attacks' cells under the same defense (one draw that
+does not depend on the attack, named in a line under the table). A table wider than the
 terminal is stacked (see :mod:`redteam.report.fit`), so ``…`` never stands for a cut value.
 Under a table, a line per cell whose runs could not compute the metric gives their reason
 (e.g. a simulated time past float64's range).
@@ -15,7 +17,8 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from .aggregate import REPORT_METRICS, CellSummary, Report, Stat, axis_labels, settings_groups, undefined_notes
+from .aggregate import (REPORT_METRICS, SHARED_MARK, CellSummary, Report, Stat, axis_labels, settings_groups,
+                        undefined_notes)
 from .labels import group_title, short_key
 
 __all__ = [
@@ -30,6 +33,7 @@ __all__ = [
     "DEFAULT_TABLE_METRIC",
     "DEFAULT_LM_TABLE_METRIC",
     "default_table_metric",
+    "default_table_metrics",
     "LEGEND",
 ]
 
@@ -42,6 +46,16 @@ def default_table_metric(report: Any) -> str:
     """The terminal's default table: the accuracy drop for a classifier, bits per byte for a
     language model (whose next-byte accuracy is not what anyone trains it for)."""
     return DEFAULT_LM_TABLE_METRIC if report.language_model() is True else DEFAULT_TABLE_METRIC
+
+
+def default_table_metrics(report: Any) -> list[str]:
+    """The terminal's default tables: the scenario's declared defender metric first (``[matrix]
+    defender_metric``, what the defender's summary ranks by), then :func:`default_table_metric`."""
+    declared = getattr(getattr(report, "defenders", None), "metric", None)
+    main = default_table_metric(report)
+    if declared is None or declared == main or not report.applies(declared):
+        return [main]
+    return [declared, main]
 
 LEGEND = ("mean over seeds ± half-width of the 95 % interval (≥ 2 seeds); — undefined; … not run yet; "
           "* some seeds not finished")
@@ -78,8 +92,9 @@ def fmt_stat(metric: str, s: Stat | None) -> str:
     return text
 
 
-def cell_text(cell: CellSummary | None, metric: str, rejects: bool = True) -> str:
-    """A grid entry; ``rejects=False`` (the defense never rejects) turns detection rates into ``n/a``."""
+def cell_text(cell: CellSummary | None, metric: str, rejects: bool = True, shared: bool = False) -> str:
+    """A grid entry; ``rejects=False`` (the defense never rejects) turns detection rates into ``n/a``;
+    ``shared`` (the value is one draw shared with other attacks' cells) appends :data:`SHARED_MARK`."""
     if cell is None:
         return ""
     if cell.finished == 0:
@@ -90,7 +105,7 @@ def cell_text(cell: CellSummary | None, metric: str, rejects: bool = True) -> st
         if metric in DETECTION_RATES:
             return "n/a"
     text = fmt_stat(metric, cell.metrics.get(metric))
-    return text + ("*" if cell.finished < cell.planned else "")
+    return text + ("*" if cell.finished < cell.planned else "") + (SHARED_MARK if shared else "")
 
 
 def metric_grids(cells: Sequence[CellSummary]) -> list[tuple[tuple, list[str], list[str], dict]]:
@@ -118,8 +133,13 @@ def metric_table(report: Report, metric: str, width: int | None = None) -> list[
         columns = [FitColumn("attack \\ defense", "left", "bold")] + [FitColumn(terminal_safe(d)) for d in defenses]
         from .defender import rejects
 
-        rows = [[Text(terminal_safe(a)), *[Text(cell_text(by.get((a, d)), metric, rejects(report, d)))
-                                          for d in defenses]] for a in attacks]
+        marked = report.shared_cells(metric)
+
+        def entry(a: str, d: str) -> Text:
+            c = by.get((a, d))
+            return Text(cell_text(c, metric, rejects(report, d), c is not None and c.cell_id in marked))
+
+        rows = [[Text(terminal_safe(a)), *[entry(a, d) for d in defenses]] for a in attacks]
         for span, t in fit_tables(width or 10**6, columns, rows, keep=1):
             suffix = f" (defenses {span[0]}–{span[1]} of {len(defenses)})" if span else ""
             tables.append((title + suffix, t))
@@ -159,3 +179,5 @@ def print_tables(console: Any, report: Report, metrics: Sequence[str]) -> None:
             console.print(t)
         for line in undefined_notes(report.cells, m):  # why a — is there, when a run said why
             console.print(f"[dim]— {escape(line)}[/dim]")
+        for line in report.shared_notes(m):  # a figure repeated across attacks is one sample
+            console.print(f"[dim]{escape(line)}[/dim]")
