@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     block = "attacks = [\n" + "".join(f"    {_toml_value(a)},\n" for a in new) + "]"
     # the [matrix] attacks list is replaced in the text, so everything else (comments, rows) stays
     out, n = re.subn(r"(?ms)^attacks = \[.*?^\]", lambda _: block, text, count=1)
+    if n != 1:  # a list on one line
+        out, n = re.subn(r"(?m)^attacks = \[.*\]\s*$", lambda _: block, text, count=1)
     if n != 1:
         print(f"{src.name}: could not find the [matrix] attacks list", file=sys.stderr)
         return 2
