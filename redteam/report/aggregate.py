@@ -37,6 +37,15 @@ from typing import Any, Iterable, Mapping, Sequence
 from ..errors import RedteamError
 from ..scoring import METRICS, breakdown_fraction, mean_ci, metric_range, undefined_reasons
 
+#: the detection rates, which mean nothing for a defense that never rejects
+DETECTION_RATES = frozenset({"precision", "recall", "f1", "fpr"})
+
+
+def rejects(report: Any, defense: str) -> bool:
+    """Whether ``defense``'s detection rates mean anything in ``report`` (True without a summary)."""
+    summary = getattr(report, "defenders", None)
+    return summary is None or summary.rejects(defense)
+
 __all__ = [
     "REPORT_METRICS",
     "Stat",
@@ -233,8 +242,6 @@ class Report:
     def shared_notes(self, metric: str) -> list[str]:
         """One line per shared draw of ``metric``, starting with the marker (not for a detection
         rate of a defense that does not reject: the grids show ``n/a`` there)."""
-        from .defender import DETECTION_RATES, rejects
-
         return [f"{SHARED_MARK} {d.note()}" for d in self.shared if d.metric == metric
                 and (metric not in DETECTION_RATES or rejects(self, d.defense))]
 

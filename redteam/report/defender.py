@@ -76,7 +76,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from ..scoring import HIGHER_IS_BETTER, mean_ci
-from .aggregate import CellSummary, Stat, _num, _settings
+from .aggregate import DETECTION_RATES, CellSummary, Stat, _num, _settings, rejects
 
 __all__ = [
     "RANK_RULE",
@@ -115,7 +115,6 @@ REJECT_RULE = ("n/a (does not reject): no run of that defense in this matrix fla
                "everywhere, baselines included), as for aggregators that weigh every update by design")
 NO_REJECT = "n/a (does not reject)"
 #: Rates that read "n/a" for a defense that does not reject (the tp/fp/tn/fn counts stay as they are).
-DETECTION_RATES = frozenset({"precision", "recall", "f1", "fpr"})
 #: A defense trains here when its clean quality closes at least this share of the best clean
 #: defense's gap above the untrained level.
 TRAIN_SHARE = 0.2
@@ -226,12 +225,6 @@ class DefenderSummary:
     def rejects(self, defense: str) -> bool:
         """Whether detection figures of ``defense`` mean anything (see the module doc)."""
         return defense not in self.non_rejecting
-
-
-def rejects(report: Any, defense: str) -> bool:
-    """Whether ``defense``'s detection rates mean anything in ``report`` (True without a summary)."""
-    summary = getattr(report, "defenders", None)
-    return summary is None or summary.rejects(defense)
 
 
 def na_note(report: Any, metric: str) -> str | None:
