@@ -118,6 +118,7 @@ def test_stratified_subset_is_fixed_and_balanced():
 
 
 PAPER_SCENARIOS = ["literature/karimireddy_mnist.toml", "literature/backfed_cifar10.toml",
+                   "literature/backfed_cifar10_defenses.toml", "literature/backfed_emnist.toml",
                    "literature/flpoison_cifar10.toml"]
 
 
