@@ -33,8 +33,10 @@ after every step. (Neurotoxin's per-step mask lives in ``attacks.compression``.)
   fixed ε (2.0: the released CIFAR-10 value, above every honest update norm of the
   digits federation of ``scenarios/envelope.toml``, 0.36–1.4, so it never acts there);
   ``"none"`` never projects. Optional model replacement scales the PGD update by n/η
-  afterwards (their "PGD with replacement"). **Stand-in for the edge-case set**: the
-  digits workload has no ARDIS or
+  afterwards (their "PGD with replacement") and projects the boosted update back onto the
+  same ball ‖Δ‖ ≤ ε (ε as above: with ``eps = "defense"`` inside the server's bound, as the
+  paper's attacker stays within the norm bound it knows); with no ball the boost is uncapped.
+  **Stand-in for the edge-case set**: the digits workload has no ARDIS or
   Southwest-airline set, so the edge cases are the attacker's own samples of class
   ``source`` rotated by ``rotation``·90° (rare-looking: digits never appear rotated),
   labelled ``target`` — the ARDIS "7 → 1" task with rotation standing in for the
@@ -248,7 +250,8 @@ class EdgeCase(Attack):
       (default 0.99: just inside, so the float32 rounding of the trained delta never
       lands it past a rejecting bound);
     * ``lr``, ``steps``: the attacker's local training (unset: the federation's);
-    * ``replacement``: scale the PGD update by n/η afterwards (default false).
+    * ``replacement``: scale the PGD update by n/η afterwards, then project it onto the
+      ball of radius ε (the one ``eps`` gives; none: uncapped) (default false).
     """
 
     source: int = 7
@@ -369,14 +372,33 @@ class EdgeCase(Attack):
     def craft_updates(self, ctx: AttackContext) -> "torch.Tensor":
         if not self.replacement:
             return ctx.own_updates.clone()
-        return _boost(ctx, None, "defense", None, ctx.own_updates)
+        # PGD with replacement: the boosted update is projected back onto the PGD ball ‖Δ‖ ≤ ε
+        # (with eps = "defense", margin × the server's bound), so that it passes the bound the
+        # attack was sized to; no ball (eps = "none", or no bound in the defense): the boost alone
+        return _boost(ctx, None, "defense", self.radius(ctx), ctx.own_updates)
 
 
 #: the default global trigger of ``dba`` on 8×8 digits: four 1×2 bars with gaps (DBA's
-#: MNIST layout of four 1×4 bars, scaled to the small image)
+#: MNIST layout of four 1×4 bars, scaled to the small image); :func:`dba_default_triggers`
+#: gives it for any image size
 DBA_PARTS: tuple[tuple[tuple[int, int], ...], ...] = (
     ((0, 0), (0, 1)), ((0, 4), (0, 5)), ((2, 0), (2, 1)), ((2, 4), (2, 5)),
 )
+
+
+def dba_default_triggers(image_shape: tuple[int, ...]) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """``dba``'s default local triggers for images of ``image_shape`` ((H, W) or (C, H, W)).
+
+    DBA (Xie et al., ICLR 2020) splits one global pattern — two rows of two horizontal bars in
+    the top-left corner — into its four bars, one local trigger each. The layout scales with
+    the image: bars of L = max(2, W // 7) pixels, the second bar of a row starting at column
+    L + max(2, L // 2), the second row at max(2, H // 8). On 28×28 this is the paper's MNIST
+    trigger (1×4 bars at rows 0 and 3, columns 0–3 and 6–9); on 8×8 it is :data:`DBA_PARTS`."""
+    h, w = int(image_shape[-2]), int(image_shape[-1])
+    length = max(2, w // 7)
+    col2 = length + max(2, length // 2)
+    row2 = max(2, h // 8)
+    return tuple(tuple((r, c0 + i) for i in range(length)) for r in (0, row2) for c0 in (0, col2))
 
 
 class UntrainedTriggerWarning(UserWarning):
@@ -387,14 +409,16 @@ class UntrainedTriggerWarning(UserWarning):
 class DBA(Attack):
     """Distributed backdoor (Xie et al., ICLR 2020; see the module docstring).
 
-    * ``local_triggers``: each a list of ``[row, col]`` pixels (default
-      :data:`DBA_PARTS`); their union is the global trigger;
+    * ``local_triggers``: each a list of ``[row, col]`` pixels; their union is the global
+      trigger. Unset: four bars scaled to ``image_shape`` (:func:`dba_default_triggers`; on
+      8×8 digits :data:`DBA_PARTS`, on 28×28 the paper's MNIST layout). :attr:`triggers` is
+      the list in use;
     * ``assignment``: ``"rank"`` (default, the paper's attacker i → part i) or
       ``"client_mod"`` (client id mod K), see the module docstring;
     * ``target``, ``fraction``, ``mode``, ``value``, ``image_shape``: as ``backdoor``.
     """
 
-    local_triggers: tuple[tuple[tuple[int, int], ...], ...] = DBA_PARTS
+    local_triggers: tuple[tuple[tuple[int, int], ...], ...] | None = None
     target: int = 0
     fraction: float = 0.5
     mode: Literal["replace", "append"] = "replace"
@@ -406,7 +430,16 @@ class DBA(Attack):
     summary: ClassVar[str] = "DBA: a pixel trigger split across colluding clients, the full trigger at test time"
     reference: ClassVar[str] = "Xie et al., ICLR 2020"
 
+    @property
+    def triggers(self) -> tuple[tuple[tuple[int, int], ...], ...]:
+        """The local triggers in use: ``local_triggers``, or the default scaled to ``image_shape``."""
+        if self.local_triggers is None:
+            return dba_default_triggers(tuple(self.image_shape))
+        return tuple(tuple(tuple(p) for p in part) for part in self.local_triggers)  # type: ignore[misc]
+
     def validate_local_triggers(self, v: Any) -> None:
+        if v is None:
+            return
         if not isinstance(v, (tuple, list)) or len(v) < 2:
             raise param_error(self, "local_triggers", v, "must be a list of at least 2 local triggers")
         for i, part in enumerate(v):
@@ -419,6 +452,16 @@ class DBA(Attack):
         if not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1):
             raise param_error(self, "fraction", v, "must be in (0, 1]")
 
+    def validate_image_shape(self, v: Any) -> None:
+        if self.local_triggers is not None:
+            return  # checked with each local trigger
+        try:
+            for part in self.triggers:
+                self._backdoor(part)
+        except Exception as exc:  # noqa: BLE001 - re-raised naming the image shape
+            raise param_error(self, "image_shape", v, "the default local triggers do not fit: "
+                              + str(exc).split(": ", 1)[-1] + " (give local_triggers)") from None
+
     def _backdoor(self, pixels: Any) -> Backdoor:
         return Backdoor(trigger=tuple(tuple(p) for p in pixels), value=self.value, image_shape=tuple(self.image_shape),
                         target=self.target, fraction=self.fraction, mode=self.mode)
@@ -430,24 +473,24 @@ class DBA(Attack):
     def part_of(self, client: int) -> int:
         """The local trigger client ``client`` stamps (first sight fixes its rank)."""
         if self.assignment == "client_mod":
-            return client % len(self.local_triggers)
+            return client % len(self.triggers)
         rank = self._ranks.setdefault(int(client), len(self._ranks))
-        return rank % len(self.local_triggers)
+        return rank % len(self.triggers)
 
     def untrained_parts(self) -> tuple[int, ...]:
         """The local triggers no client poisoned so far stamps (empty before any poisoning)."""
         if not self._ranks:
             return ()
         used = {self.part_of(c) for c in self._ranks}
-        return tuple(i for i in range(len(self.local_triggers)) if i not in used)
+        return tuple(i for i in range(len(self.triggers)) if i not in used)
 
     def global_trigger(self) -> Backdoor:
-        pixels = tuple(dict.fromkeys(tuple(p) for part in self.local_triggers for p in part))
+        pixels = tuple(dict.fromkeys(tuple(p) for part in self.triggers for p in part))
         return self._backdoor(pixels)
 
     def poison_data(self, data: ClientData, client: int, generator: "torch.Generator") -> ClientData:
         self._ranks.setdefault(int(client), len(self._ranks))  # who was poisoned (rank: first sight)
-        return self._backdoor(self.local_triggers[self.part_of(client)]).poison_data(data, client, generator)
+        return self._backdoor(self.triggers[self.part_of(client)]).poison_data(data, client, generator)
 
     def targeted_test(self, x: "torch.Tensor", y: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
         """Held-out non-target samples with the **full** trigger, labelled ``target``."""
@@ -461,7 +504,7 @@ class DBA(Attack):
         which (the paper gives every local trigger its own attacker)."""
         missing = self.untrained_parts()
         if missing:
-            k, f = len(self.local_triggers), len(self._ranks)
+            k, f = len(self.triggers), len(self._ranks)
             fix = (f"use at least {k} malicious clients or fewer local_triggers" if self.assignment == "rank" else
                    f"with assignment = 'client_mod' the attackers' ids mod {k} must cover every part "
                    "(or use assignment = 'rank')")
@@ -471,4 +514,4 @@ class DBA(Attack):
                 f"full-trigger ASR measures a partly trained trigger; DBA (Xie et al., ICLR 2020) gives every "
                 f"local trigger its own attacker: {fix}",
                 UntrainedTriggerWarning, stacklevel=2)
-        return {f"part{i}": self._backdoor(p).targeted_test(x, y) for i, p in enumerate(self.local_triggers)}
+        return {f"part{i}": self._backdoor(p).targeted_test(x, y) for i, p in enumerate(self.triggers)}

@@ -364,7 +364,7 @@ def _refuse_unmet(sc: Any, path: Any) -> None:
     """Refuse a scenario whose ``[scenario] requires`` this machine does not meet (one line)."""
     from .requirements import unmet
 
-    missing = unmet(sc.scenario.requires, sc.workload.params)
+    missing = unmet(sc.scenario.requires, sc.workload_params)
     if missing:
         raise RedteamError(f"{_safe(path)}: " + "; ".join(missing) + " ([scenario] requires)")
 

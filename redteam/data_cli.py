@@ -259,8 +259,12 @@ def _status(g: Found, f: Path, digest: str, size: int) -> tuple[str, str]:
     pubs = [p for n in names if (p := D.published_for(n).get(f.name)) is not None]
     if not pubs:
         return "unknown", ""
-    if any(p.sha256 == digest and p.size == size for p in pubs):
-        return "ok", ""
+    from .workloads.files import matches_published
+
+    for p in pubs:
+        ok, how = matches_published(f, p, digest, size)
+        if ok:
+            return "ok", how
     if g.candidates:
         return "mismatch", "matches neither " + " nor ".join(f"{n}'s" for n in g.candidates) + " published file"
     return "mismatch", f"expected {pubs[0].sha256} ({pubs[0].size:,} bytes)"
@@ -271,7 +275,10 @@ def _resolve_ambiguous(g: Found, sums: dict[Path, tuple[str, int]]) -> None:
     (left unresolved when none does)."""
     from .workloads import digests as D
 
-    score = {c: sum(1 for f in g.files if (p := D.published_for(c).get(f.name)) is not None and p.sha256 == sums[f][0])
+    from .workloads.files import matches_published
+
+    score = {c: sum(1 for f in g.files if (p := D.published_for(c).get(f.name)) is not None
+                    and matches_published(f, p, *sums[f])[0])
              for c in g.candidates}
     best = max(g.candidates, key=lambda c: score[c])
     if score[best]:

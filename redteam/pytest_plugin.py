@@ -212,6 +212,13 @@ class ScenarioFile(pytest.File):
         name = self.path.name
         doc = load_document(self.path)
         if not doc.get("expect"):
+            # nothing to check; a file that declares what it needs (a paper-scale literature file)
+            # still shows up, as one item skipped with the reason, instead of collecting nothing
+            info = doc.get("scenario")
+            if isinstance(info, Mapping) and info.get("requires"):
+                missing = _unmet(doc, self.path.parent)
+                why = "; ".join(missing) if missing else "no [[expect]] row: nothing to check"
+                yield UncheckedItem.from_parent(self, name="requires", reason=f"{name}: {why}")
             return
         parse_scenario(doc, file=name, check_plugins=False)
         matrix = expand(doc, name, check_plugins=False)
@@ -224,7 +231,7 @@ class ScenarioFile(pytest.File):
             item = CellItem.from_parent(self, name=cell.id, cell=cell, expectations=exps, seeds=matrix.seeds)
             for m in ("attacks", *marks):
                 item.add_marker(m)
-            missing = _unmet(cell.doc)  # [scenario] requires: a dataset, a GPU, a package this machine lacks
+            missing = _unmet(cell.doc, self.path.parent)  # [scenario] requires: a dataset, a GPU, a package
             if missing:
                 item.unmet = f"{name}: " + "; ".join(missing)
             yield item
@@ -237,13 +244,30 @@ class ScenarioFile(pytest.File):
         return super().repr_failure(excinfo)
 
 
-def _unmet(doc: Mapping[str, Any]) -> list[str]:
+class UncheckedItem(pytest.Item):
+    """The one item of a scenario file with ``[scenario] requires`` and no ``[[expect]]`` row:
+    it skips, saying what this machine lacks (or that the file has nothing to check)."""
+
+    def __init__(self, *, reason: str, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.reason = reason
+        self.add_marker("attacks")
+
+    def runtest(self) -> None:
+        pytest.skip(self.reason)
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, f"{self.path.name}::{self.name}"
+
+
+def _unmet(doc: Mapping[str, Any], base_dir: str | Path = "") -> list[str]:
     from .requirements import unmet
+    from .scenario import resolve_workload_paths
 
     info = doc.get("scenario")
     requires = info.get("requires", []) if isinstance(info, Mapping) else []
     workload = doc.get("workload")
-    params = workload if isinstance(workload, Mapping) else {}
+    params = resolve_workload_paths(workload if isinstance(workload, Mapping) else {}, base_dir)
     return unmet([r for r in requires if isinstance(r, str)] if isinstance(requires, list) else [], params)
 
 

@@ -4,7 +4,8 @@ Published-table scenarios need a dataset the user supplies and often a GPU; a pl
 ``python -m pytest`` on a machine without them must skip those scenarios with the reason,
 not fail, and ``redteam run`` / ``redteam matrix`` refuse them with the same reason.
 
-* ``"dataset:NAME"``: the workload's ``dir`` parameter names an existing directory, or
+* ``"dataset:NAME"``: the workload's ``dir`` parameter names an existing directory, or an
+  operating-system package installed it (Debian's ``dataset-fashion-mnist``), or
   ``$REDTEAM_DATA_DIR/NAME`` exists (``redteam data fetch NAME --dir $REDTEAM_DATA_DIR/NAME``
   downloads it for a user with a network; ``redteam data check DIR`` verifies it);
 * ``"device:cuda"``: a CUDA device is available to torch;
@@ -24,12 +25,24 @@ DATA_DIR_ENV = "REDTEAM_DATA_DIR"
 
 
 def data_dir_for(name: str, workload_params: Mapping[str, Any] | None = None) -> Path | None:
-    """The directory a dataset is read from: the workload's ``dir``, else ``$REDTEAM_DATA_DIR/NAME``."""
+    """The directory a dataset is read from: the workload's ``dir``; else ``$REDTEAM_DATA_DIR/NAME``
+    when it exists; else where an operating-system package installs it, when it does
+    (:data:`redteam.workloads.digests.SYSTEM_DIRS`: Debian's ``dataset-fashion-mnist`` puts
+    Fashion-MNIST in ``/usr/share/datasets/fashion-mnist``); else ``$REDTEAM_DATA_DIR/NAME``
+    (which then names what is missing), or ``None`` without the variable."""
     given = (workload_params or {}).get("dir")
     if isinstance(given, str) and given:
         return Path(given)
     root = os.environ.get(DATA_DIR_ENV)
-    return Path(root) / name if root else None
+    env = Path(root) / name if root else None
+    if env is not None and env.exists():
+        return env
+    from .workloads.digests import SYSTEM_DIRS
+
+    for d in SYSTEM_DIRS.get(name, ()):
+        if Path(d).is_dir():
+            return Path(d)
+    return env
 
 
 def unmet(requires: Sequence[str], workload_params: Mapping[str, Any] | None = None) -> list[str]:

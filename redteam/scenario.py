@@ -472,6 +472,12 @@ class Scenario:
         return self.scenario.name
 
     @property
+    def workload_params(self) -> dict[str, Any]:
+        """``[workload]``'s params with its relative paths read from the scenario file's
+        directory (:func:`resolve_workload_paths`): what the workload is built with."""
+        return resolve_workload_paths(self.workload.params, self.base_dir)
+
+    @property
     def seed(self) -> int:
         return self.scenario.seed
 
@@ -596,7 +602,12 @@ def _describe(tp: Any) -> str:
 
 
 def _plugin(table: Any, section: str, where: _Where, registry: Any, check: bool = True,
-            limits: Limits | None = None) -> PluginSpec:
+            limits: Limits | None = None, image_shape: tuple[int, ...] = ()) -> PluginSpec:
+    """The ``[section]`` table as a :class:`PluginSpec`, checked by the plugin itself
+    (``check``). ``image_shape``: the workload's image shape, which the check gives an attack
+    that leaves ``image_shape`` unset, as the run does (:func:`fill_image_shape`):
+    a trigger is judged against the images it will be stamped on. The spec keeps the params
+    as written."""
     if isinstance(table, str):
         table = {"name": table}
     if not isinstance(table, Mapping):
@@ -609,7 +620,10 @@ def _plugin(table: Any, section: str, where: _Where, registry: Any, check: bool 
         raise where.err(f"[{section}].name", name, "must be a registered name (a short string)")
     if check:  # the plugin's own checks first: its message is the more precise
         try:
-            registry.create(name, params)
+            checked = params
+            if image_shape:
+                checked = dict(fill_image_shape(PluginSpec(name, params), image_shape).params)
+            registry.create(name, checked)
         except RedteamError as exc:
             raise InvalidScenario(f"{where.file}: [{section}]: {exc}") from None
     lim = limits if limits is not None else Limits.from_env()
@@ -686,7 +700,8 @@ def parse_scenario(
             table = {k: v for k, v in table.items() if k not in WINDOW_KEYS}
             if window:
                 kw["window"] = _build(AttackWindow, window, "attack", where)
-        kw["attack"] = _plugin(table, "attack", where, ATTACKS, check_plugins)
+        shape = _workload_image_shape(kw.get("workload", WorkloadSpec())) if check_plugins else ()
+        kw["attack"] = _plugin(table, "attack", where, ATTACKS, check_plugins, image_shape=shape)
     if "defense" in data:
         kw["defense"] = _defense(data["defense"], where, check_plugins)
     if "pipeline" in data:
@@ -881,9 +896,67 @@ def load_document(
     return _merge(merged, data)
 
 
+#: the ``[workload]`` keys that name a file or a directory
+WORKLOAD_PATH_KEYS = ("dir", "file", "text_dir", "hf_dir")
+
+
+def resolve_workload_paths(params: Mapping[str, Any], base_dir: str | Path) -> dict[str, Any]:
+    """``params`` with each relative path of :data:`WORKLOAD_PATH_KEYS` joined onto ``base_dir``,
+    the scenario file's directory — the one rule for every relative path of a scenario, as for
+    ``start_from`` (a path starting with ``~`` is the user's, absolute). Without ``base_dir`` (a
+    scenario built in Python) the paths stay as given, relative to the working directory. The
+    scenario itself keeps them as written (its digest does not depend on where it lies); a data
+    directory from ``REDTEAM_DATA_DIR`` is not a workload param and is not touched."""
+    out = dict(params)
+    if not base_dir:
+        return out
+    for key in WORKLOAD_PATH_KEYS:
+        v = out.get(key)
+        if isinstance(v, str) and v and not Path(v).expanduser().is_absolute():
+            out[key] = str(Path(base_dir) / v)
+    return out
+
+
+def fill_image_shape(spec: PluginSpec, shape: tuple[int, ...]) -> PluginSpec:
+    """``spec`` with ``image_shape = shape`` where its attack (or a part of a composition) has
+    that parameter and leaves it unset: pixel-pattern attacks address the workload's images."""
+
+    def fill(name: str, params: dict[str, Any]) -> dict[str, Any]:
+        out = dict(params)
+        try:
+            cls = ATTACKS.get(name)
+        except RedteamError:
+            return out
+        fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+        if "image_shape" in fields and "image_shape" not in out:
+            out["image_shape"] = list(shape)
+        parts = out.get("attacks")
+        if isinstance(parts, (list, tuple)):
+            out["attacks"] = [({**t, **fill(t["name"], {k: v for k, v in t.items() if k != "name"})}
+                               if isinstance(t, dict) and isinstance(t.get("name"), str) else t) for t in parts]
+        return out
+
+    filled = fill(spec.name, dict(spec.params))
+    return spec if filled == dict(spec.params) else PluginSpec(spec.name, filled)
+
+
+def _workload_image_shape(workload: "WorkloadSpec") -> tuple[int, ...]:
+    """The image shape of ``workload`` (``()`` for a workload without images, or one that does
+    not build: its own check has reported that already). The class attributes only: nothing is
+    read."""
+    try:
+        wl = WORKLOADS.create(workload.name, dict(workload.params))
+    except Exception:  # noqa: BLE001 - the workload's own check reports it
+        return ()
+    if getattr(wl, "input_kind", None) != "image":
+        return ()
+    return tuple(int(v) for v in (getattr(wl, "image_shape", None) or ()))
+
+
 def _confine_text_dir(workload: "WorkloadSpec", base_dir: str | Path, limits: Limits | None, where: _Where) -> None:
-    """A file's ``text_dir`` (read relative to the working directory, as the workload reads it)
-    must stay inside the scenario's directory or the working directory: every file under it
+    """A file's ``text_dir`` (a relative one read from the scenario's directory, as the workload
+    reads it: :func:`resolve_workload_paths`) must stay inside the scenario's directory or the
+    working directory: every file under it
     becomes training text and is named in the run's manifests, so a hostile scenario must not
     point it at ``~/.ssh``. ``REDTEAM_ALLOW_TEXT_DIR_OUTSIDE=1`` allows it. A scenario built in
     Python (no file, no ``base_dir``) is not checked."""
@@ -893,7 +966,7 @@ def _confine_text_dir(workload: "WorkloadSpec", base_dir: str | Path, limits: Li
     lim = limits if limits is not None else Limits.from_env()
     if lim.allow_text_dir_outside:
         return
-    target = Path(v).resolve()
+    target = Path(resolve_workload_paths({"text_dir": v}, base_dir)["text_dir"]).resolve()
     homes = (Path(base_dir).resolve(), Path.cwd().resolve())
     if not any(target.is_relative_to(h) for h in homes):
         raise where.err("[workload].text_dir", v, f"must stay inside the scenario's directory {str(homes[0])!r} or "

@@ -40,7 +40,11 @@ Definitions (also in docs/reports.md, "Metrics"):
 * durability of a backdoor after an attack window (:func:`durability`; Neurotoxin, Zhang
   et al., ICML 2022, Sec. 4: how long the backdoor lasts once the attackers stop): with
   ``[attack] window``, the rounds the attack acted in are marked in the records
-  (``extra["attack_active"]``) and E is the last of them. ``asr_at_end_of_window`` /
+  (``extra["attack_active"]``) and E is the last of them. A round counts as one the attack
+  acted in only when the window is open in it *and* at least one attacker takes part (is drawn
+  and not banned): with K of N clients a window round that drew no attacker is not marked, so
+  it is never E. The mark reads who the attackers are, not the attack, so a run's no-attack
+  baseline (same draws) marks the same rounds. ``asr_at_end_of_window`` /
   ``accuracy_at_end_of_window``: ASR and clean accuracy after round E;
   ``asr_after_k``: the ASR after round E + k (k = ``[attack] after_k``; ``None`` when the
   run ends sooner); ``backdoor_lifespan``: the number of rounds after E whose ASR stays ≥

@@ -684,3 +684,90 @@ def test_published_table_is_well_formed():
         for p in info.files:
             assert len(p.sha256) == 64 and int(p.sha256, 16) >= 0 and p.size > 0
             assert p.url.startswith(("http://", "https://")) and p.url.endswith(p.name) and "TFDS" in p.source
+
+
+# ------------------------------------------------------- recompressed copies, system directories
+
+
+def _pin(monkeypatch, folder: Path, name: str = "fashion_mnist", content_of: Path | None = None) -> None:
+    """Publish ``folder``'s four .gz files under ``name`` with digests that are *not* theirs (as if
+    the publisher's compression differed), pinning the decompressed content of ``content_of``'s
+    files (default: their own)."""
+    src = content_of or folder
+    pubs = []
+    for f in sorted(folder.glob("*.gz")):
+        raw = gzip.decompress((src / f.name).read_bytes())
+        pubs.append(D.Published(f.name, "https://example.invalid/" + f.name, f.stat().st_size + 24, "0" * 64, "test",
+                                hashlib.sha256(raw).hexdigest(), len(raw)))
+    monkeypatch.setitem(D.DATASETS, name, D.DatasetInfo(name, "t", "IDX", "", (), tuple(pubs)))
+
+
+def test_a_recompressed_copy_of_the_published_content_verifies_and_a_changed_one_does_not(tmp_path, monkeypatch):
+    # Debian recompressed Fashion-MNIST: the .gz bytes differ from the published ones while the
+    # decompressed IDX content is the same. The content digest accepts that copy, and only it.
+    same = tmp_path / "same"
+    make_idx(same, gz=True)
+    _pin(monkeypatch, same)
+    assert F.read_idx(same, "fashion_mnist").num_classes == 10  # .gz digests all differ: content decides
+    changed = tmp_path / "changed"
+    make_idx(changed, gz=True)
+    blob = gzip.decompress((changed / "t10k-labels-idx1-ubyte.gz").read_bytes())
+    (changed / "t10k-labels-idx1-ubyte.gz").write_bytes(gzip.compress(blob[:-1] + bytes([(blob[-1] + 1) % 10]),
+                                                                      compresslevel=1))
+    _pin(monkeypatch, changed, content_of=same)
+    with pytest.raises(InvalidParameter, match=r"t10k-labels-idx1-ubyte\.gz.*decompressed content is not the pinned"):
+        F.read_idx(changed, "fashion_mnist")
+    # the second path: `redteam data check` says ok for the recompressed copy, mismatch for the changed one
+    pubs = D.published_for("fashion_mnist")
+    f = changed / "train-labels-idx1-ubyte.gz"
+    assert F.matches_published(f, pubs[f.name], F.sha256_file(f), f.stat().st_size) == (
+        True, "a recompressed copy: its decompressed content is the published content")
+    f = changed / "t10k-labels-idx1-ubyte.gz"
+    assert F.matches_published(f, pubs[f.name], F.sha256_file(f), f.stat().st_size) == (False, "")
+
+
+def test_the_content_digest_reads_no_more_than_the_pinned_length(tmp_path):
+    big = tmp_path / "big.gz"
+    big.write_bytes(gzip.compress(b"\0" * 5000))
+    assert F.gz_content_sha256(big, limit=4999) is None  # a gzip bomb stops at the pinned length + 1
+    assert F.gz_content_sha256(big)[1] == 5000
+    (tmp_path / "bad.gz").write_bytes(b"not gzip")
+    assert F.gz_content_sha256(tmp_path / "bad.gz") is None
+
+
+def test_data_dir_falls_back_to_a_system_package_and_the_environment_wins_when_it_has_the_data(tmp_path, monkeypatch):
+    from redteam.requirements import DATA_DIR_ENV, data_dir_for, unmet
+
+    system = tmp_path / "usr-share-datasets-fashion-mnist"
+    monkeypatch.setitem(D.SYSTEM_DIRS, "fashion_mnist", (str(tmp_path / "absent"), str(system)))
+    monkeypatch.delenv(DATA_DIR_ENV, raising=False)
+    assert data_dir_for("fashion_mnist") is None  # neither exists
+    assert unmet(["dataset:fashion_mnist"]) != []
+    system.mkdir()
+    assert data_dir_for("fashion_mnist") == system and unmet(["dataset:fashion_mnist"]) == []
+    monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path / "data"))
+    assert data_dir_for("fashion_mnist") == system  # $REDTEAM_DATA_DIR/fashion_mnist is not there
+    (tmp_path / "data" / "fashion_mnist").mkdir(parents=True)
+    assert data_dir_for("fashion_mnist") == tmp_path / "data" / "fashion_mnist"
+    assert data_dir_for("fashion_mnist", {"dir": "given"}) == Path("given")
+    assert data_dir_for("mnist") == tmp_path / "data" / "mnist"  # no system package: the env path, named
+
+
+DEBIAN_FASHION = Path("/usr/share/datasets/fashion-mnist")
+
+
+@pytest.mark.skipif(not DEBIAN_FASHION.is_dir(), reason="Debian's dataset-fashion-mnist is not installed "
+                                                         "(.ci/run installs it: apt-get install dataset-fashion-mnist)")
+def test_fmnist_reads_debians_recompressed_package_against_the_pinned_content(monkeypatch):
+    _republish(monkeypatch, "fashion_mnist")
+    from redteam.registry import WORKLOADS
+    from redteam.requirements import DATA_DIR_ENV
+
+    monkeypatch.delenv(DATA_DIR_ENV, raising=False)
+    ds = WORKLOADS.create("fmnist", {}).load(0)
+    assert tuple(ds.train_x.shape) == (60000, 1, 28, 28) and tuple(ds.test_x.shape) == (10000, 1, 28, 28)
+    assert np.bincount(ds.train_y.numpy()).tolist() == [6000] * 10  # Fashion-MNIST's balanced classes
+    r = _redteam("data", "check", str(DEBIAN_FASHION))
+    assert r.returncode == 0 and "4 ok" in r.stdout and "recompressed copy" in r.stdout, r.stdout + r.stderr
+    with pytest.raises(InvalidParameter, match='is "fashion_mnist" here'):
+        WORKLOADS.create("fmnist", {"variant": "mnist"})

@@ -311,7 +311,9 @@ class AsyncRun:
             version += 1
             acc, loss, scored = stages.evaluate(fed, params)
             extra.update(scored)
-            extra.update(standard_extra(fed.setup, rnd, active=fed.plan.active(rnd), start=start_info))
+            # an active attack round needs an attacker's update in it (as in the synchronous loop)
+            active = fed.plan.active(rnd) and any(bool(fed.is_malicious[c]) for c in clients)
+            extra.update(standard_extra(fed.setup, rnd, active=active, start=start_info))
             accepted = [False] * n
             malicious = [False] * n
             participating = [False] * n

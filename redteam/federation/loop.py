@@ -301,13 +301,21 @@ class Federation:
                 online = self.network.churn(online, self.rng["network"])
             # the round's plan: who is drawn (K of the online clients), who acts maliciously,
             # and the data of the round (clean outside the attack window)
-            active = self.plan.active(rnd)
-            drawn = self.plan.draw(rnd, np.flatnonzero(online).astype(np.int64))
+            ban_ids = np.fromiter(banned, dtype=np.int64, count=len(banned)) if banned else None
+            drawn = self.plan.draw(rnd, np.flatnonzero(online).astype(np.int64), ban_ids)
             selected = np.zeros(n, dtype=bool)
             selected[drawn] = True
             part = drawn
-            if banned:
-                part = part[~np.isin(part, np.fromiter(banned, dtype=np.int64, count=len(banned)))]
+            if ban_ids is not None:
+                part = part[~np.isin(part, ban_ids)]
+                # a banned client takes no place among the K drawn, and is recorded as rejected
+                # with its reason in every round it is online (with or without K)
+                selected[ban_ids[online[ban_ids]]] = True
+            # the attack acts in the round only when its window is open *and* an attacker takes
+            # part: a window round that drew no attacker (K of N) is no active attack round, so it
+            # cannot be the window's end E of the durability metrics. Read from the attackers, not
+            # the attack, so the baseline marks the same rounds as the attacked run.
+            active = self.plan.active(rnd) and bool(self.is_malicious[part].any())
             rin = self.inputs(rnd, part, params, prev_update)
             self.roles = rin.roles
             dropped: dict[int, str] = {c: why for c, why in banned.items() if selected[c]}

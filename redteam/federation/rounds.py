@@ -97,7 +97,8 @@ def call_defense(defense: Any, rows: torch.Tensor, ctx: ServerContext, *, check_
 def standard_extra(setup: "RunSetup", rnd: int, *, active: bool | None, start: Mapping[str, Any] | None = None
                    ) -> dict[str, Any]:
     """The entries every regime's record carries: ``untrained`` and ``start`` in round 0, and
-    ``attack_active`` where the scenario sets an attack window."""
+    ``attack_active`` where the scenario sets an attack window (``active``: the window is open
+    in the round *and* an attacker takes part in it; the regime decides the second)."""
     extra: dict[str, Any] = {}
     if rnd == 0:
         extra["untrained"] = dict(setup.untrained)

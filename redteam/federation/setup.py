@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Protocol
 import numpy as np
 import torch
 
-from ..errors import InvalidParameter, RedteamError
+from ..errors import InvalidParameter
 from ..topology import Support, check_plugins
 from ..types import Attack, ClientData, Defense, Surface
 from .builders import build_attack, build_defense, build_workload
@@ -217,7 +217,7 @@ def build_setup(scenario: Any, topology: Placement, *, device: str = "cpu", atta
     ``partition = False`` for a topology whose peers draw from the whole pool (a pipeline)."""
     dev = resolve_device(device)
     rng, torch_rng = random_streams(scenario, topology.streams)
-    workload = build_workload(scenario.workload.name, dict(scenario.workload.params))
+    workload = build_workload(scenario.workload.name, scenario.workload_params)  # relative paths: the file's dir
     topology.check_workload(workload)
     attack_spec = attack if attack is not None else scenario.attack
     scenario_attack = scenario.attack
@@ -333,27 +333,11 @@ def untrained_reference(trainer: BatchedTrainer, params_init: torch.Tensor, test
 
 def fill_image_shape(spec: Any, shape: tuple[int, ...]) -> Any:
     """``spec`` with ``image_shape = shape`` where its attack (or a part of a composition) has
-    that parameter and leaves it unset."""
-    from ..registry import ATTACKS
-    from ..scenario import PluginSpec
+    that parameter and leaves it unset (:func:`redteam.scenario.fill_image_shape`, which the
+    scenario's own check uses too)."""
+    from ..scenario import fill_image_shape as fill
 
-    def fill(name: str, params: dict[str, Any]) -> dict[str, Any]:
-        out = dict(params)
-        try:
-            cls = ATTACKS.get(name)
-        except RedteamError:
-            return out
-        fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
-        if "image_shape" in fields and "image_shape" not in out:
-            out["image_shape"] = list(shape)
-        parts = out.get("attacks")
-        if isinstance(parts, (list, tuple)):
-            out["attacks"] = [({**t, **fill(t["name"], {k: v for k, v in t.items() if k != "name"})}
-                               if isinstance(t, dict) and isinstance(t.get("name"), str) else t) for t in parts]
-        return out
-
-    filled = fill(spec.name, dict(spec.params))
-    return spec if filled == dict(spec.params) else PluginSpec(spec.name, filled)
+    return fill(spec, shape)
 
 
 def check_poisoned_labels(name: str, attack: Attack, data: ClientData, client: int, num_classes: int) -> None:

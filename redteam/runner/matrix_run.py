@@ -145,7 +145,7 @@ def prepare_warmups(units: list[Unit], device: str, report: Callable[[str], None
         sc = parse_scenario(doc, file="<cell>", base_dir=run.get("base_dir") or "")
         from ..federation.builders import build_workload
 
-        source = build_workload(sc.workload.name, dict(sc.workload.params)).load(sc.seed).source
+        source = build_workload(sc.workload.name, sc.workload_params).load(sc.seed).source
         key = warmup_key(sc, resolve_device(device), source)
         if key in seen or (Path(run["warmup_dir"]) / f"{key}.safetensors").is_file():
             seen.add(key)
@@ -437,7 +437,7 @@ def run_matrix(
     p, base, matrix, doc, workers, threads = _prepare(path, out, executor, workers, device, threads)
     rows, b_units, a_units = plan_units(matrix, base.seed, p.name, base_dir=p.parent,
                                         warmup_dir=Path(out) / WARMUP_DIR)
-    missing = unmet(base.scenario.requires, base.workload.params)
+    missing = unmet(base.scenario.requires, base.workload_params)
     if missing:
         raise RedteamError(f"{p}: " + "; ".join(missing) + " ([scenario] requires)")
 

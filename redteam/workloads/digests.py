@@ -1,7 +1,10 @@
 """The published SHA-256 digests (and sizes) of the standard dataset files, and where each was found.
 
-Every digest below was copied from a source that publishes it, named in the comment above the
-entry; none was computed here or guessed. A file that a source does not list has no entry: the
+Every digest of a published file below was copied from a source that publishes it, named in the
+comment above the entry; none was computed here or guessed. A ``.gz`` file may also carry the
+SHA-256 of its *decompressed content* (``content_sha256``), so that a recompressed copy of the
+same data (Debian's ``dataset-fashion-mnist`` package recompressed Zalando's files) verifies and a
+changed one does not; where no source publishes that digest, the comment says how it was derived. A file that a source does not list has no entry: the
 readers (:mod:`redteam.workloads.files`) accept such a file and report its digest, and reject a
 file whose name has an entry here when its size or SHA-256 differs.
 
@@ -13,7 +16,7 @@ Sources:
 
 Not covered: the members of the CIFAR archives and of the EMNIST zip (no source publishes their
 SHA-256; an extracted folder is read and its files' digests reported, the archive is what can be
-checked), the decompressed IDX files (the ``.gz`` files are published), LEAF's JSON (generated
+checked), the decompressed MNIST IDX files (the ``.gz`` files are published), LEAF's JSON (generated
 on the user's machine by LEAF's scripts, with a random sample of writers), a Hugging Face
 ``save_to_disk`` folder and a text folder (the user's own).
 """
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Published", "DatasetInfo", "DATASETS", "EMNIST_SPLITS", "published_for", "dataset_info"]
+__all__ = ["Published", "DatasetInfo", "DATASETS", "EMNIST_SPLITS", "SYSTEM_DIRS", "published_for", "dataset_info"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +38,8 @@ class Published:
     size: int
     sha256: str
     source: str
+    content_sha256: str = ""  # of the decompressed bytes of a .gz ("": not pinned)
+    content_size: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,18 +74,34 @@ _MNIST = (
 )
 
 # Fashion-MNIST: TFDS url_checksums/fashion_mnist.txt (Zalando's own S3 site; the same files as
-# github.com/zalandoresearch/fashion-mnist, whose README lists their MD5s).
+# github.com/zalandoresearch/fashion-mnist, whose README lists their MD5s). The content digests
+# (SHA-256 of the decompressed IDX bytes) were derived here, not copied: the two label files from
+# the .gz files committed in zalandoresearch/fashion-mnist (data/fashion/, at commit 55506a9),
+# whose SHA-256 equal TFDS's above; the two image files, which that repository keeps outside git's
+# reach here, by decompressing Debian's package dataset-fashion-mnist 0.0~git20200523.55506a9-1,
+# built from the same commit (Debian recompressed all four files; its two label files decompress
+# to exactly the upstream content).
 _FASHION_BASE = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
 _FASHION = (
     Published("train-images-idx3-ubyte.gz", _FASHION_BASE + "train-images-idx3-ubyte.gz", 26421880,
-              "3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84", _TFDS.format("fashion_mnist")),
+              "3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84", _TFDS.format("fashion_mnist"),
+              "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888", 47040016),
     Published("train-labels-idx1-ubyte.gz", _FASHION_BASE + "train-labels-idx1-ubyte.gz", 29515,
-              "a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845", _TFDS.format("fashion_mnist")),
+              "a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845", _TFDS.format("fashion_mnist"),
+              "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9", 60008),
     Published("t10k-images-idx3-ubyte.gz", _FASHION_BASE + "t10k-images-idx3-ubyte.gz", 4422102,
-              "346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073", _TFDS.format("fashion_mnist")),
+              "346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073", _TFDS.format("fashion_mnist"),
+              "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b", 7840016),
     Published("t10k-labels-idx1-ubyte.gz", _FASHION_BASE + "t10k-labels-idx1-ubyte.gz", 5148,
-              "67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5", _TFDS.format("fashion_mnist")),
+              "67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5", _TFDS.format("fashion_mnist"),
+              "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34", 10008),
 )
+
+#: where operating-system packages install a dataset (read when neither ``dir`` nor
+#: ``$REDTEAM_DATA_DIR`` names one): Debian's dataset-fashion-mnist
+SYSTEM_DIRS: dict[str, tuple[str, ...]] = {
+    "fashion_mnist": ("/usr/share/datasets/fashion-mnist",),
+}
 
 # CIFAR-10 / CIFAR-100, the binary distributions: TFDS url_checksums/cifar10.txt and cifar100.txt.
 _CIFAR10 = (

@@ -201,13 +201,16 @@ class HFSaved:
     source: str = ""
 
     def image_files(self, image: str | None = None, label: str | None = None, *, train: str = "train",
-                    test: str = "test") -> ImageFiles:
+                    test: str = "test", channels: int | None = None) -> ImageFiles:
         """The ``train`` and ``test`` splits as :class:`ImageFiles`.
 
         ``image``: the column of images (default: the one ``Image`` feature, else a column named
         ``image`` or ``img``): encoded images (PNG, JPEG; decoded with Pillow, which matplotlib
-        installs) or arrays ``(N, H, W)``, ``(N, H, W, C)`` with C in 1, 3, 4. ``label``: the
-        labels (default: the one ``ClassLabel`` feature, else ``label`` / ``labels``)."""
+        installs) or arrays ``(N, H, W)``, ``(N, H, W, C)`` with C in 1, 3, 4 (the trailing size
+        decides, never the height; an array whose trailing size is no channel count is read as
+        ``(N, C, H, W)``). ``channels``: the known channel count, which settles an array both
+        layouts fit (``(N, 3, 4, 4)``). ``label``: the labels (default: the one ``ClassLabel``
+        feature, else ``label`` / ``labels``)."""
         for split in (train, test):
             if split not in self.splits:
                 raise InvalidParameter(f"hf_saved: no split {split!r}; the folder has {sorted(self.splits)}")
@@ -221,7 +224,7 @@ class HFSaved:
             for col in (image, label):
                 if col not in c:
                     raise InvalidParameter(f"hf_saved: split {split!r} has no column {col!r}; it has {sorted(c)}")
-            parts.append((_images_of(c[image], f"{split}.{image}"), _labels_of(c[label], f"{split}.{label}")))
+            parts.append((_images_of(c[image], f"{split}.{image}", channels), _labels_of(c[label], f"{split}.{label}")))
         (trx, try_), (tex, tey) = parts
         if trx.shape[1:] != tex.shape[1:]:
             raise InvalidParameter(f"hf_saved: {train} images are {trx.shape[1:]}, {test} images {tex.shape[1:]}")
@@ -251,6 +254,37 @@ def sha256_file(path: str | Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def gz_content_sha256(path: str | Path, limit: int | None = None) -> tuple[str, int] | None:
+    """(SHA-256, length) of a gzip file's decompressed bytes, read in 1 MiB blocks; ``None`` when
+    it is not a complete gzip stream or decompresses past ``limit`` bytes (default: the most a
+    file may hold here)."""
+    cap = MAX_FILE_BYTES if limit is None else limit
+    h, n = hashlib.sha256(), 0
+    try:
+        with gzip.open(Path(path), "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                n += len(block)
+                if n > cap:
+                    return None
+                h.update(block)
+    except (OSError, EOFError, zlib.error):
+        return None
+    return h.hexdigest(), n
+
+
+def matches_published(path: str | Path, pub: "_digests.Published", digest: str, size: int) -> tuple[bool, str]:
+    """Whether the file ``path`` (of SHA-256 ``digest`` and ``size`` bytes) is ``pub``: the same
+    bytes, or, for a ``.gz`` whose content digest is pinned, a recompressed copy of the same
+    content. The second item says which (``""``: the published file itself)."""
+    if digest == pub.sha256 and size == pub.size:
+        return True, ""
+    if pub.content_sha256 and str(path).endswith(".gz"):
+        got = gz_content_sha256(path, pub.content_size + 1)
+        if got == (pub.content_sha256, pub.content_size):
+            return True, "a recompressed copy: its decompressed content is the published content"
+    return False, ""
 
 
 class _Digest:
@@ -284,10 +318,12 @@ def _check_file(path: Path, rel: str, dataset: str, files: dict[str, str]) -> st
     pub = _digests.published_for(dataset).get(path.name)
     digest = sha256_file(path)
     files[rel] = digest
-    if pub is not None and (size != pub.size or digest != pub.sha256):
+    if pub is not None and not matches_published(path, pub, digest, size)[0]:
+        also = (f", and its decompressed content is not the pinned {pub.content_sha256} ({pub.content_size:,} bytes)"
+                if pub.content_sha256 else "")
         raise InvalidParameter(
             f"{dataset}: {path}: SHA-256 {digest} ({size:,} bytes) is not the published {pub.sha256} "
-            f"({pub.size:,} bytes; {pub.source}): a damaged or different file{_fetch_hint(dataset)}")
+            f"({pub.size:,} bytes; {pub.source}){also}: a damaged or different file{_fetch_hint(dataset)}")
     return digest
 
 
@@ -1128,13 +1164,27 @@ def _pick_column(cols: dict[str, Any], feats: dict[str, Any], ftype: str, names:
     raise InvalidParameter(f"hf_saved: which column holds the {role}s? give {role}=NAME (columns: {sorted(cols)})")
 
 
-def _images_of(col: Any, what: str) -> np.ndarray:
+def _images_of(col: Any, what: str, channels: int | None = None) -> np.ndarray:
+    """Images ``(N, C, H, W)`` uint8 from a column of arrays or encoded images.
+
+    The layout of an array is decided by the channel count, never by the height: ``(N, H, W)``
+    is one channel whatever H is; ``(N, A, B, C)`` is channels-last (the layout a Hugging Face
+    ``Image`` feature decodes to) when its trailing size C is 1, 3 or 4 — or equals ``channels``
+    when given — and channels-first ``(N, C, H, W)`` only when the trailing size is no channel
+    count (or ``channels`` names the second axis, e.g. ``channels=3`` for ``(N, 3, 4, 4)``)."""
     if isinstance(col, np.ndarray):
         a = col
         if a.ndim == 3:
             a = a[:, None]
-        elif a.ndim == 4 and a.shape[-1] in (1, 3, 4) and a.shape[1] not in (1, 3, 4):
-            a = a.transpose(0, 3, 1, 2)
+        elif a.ndim == 4:
+            if channels is not None:
+                if a.shape[-1] == channels:
+                    a = a.transpose(0, 3, 1, 2)
+                elif a.shape[1] != channels:
+                    raise InvalidParameter(f"hf_saved: {what}: arrays of shape {col.shape[1:]} have no axis of "
+                                           f"{channels} channels (channels-last or channels-first)")
+            elif a.shape[-1] in (1, 3, 4):
+                a = a.transpose(0, 3, 1, 2)
         if a.ndim != 4:
             raise InvalidParameter(f"hf_saved: {what}: arrays of shape {col.shape[1:]} are not images")
         if a.dtype != np.uint8:

@@ -14,6 +14,8 @@ Each workload reads a standard on-disk distribution with :mod:`redteam.workloads
   e.g. ``emnist_balanced``). Model ``cnn2`` (McMahan et al. 2017's CNN; 10 classes only),
   ``lenet5`` (default), ``cnn_example`` (the bucketing paper's code's CNN, PyTorch's MNIST
   example, without its dropout) or ``mlp`` (McMahan et al.'s 2NN, 784-200-200-C).
+* ``fmnist``: Fashion-MNIST, the ``mnist`` workload's ``fashion_mnist`` variant, which also
+  finds Debian's ``dataset-fashion-mnist`` package (what CI installs).
 * ``femnist``: LEAF's FEMNIST JSON (Caldas et al., "LEAF: A Benchmark for Federated Settings",
   2018): 62 classes of handwritten characters, one group per writer, so ``partition =
   "natural"`` gives each client whole writers (with as many clients as writers, one each).
@@ -47,7 +49,7 @@ from ..errors import InvalidParameter
 from ..types import param_error
 from .base import Dataset, Workload
 
-__all__ = ["CIFAR10", "CIFAR100", "MNISTFiles", "FEMNIST", "Shakespeare"]
+__all__ = ["CIFAR10", "CIFAR100", "MNISTFiles", "FashionMNIST", "FEMNIST", "Shakespeare"]
 
 
 def _where(workload: str, given: str | None) -> Path:
@@ -260,6 +262,22 @@ class MNISTFiles(Workload):
                                    "(use lenet5 or mlp)")
         return _image_model(self.model, classes=classes, channels=1, size=28, norm=None, width=None, groups=None,
                             generator=generator)
+
+
+@dataclass(frozen=True, slots=True)
+class FashionMNIST(MNISTFiles):
+    """Fashion-MNIST (Xiao, Rasul & Vollgraf 2017) from its IDX files: the ``mnist`` workload with
+    ``variant = "fashion_mnist"``. Without ``dir`` or ``$REDTEAM_DATA_DIR/fashion_mnist`` it reads
+    Debian's package ``dataset-fashion-mnist`` (``/usr/share/datasets/fashion-mnist``, recompressed:
+    verified by the content digests of :mod:`.digests`)."""
+
+    variant: str = "fashion_mnist"
+    summary: ClassVar[str] = "Fashion-MNIST from IDX files (dir, $REDTEAM_DATA_DIR or Debian's dataset-fashion-mnist)"
+    reference: ClassVar[str] = "Xiao, Rasul & Vollgraf, Fashion-MNIST, arXiv:1708.07747, 2017"
+
+    def validate_variant(self, v: Any) -> None:
+        if v != "fashion_mnist":
+            raise param_error(self, "variant", v, 'is "fashion_mnist" here (the mnist workload reads the others)')
 
 
 @dataclass(frozen=True, slots=True)
