@@ -227,6 +227,10 @@ class FederationSpec:
     clients_per_round: int | None = _rule(None, lambda v: v is None or _pos_int(v), "must be an integer ≥ 1")
     attacker_selection: Literal["random", "every_round", "count"] = "random"
     attackers_per_round: int | None = _rule(None, lambda v: v is None or _pos_int(v), "must be an integer ≥ 1")
+    # issue 34 §6: how the clients' gradients are computed (redteam.federation.training.resolve_batching):
+    # "vmap" (every client in one batched program), "loop" (one client after another), "auto"
+    # (the loop on CPU for a model with convolutions, vmap otherwise). Same results to float32 rounding
+    batching: Literal["auto", "vmap", "loop"] = "auto"
 
     @property
     def malicious_data_rule(self) -> str:
@@ -531,7 +535,8 @@ class Scenario:
 #: keys added after results stores existed: left out of :meth:`Scenario.to_dict` at their default
 _LATE_DEFAULTS: dict[str, dict[str, Any]] = {
     "scenario": {"warmup_rounds": 0, "start_from": None, "requires": ()},
-    "federation": {"clients_per_round": None, "attacker_selection": "random", "attackers_per_round": None},
+    "federation": {"clients_per_round": None, "attacker_selection": "random", "attackers_per_round": None,
+                   "batching": "auto"},
     "window": {"window": None, "every": 1, "after_k": 10, "lifespan_threshold": 0.5},
     "pipeline": {"reputation_penalty": 1.0, "reputation_recovery": 0.0, "bandwidth_mbps": 0.0,
                  "bandwidth_sigma": 0.0, "latency_ms": 0.0},
@@ -750,6 +755,7 @@ def _check_regime(data: Mapping[str, Any], kw: Mapping[str, Any], where: _Where)
         "federation.clients_per_round": fed.clients_per_round,
         "federation.attacker_selection": fed.attacker_selection,
         "federation.malicious_fraction": fed.malicious_fraction,
+        "federation.batching": fed.batching,
         "scenario.warmup_rounds": kw.get("scenario", ScenarioInfo()).warmup_rounds,
         "hierarchy.depth": kw.get("hierarchy", HierarchySpec()).depth,
         "transport.codec": kw.get("transport", TransportSpec()).codec,

@@ -86,7 +86,9 @@ ASYNC = Support(
 PIPELINE = Support(
     "pipeline", "pipeline", frozenset({Surface.PIPELINE}), acts_at=frozenset({"aggregate", "pipeline"}),
     fixed=(("federation.clients_per_round", None, "its peers take micro-batches by routing"),
-           ("federation.attacker_selection", "random", "its peers take micro-batches by routing")),
+           ("federation.attacker_selection", "random", "its peers take micro-batches by routing"),
+           ("federation.batching", "auto", "its stages train by their own forward and backward passes, not the "
+                                           "clients' batched trainer")),
     workloads=("text",))
 
 #: every regime, the default first

@@ -249,7 +249,7 @@ def build_setup(scenario: Any, topology: Placement, *, device: str = "cpu", atta
     params_init = spec.flatten(model).to(dev)
     params0, start_info = round0_params(scenario, spec, params_init, dev, warmup_dir, ds.source, start,
                                         compute=compute_warmup)
-    trainer = BatchedTrainer(workload, model.to(dev), spec)
+    trainer = BatchedTrainer(workload, model.to(dev), spec, batching=scenario.federation.batching)
     setup = RunSetup(
         scenario=scenario, support=topology.support, device=dev, attack_spec=attack_spec, attack=atk, defense=defense,
         rng=rng, torch_rng=torch_rng, workload=workload, dataset=ds, malicious=tuple(malicious),

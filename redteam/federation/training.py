@@ -5,6 +5,22 @@ Clients are simulated as a batch: one flat parameter row per client, stacked int
 dimension of ``grad`` of the functional model — so that one step of every client is a
 handful of batched kernels instead of ``n`` separate models in a Python loop.
 
+How the rows' gradients are computed is a setting (``[federation] batching``,
+:func:`resolve_batching`): ``"vmap"`` is the batched program above; ``"loop"`` computes
+``grad(loss)`` of one row at a time (the same functional model, the same batches, the same
+SGD on the stacked rows: only the gradient call differs); ``"auto"`` (default) takes the loop
+on CPU for a model with a convolution and ``vmap`` otherwise. Under ``vmap`` a convolution
+with per-client weights becomes one grouped convolution over every client's images, which on
+CPU is slower than the clients' own convolutions one after another and holds every client's
+activations at once (``benchmarks/bench_batching.py``: a CIFAR ResNet-18 of width 16, 10
+clients × batch 32, trains in 0.75–0.84 of vmap's time looped, with a third of the peak memory,
+on 1 CPU thread; ``benchmarks/bench_paper_scale.py``: 0.48 at batch 64); on CUDA, and for
+models without convolutions on CPU (the 2NN: vmap 1.25–2.07× as fast in six runs of seven),
+``vmap`` is as fast or faster. The two paths agree to float32 rounding, not bit for bit
+(``tests/test_batching.py``: one or two ulps after a few steps); every gradient of a training
+call — the honest rows, a hook's rows, a spot-check replay — takes the trainer's one path, so a
+replay reproduces what its path computed.
+
 Each client draws its own minibatches from its own data (all client datasets live in
 one pooled tensor; client c owns rows ``offsets[c] : offsets[c] + sizes[c]``), seeded by
 the explicit generator. ``sampling`` names how:
@@ -54,10 +70,59 @@ if TYPE_CHECKING:
     from ..workloads.base import Workload
     from .state import ClientStates
 
-__all__ = ["StackedData", "BatchedTrainer", "LocalTraining", "LOCAL_OPTIMIZERS", "SAMPLINGS"]
+__all__ = ["StackedData", "BatchedTrainer", "LocalTraining", "LOCAL_OPTIMIZERS", "SAMPLINGS", "BATCHINGS",
+           "resolve_batching", "has_convolution"]
 
 LOCAL_OPTIMIZERS = ("sgd", "adamw")
 SAMPLINGS = ("with_replacement", "without_replacement")
+#: ``[federation] batching``: how the clients' gradients are computed (:func:`resolve_batching`)
+BATCHINGS = ("auto", "vmap", "loop")
+
+
+def has_convolution(model: torch.nn.Module) -> bool:
+    """Whether ``model`` has a convolution layer (``torch.nn.Conv1d`` / ``2d`` / ``3d`` or a
+    transposed one) among its modules."""
+    return any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
+
+
+def resolve_batching(setting: str, model: torch.nn.Module, device: torch.device | str) -> str:
+    """The gradient path, ``"vmap"`` or ``"loop"``, that ``setting`` (one of :data:`BATCHINGS`)
+    selects for ``model`` on ``device``.
+
+    ``"vmap"`` / ``"loop"`` are taken as they are. ``"auto"``: ``"loop"`` on CPU for a model
+    with a convolution (:func:`has_convolution`), else ``"vmap"`` (every model on CUDA; MLPs,
+    LSTMs and transformers on CPU). The figures behind it, loop time ÷ vmap time on CPU (below 1:
+    the loop is faster; ``benchmarks/bench_batching.py``, 1 thread, 10 clients × 1 step × batch
+    32, a 2-core machine kept busy by another job, so ranges over repeated runs): the CIFAR
+    ResNet-18 of width 16 0.75–0.84 with peak RSS 0.65 GiB looped against 2.0 GiB batched
+    (``benchmarks/bench_paper_scale.py`` on the idle machine, batch 64: 0.48); McMahan's MNIST
+    CNN 0.86–1.06 at 8 channels and 0.82–0.99 at 32, with less memory looped (471 against
+    751 MiB at 32); the 2NN (784-200-200-10) 1.25–2.07 in six runs of seven (vmap faster). On
+    an H100 the batched ResNet-18 is 1.0–2.6× as fast as a per-client loop (``bench_paper_scale.py``).
+    """
+    if setting not in BATCHINGS:
+        raise ValueError(f"batching {setting!r}: one of {', '.join(map(repr, BATCHINGS))}")
+    if setting != "auto":
+        return setting
+    return "loop" if torch.device(device).type == "cpu" and has_convolution(model) else "vmap"
+
+
+def _row_by_row(fn: Callable[..., torch.Tensor], in_dims: tuple[int | None, ...], args: tuple[Any, ...],
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """``vmap(fn, in_dims)(*args)`` computed as a Python loop over the rows: ``fn`` of row i of
+    every batched argument (``in_dims`` 0; ``None``: passed whole), stacked (into ``out`` when
+    given). Each row's result depends on that row's inputs only."""
+    n = next(int(a.shape[0]) for a, d in zip(args, in_dims) if d is not None)
+    res = out
+    for i in range(n):
+        gi = fn(*(a if d is None else a[i] for a, d in zip(args, in_dims)))
+        if res is None:
+            res = gi.new_empty((n, *gi.shape))
+        res[i] = gi
+    if res is None:  # no rows: the first batched argument's shape (a gradient has its row's shape)
+        first = next(a for a, d in zip(args, in_dims) if d is not None)
+        res = first.new_empty(first.shape)
+    return res
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,16 +190,22 @@ def _refuse_running_statistics(model: torch.nn.Module) -> None:
 
 
 class BatchedTrainer:
-    """Trains stacked client parameter rows with ``vmap(grad(loss))``.
+    """Trains stacked client parameter rows with ``vmap(grad(loss))`` (or ``grad(loss)`` row by
+    row: ``batching``, :func:`resolve_batching`, resolved for the device of the rows trained).
 
     Built once per federation (it holds the functional model); :meth:`train` is pure
     given its arguments: same inputs and generator state → same outputs.
     """
 
-    def __init__(self, workload: "Workload", model: torch.nn.Module, spec: ParamSpec) -> None:
+    def __init__(self, workload: "Workload", model: torch.nn.Module, spec: ParamSpec, *,
+                 batching: str = "auto") -> None:
+        if batching not in BATCHINGS:
+            raise ValueError(f"BatchedTrainer: batching {batching!r}: one of {', '.join(map(repr, BATCHINGS))}")
         self.workload = workload
         self.spec = spec
         self.model = model
+        self.batching = batching
+        self._paths: dict[str, str] = {}
         _refuse_running_statistics(model)
         loss_of = workload.loss
 
@@ -143,18 +214,40 @@ class BatchedTrainer:
             return loss_of(out, yb)
 
         self._loss = loss
-        self._vmapped: Callable[..., torch.Tensor] = vmap(grad(loss))
+        self._grad_one: Callable[..., torch.Tensor] = grad(loss)
+        self._vmapped: Callable[..., torch.Tensor] = vmap(self._grad_one)
         self._rows = int(getattr(workload, "cpu_grad_rows", 0) or 0)  # a bare workload (tests) declares none
 
+    def path(self, device: torch.device | str) -> str:
+        """The gradient path (``"vmap"`` or ``"loop"``) this trainer takes for rows on ``device``."""
+        kind = torch.device(device).type
+        got = self._paths.get(kind)
+        if got is None:
+            got = self._paths[kind] = resolve_batching(self.batching, self.model, kind)
+        return got
+
+    def row_grads(self, fn: Callable[..., torch.Tensor], in_dims: tuple[int | None, ...],
+                  device: torch.device | str) -> Callable[..., torch.Tensor]:
+        """``grad(fn)`` (with respect to its first argument) of every row, on this trainer's path for
+        ``device``: ``vmap(grad(fn), in_dims)`` or the same row by row."""
+        g = grad(fn)
+        if self.path(device) == "vmap":
+            return vmap(g, in_dims=in_dims)
+        return lambda *args: _row_by_row(g, in_dims, args)
+
     def _chunked(self, params: torch.Tensor) -> bool:
-        return 0 < self._rows < int(params.shape[0]) and params.device.type == "cpu"
+        return (0 < self._rows < int(params.shape[0]) and params.device.type == "cpu"
+                and self.path(params.device) == "vmap")
 
     def _grads(self, params: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor,
                out: torch.Tensor | None = None) -> torch.Tensor:
-        """``vmap(grad(loss))`` of the rows ``params`` on their batches; on CPU, with the workload's
+        """The gradient of each row ``params`` on its batch, on the trainer's path: ``grad(loss)``
+        row by row (``"loop"``), or ``vmap(grad(loss))``; on CPU, with the workload's
         ``cpu_grad_rows``, that many rows per call (the activations of a few clients stay in cache;
-        a workload sets it where the rows' gradients do not depend on the chunking), gathered into
-        ``out`` when given."""
+        a workload sets it where the rows' gradients do not depend on the chunking). Gathered into
+        ``out`` when given (looped or chunked)."""
+        if self.path(params.device) == "loop":
+            return _row_by_row(self._grad_one, (0, 0, 0), (params, xb, yb), out=out)
         if not self._chunked(params):
             return self._vmapped(params, xb, yb)
         k = self._rows
@@ -223,7 +316,7 @@ class BatchedTrainer:
         # (n, d) buffers reused from step to step: a matrix over glibc's largest mmap threshold
         # (32 MiB: 64 clients of the default text model) is otherwise page-faulted in at every
         # allocation, which cost as much as the arithmetic
-        gbuf = torch.empty_like(params) if self._chunked(params) else None
+        gbuf = torch.empty_like(params) if self._chunked(params) or self.path(device) == "loop" else None
         spare: torch.Tensor | None = None
         for step in range(last):
             gen = generator if step < total or hook_generator is None else hook_generator
@@ -284,9 +377,12 @@ class BatchedTrainer:
         round's inputs: plain SGD with batches drawn with replacement (AdamW's moments and the
         epoch sampler's position are client state a verifier does not hold).
 
-        Float rounding: the gradients are computed for ``len(rows)`` rows at once instead of
-        ``len(clients)``, which may change the last bits of a batched product, so a verifier
-        compares within a tolerance (``defenses/spot_check.py`` measures the honest gap).
+        The gradients take the trainer's path (``batching``), as :meth:`train` did. Float
+        rounding: under ``"loop"`` each row's gradient is computed alone in both, so an honest
+        row replays bit for bit; under ``"vmap"`` the gradients are computed for ``len(rows)``
+        rows at once instead of ``len(clients)``, which may change the last bits of a batched
+        product (bit for bit when every row is replayed), so a verifier compares within a
+        tolerance (``defenses/spot_check.py`` measures the honest gap).
         """
         if cfg.optimizer != "sgd" or cfg.sampling != "with_replacement":
             raise ValueError("BatchedTrainer.replay: only SGD with batches drawn with replacement can be replayed "
@@ -377,7 +473,7 @@ class _Hooked:
                 def total_loss(flat: torch.Tensor, gp: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
                     return base(flat, x, y) + extra(flat, gp, x, y)
 
-                self._extra_grads = vmap(grad(total_loss), in_dims=(0, None, 0, 0))
+                self._extra_grads = trainer.row_grads(total_loss, (0, None, 0, 0), params.device)
             g[r] = self._extra_grads(params[r], global_params, xr, yr)
         elif part:  # a lazy peer's smaller batch: the first items of the batch it drew
             g[r] = trainer._grads(params[r], xr, yr)
