@@ -380,3 +380,29 @@ def test_redteam_federation_factory(redteam_federation):
     with pytest.raises(pytest.UsageError, match="key path"):
         redteam_federation(SMALL, overrides={"rounds": 2})
 
+
+
+def test_workers_run_a_cells_seeds_side_by_side_with_the_same_results(pytester):
+    """--redteam-workers 2 runs a cell's seeds (baselines first, then the attacked runs) in worker
+    processes; the stored metrics are exactly those of the in-process path (1 worker). A bad
+    value is a usage error naming the option and the variable."""
+    import json
+    import sqlite3
+
+    _project(pytester, **{"scenarios/m.toml": MATRIX})
+
+    def metrics(workers: str, out: str) -> dict:
+        res = pytester.runpytest("-q", "-p", "no:cacheprovider", f"--redteam-workers={workers}", f"--redteam-out={out}")
+        res.assert_outcomes(passed=1, failed=1)  # MATRIX's second row is made to fail
+        (db,) = (pytester.path / out).glob("*/results.sqlite")
+        with sqlite3.connect(db) as con:
+            return {k: {n: v for n, v in json.loads(m).items() if not ("time" in n and n.endswith("_s"))}  # timings differ
+                    for k, m in con.execute("select run_key, metrics from runs")}
+
+    one, two = metrics("1", "one"), metrics("2", "two")
+    assert len(one) >= 4 and one.keys() == two.keys()
+    diff = {(k, n): (one[k][n], two[k].get(n)) for k in one for n in one[k] if one[k][n] != two[k].get(n)}
+    assert not diff, diff  # the 2 cells' seeds and their baselines, equal to the bit
+    bad = pytester.runpytest("-q", "--redteam-workers=0")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--redteam-workers / REDTEAM_PYTEST_WORKERS = '0': must be an integer ≥ 1" in bad.stderr.str()
