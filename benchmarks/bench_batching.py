@@ -70,17 +70,6 @@ CASES = ("mlp", "cnn", "resnet18")
 PATHS = ("vmap", "loop")
 
 
-def _rss_mib() -> float:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
-
-
 def _workload(case: str, channels: int = 8):
     """The workload (its model and loss) and the shape of one input."""
     from dataclasses import dataclass
@@ -131,7 +120,9 @@ def _child(args: argparse.Namespace) -> dict:
     def one_round() -> torch.Tensor:
         return trainer.train(flat, data, idx, cfg, torch.Generator().manual_seed(args.seed + 2))
 
-    setup_rss = _rss_mib()
+    from _timing import rss_mib
+
+    setup_rss = rss_mib()
     one_round()  # warm-up: allocator, vmap's tracing
     times = []
     out = None
@@ -140,7 +131,9 @@ def _child(args: argparse.Namespace) -> dict:
         out = one_round()
         times.append(time.perf_counter() - t)
     assert out is not None
-    torch.save(out, args.out)
+    from safetensors.torch import save_file
+
+    save_file({"params": out.contiguous()}, args.out)  # never pickle
     return {"d": spec.dim, "median_s": statistics.median(times), "times": times, "setup_rss_mib": setup_rss,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "threads": torch.get_num_threads()}
@@ -179,6 +172,7 @@ def main() -> None:
 
     import torch
     from _timing import cpu_name
+    from safetensors.torch import load_file
 
     print(f"torch {torch.__version__}, CPU {cpu_name()} ({os.cpu_count()} logical cores), python "
           f"{platform.python_version()}, {args.threads} thread(s); load average {os.getloadavg()[0]:.2f}")
@@ -189,15 +183,15 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for case in args.cases:
-            res = {p: _run(case, p, args, os.path.join(tmp, f"{case}-{p}.pt")) for p in PATHS}
+            res = {p: _run(case, p, args, os.path.join(tmp, f"{case}-{p}.safetensors")) for p in PATHS}
             bad = [f"{p}: {r}" for p, r in res.items() if isinstance(r, str)]
             if bad:
                 print(f"| {case} | {'; '.join(bad)} |")
                 continue
             v, lp = res["vmap"], res["loop"]
             assert isinstance(v, dict) and isinstance(lp, dict)
-            diff = float((torch.load(os.path.join(tmp, f"{case}-vmap.pt")) -
-                          torch.load(os.path.join(tmp, f"{case}-loop.pt"))).abs().max())
+            trained = {p: load_file(os.path.join(tmp, f"{case}-{p}.safetensors"))["params"] for p in PATHS}
+            diff = float((trained["vmap"] - trained["loop"]).abs().max())
             n = args.clients
             print(f"| {case} | {v['d']:,} | {1e3 * v['median_s']:.1f} | {1e3 * lp['median_s']:.1f} | "
                   f"{1e3 * v['median_s'] / n:.2f} | {1e3 * lp['median_s'] / n:.2f} | "

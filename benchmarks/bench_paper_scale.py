@@ -100,17 +100,6 @@ def _cpu_name() -> str:
     return cpu_name()
 
 
-def _rss_mib() -> float:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
-
-
 def _setup(args: argparse.Namespace):
     """Data, model, spec and initial flat parameters, all from seeded generators."""
     import torch
@@ -193,7 +182,9 @@ def _child(args: argparse.Namespace) -> dict:
                 out.append(torch.nn.utils.parameters_to_vector(net.parameters()).detach())
             return torch.stack(out)
 
-    setup_rss = _rss_mib()
+    from _timing import rss_mib
+
+    setup_rss = rss_mib()
     sync()
     one_round()  # warm-up: allocator, kernels, vmap's tracing of the model
     sync()

@@ -229,24 +229,29 @@ def test_a_language_model_metric_is_refused_on_a_classifier():
         expand(_with("final_bits_per_byte"), "t.toml")
 
 
-def test_the_cli_refuses_a_typo_in_one_line(tmp_path, capsys):
-    f = tmp_path / "t.toml"
-    f.write_text(textwrap.dedent(
-        """
+def _tiny(*, rounds: int, defenses: str, metric: str) -> str:
+    """A four-client synthetic matrix under a sign flip that declares ``metric``."""
+    return textwrap.dedent(f"""
         [scenario]
-        name = "t"
+        name = "tiny"
+        seed = 3
         [workload]
         name = "synthetic"
         samples = 200
         [federation]
         clients = 4
-        rounds = 2
+        rounds = {rounds}
         malicious_fraction = 0.25
         [matrix]
         attacks = ["sign_flip"]
-        defenses = ["mean"]
-        defender_metric = "cheat_reward_ration"
-        """))
+        defenses = {defenses}
+        defender_metric = "{metric}"
+        """)
+
+
+def test_the_cli_refuses_a_typo_in_one_line(tmp_path, capsys):
+    f = tmp_path / "t.toml"
+    f.write_text(_tiny(rounds=2, defenses='["mean"]', metric="cheat_reward_ration"))
     assert main(["matrix", str(f), "--dry-run", "--no-probe"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("redteam: error:")
@@ -264,24 +269,7 @@ def test_shipped_verification_scenario_declares_the_reward_ratio():
 
 def test_end_to_end_a_matrix_ranks_by_its_declared_metric(tmp_path, capsys):
     scenario = tmp_path / "tiny.toml"
-    scenario.write_text(textwrap.dedent(
-        """
-        [scenario]
-        name = "tiny"
-        seed = 3
-        [workload]
-        name = "synthetic"
-        samples = 200
-        [federation]
-        clients = 4
-        rounds = 3
-        malicious_fraction = 0.25
-        [matrix]
-        attacks = ["sign_flip"]
-        defenses = ["mean", "median"]
-        defender_metric = "final_accuracy"
-        """
-    ))
+    scenario.write_text(_tiny(rounds=3, defenses='["mean", "median"]', metric="final_accuracy"))
     out = tmp_path / "out"
     assert main(["matrix", str(scenario), "--out", str(out), "--quiet"]) == 0
     text = capsys.readouterr().out
