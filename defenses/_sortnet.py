@@ -31,7 +31,8 @@ Used where it pays and is available: CPU, float32 or float64, 2 ≤ n ≤ 256 ro
 :data:`MIN_VALUES` values, numba importable and able to compile the network (checked once per
 dtype; a failure is said once as a warning), and ``REDTEAM_SORTNET`` not set to ``0``.
 The first call in a new environment compiles the kernels (some seconds; numba caches them on
-disk next to this file, or in its user cache directory).
+disk in a directory of the user's own, ``~/.cache/redteam/numba`` or ``$NUMBA_CACHE_DIR``, never
+beside this file: a cache file is a pickle, see ``_numba_cache``).
 """
 
 from __future__ import annotations

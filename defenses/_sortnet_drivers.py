@@ -6,9 +6,9 @@ no wrap-around test for negative indices, which would stop LLVM from vectorizing
 """
 
 import numpy as np
-from numba import njit
 
 from . import _sortnet_kernels as K
+from ._numba_cache import njit
 
 U = np.uint64
 W = K.W

@@ -3,7 +3,7 @@
 # fmt: off
 # ruff: noqa
 import numpy as np
-from numba import njit
+from ._numba_cache import njit
 
 U = np.uint64
 #: columns per tile

@@ -19,7 +19,10 @@ import os as _os
 # torch program at 2 threads then loses far more than its CPU share (a digits federation of 100
 # clients: 10.2 s at 2 threads against 1.5 s at 1, with one core busy elsewhere; 1.6 s with
 # passive waiting). Passive waiting, unless the user chose otherwise; it takes effect where
-# redteam is imported before torch (the CLI, the matrix workers, the pytest plugin).
+# redteam is imported before torch (the CLI, the matrix workers, the pytest plugin). It is set in
+# os.environ, so every process started from this one inherits it too (the matrix's workers, and
+# any OpenMP program a user's session starts after importing redteam); it is not unset again,
+# since OpenMP reads it only when torch is first imported, later. Set it yourself to choose.
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from .errors import DecodeError, InvalidParameter, InvalidScenario, RedteamError, TransportError, UnknownPlugin

@@ -46,7 +46,9 @@ def _leaf_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> a
 
 
 _THREADS_HELP = ("intra-op threads per run: auto (default: 1 for small federations, a share of the cores "
-                 "for large models) or N; env REDTEAM_THREADS (docs/running.md, \"Threads\")")
+                 "for large models) or N; env REDTEAM_THREADS. OpenMP threads wait passively "
+                 "(OMP_WAIT_POLICY=PASSIVE unless set), here and in every process started from here "
+                 "(docs/running.md, \"Threads\")")
 
 
 def _threads_arg(value: str) -> str | int:
