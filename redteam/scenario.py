@@ -46,7 +46,7 @@ from typing import Any, Callable, Literal, Mapping
 
 from .errors import InvalidParameter, InvalidScenario, RedteamError
 from .registry import ATTACKS, DEFENSES, WORKLOADS, _coerce
-from .scenario_limits import Limits, check_federation, check_work, read_toml, shown
+from .scenario_limits import Limits, check_federation, check_memory, check_work, read_toml, shown
 from .topology import check_keys, regime_section
 
 __all__ = [
@@ -740,7 +740,9 @@ def parse_scenario(
         kw["asynchronous"] = _build(AsyncSpec, data["async"], "async", where)
     _check_regime(data, kw, where)
     _check_protocol(kw.get("federation", FederationSpec()), kw.get("window", AttackWindow()), where)
-    return Scenario(**kw)
+    scenario = Scenario(**kw)
+    check_memory(scenario, limits if limits is not None else Limits.from_env(), file)
+    return scenario
 
 
 def _check_regime(data: Mapping[str, Any], kw: Mapping[str, Any], where: _Where) -> None:

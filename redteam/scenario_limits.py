@@ -21,6 +21,11 @@ and the scenario loader then refuses:
 * a federation whose per-round work exceeds the caps below (clients, rounds, local steps,
   local epochs, batch size, shards per client, and clients × batch size samples in one
   batched step).
+* a scenario whose main tensors, estimated from its settings before anything is built
+  (:func:`memory_estimate`: the clients' models and updates, a gossip graph's n × n matrices,
+  an async buffer, a pipeline's activations, validator seats, the model's parameter count),
+  exceed ``memory_budget`` bytes: this machine's physical memory unless
+  ``REDTEAM_MEMORY_BUDGET`` says otherwise (issue 35 §3).
 
 How the TOML guard works, and why it cannot be talked past
 ----------------------------------------------------------
@@ -91,7 +96,7 @@ from typing import Any, Mapping
 from .errors import InvalidScenario
 
 __all__ = ["Limits", "read_toml", "read_scenario_bytes", "scan_text", "check_dot_work", "check_document",
-           "check_integers", "check_federation", "shown"]
+           "check_integers", "check_federation", "shown", "memory_estimate", "check_memory", "machine_memory"]
 
 _INT64 = 2**63
 
@@ -121,6 +126,8 @@ class Limits:
     max_label_chars: int = 200            # a matrix entry's label
     max_text_files: int = 100_000         # files under a text workload's text_dir
     max_text_bytes: int = 1 << 30         # their total size (every file is read whole, for its digest)
+    # bytes the main tensors of one run may take (memory_estimate); 0: this machine's physical memory
+    memory_budget: int = 0
     allow_include_outside: bool = False
     # a text workload's text_dir (any file under it becomes training text, named in manifests):
     # inside the scenario's directory or the working directory unless allowed
@@ -465,3 +472,154 @@ def check_work(section: str, params: Mapping[str, Any], limits: "Limits", file: 
             v = params.get(k)
             if isinstance(v, int) and not isinstance(v, bool) and v > cap:
                 raise InvalidScenario(f"{file}: [{section}].{k} = {v}: more than the cap of {cap} ({var} raises it)")
+
+
+# ------------------------------------------------------------------------ memory
+
+
+def machine_memory() -> int:
+    """This machine's physical memory in bytes (64 GiB where the platform does not say)."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return 64 << 30
+
+
+def _bytes_text(n: float) -> str:
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} bytes"
+
+
+def _param_count(workload: Any) -> int | None:
+    """The workload's model size, from :meth:`~redteam.workloads.base.Workload.param_count`
+    (None: an unknown workload, or one that does not say)."""
+    from .errors import RedteamError
+    from .registry import WORKLOADS
+
+    try:
+        count = WORKLOADS.create(workload.name, dict(workload.params)).param_count()
+    except RedteamError:  # unknown, or refused by its own checks (parsed without them)
+        return None
+    except Exception:  # noqa: BLE001 - a third-party workload's param_count: no model term, not a traceback
+        return None
+    return count if isinstance(count, int) and count > 0 else None
+
+
+def _defense_parts(scenario: Any) -> list[tuple[str, Mapping[str, Any]]]:
+    """(section, params) of each defense stage and of the tables listed in its params (the parts
+    of a composition), as :func:`check_work` walks them."""
+    out: list[tuple[str, Mapping[str, Any]]] = []
+    many = len(scenario.defense) > 1
+    for i, stage in enumerate(scenario.defense):
+        section = f"defense.pipeline[{i}]" if many else "defense"
+        out.append((section, stage.params))
+        for k, v in stage.params.items():
+            if isinstance(v, list):
+                out += [(f"{section}.{k}[{j}]", part) for j, part in enumerate(v) if isinstance(part, Mapping)]
+    return out
+
+
+def memory_estimate(scenario: Any) -> list[tuple[str, Any, int, str]]:
+    """The main tensors a run of ``scenario`` (a parsed :class:`~redteam.scenario.Scenario`) will
+    hold, from its settings alone (nothing is built): ``(setting, its value, bytes, what)`` per
+    item, float32 parameters (4 bytes). A lower bound: the run needs these and more.
+
+    With P the model's parameters (:meth:`~redteam.workloads.base.Workload.param_count`; the
+    terms that need it are left out where the workload does not say) and K the clients of a round:
+
+    * the server's model and its state: 4 × P × 4;
+    * a round's clients: their trained models and updates, 2 × K × P × 4;
+    * ``[gossip]``: a model per node and the next step's, 2 × n × P × 4; the adjacency, the
+      mixing matrix and its symmetric copy for the spectral gap (bool, float64, float64), 17 × n²;
+    * ``[async]``: the buffered updates and their stack, 2 × buffer_size × P × 4, beside a row per
+      client in flight, n × P × 4;
+    * ``[pipeline]`` (the text model, T = context, w = width, L = layers): one micro-batch's
+      activations, micro_batch_size × T × (16·L·w + 2·256) × 4; the hop inputs an auditing check
+      keeps to the round's end, fraction × micro_batches × stages × micro_batch_size × T × w × 4;
+      the peers' replicas of their stage and its gradient, 2 × peers_per_stage × P × 4;
+    * ``validators`` = V (Gauntlet's consensus): the seats' reports and their pairwise
+      comparison, V × K × 8 + V² × K.
+    """
+    fed = scenario.federation
+    params = _param_count(scenario.workload)
+    out: list[tuple[str, Any, int, str]] = []
+    model = ""
+    if params is not None:
+        wl = scenario.workload
+        keys = [k for k in (*WIDTH_KEYS, *DEPTH_KEYS, "context", "features", "classes") if k in wl.params]
+        named = ", ".join(f"[workload].{k} = {shown(wl.params[k])}" for k in keys) or f"[workload].name = {shown(wl.name)}"
+        model = f"{params:,} parameters ({named})"
+        out.append((f"[workload].{keys[0]}" if keys else "[workload].name", wl.params[keys[0]] if keys else wl.name,
+                    16 * params, f"the server's model of {model} and its state"))
+    n = fed.clients
+    k = fed.clients_per_round or n
+    k_key = "[federation].clients_per_round" if fed.clients_per_round else "[federation].clients"
+    if scenario.gossip is not None:
+        out.append(("[federation].clients", n, 17 * n * n, f"the gossip graph's n × n matrices over {n:,} nodes"))
+        if params is not None:
+            out.append(("[federation].clients", n, 8 * n * params, f"a model per node, twice: {n:,} × {model}"))
+    elif scenario.asynchronous is not None:
+        b = scenario.asynchronous.buffer_size
+        if params is not None:
+            out.append(("[async].buffer_size", b, 8 * b * params, f"{b:,} buffered updates, twice, of {model}"))
+            out.append(("[federation].clients", n, 4 * n * params, f"{n:,} clients' updates in flight"))
+    elif scenario.pipeline is not None:
+        pl, wl = scenario.pipeline, scenario.workload.params
+        t, w, layers = (int(wl.get(x, d)) for x, d in (("context", 64), ("width", 64), ("layers", 2)))
+        bt = pl.micro_batch_size * t
+        out.append(("[pipeline].micro_batch_size", pl.micro_batch_size, 4 * bt * (16 * layers * w + 512),
+                    f"one micro-batch's activations ({pl.micro_batch_size:,} windows of {t} bytes, width {w}, "
+                    f"{layers} layers)"))
+        kept = 0.0
+        for check in pl.checks:
+            kept = max(kept, _audited_share(check))
+        if kept:
+            out.append(("[pipeline].micro_batches", pl.micro_batches,
+                        int(kept * pl.micro_batches * pl.stages * bt * w * 4),
+                        f"the hop inputs an audit keeps to the round's end ({kept:g} of {pl.micro_batches:,} "
+                        f"micro-batches × {pl.stages} stages)"))
+        if params is not None:
+            out.append(("[pipeline].peers_per_stage", pl.peers_per_stage, 8 * pl.peers_per_stage * params,
+                        f"the peers' replicas of their stages and their gradients, of {model}"))
+    elif params is not None:
+        out.append((k_key, k, 8 * k * params, f"{k:,} clients' models and updates of {model}"))
+    for section, part in _defense_parts(scenario):
+        v = part.get("validators")
+        if isinstance(v, int) and not isinstance(v, bool) and v > 1:
+            out.append((f"[{section}].validators", v, v * k * 8 + v * v * k,
+                        f"{v:,} validator seats' reports on {k:,} peers and their pairwise comparison"))
+    return out
+
+
+def _audited_share(check: Any) -> float:
+    """The share of hops a pipeline check keeps whole to the round's end (0: it keeps none)."""
+    from .errors import RedteamError
+    from .registry import DEFENSES
+
+    try:
+        cls = DEFENSES.get(check.name)
+    except RedteamError:
+        return 0.0
+    if not getattr(cls, "audits", False):
+        return 0.0
+    share = check.params.get("fraction", getattr(cls, "fraction", 1.0))
+    return float(share) if isinstance(share, (int, float)) and 0 <= share <= 1 else 1.0
+
+
+def check_memory(scenario: Any, limits: Limits, file: str) -> None:
+    """Refuse, in one line naming the largest item's setting, a scenario whose
+    :func:`memory_estimate` exceeds ``limits.memory_budget`` (0: :func:`machine_memory`)."""
+    items = memory_estimate(scenario)
+    total = sum(b for _, _, b, _ in items)
+    budget = limits.memory_budget or machine_memory()
+    if total <= budget:
+        return
+    setting, value, size, what = max(items, key=lambda item: item[2])
+    raise InvalidScenario(
+        f"{file}: {setting} = {shown(value)}: the run would hold about {_bytes_text(total)} ({what}: "
+        f"{_bytes_text(size)}), more than the memory budget of {_bytes_text(budget)} "
+        f"({'this machine' + chr(39) + 's memory; ' if not limits.memory_budget else ''}"
+        "REDTEAM_MEMORY_BUDGET=BYTES raises it)"
+    )

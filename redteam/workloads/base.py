@@ -94,6 +94,12 @@ class Workload:
     def build_model(self, generator: "torch.Generator") -> "torch.nn.Module":  # pragma: no cover
         raise NotImplementedError
 
+    def param_count(self) -> int | None:
+        """The number of parameters :meth:`build_model` makes, computed without building it (the
+        scenario's memory estimate, :func:`redteam.scenario_limits.memory_estimate`); None: this
+        workload does not say, and the estimate leaves out what scales with the model."""
+        return None
+
     def loss(self, output: "torch.Tensor", target: "torch.Tensor") -> "torch.Tensor":
         """Mean cross-entropy; works for ``(B, C)`` and ``(B, T, C)`` outputs."""
         import torch.nn.functional as F

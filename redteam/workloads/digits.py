@@ -97,3 +97,7 @@ class Digits(Workload):
                 torch.nn.Linear(64, self.hidden), torch.nn.ReLU(), torch.nn.Linear(self.hidden, 10)
             )
         return init_module_(net, generator)
+
+    def param_count(self) -> int | None:
+        """The MLP's 64·h + h + 10·h + 10 (the CNN: not said)."""
+        return 75 * self.hidden + 10 if self.model == "mlp" else None

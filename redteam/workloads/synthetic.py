@@ -85,3 +85,6 @@ class Synthetic(Workload):
 
     def build_model(self, generator: torch.Generator) -> torch.nn.Module:
         return init_module_(torch.nn.Linear(self.features, self.classes), generator)
+
+    def param_count(self) -> int:
+        return self.features * self.classes + self.classes

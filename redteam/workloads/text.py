@@ -374,6 +374,12 @@ class TextLM(Workload):
     def build_model(self, generator: torch.Generator) -> torch.nn.Module:
         return ByteTransformer(self.context, self.width, self.layers, self.heads).init_(generator)
 
+    def param_count(self) -> int:
+        """:class:`ByteTransformer`'s parameters: the two embeddings, per block two LayerNorms
+        (2w each) and the four linear maps (12w² weights, 13w biases), the last LayerNorm, the head."""
+        w = self.width
+        return VOCAB * w + self.context * w + self.layers * (12 * w * w + 13 * w) + 2 * w + w * VOCAB + VOCAB
+
     # -- scoring ------------------------------------------------------------------------
     def correct(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Per-byte correctness; with masked targets (−100), one bool per sequence: every
