@@ -567,7 +567,8 @@ def memory_estimate(scenario: Any) -> list[tuple[str, Any, int, str]]:
             out.append(("[federation].clients", n, 4 * n * params, f"{n:,} clients' updates in flight"))
     elif scenario.pipeline is not None:
         pl, wl = scenario.pipeline, scenario.workload.params
-        t, w, layers = (int(wl.get(x, d)) for x, d in (("context", 64), ("width", 64), ("layers", 2)))
+        t, w, layers = (v if isinstance(v := wl.get(x), int) and v > 0 else d
+                        for x, d in (("context", 64), ("width", 64), ("layers", 2)))
         bt = pl.micro_batch_size * t
         out.append(("[pipeline].micro_batch_size", pl.micro_batch_size, 4 * bt * (16 * layers * w + 512),
                     f"one micro-batch's activations ({pl.micro_batch_size:,} windows of {t} bytes, width {w}, "
