@@ -128,10 +128,15 @@ class Limits:
     max_text_bytes: int = 1 << 30         # their total size (every file is read whole, for its digest)
     # bytes the main tensors of one run may take (memory_estimate); 0: this machine's physical memory
     memory_budget: int = 0
+    # the memory one dataset read may take (redteam.workloads.files), estimated before allocating:
+    # decompressed sizes, header-declared dimensions, parsed JSON, decoded Arrow columns and images
+    max_data_bytes: int = 2 << 30
     allow_include_outside: bool = False
     # a text workload's text_dir (any file under it becomes training text, named in manifests):
     # inside the scenario's directory or the working directory unless allowed
     allow_text_dir_outside: bool = False
+    # a workload's dataset dir, hf_dir or file (read as training data): the same rule as text_dir
+    allow_data_dir_outside: bool = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Limits":

@@ -27,7 +27,15 @@ returns a small frozen dataclass of tensors:
 No reader unpickles anything. Every read is bounded: a file whose size disagrees with its
 header, a truncated file, a header declaring more than :data:`MAX_FILE_BYTES`, an archive
 member larger than that, are refused with a one-line :class:`~redteam.errors.InvalidParameter`
-naming the file and what is wrong.
+naming the file and what is wrong. Beyond each file's cap, one read of a dataset may take at most
+``REDTEAM_MAX_DATA_BYTES`` of memory (2 GiB by default:
+:attr:`~redteam.scenario_limits.Limits.max_data_bytes`; the EMNIST byclass split takes about
+0.7 GB, CIFAR 0.4 GB): what each step will allocate is estimated *before* it allocates — archive
+members and decompressed streams from the sizes their headers declare, counted as they stream,
+IDX data from its declared dimensions, JSON from the brackets, separators and strings of its
+text, Arrow batches from their decompressed buffer lengths, images from their declared size —
+and a read past the budget is refused in one line that names that variable. Every file is read
+and counted once.
 
 ``digest`` (every result has one) is the SHA-256 over the data read: for each file, in a fixed
 order, its name within the dataset, its length and its bytes, *after* decompression — so the
@@ -327,17 +335,90 @@ def _check_file(path: Path, rel: str, dataset: str, files: dict[str, str]) -> st
     return digest
 
 
-def _read_limited(f: BinaryIO, n: int, what: str) -> bytes:
-    """Exactly ``n`` bytes from ``f`` and nothing after them (truncated / trailing data are errors)."""
+class _Budget:
+    """The memory one read of a dataset may still take (module docstring): every allocation the
+    input decides is estimated and charged *before* it is made, and a charge past the cap
+    (``REDTEAM_MAX_DATA_BYTES``) is refused in one line naming the file and the variable."""
+
+    def __init__(self, what: str) -> None:
+        from ..scenario_limits import Limits
+
+        try:
+            self.cap = Limits.from_env().max_data_bytes
+        except Exception as exc:  # a malformed REDTEAM_* variable
+            raise InvalidParameter(str(exc)) from None
+        self.what = what
+        self.used = 0
+
+    def charge(self, n: int, where: object, doing: str) -> None:
+        """Count ``n`` bytes that reading ``where`` (``doing`` says how) is about to allocate."""
+        n = max(int(n), 0)
+        if self.used + n > self.cap:
+            raise InvalidParameter(
+                f"{self.what}: {where}: {doing} would take about {n:,} bytes of memory ({self.used + n:,} in all), "
+                f"more than the {self.cap:,} one dataset read may take (REDTEAM_MAX_DATA_BYTES raises the cap)")
+        self.used += n
+
+    def release(self, n: int) -> None:
+        """Give back ``n`` bytes charged for something that has been dropped."""
+        self.used = max(self.used - max(int(n), 0), 0)
+
+
+_QUOTE = ord('"')
+
+
+def _json_cost(raw: bytes) -> int:
+    """About what ``json.loads(raw)`` allocates, from the text alone: an object and a list slot
+    per value (a separator or a bracket opens one: 40 bytes, a float's), a list or dict per
+    bracket, a ``str`` per pair of quotes and its characters (a non-ASCII byte as 4). One pass of
+    numpy over the bytes; it errs high (``[],`` counts 136 bytes, Python takes 64-72)."""
+    b = np.frombuffer(raw, dtype=np.uint8)
+    counts = np.zeros(256, dtype=np.int64)
+    inside = parity = 0
+    for i in range(0, len(b), 1 << 22):  # in blocks: bincount and cumsum widen every byte to 8 bytes
+        block = b[i:i + (1 << 22)]
+        counts += np.bincount(block, minlength=256)
+        opened = np.cumsum(block == _QUOTE, dtype=np.int32) + parity
+        inside += int(np.count_nonzero(opened & 1))
+        parity = int(opened[-1]) & 1 if len(opened) else parity
+    containers = int(counts[ord("[")] + counts[ord("{")])
+    values = int(counts[ord(",")] + counts[ord(":")]) + containers + 1
+    quotes = int(counts[_QUOTE])
+    return 96 * containers + 40 * values + 40 * quotes + inside + 3 * int(counts[128:].sum())
+
+
+def _parse_json(raw: bytes, path: Path, what: str, budget: "_Budget") -> Any:
+    """``json.loads(raw)`` once its estimated cost is charged to ``budget`` (and released after:
+    the caller charges what it keeps)."""
+    cost = _json_cost(raw)
+    budget.charge(cost, path, "parsing its JSON")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidParameter(f"{what}: {path}: not JSON ({exc})") from None
+    finally:
+        budget.release(cost)
+
+
+def _read_limited(f: BinaryIO, n: int, what: str, head: bytes = b"") -> bytearray:
+    """``head`` followed by exactly ``n`` bytes from ``f``, and nothing after them (truncated /
+    trailing data are errors), in one writable buffer of ``len(head) + n`` bytes."""
     if n > MAX_FILE_BYTES:
         raise InvalidParameter(f"{what}: declares {n:,} bytes of data, more than the {MAX_FILE_BYTES:,} a file "
                                "may hold here (a corrupt header?)")
-    data = f.read(n + 1)
-    if len(data) < n:
-        raise InvalidParameter(f"{what}: truncated: {len(data):,} bytes of data where the header declares {n:,}")
-    if len(data) > n:
+    out = bytearray(len(head) + n)
+    out[:len(head)] = head
+    view = memoryview(out)[len(head):]
+    got = 0
+    while got < n:
+        k = f.readinto(view[got:])  # type: ignore[attr-defined]
+        if not k:
+            raise InvalidParameter(f"{what}: truncated: {got:,} bytes of data where the header declares {n:,}")
+        got += k
+    view.release()
+    if f.read(1):
         raise InvalidParameter(f"{what}: has bytes after the {n:,} bytes of data its header declares")
-    return data
+    return out
 
 
 def _rel(path: Path, base: Path) -> str:
@@ -420,12 +501,13 @@ def _cifar_source(name: str, p: Path) -> tuple[str, Path]:
         f"the folder, its parent, or the archive (`redteam data list` shows the layouts)")
 
 
-def _tar_members(archive: Path, wanted: Iterable[str], what: str) -> dict[str, bytes]:
+def _tar_members(archive: Path, wanted: Iterable[str], what: str, budget: _Budget) -> dict[str, bytearray]:
     """The bytes of the regular-file members whose base name is in ``wanted``, read from the
     archive without extracting anything; each member's declared size is checked before it is read
-    or skipped (no member may exceed :data:`MAX_FILE_BYTES`), and a name found twice is an error."""
+    or skipped (no member may exceed :data:`MAX_FILE_BYTES`) and charged to ``budget`` before it is
+    read (the sizes add up as the members stream), and a name found twice is an error."""
     wanted = set(wanted)
-    out: dict[str, bytes] = {}
+    out: dict[str, bytearray] = {}
     try:
         with tarfile.open(archive, mode="r:*") as tf:
             while True:
@@ -444,6 +526,7 @@ def _tar_members(archive: Path, wanted: Iterable[str], what: str) -> dict[str, b
                 f = tf.extractfile(m)
                 if f is None:  # pragma: no cover - isfile() members always have a file object
                     continue
+                budget.charge(m.size, f"{archive}:{m.name}", "decompressing the member")
                 out[base] = _read_limited(f, m.size, f"{what}: {archive}:{m.name}")  # type: ignore[arg-type]
     except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
         raise InvalidParameter(f"{what}: {archive}: not a readable .tar.gz archive (truncated or damaged: {exc})") from None
@@ -472,9 +555,10 @@ def read_cifar(directory: str | Path, name: Literal["cifar10", "cifar100"] = "ci
     files: dict[str, str] = {}
     wanted = lay.train + lay.test
     base = p if p.is_dir() else p.parent
+    budget = _Budget(name)
     if kind == "archive":
         _check_file(where, _rel(where, base), name, files)
-        members = _tar_members(where, wanted + (lay.names_file,), name)
+        members = _tar_members(where, wanted + (lay.names_file,), name, budget)
         missing = [w for w in wanted if w not in members]
         if missing:
             raise InvalidParameter(f"{name}: {where}: the archive lacks {', '.join(missing)} (expected {lay.folder}/ "
@@ -486,10 +570,13 @@ def read_cifar(directory: str | Path, name: Literal["cifar10", "cifar100"] = "ci
         if missing:
             raise InvalidParameter(f"{name}: {where}: missing {', '.join(missing)} (expected {', '.join(wanted)})")
         data = {}
+        sizes = {w: (where / w).stat().st_size for w in wanted}
+        for w, size in sizes.items():
+            if size > MAX_FILE_BYTES:
+                raise InvalidParameter(f"{name}: {where / w}: {size:,} bytes, more than {MAX_FILE_BYTES:,}")
+        budget.charge(sum(sizes.values()), where, f"reading {', '.join(wanted)}")  # each file once
         for w in wanted:
             f = where / w
-            if f.stat().st_size > MAX_FILE_BYTES:
-                raise InvalidParameter(f"{name}: {f}: {f.stat().st_size:,} bytes, more than {MAX_FILE_BYTES:,}")
             _check_file(f, _rel(f, base), name, files)
             data[w] = f.read_bytes()
         nf = where / lay.names_file
@@ -499,6 +586,8 @@ def read_cifar(directory: str | Path, name: Literal["cifar10", "cifar100"] = "ci
             names_text = nf.read_bytes()
 
     rec = lay.label_bytes + _CIFAR_PIXELS
+    records = sum(len(data[w]) for w in wanted) // rec
+    budget.charge(records * (_CIFAR_PIXELS + 8), where, f"joining {records:,} records into arrays")
     digest = _Digest()
     parts: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for w in wanted:
@@ -556,8 +645,11 @@ def _idx_stems(name: str) -> dict[str, str]:
             "test_images": "t10k-images-idx3-ubyte", "test_labels": "t10k-labels-idx1-ubyte"}
 
 
-def _parse_idx(f: BinaryIO, what: str, ndim: int, file_size: int | None = None) -> tuple[tuple[int, ...], bytes]:
-    """(dims, raw bytes of header + data) of one IDX stream of unsigned bytes with ``ndim`` dimensions."""
+def _parse_idx(f: BinaryIO, what: str, ndim: int, file_size: int | None = None,
+               check: Callable[[tuple[int, ...]], None] | None = None) -> tuple[tuple[int, ...], bytearray]:
+    """(dims, raw bytes of header + data) of one IDX stream of unsigned bytes with ``ndim``
+    dimensions. ``check(dims)`` runs once the header is read, before any data is: it may refuse
+    the dimensions, and charges what they will allocate."""
     head = f.read(4)
     if len(head) < 4:
         raise InvalidParameter(f"{what}: truncated: {len(head)} bytes, shorter than the 4-byte IDX magic number")
@@ -584,18 +676,21 @@ def _parse_idx(f: BinaryIO, what: str, ndim: int, file_size: int | None = None) 
     if file_size is not None and file_size != header + n:
         raise InvalidParameter(f"{what}: {file_size:,} bytes, but its header ({'×'.join(map(str, dims))}) declares "
                                f"{header + n:,}{' (truncated)' if file_size < header + n else ''}")
-    body = _read_limited(f, n, what)
-    return dims, head + dimb + body
+    if check is not None:
+        check(dims)
+    return dims, _read_limited(f, n, what, head + dimb)
 
 
-def _read_idx_one(src: Path | bytes, label: str, ndim: int, gz: bool) -> tuple[tuple[int, ...], bytes]:
-    size = None if gz or isinstance(src, bytes) else src.stat().st_size
+def _read_idx_one(src: Path | bytes | bytearray, label: str, ndim: int, gz: bool,
+                  check: Callable[[tuple[int, ...]], None] | None = None) -> tuple[tuple[int, ...], bytearray]:
+    in_memory = isinstance(src, (bytes, bytearray))
+    size = None if gz or in_memory else src.stat().st_size  # type: ignore[union-attr]
     try:
-        with (io.BytesIO(src) if isinstance(src, bytes) else src.open("rb")) as raw:
+        with (io.BytesIO(src) if in_memory else src.open("rb")) as raw:  # type: ignore[arg-type,union-attr]
             if not gz:
-                return _parse_idx(raw, label, ndim, size)
+                return _parse_idx(raw, label, ndim, size, check)
             with gzip.GzipFile(fileobj=raw, mode="rb") as f:
-                return _parse_idx(f, label, ndim, None)  # type: ignore[arg-type]
+                return _parse_idx(f, label, ndim, None, check)  # type: ignore[arg-type]
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
         raise InvalidParameter(f"{label}: not a complete gzip stream (truncated or damaged: {exc})") from None
     except OSError as exc:
@@ -695,6 +790,7 @@ def read_idx(directory: str | Path, name: str = "mnist") -> ImageFiles:
     arrays: dict[str, np.ndarray] = {}
     dims_of: dict[str, tuple[int, ...]] = {}
     class_names: tuple[str, ...] = ()
+    budget = _Budget(name)
     zf = None
     try:
         if kind == "zip":
@@ -703,18 +799,37 @@ def read_idx(directory: str | Path, name: str = "mnist") -> ImageFiles:
         for role in ("train_images", "train_labels", "test_images", "test_labels"):
             src, gz = found[role]
             ndim = 3 if role.endswith("images") else 1
+            split = role.split("_")[0]
+
+            def check(dims: tuple[int, ...], role: str = role, split: str = split, src: Any = src) -> None:
+                # refuse wrong dimensions from the header, and charge what they allocate, before reading
+                if role.endswith("images"):
+                    if dims[1:] != (28, 28):
+                        raise InvalidParameter(f"{name}: {split} images are {dims[1]}×{dims[2]}; {name} images are "
+                                               "28×28")
+                    budget.charge(math.prod(dims), src, f"reading {dims[0]:,} images")
+                else:
+                    n_images = dims_of[f"{split}_images"][0]
+                    if dims[0] != n_images:
+                        raise InvalidParameter(f"{name}: {split}: {n_images:,} images but {dims[0]:,} labels")
+                    budget.charge(9 * dims[0], src, f"reading {dims[0]:,} labels")  # the bytes and int64
+
             if zf is not None:
                 label = f"{name}: {where}:{src}"
+                size = zf.getinfo(str(src)).file_size
+                budget.charge(size, f"{where}:{src}", "reading the member")
                 try:
                     with zf.open(str(src)) as m:
-                        blob = _read_limited(m, zf.getinfo(str(src)).file_size, label)  # type: ignore[arg-type]
+                        blob = _read_limited(m, size, label)  # type: ignore[arg-type]
                 except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
                     raise InvalidParameter(f"{label}: cannot read the member (damaged zip: {exc})") from None
-                dims, raw = _read_idx_one(blob, label, ndim, gz)
+                dims, raw = _read_idx_one(blob, label, ndim, gz, check)
+                del blob
+                budget.release(size)
             else:
                 path = Path(src)
                 _check_file(path, _rel(path, base), name, files)
-                dims, raw = _read_idx_one(path, f"{name}: {path}", ndim, gz)
+                dims, raw = _read_idx_one(path, f"{name}: {path}", ndim, gz, check)
             digest.add(_idx_stems(name)[role], raw)
             dims_of[role] = dims
             arrays[role] = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
@@ -725,19 +840,16 @@ def read_idx(directory: str | Path, name: str = "mnist") -> ImageFiles:
             zf.close()
     out = []
     for split in ("train", "test"):
-        di, dl = dims_of[f"{split}_images"], dims_of[f"{split}_labels"]
-        if di[1:] != (28, 28):
-            raise InvalidParameter(f"{name}: {split} images are {di[1]}×{di[2]}; {name} images are 28×28")
-        if di[0] != dl[0]:
-            raise InvalidParameter(f"{name}: {split}: {di[0]:,} images but {dl[0]:,} labels")
-        x = arrays[f"{split}_images"].reshape(di[0], 1, 28, 28)
+        di = dims_of[f"{split}_images"]
+        x = arrays[f"{split}_images"].reshape(di[0], 1, 28, 28)  # a writable view of the buffer read
         if family == "emnist":
-            x = x.transpose(0, 1, 3, 2)
+            for i in range(0, len(x), 4096):  # transposed in place, a block at a time: no second copy
+                x[i:i + 4096] = x[i:i + 4096].transpose(0, 1, 3, 2).copy()
         y = arrays[f"{split}_labels"].astype(np.int64)
         if y.size and int(y.max()) >= num_classes:
             bad = int(np.argmax(y >= num_classes))
             raise InvalidParameter(f"{name}: {split} label {bad} is {int(y[bad])}, out of range [0, {num_classes})")
-        out += [x.copy(), y]
+        out += [x, y]
     if family == "mnist":
         class_names = _MNIST_CLASSES
     elif family == "fashion_mnist":
@@ -772,9 +884,13 @@ def _emnist_mapping(name: str, kind: str, where: Path, zf: zipfile.ZipFile | Non
             continue
         try:
             lab, code = int(parts[0]), int(parts[1])
-            names[lab] = chr(code)
         except (ValueError, IndexError):
-            raise InvalidParameter(f"{name}: {fname}: line {line!r} is not 'label ascii-code'") from None
+            raise InvalidParameter(f"{name}: {fname}: line {line[:80]!r} is not 'label ascii-code'") from None
+        if not 0 <= lab < k:  # -1 would name the last class (a negative index), k an IndexError
+            raise InvalidParameter(f"{name}: {fname}: label {lab} is outside the split's classes [0, {k})")
+        if not 0 <= code < 0x110000:
+            raise InvalidParameter(f"{name}: {fname}: label {lab}: code {code} is not a character")
+        names[lab] = chr(code)
     return tuple(names)
 
 
