@@ -249,7 +249,7 @@ def test_an_arrow_file_with_crafted_string_offsets_is_refused(tmp_path):
     d.mkdir()
     _arrow_with_bad_offsets(pa, d / "data-00000-of-00001.arrow")
     proc = _under_cap(f"F.read_hf_saved({str(d)!r})", budget=1 << 30, headroom=1 << 30)
-    _refused(proc, "data-00000-of-00001.arrow", "invalid")
+    _refused(proc, "data-00000-of-00001.arrow", "not a valid Arrow", "out of bounds")
 
 
 def test_hf_images_are_charged_before_decoding(tmp_path, monkeypatch):

@@ -227,12 +227,14 @@ class HFSaved:
         image = image or _pick_column(cols, feats, "Image", ("image", "img"), "image")
         label = label or _pick_column(cols, feats, "ClassLabel", ("label", "labels"), "label")
         parts = []
+        budget = _Budget("hf_saved")
         for split in (train, test):
             c = self.splits[split]
             for col in (image, label):
                 if col not in c:
                     raise InvalidParameter(f"hf_saved: split {split!r} has no column {col!r}; it has {sorted(c)}")
-            parts.append((_images_of(c[image], f"{split}.{image}", channels), _labels_of(c[label], f"{split}.{label}")))
+            parts.append((_images_of(c[image], f"{split}.{image}", channels, budget),
+                          _labels_of(c[label], f"{split}.{label}")))
         (trx, try_), (tex, tey) = parts
         if trx.shape[1:] != tex.shape[1:]:
             raise InvalidParameter(f"hf_saved: {train} images are {trx.shape[1:]}, {test} images {tex.shape[1:]}")
@@ -915,20 +917,33 @@ def _leaf_dirs(what: str, p: Path) -> tuple[Path, list[Path], list[Path]]:
 _MAX_JSON_BYTES = 4 << 30  # LEAF writes a few hundred MB per file
 
 
-def _leaf_file(what: str, path: Path, rel: str, files: dict[str, str], digest: _Digest
+def _leaf_file(what: str, path: Path, rel: str, files: dict[str, str], digest: _Digest, budget: _Budget
                ) -> Iterator[tuple[str, list[Any], list[Any]]]:
-    """(user, x, y) of each user of one LEAF JSON file, checked against 'num_samples'."""
+    """(user, x, y) of each user of one LEAF JSON file, checked against 'num_samples'. The file's
+    bytes and its parsed JSON are charged to ``budget`` before they are read and parsed, and
+    given back when the next file is read."""
     size = path.stat().st_size
     if size > _MAX_JSON_BYTES:
         raise InvalidParameter(f"{what}: {path}: {size:,} bytes, more than {_MAX_JSON_BYTES:,}")
+    budget.charge(size, path, "reading the file")
     raw = path.read_bytes()
     files[rel] = hashlib.sha256(raw).hexdigest()
     digest.add(rel, raw)
+    cost = _json_cost(raw)
+    budget.charge(cost, path, "parsing its JSON")
     try:
         doc = json.loads(raw)
     except (ValueError, RecursionError) as exc:
         raise InvalidParameter(f"{what}: {path}: not JSON ({exc})") from None
     del raw
+    budget.release(size)
+    try:
+        yield from _leaf_users(what, path, doc)
+    finally:
+        budget.release(cost)
+
+
+def _leaf_users(what: str, path: Path, doc: Any) -> Iterator[tuple[str, list[Any], list[Any]]]:
     if not isinstance(doc, dict) or not all(k in doc for k in ("users", "num_samples", "user_data")):
         raise InvalidParameter(f"{what}: {path}: a LEAF file is an object with 'users', 'num_samples' and "
                                "'user_data'")
@@ -959,6 +974,7 @@ def _leaf_read(what: str, directory: str | Path, convert: Callable[[str, str, li
     base, trf, tef = _leaf_dirs(what, p)
     files: dict[str, str] = {}
     digest = _Digest()
+    budget = _Budget(what)
     names: dict[str, int] = {}
     out = []
     for split, paths in (("train", trf), ("test", tef)):
@@ -966,15 +982,17 @@ def _leaf_read(what: str, directory: str | Path, convert: Callable[[str, str, li
         ys: list[np.ndarray] = []
         gs: list[np.ndarray] = []
         for f in paths:
-            for u, x, y in _leaf_file(what, f, _rel(f, base), files, digest):
+            for u, x, y in _leaf_file(what, f, _rel(f, base), files, digest, budget):
                 if not x:
                     continue
-                a, b = convert(split, u, x, y)
+                a, b = convert(split, u, x, y)  # a user's arrays: smaller than the JSON charged for them
+                budget.charge(a.nbytes + b.nbytes + 8 * len(b), f, f"keeping user {u!r}'s samples")
                 xs.append(a)
                 ys.append(b)
                 gs.append(np.full(len(b), names.setdefault(u, len(names)), dtype=np.int64))
         if split == "train" and not xs:
             raise InvalidParameter(f"{what}: {base}: no training samples in train/")
+        budget.charge(sum(a.nbytes for a in xs + ys + gs), base / split, "joining the samples into arrays")
         out.append((np.concatenate(xs) if xs else np.zeros((0,), np.int64),
                     np.concatenate(ys) if ys else np.zeros(0, np.int64),
                     np.concatenate(gs) if gs else np.zeros(0, np.int64)))
@@ -999,6 +1017,9 @@ def read_leaf_femnist(directory: str | Path) -> ImageFiles:
         try:
             a = np.asarray(x, dtype=np.float64)
             b = np.asarray(y, dtype=np.float64)
+        except OverflowError:  # an integer of thousands of digits
+            raise InvalidParameter(f"{what}: {split} user {u!r}: pixel values must be in [0, 1] and labels in [0, 61]; "
+                                   "a number is too large for a float") from None
         except (ValueError, TypeError):
             raise InvalidParameter(f"{what}: {split} user {u!r}: x must be lists of 784 numbers, y numbers") from None
         if a.ndim != 2 or a.shape[1] != 784:
@@ -1139,19 +1160,135 @@ def _pyarrow() -> Any:
     return pa
 
 
-def _load_json(path: Path, what: str, files: dict[str, str], rel: str, digest: _Digest) -> Any:
-    if path.stat().st_size > 1 << 26:
-        raise InvalidParameter(f"{what}: {path}: {path.stat().st_size:,} bytes: too large for a metadata file")
+#: the largest metadata file (dataset_info.json, state.json, dataset_dict.json) read: datasets
+#: writes a few KB (a long description and download checksums: a few hundred KB)
+_METADATA_BYTES = 4 << 20
+
+
+def _load_json(path: Path, what: str, files: dict[str, str], rel: str, digest: _Digest, budget: _Budget) -> Any:
+    size = path.stat().st_size
+    if size > _METADATA_BYTES:
+        raise InvalidParameter(f"{what}: {path}: {size:,} bytes: too large for a metadata file (at most "
+                               f"{_METADATA_BYTES:,})")
     raw = path.read_bytes()
     files[rel] = hashlib.sha256(raw).hexdigest()
     digest.add(rel, raw)
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise InvalidParameter(f"{what}: {path}: not JSON ({exc})") from None
+    return _parse_json(raw, path, what, budget)
 
 
 _ARROW_NAME = re.compile(r"^[A-Za-z0-9._-]+\.arrow$")
+
+
+def _fb(buf: Any, pos: int, fmt: str) -> Any:
+    """One little-endian value of ``buf`` at ``pos``; a position outside it is a ValueError."""
+    if pos < 0 or pos + struct.calcsize(fmt) > len(buf):
+        raise ValueError("an offset outside the message")
+    return struct.unpack_from("<" + fmt, buf, pos)[0]
+
+
+class _FlatTable:
+    """One table of a FlatBuffers buffer (the encoding of Arrow's IPC message metadata), read
+    with every offset checked: just what :func:`_decompressed_size` needs."""
+
+    def __init__(self, buf: Any, pos: int) -> None:
+        self.buf, self.pos = buf, pos
+        self.vtable = pos - _fb(buf, pos, "i")
+        self.vsize = _fb(buf, self.vtable, "H")
+
+    def _slot(self, i: int) -> int:
+        at = 4 + 2 * i
+        return _fb(self.buf, self.vtable + at, "H") if at + 2 <= self.vsize else 0
+
+    def scalar(self, i: int, fmt: str) -> Any:
+        slot = self._slot(i)
+        return _fb(self.buf, self.pos + slot, fmt) if slot else 0
+
+    def table(self, i: int) -> "_FlatTable | None":
+        slot = self._slot(i)
+        return _FlatTable(self.buf, self.pos + slot + _fb(self.buf, self.pos + slot, "I")) if slot else None
+
+    def vector(self, i: int) -> tuple[int, int]:
+        """(position of the first element, element count) of a vector field."""
+        slot = self._slot(i)
+        if not slot:
+            return 0, 0
+        at = self.pos + slot + _fb(self.buf, self.pos + slot, "I")
+        return at + 4, _fb(self.buf, at, "I")
+
+
+def _decompressed_size(metadata: Any, body: Any) -> int:
+    """The bytes that decoding one record-batch message allocates, from its metadata (Arrow's
+    Message.fbs: Message.header is a RecordBatch, whose ``buffers`` are (offset, length) pairs
+    in the body and ``compression`` is set when they are compressed), before decoding it: 0 for
+    an uncompressed body (its arrays are views of it), else the uncompressed lengths that the
+    format writes as an int64 at the start of each compressed buffer (-1: stored as is)."""
+    msg = _FlatTable(metadata, _fb(metadata, 0, "I"))
+    batch = msg.table(2)
+    if batch is None or batch.table(3) is None:
+        return 0
+    start, count = batch.vector(2)
+    total = 0
+    for k in range(count):
+        offset, length = _fb(metadata, start + 16 * k, "q"), _fb(metadata, start + 16 * k + 8, "q")
+        if length == 0:
+            continue
+        if offset < 0 or length < 8 or offset + length > len(body):
+            raise ValueError(f"buffer {k} ({offset}, {length}) lies outside the {len(body)}-byte body")
+        total += max(_fb(body, offset, "q"), 0)
+    return total
+
+
+def _read_arrow(pa: Any, raw: bytes, path: Path, what: str, budget: _Budget) -> Any:
+    """The table of one Arrow IPC stream (or file: the stream after its 8-byte magic), read a
+    message at a time: a record batch's decompressed size is charged to ``budget`` before it is
+    decoded, and every batch is validated fully (offsets inside their buffers, UTF-8 strings)
+    before anything reads its values. Dictionary batches are refused (save_to_disk writes none)."""
+    buf = pa.py_buffer(raw)
+    if raw[:6] == b"ARROW1":
+        buf = buf.slice(8)
+    schema, batches = None, []
+    try:
+        reader = pa.ipc.MessageReader.open_stream(pa.BufferReader(buf))
+        while True:
+            try:
+                msg = reader.read_next_message()
+            except StopIteration:
+                break
+            if msg.type == "schema" and schema is None:
+                schema = pa.ipc.read_schema(msg)
+            elif msg.type == "record batch" and schema is not None:
+                body = memoryview(msg.body) if msg.body is not None else memoryview(b"")
+                budget.charge(_decompressed_size(memoryview(msg.metadata), body), path,
+                              f"decompressing record batch {len(batches)}")
+                batch = pa.ipc.read_record_batch(msg, schema)
+                batch.validate(full=True)
+                batches.append(batch)
+            else:
+                raise ValueError(f"unexpected {msg.type} message (a schema, then record batches)")
+        if schema is None:
+            raise ValueError("no schema")
+        return pa.Table.from_batches(batches, schema)
+    except (pa.ArrowException, OSError, ValueError, struct.error) as exc:
+        raise InvalidParameter(f"{what}: {path}: not a valid Arrow IPC stream or file ({exc})") from None
+
+
+def _python_cost(pa: Any, arr: Any) -> int:
+    """About what :func:`_column` allocates for ``arr`` (one chunk): numbers as a numpy array;
+    strings and bytes as Python objects (a header, a slot, the bytes); lists and structs as
+    Python lists and dicts of their values (and, for lists, a numpy array of them)."""
+    t, n = arr.type, len(arr)
+    data = sum(b.size for b in arr.buffers() if b is not None)
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+        return 8 * n
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or \
+            pa.types.is_large_binary(t):
+        return 72 * n + data
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        child = arr.flatten()
+        return 72 * n + 16 * len(child) + _python_cost(pa, child)
+    if pa.types.is_struct(t):
+        return 240 * n + sum(_python_cost(pa, c) for c in arr.flatten())
+    return 64 * n + 4 * data
 
 
 def _column(pa: Any, col: Any, what: str) -> Any:
@@ -1193,12 +1330,15 @@ def read_hf_saved(directory: str | Path) -> HFSaved:
     pa = _pyarrow()
     files: dict[str, str] = {}
     digest = _Digest()
+    budget = _Budget(what)
     if (p / "dataset_dict.json").is_file():
-        dd = _load_json(p / "dataset_dict.json", what, files, "dataset_dict.json", digest)
+        dd = _load_json(p / "dataset_dict.json", what, files, "dataset_dict.json", digest, budget)
         split_names = dd.get("splits") if isinstance(dd, dict) else None
         if not isinstance(split_names, list) or not split_names or not all(
                 isinstance(s, str) and re.fullmatch(r"[A-Za-z0-9._-]+", s) and s not in (".", "..") for s in split_names):
             raise InvalidParameter(f"{what}: {p / 'dataset_dict.json'}: 'splits' must be a list of split folder names")
+        if len(set(split_names)) != len(split_names):
+            raise InvalidParameter(f"{what}: {p / 'dataset_dict.json'}: a split is listed twice")
         folders = [(s, p / s, s + "/") for s in split_names]
     elif (p / "state.json").is_file() or any(p.glob("data-*.arrow")):
         folders = [("", p, "")]
@@ -1214,19 +1354,23 @@ def read_hf_saved(directory: str | Path) -> HFSaved:
             raise InvalidParameter(f"{what}: {folder}: the split folder dataset_dict.json names is missing")
         info: Any = {}
         if (folder / "dataset_info.json").is_file():
-            info = _load_json(folder / "dataset_info.json", what, files, prefix + "dataset_info.json", digest)
+            info = _load_json(folder / "dataset_info.json", what, files, prefix + "dataset_info.json", digest, budget)
         state: Any = {}
         if (folder / "state.json").is_file():
-            state = _load_json(folder / "state.json", what, files, prefix + "state.json", digest)
+            state = _load_json(folder / "state.json", what, files, prefix + "state.json", digest, budget)
         if state:
             entries = state.get("_data_files") if isinstance(state, dict) else None
             if not isinstance(entries, list) or not entries:
                 raise InvalidParameter(f"{what}: {folder / 'state.json'}: '_data_files' must list the .arrow files")
             names = [e.get("filename") if isinstance(e, dict) else None for e in entries]
+            seen: set[str] = set()
             for n in names:
                 if not isinstance(n, str) or not _ARROW_NAME.match(n):
                     raise InvalidParameter(f"{what}: {folder / 'state.json'}: data file {n!r} is not a plain .arrow "
                                            "file name")
+                if n in seen:  # each file is read (and counted) once
+                    raise InvalidParameter(f"{what}: {folder / 'state.json'}: lists the data file {n} twice")
+                seen.add(n)
             split = split or state.get("_split") or "train"
         else:
             names = sorted(f.name for f in folder.glob("data-*.arrow"))
@@ -1238,25 +1382,26 @@ def read_hf_saved(directory: str | Path) -> HFSaved:
             f = folder / n
             if not f.is_file() or f.is_symlink():
                 raise InvalidParameter(f"{what}: {f}: listed in state.json but not a file here")
+            size = f.stat().st_size
+            if size > MAX_FILE_BYTES:
+                raise InvalidParameter(f"{what}: {f}: {size:,} bytes, more than {MAX_FILE_BYTES:,}")
             files[prefix + n] = sha256_file(f)
-            raw = f.read_bytes() if f.stat().st_size <= MAX_FILE_BYTES else None
-            if raw is None:
-                raise InvalidParameter(f"{what}: {f}: {f.stat().st_size:,} bytes, more than {MAX_FILE_BYTES:,}")
+            budget.charge(size, f, "reading the file")
+            raw = f.read_bytes()
             digest.add(prefix + n, raw)
-            try:
-                try:
-                    tables.append(pa.ipc.open_stream(pa.py_buffer(raw)).read_all())
-                except pa.ArrowInvalid:
-                    tables.append(pa.ipc.open_file(pa.py_buffer(raw)).read_all())
-            except (pa.ArrowException, OSError, ValueError) as exc:
-                raise InvalidParameter(f"{what}: {f}: not an Arrow IPC stream or file ({exc})") from None
+            tables.append(_read_arrow(pa, raw, f, what, budget))
         if not tables:
             raise InvalidParameter(f"{what}: {folder}: no data-*.arrow files")
         try:
             table = pa.concat_tables(tables)
         except (pa.ArrowException, ValueError) as exc:
             raise InvalidParameter(f"{what}: {folder}: the .arrow files have different schemas ({exc})") from None
-        cols = {c: _column(pa, table.column(c).combine_chunks(), f"{what}: {split}.{c}") for c in table.column_names}
+        cols = {}
+        for c in table.column_names:
+            chunks = table.column(c)
+            cost = sum(_python_cost(pa, a) for a in chunks.chunks) + (chunks.nbytes if chunks.num_chunks > 1 else 0)
+            budget.charge(cost, f"{folder}: column {c!r}", "converting the column to Python values")
+            cols[c] = _column(pa, chunks.combine_chunks(), f"{what}: {split}.{c}")
         splits[split] = cols
         num_rows[split] = table.num_rows
         feats = info.get("features") if isinstance(info, dict) else None
@@ -1280,14 +1425,21 @@ def _pick_column(cols: dict[str, Any], feats: dict[str, Any], ftype: str, names:
     raise InvalidParameter(f"hf_saved: which column holds the {role}s? give {role}=NAME (columns: {sorted(cols)})")
 
 
-def _images_of(col: Any, what: str, channels: int | None = None) -> np.ndarray:
+#: the most pixels one encoded image may declare (a PNG's header can declare gigapixels)
+_IMAGE_PIXELS = 4096 * 4096
+
+
+def _images_of(col: Any, what: str, channels: int | None = None, budget: _Budget | None = None) -> np.ndarray:
     """Images ``(N, C, H, W)`` uint8 from a column of arrays or encoded images.
 
     The layout of an array is decided by the channel count, never by the height: ``(N, H, W)``
     is one channel whatever H is; ``(N, A, B, C)`` is channels-last (the layout a Hugging Face
     ``Image`` feature decodes to) when its trailing size C is 1, 3 or 4 — or equals ``channels``
     when given — and channels-first ``(N, C, H, W)`` only when the trailing size is no channel
-    count (or ``channels`` names the second axis, e.g. ``channels=3`` for ``(N, 3, 4, 4)``)."""
+    count (or ``channels`` names the second axis, e.g. ``channels=3`` for ``(N, 3, 4, 4)``).
+    Encoded images are charged to ``budget`` from the size their headers declare, before each is
+    decoded (twice: decoded, then stacked)."""
+    budget = budget if budget is not None else _Budget("hf_saved")
     if isinstance(col, np.ndarray):
         a = col
         if a.ndim == 3:
@@ -1303,6 +1455,7 @@ def _images_of(col: Any, what: str, channels: int | None = None) -> np.ndarray:
                 a = a.transpose(0, 3, 1, 2)
         if a.ndim != 4:
             raise InvalidParameter(f"hf_saved: {what}: arrays of shape {col.shape[1:]} are not images")
+        budget.charge(2 * a.size, what, "converting the images")
         if a.dtype != np.uint8:
             if not np.all(np.isfinite(a)) or a.min() < 0 or a.max() > 255 or not np.all(a == np.round(a)):
                 raise InvalidParameter(f"hf_saved: {what}: pixel values must be integers in [0, 255]")
@@ -1323,8 +1476,10 @@ def _images_of(col: Any, what: str, channels: int | None = None) -> np.ndarray:
     for i, b in enumerate(blobs):
         try:
             with Image.open(io.BytesIO(b)) as im:
-                if im.width * im.height > 4096 * 4096:
-                    raise InvalidParameter(f"hf_saved: {what}: row {i}: a {im.width}×{im.height} image is too large")
+                if im.width * im.height > _IMAGE_PIXELS:
+                    raise InvalidParameter(f"hf_saved: {what}: row {i}: a {im.width}×{im.height} image is too large "
+                                           f"(more than {_IMAGE_PIXELS:,} pixels)")
+                budget.charge(2 * 4 * im.width * im.height, f"{what}: row {i}", "decoding the image")
                 im = im.convert("L") if im.mode in ("1", "L", "I", "I;16", "F") else im.convert("RGB")
                 a = np.asarray(im, dtype=np.uint8)
         except InvalidParameter:
