@@ -962,23 +962,30 @@ def _workload_image_shape(workload: "WorkloadSpec") -> tuple[int, ...]:
 
 
 def _confine_text_dir(workload: "WorkloadSpec", base_dir: str | Path, limits: Limits | None, where: _Where) -> None:
-    """A file's ``text_dir`` (a relative one read from the scenario's directory, as the workload
+    """A file's data paths (a relative one read from the scenario's directory, as the workload
     reads it: :func:`resolve_workload_paths`) must stay inside the scenario's directory or the
-    working directory: every file under it
-    becomes training text and is named in the run's manifests, so a hostile scenario must not
-    point it at ``~/.ssh``. ``REDTEAM_ALLOW_TEXT_DIR_OUTSIDE=1`` allows it. A scenario built in
-    Python (no file, no ``base_dir``) is not checked."""
-    v = dict(workload.params).get("text_dir")
-    if not base_dir or not isinstance(v, str) or not v:
+    working directory: ``text_dir`` (every file under it becomes training text and is named in
+    the run's manifests), and ``dir``, ``hf_dir`` and ``file`` (a dataset's files, read as
+    training data), so a hostile scenario must not point them at ``~/.ssh``.
+    ``REDTEAM_ALLOW_TEXT_DIR_OUTSIDE=1`` allows ``text_dir`` outside, ``REDTEAM_ALLOW_DATA_DIR_OUTSIDE=1``
+    the others (and ``text_dir``); a data directory from ``REDTEAM_DATA_DIR`` is the user's own and
+    not checked. A scenario built in Python (no file, no ``base_dir``) is not checked."""
+    if not base_dir:
         return
+    params = dict(workload.params)
     lim = limits if limits is not None else Limits.from_env()
-    if lim.allow_text_dir_outside:
-        return
-    target = Path(resolve_workload_paths({"text_dir": v}, base_dir)["text_dir"]).resolve()
     homes = (Path(base_dir).resolve(), Path.cwd().resolve())
-    if not any(target.is_relative_to(h) for h in homes):
-        raise where.err("[workload].text_dir", v, f"must stay inside the scenario's directory {str(homes[0])!r} or "
-                        f"the working directory {str(homes[1])!r} (REDTEAM_ALLOW_TEXT_DIR_OUTSIDE=1 allows it)")
+    for key in WORKLOAD_PATH_KEYS:
+        v = params.get(key)
+        if not isinstance(v, str) or not v:
+            continue
+        if lim.allow_data_dir_outside or (key == "text_dir" and lim.allow_text_dir_outside):
+            continue
+        target = Path(resolve_workload_paths({key: v}, base_dir)[key]).expanduser().resolve()
+        if not any(target.is_relative_to(h) for h in homes):
+            var = "REDTEAM_ALLOW_TEXT_DIR_OUTSIDE" if key == "text_dir" else "REDTEAM_ALLOW_DATA_DIR_OUTSIDE"
+            raise where.err(f"[workload].{key}", v, f"must stay inside the scenario's directory {str(homes[0])!r} or "
+                            f"the working directory {str(homes[1])!r} ({var}=1 allows it)")
 
 
 def load_scenario(path: str | Path, *, limits: Limits | None = None) -> Scenario:

@@ -325,6 +325,22 @@ def _deep(root: Path, depth: int) -> Path:
     return d
 
 
+def _rm_deep(root: Path) -> None:
+    """Remove what :func:`_deep` made, bottom up and without recursion (shutil.rmtree and
+    pytest's clean-up of old temporary folders recurse once per level)."""
+    fds = [os.open(root, os.O_RDONLY)]
+    try:
+        while "d" in os.listdir(fds[-1]):
+            fds.append(os.open("d", os.O_RDONLY, dir_fd=fds[-1]))
+        os.unlink("deep.txt", dir_fd=fds[-1])
+        for parent in reversed(fds[:-1]):
+            os.close(fds.pop())
+            os.rmdir("d", dir_fd=parent)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def test_text_folders_are_walked_without_recursion(tmp_path, capsys):
     """§8: a 1,200-deep folder was a RecursionError in read_text_dir and in text_dir's listing."""
     from redteam.workloads import corpus
@@ -334,14 +350,17 @@ def test_text_folders_are_walked_without_recursion(tmp_path, capsys):
     (root / "top.txt").write_text("a document at the top\n")
     _deep(root, 1200)
     try:
-        r = F.read_text_dir(root)
-        assert len(r.names) == 2
-    except InvalidParameter as exc:  # a path longer than the system allows: one line
-        assert "cannot" in str(exc)
-    try:
-        assert len(corpus.directory_documents(root)) == 2
-    except InvalidParameter as exc:
-        assert "cannot" in str(exc)
+        try:
+            r = F.read_text_dir(root)
+            assert len(r.names) == 2
+        except InvalidParameter as exc:  # a path longer than the system allows: one line
+            assert "cannot" in str(exc)
+        try:
+            assert len(corpus.directory_documents(root)) == 2
+        except InvalidParameter as exc:
+            assert "cannot" in str(exc)
+    finally:
+        _rm_deep(root)
 
 
 def test_data_check_read_caps_a_text_folder(tmp_path, capsys, monkeypatch):

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import re
 import sysconfig
 from dataclasses import dataclass
@@ -196,37 +197,53 @@ def _shakespeare_cached(root: str) -> tuple[Document, ...]:
     return tuple(docs)
 
 
-def directory_documents(text_dir: str | Path) -> list[Document]:
-    """Every regular file under ``text_dir`` is one document (see the module docstring)."""
-    base = Path(text_dir)
-    if not base.is_dir():
-        raise InvalidParameter(f"text_dir = {str(text_dir)!r}: not a directory")
+def list_files(base: Path, what: str, suffix: str = "") -> list[Path]:
+    """The regular files under ``base`` whose names end in ``suffix``, sorted (symlinks not
+    followed), listed without recursion (a folder thousands of levels deep is walked like a flat
+    one) and refused in one line, ``what`` naming the input, past ``REDTEAM_MAX_TEXT_FILES`` files
+    or ``REDTEAM_MAX_TEXT_BYTES`` bytes: counted while listing, before a name is sorted or a byte
+    is read (every file is read whole, for its digest)."""
     from ..scenario_limits import Limits
 
     try:
         limits = Limits.from_env()
     except Exception as exc:  # a malformed REDTEAM_MAX_TEXT_* variable
         raise InvalidParameter(str(exc)) from None
-    docs: list[Document] = []
-    # list lazily and stop at the caps: a tree of millions of files, or of huge ones, is refused
-    # before its names are sorted or a byte is read (every file is read whole, for its digest)
     files: list[Path] = []
     total = 0
+    stack = [base]
     try:
-        for path in base.rglob("*"):
-            if path.is_symlink() or not path.is_file():
-                continue
-            files.append(path)
-            if len(files) > limits.max_text_files:
-                raise InvalidParameter(f"text_dir = {str(text_dir)!r}: more than {limits.max_text_files:,} files "
-                                       "(REDTEAM_MAX_TEXT_FILES raises the cap)")
-            total += path.stat().st_size
-            if total > limits.max_text_bytes:
-                raise InvalidParameter(f"text_dir = {str(text_dir)!r}: more than {limits.max_text_bytes:,} bytes in "
-                                       "its files, each read whole (REDTEAM_MAX_TEXT_BYTES raises the cap)")
-    except OSError as exc:  # an unreadable folder inside the tree
-        raise InvalidParameter(f"text_dir = {str(text_dir)!r}: cannot list {exc.filename!r}: {exc.strerror}") from None
-    for path in sorted(files):
+        while stack:
+            with os.scandir(stack.pop()) as entries:
+                for e in entries:
+                    if e.is_symlink():
+                        continue
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(Path(e.path))
+                        continue
+                    if not e.is_file(follow_symlinks=False) or not e.name.endswith(suffix):
+                        continue
+                    files.append(Path(e.path))
+                    if len(files) > limits.max_text_files:
+                        raise InvalidParameter(f"{what}: more than {limits.max_text_files:,} files "
+                                               "(REDTEAM_MAX_TEXT_FILES raises the cap)")
+                    total += e.stat(follow_symlinks=False).st_size
+                    if total > limits.max_text_bytes:
+                        raise InvalidParameter(f"{what}: more than {limits.max_text_bytes:,} bytes in its files, each "
+                                               "read whole (REDTEAM_MAX_TEXT_BYTES raises the cap)")
+    except OSError as exc:  # an unreadable folder inside the tree, or a path longer than the system allows
+        raise InvalidParameter(f"{what}: cannot list {exc.filename!r}: {exc.strerror}") from None
+    return sorted(files)
+
+
+def directory_documents(text_dir: str | Path) -> list[Document]:
+    """Every regular file under ``text_dir`` is one document (see the module docstring)."""
+    base = Path(text_dir)
+    if not base.is_dir():
+        raise InvalidParameter(f"text_dir = {str(text_dir)!r}: not a directory")
+    docs: list[Document] = []
+    files = list_files(base, f"text_dir = {str(text_dir)!r}")
+    for path in files:
         rel = path.relative_to(base)
         try:
             rel.as_posix().encode("utf-8")

@@ -1107,24 +1107,28 @@ def read_leaf_shakespeare(directory: str | Path, *, unknown: Literal["space", "e
 
 def read_text_dir(directory: str | Path) -> TextFiles:
     """Every ``*.txt`` file under ``directory`` (recursively, symlinks not followed, sorted by
-    path), decoded as UTF-8 (a leading byte-order mark is dropped); an undecodable file is an
+    path; no more files and bytes than a ``text_dir`` may hold:
+    :func:`redteam.workloads.corpus.list_files`), decoded as UTF-8 (a leading byte-order mark is dropped); an undecodable file is an
     error naming it and the byte offset. Returns the raw texts, their names and digests
     (:class:`TextFiles`); :mod:`redteam.workloads.corpus` tokenizes them (bytes) and cuts windows."""
     what = "text"
     p = _dir(directory, what)
     if not p.is_dir():
         raise InvalidParameter(f"{what}: {p}: not a directory")
-    paths = sorted((f for f in p.rglob("*.txt") if not f.is_symlink() and f.is_file()),
-                   key=lambda f: f.relative_to(p).as_posix())
+    from .corpus import list_files
+
+    paths = sorted(list_files(p, f"{what}: {p}", ".txt"), key=lambda f: f.relative_to(p).as_posix())
     if not paths:
         raise InvalidParameter(f"{what}: {p}: no .txt files (every *.txt below it is one document)")
     texts, names, sums, groups = [], [], [], []
     files: dict[str, str] = {}
+    budget = _Budget(what)
     for f in paths:
         rel = f.relative_to(p)
         size = f.stat().st_size
         if size > MAX_FILE_BYTES:
             raise InvalidParameter(f"{what}: {f}: {size:,} bytes, more than {MAX_FILE_BYTES:,}")
+        budget.charge(3 * size, f, "reading and decoding it")  # its bytes, its text, its document
         raw = f.read_bytes()
         try:
             text = raw.decode("utf-8-sig")
