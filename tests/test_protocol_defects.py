@@ -266,10 +266,16 @@ def test_relative_workload_file_resolves_against_the_scenario_directory(tmp_path
     assert sc.workload_params["file"] == str(sub / "data" / "mnist.csv.gz")
     with pytest.raises(RedteamError, match=str(sub / "data" / "mnist.csv.gz").replace(".", r"\.")):
         Federation(sc)
-    # a directory the same way, and an absolute path stays as it is
+    # a directory the same way, and an absolute path stays as it is (inside the scenario's
+    # directory: one outside it is refused, as text_dir is, unless REDTEAM_ALLOW_DATA_DIR_OUTSIDE=1)
     p.write_text('[workload]\nname = "cifar10"\ndir = "data/c10"\n')
     assert load_scenario(p).workload_params["dir"] == str(sub / "data" / "c10")
+    p.write_text(f'[workload]\nname = "cifar10"\ndir = "{sub / "c10"}"\n')
+    assert load_scenario(p).workload_params["dir"] == str(sub / "c10")
     p.write_text(f'[workload]\nname = "cifar10"\ndir = "{tmp_path}"\n')
+    with pytest.raises(RedteamError, match="REDTEAM_ALLOW_DATA_DIR_OUTSIDE"):
+        load_scenario(p)
+    monkeypatch.setenv("REDTEAM_ALLOW_DATA_DIR_OUTSIDE", "1")
     assert load_scenario(p).workload_params["dir"] == str(tmp_path)
 
 
