@@ -50,11 +50,12 @@ def _gz_zeros(n: int) -> bytes:
     return _ZEROS_GZ * full + gzip.compress(b"\0" * rest, mtime=0)
 
 
-def _under_cap(code: str, budget: int = 64 * MiB, headroom: int = 256 * MiB, env: dict | None = None
-               ) -> subprocess.CompletedProcess:
+def _under_cap(code: str, budget: int = 64 * MiB, headroom: int = 256 * MiB, env: dict | None = None,
+               prelude: str = "pass") -> subprocess.CompletedProcess:
     """Run ``code`` (a reader call) in a child process whose address space may grow by
-    ``headroom`` bytes only, with ``REDTEAM_MAX_DATA_BYTES = budget``. It prints REFUSED and the
-    message (exit 3) on InvalidParameter, READ when the reader returned."""
+    ``headroom`` bytes only (after the imports and ``prelude``), with ``REDTEAM_MAX_DATA_BYTES =
+    budget``. It prints REFUSED and the message (exit 3) on InvalidParameter, READ when the
+    reader returned."""
     prog = textwrap.dedent("""\
         import resource, sys
         import numpy
@@ -64,6 +65,7 @@ def _under_cap(code: str, budget: int = 64 * MiB, headroom: int = 256 * MiB, env
             import pyarrow, pyarrow.ipc
         except ImportError:
             pass
+        PRELUDE
         vm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize:"))
         resource.setrlimit(resource.RLIMIT_AS, (vm + HEADROOM, vm + HEADROOM))
         try:
@@ -72,7 +74,7 @@ def _under_cap(code: str, budget: int = 64 * MiB, headroom: int = 256 * MiB, env
             print("REFUSED", exc)
             sys.exit(3)
         print("READ")
-        """).replace("HEADROOM", str(headroom)).replace("CODE", code)
+        """).replace("HEADROOM", str(headroom)).replace("PRELUDE", prelude).replace("CODE", code)
     e = {**os.environ, "REDTEAM_MAX_DATA_BYTES": str(budget), "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
          "PYTHONPATH": str(Path(__file__).resolve().parents[1]), **(env or {})}
     return subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=120, env=e)
@@ -403,3 +405,22 @@ def test_data_directories_outside_the_scenario_are_refused_like_text_dir(tmp_pat
     p.write_text(p.read_text().replace('"data"', f'"{outside}"'))
     monkeypatch.setenv("REDTEAM_ALLOW_DATA_DIR_OUTSIDE", "1")
     assert load_scenario(p).workload.params[key] == str(outside)
+
+
+@needs_linux
+def test_a_safetensors_file_with_a_large_extra_tensor_is_refused_from_its_header(tmp_path):
+    """§3: start_from loaded every tensor, an extra one of 300 MB included, before comparing the
+    names with the model's; the names, shapes and dtypes are now checked from the header, and
+    only the model's tensors are loaded. The file is sparse: its header declares the tensor."""
+    header = {"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
+              "extra": {"dtype": "U8", "shape": [300 * MiB], "data_offsets": [24, 24 + 300 * MiB]}}
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    f = tmp_path / "m.safetensors"
+    with f.open("wb") as out:
+        out.write(struct.pack("<Q", len(text)) + text + np.ones(6, np.float32).tobytes())
+        out.truncate(8 + len(text) + 24 + 300 * MiB)
+    prelude = ("from redteam.federation.params import ParamSpec; from redteam.federation.warmup import load_model_file; "
+               "from pathlib import Path; import torch, safetensors.torch")
+    code = f"load_model_file(Path({str(f)!r}), ParamSpec(('w',), ((2, 3),), (6,)))"
+    _refused(_under_cap(code, headroom=200 * MiB, prelude=prelude), "not in the model: extra")

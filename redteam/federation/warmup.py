@@ -77,6 +77,43 @@ def resolve_start(scenario: "Scenario") -> Path | None:
     return p
 
 
+_FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"})
+_MAX_HEADER = 100 << 20  # the safetensors format's own cap on its JSON header
+
+
+def _safetensors_header(path: Path, what: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    """``{name: (shape, dtype)}`` of a safetensors file, from its header alone (an 8-byte
+    little-endian length, then that much JSON): what the file holds is checked against the model
+    before any tensor is read, so a large tensor the model does not have is never loaded."""
+    import struct
+
+    from ..workloads.files import _Budget, _parse_json
+
+    try:
+        with path.open("rb") as f:
+            head = f.read(8)
+            n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+            if not 0 < n <= min(_MAX_HEADER, path.stat().st_size - 8):
+                raise ValueError(f"a header length of {n}")
+            raw = f.read(n)
+        # parsed once its cost is charged: 100 MB of "[]," would take gigabytes
+        header = _parse_json(raw, path, f"{what} header", _Budget(what))
+        if not isinstance(header, dict):
+            raise ValueError("the header is not a JSON object")
+        out = {}
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            shape, dtype = info.get("shape"), info.get("dtype")  # type: ignore[union-attr]
+            if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)
+                    and isinstance(dtype, str)):
+                raise ValueError(f"tensor {name[:80]!r} has no valid shape and dtype")
+            out[name] = (tuple(shape), dtype)
+        return out
+    except (OSError, ValueError, RecursionError, AttributeError, struct.error) as exc:
+        raise InvalidParameter(f"{what} = {str(path)!r}: not a readable safetensors file ({exc})") from None
+
+
 def load_model_file(path: Path, spec: "ParamSpec", what: str = "[scenario].start_from") -> torch.Tensor:
     """The flat float32 parameter vector stored in a safetensors file, checked against ``spec``."""
     from safetensors import SafetensorError
@@ -90,12 +127,9 @@ def load_model_file(path: Path, spec: "ParamSpec", what: str = "[scenario].start
     if head[:1] == b"\x80" or head == b"PK":  # a pickle stream, or torch.save's zip of pickles
         raise InvalidParameter(f"{what} = {str(path)!r}: a pickle / torch.save file; only the safetensors "
                                "format is read (safetensors.torch.save_file(model.state_dict(), PATH))")
-    try:
-        tensors = load_file(str(path), device="cpu")
-    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise InvalidParameter(f"{what} = {str(path)!r}: not a readable safetensors file ({exc})") from None
-    missing = [n for n in spec.names if n not in tensors]
-    extra = sorted(set(tensors) - set(spec.names))
+    declared = _safetensors_header(path, what)
+    missing = [n for n in spec.names if n not in declared]
+    extra = sorted(set(declared) - set(spec.names))
     if missing or extra:
         parts = []
         if missing:
@@ -104,6 +138,17 @@ def load_model_file(path: Path, spec: "ParamSpec", what: str = "[scenario].start
             parts.append(f"not in the model: {', '.join(extra[:5])}{' …' if len(extra) > 5 else ''}")
         raise InvalidParameter(f"{what} = {str(path)!r}: its tensors do not match the workload's model "
                                f"({'; '.join(parts)})")
+    for name, shape in zip(spec.names, spec.shapes):  # from the header: nothing is loaded yet
+        got_shape, dtype = declared[name]
+        if got_shape != tuple(shape):
+            raise InvalidParameter(f"{what} = {str(path)!r}: {name} has shape {got_shape}, the model's is "
+                                   f"{tuple(shape)}")
+        if dtype not in _FLOAT_DTYPES:
+            raise InvalidParameter(f"{what} = {str(path)!r}: {name} is {dtype}, not a float tensor")
+    try:
+        tensors = load_file(str(path), device="cpu")
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise InvalidParameter(f"{what} = {str(path)!r}: not a readable safetensors file ({exc})") from None
     rows = []
     for name, shape in zip(spec.names, spec.shapes):
         t = tensors[name]

@@ -358,7 +358,7 @@ class _Budget:
         if self.used + n > self.cap:
             raise InvalidParameter(
                 f"{self.what}: {where}: {doing} would take about {n:,} bytes of memory ({self.used + n:,} in all), "
-                f"more than the {self.cap:,} one dataset read may take (REDTEAM_MAX_DATA_BYTES raises the cap)")
+                f"more than the {self.cap:,} one read of a dataset may take (REDTEAM_MAX_DATA_BYTES raises the cap)")
         self.used += n
 
     def release(self, n: int) -> None:
