@@ -17,7 +17,6 @@ import subprocess
 import sys
 import tarfile
 import textwrap
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -420,7 +419,8 @@ def test_a_safetensors_file_with_a_large_extra_tensor_is_refused_from_its_header
     with f.open("wb") as out:
         out.write(struct.pack("<Q", len(text)) + text + np.ones(6, np.float32).tobytes())
         out.truncate(8 + len(text) + 24 + 300 * MiB)
-    prelude = ("from redteam.federation.params import ParamSpec; from redteam.federation.warmup import load_model_file; "
+    prelude = ("from redteam.federation.params import ParamSpec; "
+               "from redteam.federation.warmup import load_model_file; "
                "from pathlib import Path; import torch, safetensors.torch")
     code = f"load_model_file(Path({str(f)!r}), ParamSpec(('w',), ((2, 3),), (6,)))"
     _refused(_under_cap(code, headroom=200 * MiB, prelude=prelude), "not in the model: extra")

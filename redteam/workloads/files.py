@@ -1108,8 +1108,8 @@ def read_leaf_shakespeare(directory: str | Path, *, unknown: Literal["space", "e
 def read_text_dir(directory: str | Path) -> TextFiles:
     """Every ``*.txt`` file under ``directory`` (recursively, symlinks not followed, sorted by
     path; no more files and bytes than a ``text_dir`` may hold:
-    :func:`redteam.workloads.corpus.list_files`), decoded as UTF-8 (a leading byte-order mark is dropped); an undecodable file is an
-    error naming it and the byte offset. Returns the raw texts, their names and digests
+    :func:`redteam.workloads.corpus.list_files`), decoded as UTF-8 (a leading byte-order mark is
+    dropped); an undecodable file is an error naming it and the byte offset. Returns the raw texts, their names and digests
     (:class:`TextFiles`); :mod:`redteam.workloads.corpus` tokenizes them (bytes) and cuts windows."""
     what = "text"
     p = _dir(directory, what)
