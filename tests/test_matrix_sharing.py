@@ -199,3 +199,41 @@ def test_report_reads_a_store_while_a_driver_writes_it(tmp_path):
     assert w.returncode == 0, w.stderr.read()
     if reads == 0:
         pytest.skip("the matrix finished before a report could read it while it was written")
+
+
+@pytest.mark.parametrize("pid,node,beat", [
+    (1, "other-machine", 1e6),  # a heartbeat a week and a half in the future: never stale before
+    (1, "other-machine", float("inf")),
+    (1, "other-machine", "soon"),  # text where a time belongs: a traceback before
+    ("one", "other-machine", 0.0),  # text where a pid belongs
+    (2**62, None, 0.0),  # this machine, a pid no process can have (os.kill overflows)
+    (None, "other-machine", 0.0),
+    ("7", "other-machine", "now"),  # numbers as text, in a table without column types
+    (1, "other-machine", None),
+])
+def test_a_hostile_owner_row_holds_no_claim(tmp_path, pid, node, beat):
+    """An ``owners`` row no driver writes (a future or non-numeric heartbeat, a non-numeric
+    or impossible pid) counts as a dead driver: its claims are taken, nothing waits on it.
+    The store is someone else's: its ``owners`` table has no column types or constraints."""
+    with ResultsStore(tmp_path / "o") as st:
+        with st._tx():
+            st._db.execute("DROP TABLE owners")
+            st._db.execute("CREATE TABLE owners (owner PRIMARY KEY, pid, host, node, started, heartbeat)")
+            st._db.execute("INSERT INTO owners VALUES ('hostile', ?, 'elsewhere', ?, '', ?)",
+                           (pid, node_id() if node is None else node,
+                            time.time() + beat if isinstance(beat, float) else
+                            str(time.time()) if beat == "now" else beat))
+            st._db.execute("INSERT INTO claims VALUES ('k', 'hostile')")
+        assert live_owners(st) == []
+        with Claims(st) as c:
+            assert c.holder("k") is None
+            assert c.claim("k") == "mine"
+        assert st._db.execute("SELECT COUNT(*) FROM owners").fetchone() == (0,)
+
+
+def test_a_heartbeat_seconds_ahead_is_clock_skew_not_a_dead_driver(tmp_path):
+    with ResultsStore(tmp_path / "o") as st:
+        _fake_owner(st, "ahead", 1, node="other-machine", heartbeat=time.time() + 5, keys=["k"])
+        assert [o.token for o in live_owners(st)] == ["ahead"]
+        with Claims(st) as c:
+            assert c.claim("k") == "taken"

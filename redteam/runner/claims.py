@@ -19,7 +19,10 @@ A claim is *stale*, and taken over by the next driver that wants the run, when i
 owner's row is gone, when its owner ran on this node and that process is gone (killed,
 ``kill -9`` included, or its pid now belongs to another process), or when its heartbeat
 is older than :data:`STALE_S` seconds (another machine sharing the store, or a stopped
-process). A claim never gates a result: results are written with ``INSERT OR IGNORE``
+process) or more than :data:`CLOCK_SKEW_S` seconds in the future. An owner row that no
+driver writes (a heartbeat or pid that is not a number, NULL, infinite or out of range:
+a damaged or hostile store) counts as a dead driver, so that no row can hold a claim
+forever and stall ``--resume``. A claim never gates a result: results are written with ``INSERT OR IGNORE``
 (the first writer of a key wins, and both computed the same thing), so a claim wrongly
 judged stale costs a duplicate computation, never a result.
 
@@ -29,6 +32,7 @@ exception; one killed leaves them behind, stale at once for drivers on its machi
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sqlite3
@@ -43,12 +47,15 @@ from .outputs import terminal_safe
 if TYPE_CHECKING:
     from .store import ResultsStore
 
-__all__ = ["Claims", "WorkQueue", "Owner", "live_owners", "owner_alive", "HEARTBEAT_S", "STALE_S", "POLL_S", "node_id", "process_start"]
+__all__ = ["Claims", "WorkQueue", "Owner", "live_owners", "owner_alive", "HEARTBEAT_S", "STALE_S", "CLOCK_SKEW_S", "POLL_S", "node_id", "process_start"]
 
 #: How often a driver refreshes its heartbeat (seconds).
 HEARTBEAT_S = 10.0
 #: A claim whose owner's heartbeat is older than this is stale (seconds).
 STALE_S = 120.0
+#: A heartbeat at most this far in the future is another machine's clock running ahead
+#: (seconds); further ahead, it can only be forged, and its claims are stale.
+CLOCK_SKEW_S = 30.0
 #: How often a driver waiting for another one's runs looks again (seconds).
 POLL_S = 0.5
 
@@ -118,6 +125,8 @@ class Owner:
     node: str
     started: str
     heartbeat: float
+    #: False for a row no driver writes (see :func:`_owner_row`): never alive
+    valid: bool = True
 
     def describe(self) -> str:
         """``pid N`` on this machine, ``pid N on HOST`` elsewhere."""
@@ -128,7 +137,8 @@ def owner_alive(o: Owner, node: str, stale_s: float = STALE_S) -> bool:
     """Whether the driver ``o`` still counts as computing what it claimed, seen from the
     node ``node``: its heartbeat is recent, and where it ran on this node, its process
     is still there."""
-    if time.time() - o.heartbeat > stale_s:
+    age = time.time() - o.heartbeat
+    if not o.valid or age > stale_s or age < -CLOCK_SKEW_S:
         return False
     if o.node and o.node == node:
         return pid_alive(o.pid, o.started)
@@ -137,7 +147,19 @@ def owner_alive(o: Owner, node: str, stale_s: float = STALE_S) -> bool:
 
 def _owners(db: sqlite3.Connection, where: str = "", args: tuple = ()) -> list[Owner]:
     rows = db.execute(f"SELECT owner, pid, host, node, started, heartbeat FROM owners {where}", args).fetchall()
-    return [Owner(r[0], int(r[1]), str(r[2]), str(r[3]), str(r[4]), float(r[5])) for r in rows]
+    return [_owner_row(*r) for r in rows]
+
+
+def _owner_row(token: Any, pid: Any, host: Any, node: Any, started: Any, heartbeat: Any) -> Owner:
+    """An ``owners`` row as an :class:`Owner`. A driver writes an integer pid and a finite
+    float heartbeat; anything else (text, NULL, a blob, infinity, a pid beyond what
+    ``os.kill`` takes) is a row no driver wrote: it is kept, marked ``valid=False`` (a
+    dead driver, whose claims any driver may take and whose row it removes), never an
+    error, so that a damaged or hostile store cannot stop a driver."""
+    ok_pid = type(pid) is int and 0 < pid < 2**31
+    ok_beat = type(heartbeat) in (int, float) and math.isfinite(heartbeat)
+    return Owner(token, pid if ok_pid else 0, str(host), str(node), str(started),
+                 float(heartbeat) if ok_beat else -math.inf, valid=ok_pid and ok_beat)
 
 
 def live_owners(store: "ResultsStore") -> list[Owner]:
