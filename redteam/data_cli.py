@@ -6,7 +6,8 @@ folder, hashes every file and compares it with the published SHA-256
 (:mod:`redteam.workloads.digests`). ``fetch`` downloads a dataset's published files from their
 canonical addresses (the only command here that uses the network; no test runs it): into
 ``FILE.part``, resumed with an HTTP range request when a ``.part`` is already there, checked
-against the published size and SHA-256, and only then renamed to ``FILE``.
+against the published size and SHA-256, and only then renamed to ``FILE``. A ``.part`` that is
+a link (symbolic or hard) or not a regular file is refused, never written through.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import hashlib
 import os
 import re
+import stat
 import sys
 import textwrap
 from dataclasses import dataclass, field
@@ -480,45 +482,79 @@ def fetch(name: str, dest: str | Path, *, progress: bool = True,
     return done
 
 
+def _open_part(part: Path) -> int:
+    """A read-write descriptor of the partial download ``part``: a new file, or the regular
+    file a former download left there (to resume it). Nothing at that path is followed:
+    a symbolic link (dangling or not), a file with another name linked to it (a hard
+    link), a folder or a device is refused in one line and left as it is, so that no
+    download writes into a file it was not meant for."""
+    flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        return os.open(part, flags | os.O_CREAT | os.O_EXCL, 0o644)  # O_EXCL: never through a link
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise InvalidParameter(f"data fetch: cannot create {part} ({exc.strerror or exc})") from None
+    if os.path.islink(part):
+        what = "a symbolic link"
+    else:
+        try:
+            fd = os.open(part, flags | os.O_NONBLOCK)  # O_NONBLOCK: a FIFO does not hang the open
+        except OSError as exc:
+            what = f"unusable ({exc.strerror or exc})"
+        else:
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+                return fd
+            os.close(fd)
+            what = "a hard link to another file" if stat.S_ISREG(st.st_mode) else "not a regular file"
+    raise InvalidParameter(f"data fetch: {part} is {what}, not a partial download: nothing was written through "
+                           "it; move it away and run again")
+
+
 def _download(pub: Any, final: Path, urlopen: Callable[..., Any], progress: bool) -> None:
     import urllib.error
     import urllib.request
 
     part = final.with_name(final.name + ".part")
-    have = part.stat().st_size if part.is_file() else 0
-    if have > pub.size:
-        part.unlink()
-        have = 0
-    if have < pub.size:
-        headers = {"User-Agent": "redteam-data-fetch"}
-        if have:
-            headers["Range"] = f"bytes={have}-"
-        try:
-            with urlopen(urllib.request.Request(pub.url, headers=headers), timeout=60) as resp:
-                status = getattr(resp, "status", 200)
-                if have and status != 206:
-                    have = 0  # the server sent the whole file: start over
-                mode = "ab" if have else "wb"
-                with part.open(mode) as f, _Progress(pub.name, pub.size, have, progress) as bar:
-                    while True:
-                        block = resp.read(1 << 20)
-                        if not block:
-                            break
-                        have += len(block)
-                        if have > pub.size:
-                            f.close()
-                            part.unlink(missing_ok=True)
-                            raise InvalidParameter(f"data fetch: {pub.url}: the server sent more than the published "
-                                                   f"{pub.size:,} bytes; the partial file was deleted")
-                        f.write(block)
-                        bar.update(len(block))
-        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise InvalidParameter(f"data fetch: {pub.url}: {reason}; {have:,} of {pub.size:,} bytes are in {part}: run "
-                                   "the same command again to resume") from None
-    size = part.stat().st_size
-    h = hashlib.sha256()
-    with part.open("rb") as f:
+    with os.fdopen(_open_part(part), "r+b") as f:
+        have = os.fstat(f.fileno()).st_size
+        if have > pub.size:
+            f.truncate(0)
+            have = 0
+        if have < pub.size:
+            headers = {"User-Agent": "redteam-data-fetch"}
+            if have:
+                headers["Range"] = f"bytes={have}-"
+            try:
+                with urlopen(urllib.request.Request(pub.url, headers=headers), timeout=60) as resp:
+                    status = getattr(resp, "status", 200)
+                    if have and status != 206:
+                        f.truncate(0)
+                        have = 0  # the server sent the whole file: start over
+                    f.seek(have)
+                    with _Progress(pub.name, pub.size, have, progress) as bar:
+                        while True:
+                            block = resp.read(1 << 20)
+                            if not block:
+                                break
+                            have += len(block)
+                            if have > pub.size:
+                                f.close()
+                                part.unlink(missing_ok=True)
+                                raise InvalidParameter(f"data fetch: {pub.url}: the server sent more than the "
+                                                       f"published {pub.size:,} bytes; the partial file was deleted")
+                            f.write(block)
+                            bar.update(len(block))
+            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
+                reason = getattr(exc, "reason", exc)
+                raise InvalidParameter(f"data fetch: {pub.url}: {reason}; {have:,} of {pub.size:,} bytes are in "
+                                       f"{part}: run the same command again to resume") from None
+        f.flush()
+        st = os.fstat(f.fileno())
+        size, written = st.st_size, (st.st_dev, st.st_ino)
+        f.seek(0)
+        h = hashlib.sha256()
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     if size != pub.size or h.hexdigest() != pub.sha256:
@@ -526,6 +562,10 @@ def _download(pub: Any, final: Path, urlopen: Callable[..., Any], progress: bool
         raise InvalidParameter(f"data fetch: {pub.url}: got {size:,} bytes with SHA-256 {h.hexdigest()}, published "
                                f"{pub.size:,} bytes with {pub.sha256} ({pub.source}); the download was deleted: try "
                                "again, or get the file another way and `redteam data check` it")
+    st = os.lstat(part)
+    if (st.st_dev, st.st_ino) != written:  # replaced while it was being checked: not what was checked
+        raise InvalidParameter(f"data fetch: {part} was replaced by another file during the download; nothing was "
+                               "renamed: move it away and run again")
     os.replace(part, final)
 
 

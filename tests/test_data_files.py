@@ -10,6 +10,7 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -677,6 +678,40 @@ def test_fetch_resumes_verifies_and_renames(tmp_path, monkeypatch):
         data_cli.fetch("toy", tmp_path, progress=False, urlopen=fake_urlopen)
     assert not list(tmp_path.iterdir())
 
+
+
+@pytest.mark.parametrize("planted", ["symlink", "dangling symlink", "hard link"])
+def test_fetch_never_writes_through_a_planted_part_file(tmp_path, monkeypatch, capsys, planted):
+    """A FILE.part planted as a link to another file: before, fetch resumed (appended to)
+    or truncated the link's target; now it is refused in one line and the target, the link
+    and the server are left alone."""
+    payload = bytes(range(256)) * 40
+    pub = D.Published("blob.bin", "http://example.invalid/blob.bin", len(payload),
+                      hashlib.sha256(payload).hexdigest(), "test")
+    monkeypatch.setitem(D.DATASETS, "toy", D.DatasetInfo("toy", "t", "x", "", (), (pub,)))
+    import urllib.request
+
+    asked = []
+    monkeypatch.setattr(urllib.request, "urlopen", lambda req, timeout: asked.append(req) or io.BytesIO(payload))
+    victim = tmp_path / "victim.txt"
+    dest = tmp_path / "d"
+    dest.mkdir()
+    part = dest / "blob.bin.part"
+    if planted == "hard link":
+        victim.write_bytes(b"precious")
+        os.link(victim, part)
+    else:
+        if planted == "symlink":
+            victim.write_bytes(b"precious")
+        part.symlink_to(victim)
+    assert main(["data", "fetch", "toy", "--dir", str(dest), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "blob.bin.part" in err[0] and "link" in err[0], err
+    assert asked == [] and not (dest / "blob.bin").exists()
+    if planted == "dangling symlink":
+        assert not victim.exists() and part.is_symlink()
+    else:
+        assert victim.read_bytes() == b"precious" and os.path.lexists(part)
 
 def test_published_table_is_well_formed():
     assert {n for n, i in PUBLISHED.items() if i.files} == {"mnist", "fashion_mnist", "emnist", "cifar10", "cifar100"}
