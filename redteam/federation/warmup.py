@@ -23,9 +23,20 @@ ICML 2022, and Bagdasaryan et al., AISTATS 2020). Two ways to say so in a scenar
   warm-up starts from the file.
 
 Warm-up files are safetensors as well (the same names), so one can be given as another
-scenario's ``start_from``. A warm-up file is checked against the key it was stored under
-(the SHA-256 of the warm-up scenario, the device type and the start file's digest); a file
-that does not match is recomputed, never trusted.
+scenario's ``start_from``. A warm-up is stored under a key (the SHA-256 of the warm-up
+scenario, the device type, the data and the start file's digest), and is verified by
+content: when a warm-up file is written, its SHA-256 and size are recorded in the results
+store it belongs to (table ``warmups``: a matrix's ``<out>/results.sqlite`` for its
+``<out>/warmups/``, else a store in the warm-up directory itself), and a file is reused only
+when its bytes, read once, have that digest. Any other file at that name (its weights
+replaced, copied from someone else's directory, damaged, a link) is recomputed and
+replaced, never read as a model: the warm-up is a cache of a computation this package can
+repeat, so a mismatch costs the time to recompute it and never a wrong result, and round
+0 records what was found (``extra["start"]["warmup"]["replaced"]``: the file's and the
+store's digests). Round 0 records the SHA-256 of the model a run starts from
+(``extra["start"]``: ``warmup.sha256``, the warm-up file's bytes, the same whether it was
+computed or reused; ``start_from.sha256``), and :func:`start_digests` gives them for a run's
+stored record.
 """
 
 from __future__ import annotations
@@ -34,8 +45,10 @@ import dataclasses
 import hashlib
 import json
 import os
+import stat
 from collections import OrderedDict
 from pathlib import Path
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -47,21 +60,20 @@ if TYPE_CHECKING:
     from .params import ParamSpec
 
 __all__ = ["load_model_file", "save_model_file", "warmup_scenario", "warmup_key", "start_params",
-           "round0_params", "WARMUP_DIR_ENV"]
+           "round0_params", "start_digests", "warmup_store", "warmup_is_stored", "WARMUP_DIR_ENV"]
 
 WARMUP_DIR_ENV = "REDTEAM_WARMUP_DIR"
-#: warm-ups kept in memory per process (a matrix cell's baseline and attacked run share one)
-_MEMO: "OrderedDict[str, torch.Tensor]" = OrderedDict()
+#: warm-ups kept in memory per process (a matrix cell's baseline and attacked run share one),
+#: each with the SHA-256 of its file
+_MEMO: "OrderedDict[str, tuple[torch.Tensor, str]]" = OrderedDict()
 _MEMO_SIZE = 4
 _MAX_FILE = 16 << 30  # a model file over 16 GiB is refused before it is read
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    from ..workloads.files import sha256_file
+
+    return sha256_file(path)
 
 
 def resolve_start(scenario: "Scenario") -> Path | None:
@@ -127,53 +139,70 @@ def load_model_file(path: Path, spec: "ParamSpec", what: str = "[scenario].start
     if head[:1] == b"\x80" or head == b"PK":  # a pickle stream, or torch.save's zip of pickles
         raise InvalidParameter(f"{what} = {str(path)!r}: a pickle / torch.save file; only the safetensors "
                                "format is read (safetensors.torch.save_file(model.state_dict(), PATH))")
+    where = f"{what} = {str(path)!r}"
     declared = _safetensors_header(path, what)
-    missing = [n for n in spec.names if n not in declared]
-    extra = sorted(set(declared) - set(spec.names))
+    _check_names(declared, spec, where)
+    for name, shape in zip(spec.names, spec.shapes):  # from the header: nothing is loaded yet
+        got_shape, dtype = declared[name]
+        if got_shape != tuple(shape):
+            raise InvalidParameter(f"{where}: {name} has shape {got_shape}, the model's is {tuple(shape)}")
+        if dtype not in _FLOAT_DTYPES:
+            raise InvalidParameter(f"{where}: {name} is {dtype}, not a float tensor")
+    try:
+        tensors = load_file(str(path), device="cpu")
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise InvalidParameter(f"{where}: not a readable safetensors file ({exc})") from None
+    return _flat_of(tensors, spec, where)
+
+
+def _check_names(names: Mapping[str, Any], spec: "ParamSpec", where: str) -> None:
+    """Every parameter of ``spec`` by name in ``names`` and nothing else (``where`` starts the error)."""
+    missing = [n for n in spec.names if n not in names]
+    extra = sorted(set(names) - set(spec.names))
     if missing or extra:
         parts = []
         if missing:
             parts.append(f"missing {', '.join(missing[:5])}{' …' if len(missing) > 5 else ''}")
         if extra:
             parts.append(f"not in the model: {', '.join(extra[:5])}{' …' if len(extra) > 5 else ''}")
-        raise InvalidParameter(f"{what} = {str(path)!r}: its tensors do not match the workload's model "
-                               f"({'; '.join(parts)})")
-    for name, shape in zip(spec.names, spec.shapes):  # from the header: nothing is loaded yet
-        got_shape, dtype = declared[name]
-        if got_shape != tuple(shape):
-            raise InvalidParameter(f"{what} = {str(path)!r}: {name} has shape {got_shape}, the model's is "
-                                   f"{tuple(shape)}")
-        if dtype not in _FLOAT_DTYPES:
-            raise InvalidParameter(f"{what} = {str(path)!r}: {name} is {dtype}, not a float tensor")
-    try:
-        tensors = load_file(str(path), device="cpu")
-    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise InvalidParameter(f"{what} = {str(path)!r}: not a readable safetensors file ({exc})") from None
+        raise InvalidParameter(f"{where}: its tensors do not match the workload's model ({'; '.join(parts)})")
+
+
+def _flat_of(tensors: dict[str, torch.Tensor], spec: "ParamSpec", where: str) -> torch.Tensor:
+    """The flat float32 vector of ``tensors``: every parameter of ``spec`` by name, with its
+    shape, a finite float tensor, and nothing else (``where`` starts each error)."""
+    _check_names(tensors, spec, where)
     rows = []
     for name, shape in zip(spec.names, spec.shapes):
         t = tensors[name]
         if tuple(t.shape) != tuple(shape):
-            raise InvalidParameter(f"{what} = {str(path)!r}: {name} has shape {tuple(t.shape)}, the model's is "
-                                   f"{tuple(shape)}")
+            raise InvalidParameter(f"{where}: {name} has shape {tuple(t.shape)}, the model's is {tuple(shape)}")
         if not t.is_floating_point():
-            raise InvalidParameter(f"{what} = {str(path)!r}: {name} is {t.dtype}, not a float tensor")
+            raise InvalidParameter(f"{where}: {name} is {t.dtype}, not a float tensor")
         t = t.to(torch.float32)
         if not bool(torch.isfinite(t).all()):
-            raise InvalidParameter(f"{what} = {str(path)!r}: {name} has NaN or infinite entries")
+            raise InvalidParameter(f"{where}: {name} has NaN or infinite entries")
         rows.append(t.reshape(-1))
     return torch.cat(rows) if rows else torch.zeros(0)
 
 
-def save_model_file(path: Path, flat: torch.Tensor, spec: "ParamSpec", metadata: dict[str, str] | None = None) -> Path:
-    """Write a flat parameter vector as named tensors (safetensors), atomically."""
-    from safetensors.torch import save_file
+def _model_bytes(flat: torch.Tensor, spec: "ParamSpec", metadata: dict[str, str] | None = None) -> bytes:
+    """A flat parameter vector as a safetensors file's bytes (named tensors). The same
+    vector and metadata give the same bytes in every process as long as the metadata has at
+    most one entry (safetensors writes a larger one in a per-process hash order)."""
+    from safetensors.torch import save
 
     named = {n: t.detach().to("cpu").contiguous().clone() for n, t in spec.unflatten(flat.to("cpu")).items()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
-    save_file(named, str(tmp), metadata=metadata or {})
-    os.replace(tmp, path)
-    return path
+    return save(named, metadata=metadata or {})
+
+
+def save_model_file(path: Path, flat: torch.Tensor, spec: "ParamSpec", metadata: dict[str, str] | None = None) -> Path:
+    """Write a flat parameter vector as named tensors (safetensors), atomically (a fresh
+    temporary file beside ``path``, renamed over it: a link planted there is replaced, never
+    written through)."""
+    from ..runner.outputs import atomic_write_bytes
+
+    return atomic_write_bytes(path, _model_bytes(flat, spec, metadata), option="model file")
 
 
 def warmup_scenario(scenario: "Scenario") -> "Scenario":
@@ -225,6 +254,80 @@ def _warmup_dir(explicit: str | Path | None) -> Path | None:
     return Path(env) if env else None
 
 
+def warmup_store(folder: Path) -> Path:
+    """The results store that keeps the digests of the warm-up files in ``folder``: the
+    one beside it (a matrix's ``<out>/results.sqlite`` for its ``<out>/warmups``), else one
+    in ``folder`` itself (``REDTEAM_WARMUP_DIR``, a caller's own directory)."""
+    from ..runner.store import STORE_NAME
+
+    beside = folder.parent / STORE_NAME
+    return beside if beside.is_file() else folder / STORE_NAME
+
+
+def _read_plain(file: Path, size: int | None) -> tuple[str | None, bytes | None]:
+    """The SHA-256 of the regular file ``file`` and, when it is ``size`` bytes long, its
+    bytes (read once: what is checked is what is loaded); ``(None, None)`` when it is
+    missing, a link, not a regular file, over the cap or unreadable."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(file, flags)
+    except OSError:
+        return None, None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_FILE:
+                return None, None
+            if size is not None and st.st_size == size:
+                data = f.read(size + 1)
+                return hashlib.sha256(data).hexdigest(), data if len(data) == size else None
+            h = hashlib.sha256()
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+            return h.hexdigest(), None
+    except OSError:
+        return None, None
+
+
+def _stored(file: Path, key: str, spec: "ParamSpec") -> tuple[torch.Tensor | None, dict[str, Any]]:
+    """The warm-up ``key`` stored in ``file`` and its SHA-256, when the file's bytes are
+    those its results store recorded; else ``None`` and what was found there (``{}``: no
+    file)."""
+    from safetensors.torch import load
+
+    from ..runner.store import warmup_digest
+
+    if not os.path.lexists(file):
+        return None, {}
+    recorded = warmup_digest(warmup_store(file.parent), key)
+    sha, data = _read_plain(file, recorded[1] if recorded else None)
+    found = {"file_sha256": sha, "store_sha256": recorded[0] if recorded else None}
+    if recorded is None or data is None or sha != recorded[0]:
+        return None, found
+    try:
+        return _flat_of(load(data), spec, f"warm-up file {str(file)!r}"), {"sha256": sha}
+    except (InvalidParameter, _SafetensorError, ValueError, RuntimeError):
+        return None, found  # recorded by this package, so never expected: recomputed all the same
+
+
+def warmup_is_stored(folder: Path, key: str) -> bool:
+    """Whether ``folder`` holds the warm-up ``key`` with the digest its store recorded."""
+    from ..runner.store import warmup_digest
+
+    recorded = warmup_digest(warmup_store(folder), key)
+    return recorded is not None and _read_plain(folder / f"{key}.safetensors", None)[0] == recorded[0]
+
+
+def _store_warmup(file: Path, key: str, data: bytes, sha: str) -> None:
+    """Write the warm-up file and record its digest in its results store."""
+    from ..runner.outputs import atomic_write_bytes
+    from ..runner.store import ResultsStore
+
+    atomic_write_bytes(file, data, option="warm-up file")
+    with ResultsStore(warmup_store(file.parent)) as store:
+        store.put_warmup(key, sha, len(data))
+
+
 def start_params(scenario: "Scenario", spec: "ParamSpec", init: torch.Tensor, device: torch.device,
                  warmup_dir: str | Path | None = None, data_source: str = "",
                  compute: "Callable[[Scenario, torch.Tensor, torch.device], torch.Tensor] | None" = None
@@ -242,33 +345,44 @@ def start_params(scenario: "Scenario", spec: "ParamSpec", init: torch.Tensor, de
     if rounds <= 0:
         return params, info
     key = warmup_key(scenario, device, data_source)
-    info["warmup"] = {"rounds": rounds, "key": key, "reused": True}
+    info["warmup"] = warm = {"rounds": rounds, "key": key, "reused": True}
     if key in _MEMO:
         _MEMO.move_to_end(key)
-        return _MEMO[key].to(device).clone(), info
+        flat, warm["sha256"] = _MEMO[key]
+        return flat.to(device).clone(), info
     folder = _warmup_dir(warmup_dir)
     file = folder / f"{key}.safetensors" if folder is not None else None
-    if file is not None and file.is_file():
-        try:
-            from safetensors import safe_open
-
-            with safe_open(str(file), framework="pt") as f:
-                stored = (f.metadata() or {}).get("redteam_warmup_key")
-            if stored == key:
-                flat = load_model_file(file, spec, what="warm-up file").to(device)
-                _remember(key, flat)
-                return flat.clone(), info
-        except (InvalidParameter, OSError, ValueError, RuntimeError, _SafetensorError):
-            pass  # a damaged or foreign file is recomputed and replaced
+    if file is not None:
+        flat, found = _stored(file, key, spec)
+        if flat is not None:
+            warm["sha256"] = found["sha256"]
+            _remember(key, flat, found["sha256"])
+            return flat.to(device), info
+        if found:  # a file that is not the one recorded: recomputed and replaced, and said so
+            warm["replaced"] = found
     if compute is None:
         raise InvalidParameter("[scenario].warmup_rounds: this caller cannot compute a warm-up (no runner given)")
     flat = compute(warmup_scenario(scenario), params, device)
-    info["warmup"]["reused"] = False
-    _remember(key, flat)
+    data = _model_bytes(flat, spec, {"redteam_warmup_key": key})
+    warm["reused"], warm["sha256"] = False, hashlib.sha256(data).hexdigest()
+    _remember(key, flat, warm["sha256"])
     if file is not None:
-        save_model_file(file, flat, spec, {"redteam_warmup_key": key, "rounds": str(rounds),
-                                           "scenario_digest": warmup_scenario(scenario).digest()})
+        _store_warmup(file, key, data, warm["sha256"])
     return flat.clone(), info
+
+
+def start_digests(start: Any) -> dict[str, str]:
+    """The SHA-256 digests of what a run started from, from its round 0's ``extra["start"]``
+    (``start``): ``start_from_sha256`` (the ``start_from`` file) and ``warmup_sha256`` (the
+    warm-up file), each only where the run has one; ``{}`` for a run from the
+    initialisation."""
+    out: dict[str, str] = {}
+    if isinstance(start, dict):
+        for name, field in (("start_from", "start_from_sha256"), ("warmup", "warmup_sha256")):
+            part = start.get(name)
+            if isinstance(part, dict) and isinstance(part.get("sha256"), str):
+                out[field] = part["sha256"]
+    return out
 
 
 def round0_params(scenario: "Scenario", spec: "ParamSpec", init: torch.Tensor, device: torch.device,
@@ -296,7 +410,7 @@ except ImportError:  # pragma: no cover - a declared dependency
         pass
 
 
-def _remember(key: str, flat: torch.Tensor) -> None:
-    _MEMO[key] = flat.detach().to("cpu").clone()
+def _remember(key: str, flat: torch.Tensor, sha: str) -> None:
+    _MEMO[key] = (flat.detach().to("cpu").clone(), sha)
     while len(_MEMO) > _MEMO_SIZE:
         _MEMO.popitem(last=False)

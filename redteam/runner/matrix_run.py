@@ -133,7 +133,7 @@ def prepare_warmups(units: list[Unit], device: str, report: Callable[[str], None
     parallel workers read it instead of each computing it); returns how many were computed."""
     from ..federation.loop import resolve_device
     from ..federation.regimes import make_run
-    from ..federation.warmup import warmup_key
+    from ..federation.warmup import warmup_is_stored, warmup_key
 
     seen: set[str] = set()
     made = 0
@@ -147,7 +147,7 @@ def prepare_warmups(units: list[Unit], device: str, report: Callable[[str], None
 
         source = build_workload(sc.workload.name, sc.workload_params).load(sc.seed).source
         key = warmup_key(sc, resolve_device(device), source)
-        if key in seen or (Path(run["warmup_dir"]) / f"{key}.safetensors").is_file():
+        if key in seen or warmup_is_stored(Path(run["warmup_dir"]), key):
             seen.add(key)
             continue
         seen.add(key)
@@ -165,6 +165,7 @@ def execute_unit(doc: dict[str, Any], device: str = "cpu", threads: str | int | 
     ``threads`` is the thread policy (:mod:`.threads`: ``"auto"``, an integer, or ``None`` for
     the default), ``parallel_runs`` how many runs share this machine's cores."""
     from ..federation.regimes import make_run
+    from ..federation.warmup import start_digests
     from .single import _versions, plugin_errors_located
     from .threads import run_threads
 
@@ -176,10 +177,11 @@ def execute_unit(doc: dict[str, Any], device: str = "cpu", threads: str | int | 
         fed = make_run(sc, device=device, warmup_dir=run.get("warmup_dir"))
         with run_threads(fed, threads, parallel_runs):
             res = fed.run()
+    start = res.records[0].extra.get("start") if res.records else None
     return {
         "records": [r.to_dict() for r in res.records],
         "wall_time_s": time.perf_counter() - t,
-        "versions": _versions(),
+        "versions": {**_versions(), **start_digests(start)},  # and what the run started from
     }
 
 

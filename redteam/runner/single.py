@@ -11,7 +11,8 @@ The JSON document this module produces is a stable, documented interface (docs/r
       "runs": [
         {"attack": "none", "defense": "...", "baseline": true,
          "metrics": {"final_accuracy", "accuracy_drop", "bytes_on_wire", "dropped_updates", ...},
-         "malicious": [client ids], "rounds": [{"round", "accuracy", "loss", ...}, ...]},
+         "malicious": [client ids], "start": {"start_from_sha256", "warmup_sha256"},
+         "rounds": [{"round", "accuracy", "loss", ...}, ...]},
         {"attack": "sign_flip", ... "baseline": false, ...}
       ]
     }
@@ -20,7 +21,9 @@ Each run also says whether its model was destroyed: ``"model_destroyed"`` is ``t
 when its loss is non-finite (NaN/inf, written ``null``) from some round to the end, or a
 round was flagged ``model_nonfinite`` (:func:`redteam.report.aggregate.model_broke`, the
 rule reports use); ``"model_destroyed_round"`` is the first round (1-based, as
-``rounds_to_target``) of that, ``null`` when the model survived.
+``rounds_to_target``) of that, ``null`` when the model survived. ``"start"`` gives the SHA-256
+of the model the run started from (:func:`redteam.federation.warmup.start_digests`: the
+``start_from`` file's, the warm-up file's; ``{}`` from the initialisation).
 
 Language-model metrics (:data:`~redteam.scoring.LANGUAGE_MODEL_METRICS`: bits per byte,
 perplexity, their increases, the false-trigger and near-miss trigger rates) are in ``metrics`` only when the
@@ -105,6 +108,7 @@ def run_scenario(
     the attacked federation; return the JSON-ready document. ``threads``: the intra-op
     thread policy (:mod:`.threads`)."""
     from ..federation.regimes import make_run
+    from ..federation.warmup import start_digests
     from .threads import run_threads
 
     target = scenario.federation.target_accuracy
@@ -139,6 +143,7 @@ def run_scenario(
                 "model_destroyed": destroyed is not None,
                 "model_destroyed_round": destroyed,
                 "malicious": res.malicious,
+                "start": start_digests(res.records[0].extra.get("start") if res.records else None),
                 "wall_time_s": res.wall_time_s,
                 "rounds": [_round_dict(r) for r in res.records],
             }

@@ -10,6 +10,9 @@ Tables:
 * ``owners`` and ``claims``: which ``redteam matrix`` driver computes which run now, so
   that several drivers on one store share the work (:mod:`.claims`); never read by
   reports, and added to an older store the first time a writer opens it.
+* ``warmups``: the SHA-256 and size of each warm-up file written to the warm-up directory
+  that belongs to the store (``<out>/warmups``), recorded when the file is written and
+  checked before it is reused (:mod:`redteam.federation.warmup`); added like ``owners``.
 
 Crash safety: a run's row is written in one transaction when the run has finished, and
 only then; a process killed at any moment (``kill -9`` included) leaves either the whole
@@ -48,7 +51,7 @@ from .outputs import DiskFull, disk_full_path, is_disk_full, terminal_safe
 from .single import sanitize
 
 __all__ = ["ResultsStore", "PlanRow", "StoreError", "StoreView", "STORE_NAME", "read_store", "store_file",
-           "connect_readonly", "json_or_none", "store_state", "disk_full_error"]
+           "connect_readonly", "json_or_none", "store_state", "disk_full_error", "warmup_digest"]
 
 STORE_NAME = "results.sqlite"
 SCHEMA_VERSION = 1
@@ -92,6 +95,12 @@ CREATE TABLE IF NOT EXISTS owners (
     heartbeat REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS claims (run_key TEXT PRIMARY KEY, owner TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS warmups (
+    key TEXT PRIMARY KEY,
+    sha256 TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    written REAL NOT NULL
+);
 """
 
 
@@ -322,6 +331,13 @@ class ResultsStore:
                 val = v if isinstance(v, str) else json.dumps(sanitize(v), sort_keys=True)
                 self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (k, val))
 
+    # -- warm-ups -------------------------------------------------------------------
+    def put_warmup(self, key: str, sha256: str, size: int) -> None:
+        """Record the SHA-256 and size of the warm-up file just written under ``key``."""
+        with self._tx():
+            self._db.execute("INSERT OR REPLACE INTO warmups (key, sha256, bytes, written) VALUES (?, ?, ?, ?)",
+                             (key, sha256, int(size), time.time()))
+
     # -- plan -----------------------------------------------------------------------
     def set_plan(self, rows: Sequence[PlanRow]) -> None:
         """Replace the plan with ``rows`` (results of earlier plans stay in ``runs``)."""
@@ -540,3 +556,22 @@ def json_or_none(raw: str | None) -> Any:
         return json.loads(raw)
     except ValueError:
         return None
+
+
+def warmup_digest(db: Path, key: str) -> tuple[str, int] | None:
+    """The SHA-256 and size recorded for the warm-up ``key`` in the store file ``db``
+    (read-only); ``None`` when there is no store, no such record (an older store) or a
+    record no writer of this module makes."""
+    if not db.is_file():
+        return None
+    try:
+        con = connect_readonly(db)
+        try:
+            row = con.execute("SELECT sha256, bytes FROM warmups WHERE key = ?", (key,)).fetchone()
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return None
+    if row is None or not isinstance(row[0], str) or type(row[1]) is not int or row[1] < 0:
+        return None
+    return row[0], row[1]
