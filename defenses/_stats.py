@@ -4,10 +4,9 @@
   combination, so finite rows never overflow however large (a plain Σwᵢxᵢ/Σw with
   sample counts as weights overflows float32 for entries near its maximum).
 * :func:`clip_scales` — the factor min(1, S/‖xᵢ‖) of clipping a row to norm S.
-* :func:`order_low_first` — rows ordered by a score, ties (up to each score's own
-  rounding, see :func:`tie_classes`) broken by the rows' content (:func:`row_fingerprints`), never by
-  their position, so a rule that keeps the k lowest is
-  symmetric in the clients.
+* :func:`order_low_first` — rows ordered by their scores' tie classes (the rule's own, each
+  score with its own rounding), ties broken by the rows' content (:func:`row_fingerprints`),
+  never by their position, so a rule that keeps the k lowest is symmetric in the clients.
 * :func:`midpoint_median` — the statistical median of a 1-D tensor (mean of the two
   middle values for an even count).
 * :func:`safe_norms` — float64 row norms that stay finite for finite rows whose squares
@@ -49,30 +48,6 @@ def clip_scales(norms: "torch.Tensor", bound: float) -> "torch.Tensor":
     return torch.where(norms > bound, bound / safe, torch.ones_like(norms))
 
 
-def tie_classes(values: "torch.Tensor", rtol: float = 1e-9, floor: float = 1e-18) -> "torch.Tensor":
-    """Each value replaced by the index (float64) of its tie class: neighbours in sorted
-    order share a class when they differ by at most ``rtol`` × the larger of their own two
-    magnitudes (values equal in exact arithmetic differ by a few ulps depending on the
-    order of a sum), or by at most ``floor`` × the largest finite magnitude (values near
-    zero, whose rounding is set by the largest one; 10⁻¹⁸ of it is below what float64
-    resolves of the rows behind it). A far value cannot widen the tie of two others
-    beyond that floor (issue 9: a tolerance of ``rtol`` × the largest value let one
-    outlier make distinct scores tie). +inf values share the last class."""
-    import torch
-
-    v = values.to(torch.float64)
-    vals, idx = torch.sort(v)
-    finite = vals[torch.isfinite(vals)]
-    big = float(finite.abs().max()) if finite.numel() else 0.0
-    step = torch.zeros_like(vals)
-    own = torch.maximum(vals[1:].abs(), vals[:-1].abs())
-    tol = torch.where(torch.isfinite(own), rtol * own + floor * big, torch.zeros_like(own))
-    step[1:] = ((vals[1:] - vals[:-1]) > tol).to(torch.float64)  # inf − inf = nan: not a step
-    out = torch.empty_like(vals)
-    out[idx] = torch.cumsum(step, 0)
-    return out
-
-
 def row_fingerprints(updates: "torch.Tensor", block: int = 1 << 16) -> "torch.Tensor":
     """``(n, 2)`` float64: Σⱼ xⱼ and Σⱼ j·xⱼ of every row (non-finite entries as 0), of the
     rows scaled by one exact power of two (2⁻ᵉ with 2ᵉ above the largest finite |x|), so sums
@@ -100,17 +75,17 @@ def row_fingerprints(updates: "torch.Tensor", block: int = 1 << 16) -> "torch.Te
     return out
 
 
-def order_low_first(scores: "torch.Tensor", updates: "torch.Tensor") -> "torch.Tensor":
-    """Row indices by ascending score (+inf last); scores equal up to rounding are tied
-    and ranked by the rows' fingerprints (Σⱼxⱼ, Σⱼ j·xⱼ), then position (identical rows)."""
+def order_low_first(classes: "torch.Tensor", updates: "torch.Tensor") -> "torch.Tensor":
+    """Row indices by ascending tie class (``classes``: the rank of each row's score, rows whose
+    scores are equal up to rounding sharing one); rows of one class ranked by their
+    fingerprints (Σⱼxⱼ, Σⱼ j·xⱼ), then position (identical rows)."""
     import torch
 
-    classes = tie_classes(scores)
     order = torch.argsort(classes, stable=True)
     ranked = classes[order]
-    if scores.shape[0] > 1 and bool((ranked[1:] == ranked[:-1]).any()):
-        keys = row_fingerprints(updates).to(scores.device)
-        order = torch.arange(scores.shape[0], device=scores.device)
+    if classes.shape[0] > 1 and bool((ranked[1:] == ranked[:-1]).any()):
+        keys = row_fingerprints(updates).to(classes.device)
+        order = torch.arange(classes.shape[0], device=classes.device)
         for col in (keys[:, 1], keys[:, 0], classes):  # least significant key first
             order = order[torch.argsort(col[order], stable=True)]
     return order

@@ -15,14 +15,20 @@ The good set is the intersection of the kept sets over the iterations; the aggre
 is the plain mean of the good updates (the paper's AGR_avg).
 
 Computation: with X̃X̃ᵀ = U Λ Uᵀ (an n × n float64 eigenproblem) and u the top
-eigenvector, v = X̃ᵀu/√λ, so sᵢ = (X̃v)ᵢ² = λ·uᵢ²: the n × b matrix is never
-decomposed. A non-finite update scores +∞ (it is one of the c·f removed, with its
-own reason) and takes no part in the centring.
+eigenvector, v = X̃ᵀu/‖X̃ᵀu‖: the n × b matrix is never decomposed. The projections
+⟨xᵢ − μ, v⟩ are taken row by row, each at its own power-of-two scale, from the row's
+difference to the coordinate median, and centred in exact rational arithmetic
+(:func:`dnc_ranking`): one huge row sets μ, and the other rows' scores, taken from
+xᵢ − μ, kept nothing of those rows (issue 35 §5). A non-finite update scores +∞ (it is
+one of the c·f removed, with its own reason) and takes no part in the centring.
 
 Ties (convention ``ties``; Algorithm 2 says only "the n − c·m lowest scores", and no
 released code of the authors' settles it). Scores equal up to rounding say no client is
 more of an outlier than another, so a cut that falls inside a group of tied scores is
-decided without the rows' positions:
+decided without the rows' positions. Each score's rounding is that of its own row (a few
+ulps of the row's distance to the coordinate median), so a far row cannot make the others
+tie (one row 10¹² times the others' size made every other score tie, and the content rule
+then kept a row whose exact score ranked second):
 
 * ``"content"`` (default): tied rows are ranked by their content (fingerprints Σⱼxⱼ,
   Σⱼ j·xⱼ), which removes exactly ⌊c·f⌋ whenever the tied rows differ; bit-identical
@@ -46,44 +52,137 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from redteam.pipeline import Aggregator
 from redteam.types import Decision, ServerContext, param_error, sample_weights
 
-from ._common import TINY64, check_choice, check_count, check_number, finite_rows, generator_of, rescale_pow2
-from ._stats import convex_mean, order_low_first, tie_classes
+from ._common import (TINY64, check_choice, check_count, check_number, finite_rows, generator_of, rescale_pow2,
+                      times_pow2)
+from ._stats import convex_mean, order_low_first
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     import torch
 
-__all__ = ["DnC", "dnc_scores"]
+__all__ = ["DnC", "dnc_ranking", "dnc_scores"]
+
+
+#: two rows' projections tie when they differ by at most this × the sum of their lengths (each
+#: row measured from the reference point): values equal in exact arithmetic differ by a few ulps
+#: of those lengths, depending on the order of the sums and on the rounding of the direction
+RTOL = 1e-9
 
 
 def dnc_scores(sub: "torch.Tensor") -> "torch.Tensor":
     """Outlier scores ``(n,)`` float64 of the rows of ``sub`` ``(n, b)`` (finite rows):
-    the squared projection of each centred row on the top right singular vector.
+    the squared projection of each centred row on the top right singular vector
+    (:func:`dnc_ranking` has their tie classes too)."""
+    return dnc_ranking(sub)[0]
 
-    Scores scale with the square of the rows; rows so large that a sum overflows (largest
-    entry above 1e150), or so small that the products underflow (below 2⁻³⁰⁰: at 1e-170
-    every score was 0, every row tied and the tie went to the rows' fingerprints, which
-    the senders set), are scored after an exact power-of-two rescaling that brings the
-    largest entry into [½, 1), in units of that scale² (the ranking, all DnC uses, is the
-    one of the rows, whatever power of two they are multiplied by)."""
+
+def dnc_ranking(sub: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
+    """(scores, tie classes) of the rows of ``sub`` ``(n, b)`` (finite rows): the squared
+    projection sᵢ = ⟨xᵢ − μ, v⟩² of each centred row on the top right singular vector v, and
+    ``(n,)`` int64 classes numbering the scores from the lowest up, rows whose scores are equal
+    up to rounding sharing one.
+
+    The direction v depends on the rows' spread only; it is taken from the centred rows after
+    one exact power-of-two rescaling (rows so large that a sum overflows, largest entry above
+    1e150, or so small that the products underflow, below 2⁻³⁰⁰). The projections are not:
+    one huge row sets the mean μ, and ⟨xᵢ − μ, v⟩ computed from xᵢ − μ kept nothing of the
+    other rows (at 10¹² times their size their scores fell within 10⁻¹² of each other, a tie
+    broken by their content; at 10¹⁵⁰ they were equal). So each row's projection is taken from
+    its own difference to a reference point r (the coordinate median), at its own power-of-two
+    scale: aᵢ = ⟨xᵢ − r, v⟩, accurate to a few ulps of ‖xᵢ − r‖, and the projections are
+    aᵢ − ā (ā their mean) in exact rational arithmetic. Ranked by |aᵢ − ā|, two neighbours
+    tie when they differ by at most ``RTOL`` × ‖xᵢ − r‖ + ``RTOL`` × ‖xⱼ − r‖ (plus the mean's
+    own error when they lie on opposite sides of it): a far row cannot widen a tie of others.
+
+    Scores are reported in units of the rescaled rows (the rows × 2ᵏ, scores × 2²ᵏ; k = 0 for
+    rows inside that range): the ranking, all DnC uses, is the one of the rows, whatever power
+    of two they are multiplied by."""
     import torch
 
     x = sub.to(torch.float64)
-    x, _ = rescale_pow2(x, low=TINY64, high=1e150, target=0)  # centring or the Gram could over/underflow
+    n = x.shape[0]
+    scaled, k = rescale_pow2(x, low=TINY64, high=1e150, target=0)  # centring or the Gram could over/underflow
+    v = _top_direction(scaled)
+    if v is None:  # no spread (or none float64 can measure): every score 0, one class
+        return (torch.zeros(n, dtype=torch.float64, device=x.device),
+                torch.zeros(n, dtype=torch.int64, device=x.device))
+    proj, length = _projections(x, v)
+    mean = sum(proj, Fraction(0)) / n
+    p = [a - mean for a in proj]
+    unit = Fraction(2) ** (2 * k)
+    scores = torch.tensor([_as_float(q * q * unit) for q in p], dtype=torch.float64, device=x.device)
+    return scores, _tie_classes(p, [RTOL * s for s in length])
+
+
+def _top_direction(x: "torch.Tensor") -> "torch.Tensor | None":
+    """The top right singular vector ``(b,)`` (unit length) of the centred rows of ``x``, from
+    the n × n eigenproblem of X̃X̃ᵀ (v = X̃ᵀu/‖X̃ᵀu‖); ``None`` when the rows do not spread."""
+    import torch
+
     centred = x - x.mean(dim=0, keepdim=True)
     gram = centred @ centred.T
     scale = float(gram.diagonal().max()) if gram.numel() else 0.0
     if not scale > 0 or not math.isfinite(scale):
-        return torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
-    evals, evecs = torch.linalg.eigh(gram / scale)  # normalised: huge rows do not overflow eigh
-    lam = float(evals[-1].clamp_min(0.0)) * scale
-    return lam * evecs[:, -1] ** 2
+        return None
+    _, evecs = torch.linalg.eigh(gram / scale)  # normalised: huge rows do not overflow eigh
+    v = centred.T @ evecs[:, -1]
+    size = float(torch.linalg.vector_norm(v))
+    if not size > 0 or not math.isfinite(size):
+        return None
+    return v / size
+
+
+def _projections(x: "torch.Tensor", v: "torch.Tensor") -> tuple[list[Fraction], list[Fraction]]:
+    """aᵢ = ⟨xᵢ − r, v⟩ and ‖xᵢ − r‖ of every row, exact rationals of float64 results, with r the
+    coordinate median of the rows. Row i and r are taken times 2^eᵢ, the power of two that brings
+    the larger of their largest entries into [½, 1) (exact), so the difference rounds once, no
+    product of a tiny row underflows and no sum of a huge one overflows."""
+    import torch
+
+    n = x.shape[0]
+    ref = x.median(dim=0).values
+    peak = torch.maximum(x.abs().amax(dim=1), ref.abs().max()) if x.shape[1] else torch.zeros(n, dtype=x.dtype)
+    e = torch.where(peak > 0, -torch.frexp(peak).exponent.to(torch.int64), torch.zeros_like(peak, dtype=torch.int64))
+    y = times_pow2(x, e) - times_pow2(ref.expand(n, -1), e)
+    a, length = (y @ v).tolist(), torch.linalg.vector_norm(y, dim=1).tolist()
+    unit = [Fraction(2) ** -int(k) for k in e.tolist()]
+    return [Fraction(ai) * u for ai, u in zip(a, unit)], [Fraction(li) * u for li, u in zip(length, unit)]
+
+
+def _tie_classes(p: list[Fraction], tol: list[Fraction]) -> "torch.Tensor":
+    """Classes ``(n,)`` int64 of the values |pᵢ|, from the lowest up: neighbours in that order
+    share a class when they differ by at most tolᵢ + tolⱼ, plus twice the mean tolerance when pᵢ
+    and pⱼ have different signs (|pᵢ| − |pⱼ| then depends on the mean the pᵢ are taken from)."""
+    import torch
+
+    n = len(p)
+    shared = 2 * sum(tol, Fraction(0)) / max(n, 1)
+    order = sorted(range(n), key=lambda i: abs(p[i]))
+    classes = [0] * n
+    c = 0
+    for prev, cur in zip(order, order[1:]):
+        allow = tol[prev] + tol[cur]
+        if (p[prev] > 0) != (p[cur] > 0) or p[prev] == 0 or p[cur] == 0:
+            allow += shared
+        if abs(p[cur]) - abs(p[prev]) > allow:
+            c += 1
+        classes[cur] = c
+    return torch.tensor(classes, dtype=torch.int64)
+
+
+def _as_float(q: Fraction) -> float:
+    """``q`` as the nearest float64; +inf beyond its range (a score, reported only)."""
+    try:
+        return float(q)
+    except OverflowError:
+        return math.inf
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,26 +264,25 @@ class DnC(Aggregator):
         return (f"⌊c·f⌋ removals with f = {state.get('f')} would leave none of the {removed + 1} updates: "
                 f"removed {removed}, kept the lowest-scored one")
 
-    def _spared(self, scores: "torch.Tensor", order: "torch.Tensor", kept: int, updates: "torch.Tensor",
+    def _spared(self, classes: "torch.Tensor", order: "torch.Tensor", kept: int, updates: "torch.Tensor",
                 ok: "torch.Tensor") -> "torch.Tensor":
-        """Finite rows past the cut (``order[kept:]``) whose score ties the last kept one and
-        that the tie rule keeps: all of them (``"keep"``) or those bit-identical to a kept
-        row of that tie (``"content"``)."""
+        """Finite rows past the cut (``order[kept:]``) whose score ties the last kept one (the
+        same tie class) and that the tie rule keeps: all of them (``"keep"``) or those
+        bit-identical to a kept row of that tie (``"content"``)."""
         import torch
 
-        none = torch.empty(0, dtype=torch.long, device=scores.device)
-        if kept <= 0 or kept >= scores.shape[0]:
+        none = torch.empty(0, dtype=torch.long, device=classes.device)
+        if kept <= 0 or kept >= classes.shape[0]:
             return none
-        classes = tie_classes(scores)
         edge = classes[order[kept - 1]]
         out = order[kept:]
-        cand = out[(classes[out] == edge) & ok.to(scores.device)[out]]
+        cand = out[(classes[out] == edge) & ok.to(classes.device)[out]]
         if cand.numel() == 0 or self.ties == "keep":
             return cand
         ins = order[:kept]
         rows = updates.index_select(0, ins[classes[ins] == edge].to(updates.device))
         same = [i for i in cand.tolist() if bool((rows == updates[i]).all(dim=1).any())]
-        return torch.tensor(same, dtype=torch.long, device=scores.device)
+        return torch.tensor(same, dtype=torch.long, device=classes.device)
 
     def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
         import torch
@@ -207,12 +305,13 @@ class DnC(Aggregator):
             if not every:
                 sub = sub.index_select(0, fin)
             scores = torch.full((n,), math.inf, dtype=torch.float64, device=updates.device)
+            classes = torch.full((n,), fin.numel(), dtype=torch.int64, device=updates.device)  # non-finite: last
             if fin.numel():
-                scores[fin] = dnc_scores(sub)
+                scores[fin], classes[fin] = (t.to(updates.device) for t in dnc_ranking(sub))
             keep = torch.zeros(n, dtype=torch.bool, device=updates.device)
-            order = order_low_first(scores, updates)
+            order = order_low_first(classes, updates)
             keep[order[: n - drop]] = True
-            spared = self._spared(scores, order, n - drop, updates, ok) if drop else order[:0]
+            spared = self._spared(classes, order, n - drop, updates, ok) if drop else order[:0]
             keep[spared.to(updates.device)] = True
             tie_kept.append(sorted(spared.tolist()))
             good &= keep & ok  # non-finite rows count among the removals and are never kept
