@@ -1,7 +1,8 @@
 """The pairwise kernel's result and its exact stage (private; re-exported by ``_pairwise``).
 
 :class:`PairwiseDistances` (squared distances with a per-pair error bound, refined exactly
-where a decision needs it), :func:`exact_sq_distances` and :func:`underflow_term`: what
+where a decision needs it), :func:`exact_sq_distances`, :func:`scaled_sq_distances` (each
+pair at its own power-of-two scale) and :func:`underflow_term`: what
 both :mod:`defenses._pairwise` (the approximate stage) and :mod:`defenses._ranking` (the
 decisions on the intervals) use, kept apart so that ``_ranking`` does not import
 ``_pairwise``, which re-exports both. See :mod:`defenses._pairwise` for the bounds.
@@ -15,9 +16,12 @@ from typing import TYPE_CHECKING
 from ._common import ETA64
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from fractions import Fraction
+
     import torch
 
-__all__ = ["PairwiseDistances", "exact_sq_distances", "underflow_term"]
+__all__ = ["PairwiseDistances", "exact_sq_distances", "scaled_sq_distances", "underflow_term"]
 
 U64 = 2.0 ** -53
 
@@ -44,9 +48,10 @@ class PairwiseDistances:
     ``rows`` are the input rows, or — for float64 rows beyond ~2⁵⁰⁰ whose squares would
     overflow, or below 2⁻³⁰⁰ whose squares would underflow (at 1e-170 every distance
     was 0 and every score tied) — the input times 2^``exponent`` (exact), distances in
-    those units (``exponent`` is 0 otherwise). float64 bounds include the underflow of
-    the products (at most 2⁻¹⁰⁷⁴ each), so a distance that underflowed is never taken
-    as exact.
+    those units (``exponent`` is 0 otherwise; ``source`` is then the input itself, whose
+    tiny rows the common power of two may have pushed into underflow). float64 bounds
+    include the underflow of the products (at most 2⁻¹⁰⁷⁴ each), so a distance that
+    underflowed is never taken as exact.
     """
 
     rows: "torch.Tensor"
@@ -56,6 +61,11 @@ class PairwiseDistances:
     group: "torch.Tensor"
     passes: int = 0  # float64 passes over the rows made so far by :meth:`recentred`
     exponent: int = 0  # rows = input·2^exponent (exact power-of-two rescaling), 0: the input
+    source: "torch.Tensor | None" = None  # the input rows when ``rows`` are rescaled (else None)
+    #: squared distances of the input rows taken pair by pair at each pair's own scale, as exact
+    #: rationals of float64 results, keyed (i, j) with i < j: filled where an underflow tie needs them
+    scaled: "Mapping[tuple[int, int], Fraction] | None" = None
+    keys: "torch.Tensor | None" = None  # content keys ``(n, 2)`` of ``rows``, once a tie needed them
 
     @property
     def floor(self) -> float:
@@ -192,6 +202,49 @@ def exact_sq_distances(x: "torch.Tensor", i: "torch.Tensor", j: "torch.Tensor",
             a -= x[jj, start:start + cols].to(torch.float64)
             out[ps:ps + pairs] += (a * a).sum(dim=1)
     return out
+
+
+def scaled_sq_distances(x: "torch.Tensor", i: "torch.Tensor", j: "torch.Tensor", chunk: int = 1 << 14
+                        ) -> tuple["torch.Tensor", "torch.Tensor"]:
+    """‖x_iₚ − x_jₚ‖² for the pairs (iₚ, jₚ) of finite rows as sₚ·2^(2eₚ) (``s`` float64, ``e``
+    int64), each pair at its own scale: its difference row times 2^−eₚ, the power of two that
+    brings its largest entry into [½, 1), so no square underflows and no sum overflows whatever
+    the other rows' scale. One pass over the columns, the scale of each pair raised as larger
+    entries come (the earlier sum rescaled by an exact power of two, as LAPACK's scaled sums of
+    squares do); a block whose difference overflows float64 is taken from the rows halved.
+    Relative error ≤ (d + 3)·2⁻⁵³, as :func:`exact_sq_distances`; about ``chunk`` float64
+    values at a time (a block that stays in the cache)."""
+    import torch
+
+    from ._common import times_pow2
+
+    p, d = int(i.shape[0]), int(x.shape[1])
+    s = torch.zeros(p, dtype=torch.float64, device=x.device)
+    e = torch.full((p,), -1100, dtype=torch.int64, device=x.device)  # below every float64 exponent
+    if p == 0 or d == 0:
+        return s, e
+    n = int(x.shape[0])
+    cols = max(64, min(d, chunk // max(n, 1)))
+    pairs = max(1, chunk // cols)
+    for start in range(0, d, cols):
+        blk = x[:, start:start + cols].to(torch.float64)  # every row's block once, then the pairs from it
+        for ps in range(0, p, pairs):
+            acc, top = s[ps:ps + pairs], e[ps:ps + pairs]
+            a, b = blk.index_select(0, i[ps:ps + pairs]), blk.index_select(0, j[ps:ps + pairs])
+            diff = a - b
+            peak = diff.abs().amax(dim=1)
+            half = ~torch.isfinite(peak)  # the difference of two finite rows overflowed: halve them
+            if bool(half.any()):
+                diff[half] = a[half] * 0.5 - b[half] * 0.5
+                peak = diff.abs().amax(dim=1)
+            ours = torch.where(peak > 0, torch.frexp(peak).exponent.to(torch.int64) + half.to(torch.int64),
+                               torch.full_like(top, -1100))
+            new = torch.maximum(top, ours)
+            acc.copy_(times_pow2(acc, 2 * (top - new)))
+            scaled = times_pow2(diff, half.to(torch.int64) - new)
+            acc += (scaled * scaled).sum(dim=1)
+            top.copy_(new)
+    return s, torch.where(s > 0, e, torch.zeros_like(e))
 
 
 def underflow_term(x: "torch.Tensor") -> float:

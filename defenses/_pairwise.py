@@ -260,6 +260,7 @@ def pairwise(x: "torch.Tensor") -> PairwiseDistances:
 
     n, d = x.shape
     dev = x.device
+    source = x
     g = None
     ieee = _float32_products_ieee(dev)
     if x.dtype == torch.float32 and ieee:  # the usual case: one unchecked pass, checked once at the end
@@ -304,7 +305,8 @@ def pairwise(x: "torch.Tensor") -> PairwiseDistances:
     same = group[:, None] == group[None, :]
     dist = torch.where(same, torch.zeros_like(dist), dist)
     err = torch.where(same, torch.zeros_like(err), err)
-    return PairwiseDistances(rows=x, approx=dist, error=err, finite=finite, group=group, exponent=exponent)
+    return PairwiseDistances(rows=x, approx=dist, error=err, finite=finite, group=group, exponent=exponent,
+                             source=source if exponent else None)
 
 
 def sq_distances(x: "torch.Tensor", rtol: float = 1e-9) -> "torch.Tensor":

@@ -67,7 +67,10 @@ def resolve_k_smallest_sums(pd: PairwiseDistances, k: int, rows: "torch.Tensor",
         need = (pd.lower <= cut[:, None]) & ~off
         sel = torch.zeros(n, dtype=torch.bool, device=alive.device)
         sel[rows] = True
-        need = need & sel[:, None] & (pd.error > 1e-9 * pd.approx)  # pairs not pinned down yet
+        # pairs not pinned down yet (an exact distance keeps the underflow term pd.floor in its
+        # bound: one that underflowed is not refined again at every step of iterative Krum)
+        loose = pd.error > 1e-9 * pd.approx + pd.floor
+        need = need & sel[:, None] & loose
         if int(need.sum()) > n:  # many pairs: one float64 Gram centred on the best candidate
             mid = (pd.lower + pd.upper).masked_fill(off, math.inf)
             best = rows[int(torch.argmin(torch.topk(mid[rows], k, dim=1, largest=False).values.sum(dim=1)))]
@@ -77,7 +80,7 @@ def resolve_k_smallest_sums(pd: PairwiseDistances, k: int, rows: "torch.Tensor",
             hi = pd.upper.masked_fill(off, math.inf)
             cut = torch.topk(hi, k, dim=1, largest=False).values[:, -1]
             need = (pd.lower <= cut[:, None]) & ~off & sel[:, None]
-            need = need & (pd.error > 1e-9 * pd.approx)  # what the Gram could not pin down
+            need = need & (pd.error > 1e-9 * pd.approx + pd.floor)  # what the Gram could not pin down
         pd = pd.refine(need)
     low, high = k_smallest_sum_bounds(pd, k, alive)
     score = 0.5 * (low + high)

@@ -118,7 +118,7 @@ def dnc_ranking(sub: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
     p = [a - mean for a in proj]
     unit = Fraction(2) ** (2 * k)
     scores = torch.tensor([_as_float(q * q * unit) for q in p], dtype=torch.float64, device=x.device)
-    return scores, _tie_classes(p, [RTOL * s for s in length])
+    return scores, _tie_classes(p, [Fraction(RTOL) * s for s in length])
 
 
 def _top_direction(x: "torch.Tensor") -> "torch.Tensor | None":

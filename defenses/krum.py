@@ -30,11 +30,13 @@ two. float64 updates whose largest entry is below 2⁻³⁰⁰ or above 2⁵⁰�
 the updates times an exact power of two (:func:`~defenses._common.rescale_pow2`): at
 1e-170 every squared distance underflowed to 0, every score tied, and the tie went to
 the content keys, which the senders set (issue 22 §6); ``Decision.state`` then carries
-``scale_exponent`` k, the scores being those of the updates × 2ᵏ. A cut that still falls
-inside a tie made by underflow (rows spanning more range than one power of two brings
-into float64, e.g. updates of 1e-200 next to one of 1e100) is refused with
-:class:`~redteam.errors.InvalidParameter`. float32 updates never need this: their
-differences and squares are normal float64 numbers.
+``scale_exponent`` k, the scores being those of the updates × 2ᵏ. Where the updates span
+more range than one power of two brings into float64 (updates of 0.01 next to one of
+1e298, of 1e-170 next to one of 1e-20) a cut can still fall inside a tie made by
+underflow; the tied updates are then scored again from distances each taken at its own
+power-of-two scale, exactly ranked (before, the round was refused: one huge update denied
+every round, issue 35 §5). float32 updates never need this: their differences and squares
+are normal float64 numbers.
 
 A non-finite update is infinitely far from everyone and never selected (rejected with
 the reason "non-finite update"); when no update is finite, Krum and Multi-Krum return
@@ -43,7 +45,7 @@ zeros with everyone rejected and Bulyan refuses.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 import math
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -96,8 +98,8 @@ def content_keys(updates: "torch.Tensor", rows: "torch.Tensor | None" = None) ->
     return keys
 
 
-def _lowest(pd: PairwiseDistances, k: int, alive: "torch.Tensor", m: int, every_row: bool = False,
-            what: str = "Krum") -> tuple[list[int], PairwiseDistances, "torch.Tensor"]:
+def _lowest(pd: PairwiseDistances, k: int, alive: "torch.Tensor", m: int, every_row: bool = False
+            ) -> tuple[list[int], PairwiseDistances, "torch.Tensor"]:
     """The ``m`` alive, finite rows with the lowest Krum scores (``k`` nearest alive others).
 
     Decided from the rounding intervals of the float32 distances where they settle it;
@@ -106,8 +108,8 @@ def _lowest(pd: PairwiseDistances, k: int, alive: "torch.Tensor", m: int, every_
     its own error bound only, go to the smaller content keys, then the lower position.
     Returns the chosen indices (best first), the refined distances and the scores.
     ``every_row``: see :func:`~defenses._pairwise.resolve_k_smallest_sums`.
-    A cut inside a tie that only underflow made (see :func:`_refuse_underflow_tie`) is
-    refused with :class:`~redteam.errors.InvalidParameter` naming ``what``.
+    A cut inside a tie that only underflow made is settled by scores taken pair by pair at
+    each pair's own scale (see :func:`_underflow_tie`).
     """
     import torch
 
@@ -135,50 +137,106 @@ def _lowest(pd: PairwiseDistances, k: int, alive: "torch.Tensor", m: int, every_
         cls = tie_classes(s, e)
         cols = [cls.to(torch.float64)]
         if int(torch.unique(cls).numel()) < int(cls.numel()):  # an exact tie: values decide, then position
-            keys = content_keys(pd.rows, amb).to(cls.device)
+            pd = _with_keys(pd)
+            keys = pd.keys.index_select(0, amb.to(pd.keys.device)).to(cls.device)
             cols += [keys[:, 0], keys[:, 1]]
         order = torch.arange(amb.numel(), device=amb.device)
         for c in reversed(cols):  # stable sorts, least significant key first
             order = order[torch.argsort(c[order], stable=True)]
         take = m - len(chosen)
+        ranked = amb[order]
         if 0 < take < int(amb.numel()) and pd.floor > 0:
-            _refuse_underflow_tie(pd, amb[order], cls[order], s[order], e[order], take, k, what)
-        chosen += amb[order][:take].tolist()
+            ranked, pd = _underflow_tie(pd, ranked, cls[order], s[order], e[order], take, k, alive)
+        chosen += ranked[:take].tolist()
         score = torch.where(torch.isfinite(exact), exact, score)
     return chosen, pd, score
 
 
-def _refuse_underflow_tie(pd: PairwiseDistances, ranked: "torch.Tensor", cls: "torch.Tensor",
-                          score: "torch.Tensor", err: "torch.Tensor", take: int, k: int, what: str) -> None:
-    """Refuse when the cut after the first ``take`` of ``ranked`` falls inside a tie of
-    different rows that underflow made: a score below what float64 resolves next to the
-    underflow of its products (k·4d·2⁻¹⁰⁷⁴, times 2⁵³), with a non-zero bound (not a score
-    of exact copies). After :func:`~defenses._common.rescale_pow2` that happens only when
-    the rows span more range than one power of two can bring into float64 (e.g. rows of
-    1e-200 next to one of 1e100); the tie would fall to the content keys, which the
-    senders set."""
+def _with_keys(pd: PairwiseDistances) -> PairwiseDistances:
+    """``pd`` with the content keys of every row (computed once: iterative Krum asks at every step)."""
+    return pd if pd.keys is not None else replace(pd, keys=content_keys(pd.rows))
+
+
+def _underflow_tie(pd: PairwiseDistances, ranked: "torch.Tensor", cls: "torch.Tensor", score: "torch.Tensor",
+                   err: "torch.Tensor", take: int, k: int, alive: "torch.Tensor"
+                   ) -> tuple["torch.Tensor", PairwiseDistances]:
+    """``ranked`` with the tie class the cut after its first ``take`` rows falls inside put in
+    exact order, when underflow made that tie: different rows whose scores lie below what
+    float64 resolves next to the underflow of their products (k·4d·2⁻¹⁰⁷⁴, times 2⁵³), with a
+    non-zero bound (not scores of exact copies). After :func:`~defenses._common.rescale_pow2`
+    that happens only when the rows span more range than one power of two brings into float64
+    (rows of 0.01 next to one of 1e298, of 1e-170 next to one of 1e-20): the tie would fall to
+    the content keys, which the senders set, and before it was refused (one huge row denied
+    the round). The tied rows are scored again from distances each taken at its own scale
+    (:func:`_pair_scaled_scores`), ranked exactly; ties within those scores' own rounding go to
+    the content keys, then the position, as every exact tie does. ``ranked`` as it is
+    otherwise. Returns the ranking and the distances (with the pairs taken so, for later steps)."""
     import torch
 
     edge = cls[take - 1]
     if bool(cls[take] != edge):
-        return
+        return ranked, pd
     tied = cls == edge
     members = ranked[tied]
     if int(torch.unique(pd.group[members]).numel()) < 2:
-        return
+        return ranked, pd
     floor = (2.0 ** 53) * max(k, 1) * pd.floor
     blurred = (err[tied] > 0) & (score[tied] + err[tied] <= floor)
     if not bool(blurred.any()):
-        return
-    from ._common import finite_peak
+        return ranked, pd
+    pd, exact, bound = _pair_scaled_scores(pd, members, k, alive)
+    order = sorted(range(len(exact)), key=lambda i: exact[i])
+    classes = [0] * len(exact)
+    c = 0
+    for prev, cur in zip(order, order[1:]):  # sums of Fractions only (one beyond float64 cannot meet a float)
+        if exact[cur] != exact[prev] and exact[cur] > exact[prev] + bound[prev] + bound[cur]:
+            c += 1
+        classes[cur] = c
+    pd = _with_keys(pd)
+    keys = pd.keys.index_select(0, members.to(pd.keys.device)).tolist()
+    pos = sorted(range(len(exact)), key=lambda i: (classes[i], keys[i][0], keys[i][1], i))
+    out = ranked.clone()
+    out[tied.nonzero().flatten()] = members[torch.tensor(pos, dtype=torch.long, device=members.device)]
+    return out, pd
 
-    peak = math.ldexp(finite_peak(pd.rows, pd.finite), -pd.exponent)
-    top = math.ldexp(float((score[tied] + err[tied]).max()), -2 * pd.exponent)
-    raise InvalidParameter(
-        f"{what}: cannot rank updates {sorted(members.tolist())}: their squared distances underflow float64 "
-        f"(scores ≤ {top:.3g}, below what float64 resolves) while the largest entry is {peak:.3g}; the "
-        "updates span more range than one power-of-two rescaling brings into float64, and the tie would "
-        "fall to values the updates set. Rescale the updates (or drop the far ones) before aggregating")
+
+def _pair_scaled_scores(pd: PairwiseDistances, rows: "torch.Tensor", k: int, alive: "torch.Tensor"
+                        ) -> tuple[PairwiseDistances, list[Any], list[Any]]:
+    """The Krum score of each of ``rows`` (the sum of its ``k`` smallest squared distances to
+    other alive, finite rows) as an exact rational of float64 results, and a bound on its
+    rounding; +inf (bound 0) where fewer than k rows are finite. The distances are those of the
+    input rows pair by pair, each at its own scale (:func:`~defenses._distances.scaled_sq_distances`:
+    within (d + 3)·2⁻⁵³ of themselves whatever the other rows' scale), kept in ``pd.scaled`` so
+    that later steps of iterative Krum take each pair once. Returns the distances with them."""
+    from fractions import Fraction
+
+    import torch
+
+    from ._distances import scaled_sq_distances
+
+    x = pd.rows if pd.source is None else pd.source
+    rel = Fraction((x.shape[1] + 3) * 2.0 ** -53)
+    others = (alive & pd.finite).nonzero().flatten().tolist()
+    known = dict(pd.scaled or {})
+    want = sorted({(min(i, j), max(i, j)) for i in rows.tolist() for j in others if i != j} - known.keys())
+    if want:
+        pairs = torch.tensor(want, dtype=torch.long, device=x.device)
+        s, e = scaled_sq_distances(x, pairs[:, 0], pairs[:, 1])
+        for key, v, t in zip(want, s.tolist(), e.tolist()):
+            known[key] = Fraction(v) * Fraction(2) ** (2 * int(t))
+        pd = replace(pd, scaled=known)
+    scores: list[Any] = []
+    bounds: list[Any] = []
+    for i in rows.tolist():
+        dist = sorted(known[(min(i, j), max(i, j))] for j in others if j != i)
+        if len(dist) < k:
+            scores.append(math.inf)
+            bounds.append(Fraction(0))
+            continue
+        total = sum(dist[:k], Fraction(0))
+        scores.append(total)
+        bounds.append(total * rel)
+    return pd, scores, bounds
 
 
 def _credit(pd: PairwiseDistances, chosen: list[int], n: int, m: int, like: "torch.Tensor") -> "torch.Tensor":
@@ -252,7 +310,7 @@ class Krum(Aggregator):
         k = _neighbours(self, self.neighbours, n, f)
         pd = pairwise(updates)
         alive = torch.ones(n, dtype=torch.bool, device=pd.approx.device)
-        chosen, pd, scores = _lowest(pd, k, alive, 1, what="Krum")
+        chosen, pd, scores = _lowest(pd, k, alive, 1)
         reasons = _nonfinite_reasons(pd)
         if not chosen:  # no finite update at all
             zero = torch.zeros(updates.shape[1], dtype=updates.dtype, device=updates.device)
@@ -278,7 +336,7 @@ def _units(pd: PairwiseDistances) -> str:
     return f"; scores of the updates × 2^{pd.exponent}" if pd.exponent else ""
 
 
-def _iterative_krum(pd: PairwiseDistances, f: int, count: int, clamp: bool, what: str = "Krum") -> list[int]:
+def _iterative_krum(pd: PairwiseDistances, f: int, count: int, clamp: bool) -> list[int]:
     """Apply Krum ``count`` times, each time to the rows not yet chosen.
 
     On r remaining rows Krum uses r − f − 2 neighbours; with ``clamp`` this is raised
@@ -297,7 +355,7 @@ def _iterative_krum(pd: PairwiseDistances, f: int, count: int, clamp: bool, what
         if clamp:
             k = max(k, 1)
         k = min(k, r - 1)
-        pick, pd, _ = _lowest(pd, k, alive, 1, every_row=True, what=what)
+        pick, pd, _ = _lowest(pd, k, alive, 1, every_row=True)
         if not pick:
             break
         chosen.append(pick[0])
@@ -354,7 +412,7 @@ class MultiKrum(Aggregator):
                 raise param_error(self, "m", self.m, f"must be ≤ n (n = {n})")
             k = _neighbours(self, self.neighbours, n, f)
             alive = torch.ones(n, dtype=torch.bool, device=pd.approx.device)
-            chosen, pd, scores = _lowest(pd, k, alive, m, what="Multi-Krum")
+            chosen, pd, scores = _lowest(pd, k, alive, m)
             state: dict[str, Any] = {"f": f, "m": m, "neighbours": k, "scores": scores.tolist()}
         else:
             limit = n - 2 * f - 2
@@ -362,7 +420,7 @@ class MultiKrum(Aggregator):
             if m > limit:
                 raise param_error(self, "m", self.m,
                                   f"must be ≤ n − 2f − 2 = {limit} with variant = 'iterative' (n = {n}, f = {f})")
-            chosen = _iterative_krum(pd, f, m, clamp=False, what="Multi-Krum")
+            chosen = _iterative_krum(pd, f, m, clamp=False)
             state = {"f": f, "m": m}
         state["selected"] = list(chosen)
         if pd.exponent:
@@ -421,7 +479,7 @@ class Bulyan(Aggregator):
         theta = n - 2 * f
         beta = theta - 2 * f
         pd = pairwise(updates)
-        chosen = _iterative_krum(pd, f, theta, clamp=True, what="Bulyan")
+        chosen = _iterative_krum(pd, f, theta, clamp=True)
         reasons = _nonfinite_reasons(pd)
         if len(chosen) < beta:
             raise InvalidParameter(

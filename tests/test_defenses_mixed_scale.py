@@ -66,10 +66,11 @@ CASES = [
     (1e12, 0.01, torch.float64),
     (1e150, 0.01, torch.float64),
     (1e300, 0.01, torch.float64),  # one power of two for all: the honest distances underflow
+    (1e306, 0.01, torch.float64),  # the anchor's distances beyond float64
     (1e150, 1e-170, torch.float64),  # round two's tiny rows, next to a row of 1e-20
     (1e12, 0.01, torch.float32),
 ]
-IDS = ["1e12", "1e150", "1e300", "tiny-1e150", "float32-1e12"]
+IDS = ["1e12", "1e150", "1e300", "1e306", "tiny-1e150", "float32-1e12"]
 
 
 # ---------------------------------------------------------------- the references, by hand
@@ -148,6 +149,38 @@ def per_row(x: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------- the tests
 @pytest.mark.parametrize("times,scale,dtype", CASES, ids=IDS)
+def test_krum_picks_the_exact_winner_next_to_a_huge_row(times, scale, dtype):
+    x = mixed(times, scale, dtype)
+    n, f = x.shape[0], 2
+    want = krum_order(x, honest_distances(x), list(range(n)), n - f - 2)
+    dec = Krum(f=f)(x, ctx(x))  # refused before for 1e300 and tiny-1e150 ("underflow float64")
+    assert dec.state["selected"] == want[:1]
+    assert not bool(dec.accepted[PAYLOAD]) and not bool(dec.accepted[ANCHOR])
+
+
+@pytest.mark.parametrize("times,scale,dtype", CASES, ids=IDS)
+def test_multi_krum_keeps_the_exact_set_next_to_a_huge_row(times, scale, dtype):
+    x = mixed(times, scale, dtype)
+    n, f = x.shape[0], 2
+    want = krum_order(x, honest_distances(x), list(range(n)), n - f - 2)
+    dec = MultiKrum(f=f)(x, ctx(x))
+    assert sorted(dec.state["selected"]) == sorted(want[:n - f])
+    assert dec.accepted.tolist() == [i in want[:n - f] for i in range(n)]
+    assert PAYLOAD not in dec.state["selected"] and ANCHOR not in dec.state["selected"]
+    it = MultiKrum(f=f, variant="iterative")(x, ctx(x))
+    assert it.state["selected"] == iterative_krum(x, honest_distances(x), n, f, n - 2 * f - 2, clamp=False)
+
+
+@pytest.mark.parametrize("times,scale,dtype", CASES, ids=IDS)
+def test_bulyan_selects_the_exact_rows_next_to_a_huge_row(times, scale, dtype):
+    x = mixed(times, scale, dtype)
+    n, f = x.shape[0], 2
+    dec = Bulyan(f=f)(x, ctx(x))
+    assert dec.state["selected"] == iterative_krum(x, honest_distances(x), n, f, n - 2 * f, clamp=True)
+    assert not bool(dec.accepted[PAYLOAD]) and not bool(dec.accepted[ANCHOR])
+
+
+@pytest.mark.parametrize("times,scale,dtype", CASES, ids=IDS)
 def test_dnc_removes_the_exact_outliers_next_to_a_huge_row(times, scale, dtype):
     # before: every score but the anchor's in one 10⁻⁹ tie class, broken by the fingerprints,
     # and the payload (the lowest Σx) was kept although its exact score ranks 2nd of 25
@@ -172,3 +205,32 @@ def test_cosine_rules_decide_as_on_rows_at_their_own_scale(times, scale, dtype):
     got = FoolsGold()(y, ctx(y)).state["alpha"]
     assert got == pytest.approx(want, abs=1e-9)
     assert got[PAYLOAD:] == [0.0, 0.0, 0.0]
+
+
+def test_pair_scaled_distances_are_exact_across_the_whole_float64_range():
+    # rows from the subnormal range to the edge of overflow (a difference of ±1.7e308 overflows
+    # and is taken halved): every squared distance within (d + 3)·2⁻⁵³ of the exact rational
+    from fractions import Fraction
+
+    from defenses._distances import scaled_sq_distances
+
+    x = torch.tensor([[3e-320, -1e-321, 0.0, 5e-324], [1e-170, 2e-170, -3e-171, 0.0],
+                      [1.7e308, -1e300, 1.0, 0.0], [-1.7e308, 1e300, 0.0, 2.0], [0.01, -0.02, 0.03, 0.0]],
+                     dtype=torch.float64)
+    i, j = torch.triu_indices(5, 5, offset=1)
+    s, e = scaled_sq_distances(x, i, j)
+    for p, (a, b) in enumerate(zip(i.tolist(), j.tolist())):
+        exact = sum((Fraction(u) - Fraction(v)) ** 2 for u, v in zip(x[a].tolist(), x[b].tolist()))
+        got = Fraction(float(s[p])) * Fraction(2) ** (2 * int(e[p]))
+        assert abs(got - exact) <= exact * Fraction(7 * 2.0 ** -53), (a, b)
+
+
+def test_dnc_ranks_rows_whose_lengths_exceed_float64_like_their_scaled_copies():
+    # entries near float64's largest: the rows' lengths (and their tie tolerances) are beyond
+    # float64, kept as exact rationals (a float conversion raised OverflowError)
+    g = torch.Generator().manual_seed(7)
+    x = (torch.rand(11, 6, generator=g, dtype=torch.float64) * 2 - 1) * 1.7e308
+    for f in (1, 3, 5):
+        got = DnC(f=f)(x, ctx(x))
+        ref = DnC(f=f)(torch.ldexp(x, torch.tensor(-1000)), ctx(x))
+        assert got.accepted.tolist() == ref.accepted.tolist() and bool(torch.isfinite(got.aggregate).all())

@@ -6,7 +6,8 @@ range: every distance was 0, every score tied, and the tie went to a key the sen
 (FLAME, FoolsGold). Rows of ~1e170 overflow the same products. The rules now take their
 distances and cosines on the rows times an exact power of two: the decision on x·2ᵏ is
 the decision on x. Where no single power of two helps (rows spanning more range than
-float64), Krum-type rules refuse instead of letting the tie fall to the senders' values.
+float64), Krum-type rules score the rows an underflow tie holds again, pair by pair at each
+pair's own scale (issue 35 §5: they refused the round before).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from defenses.fltrust import FLTrust
 from defenses.geomed import GeometricMedian
 from defenses.krum import Bulyan, Krum, MultiKrum
 from defenses.mixing import NNM
-from redteam.errors import InvalidParameter
 from redteam.types import ServerContext
 
 ATTACKER = 8  # the last of 9 rows
@@ -160,18 +160,23 @@ def test_one_tiny_row_keeps_its_direction_next_to_normal_rows():
 
 
 @pytest.mark.parametrize("name", ["krum", "multi_krum", "bulyan"])
-def test_a_range_no_power_of_two_covers_is_refused(name):
+def test_a_range_no_power_of_two_covers_is_ranked_pair_by_pair(name):
     # honest rows of 1e-200 (spread 1e-202) and an attacker at -5e-200, next to three rows of
     # ~1e100: the largest entry leaves the rows in range, but every distance among the small
-    # rows underflows; the tie among them would go to the attacker's Σx
+    # rows underflows; the tie among them would go to the attacker's Σx. This was refused
+    # (a denial of the round by one far row, issue 35 §5); the tied rows are now scored from
+    # distances each at its own scale, and the selection is the one on the small rows times
+    # 2⁶⁶⁵ (≈ 1: an exact power of two) next to the same far rows
     small = cluster() * 1e-200
     big = torch.full((1, 6), 1e100, dtype=torch.float64)
-    rows = torch.cat([small, big, big * 1.5, big * -2.0])
+    far = torch.cat([big, big * 1.5, big * -2.0])
+    rows = torch.cat([small, far])
+    same = torch.cat([torch.ldexp(small, torch.tensor(665)), far])
     rule = {"krum": Krum(f=1, neighbours=3), "multi_krum": MultiKrum(f=1, neighbours=3, m=3),
             "bulyan": Bulyan(f=2)}[name]
-    with pytest.raises(InvalidParameter, match=r"underflow float64") as err:
-        rule(rows)
-    assert str(err.value).startswith({"krum": "Krum:", "multi_krum": "Multi-Krum:", "bulyan": "Bulyan:"}[name])
+    assert rule(rows).state["selected"] == rule(same).state["selected"]
+    if name != "bulyan":  # Bulyan's θ = 8 of 12 reach the attacker, in a mutual-nearest tie
+        assert ATTACKER not in rule(rows).state["selected"]
 
 
 def test_a_copy_perturbed_below_float64_is_a_tie_not_a_refusal():
