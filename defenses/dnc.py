@@ -148,7 +148,8 @@ def _projections(x: "torch.Tensor", v: "torch.Tensor") -> tuple[list[Fraction], 
 
     n = x.shape[0]
     ref = x.median(dim=0).values
-    peak = torch.maximum(x.abs().amax(dim=1), ref.abs().max()) if x.shape[1] else torch.zeros(n, dtype=x.dtype)
+    peak = (torch.maximum(x.abs().amax(dim=1), ref.abs().max()) if x.shape[1]
+            else torch.zeros(n, dtype=x.dtype, device=x.device))
     e = torch.where(peak > 0, -torch.frexp(peak).exponent.to(torch.int64), torch.zeros_like(peak, dtype=torch.int64))
     y = times_pow2(x, e) - times_pow2(ref.expand(n, -1), e)
     a, length = (y @ v).tolist(), torch.linalg.vector_norm(y, dim=1).tolist()
