@@ -741,7 +741,7 @@ def parse_scenario(
     _check_regime(data, kw, where)
     _check_protocol(kw.get("federation", FederationSpec()), kw.get("window", AttackWindow()), where)
     scenario = Scenario(**kw)
-    check_memory(scenario, limits if limits is not None else Limits.from_env(), file)
+    check_memory(scenario, limits if limits is not None else Limits.from_env(), file, plugins=check_plugins)
     return scenario
 
 

@@ -526,7 +526,7 @@ def _defense_parts(scenario: Any) -> list[tuple[str, Mapping[str, Any]]]:
     return out
 
 
-def memory_estimate(scenario: Any) -> list[tuple[str, Any, int, str]]:
+def memory_estimate(scenario: Any, *, plugins: bool = True) -> list[tuple[str, Any, int, str]]:
     """The main tensors a run of ``scenario`` (a parsed :class:`~redteam.scenario.Scenario`) will
     hold, from its settings alone (nothing is built): ``(setting, its value, bytes, what)`` per
     item, float32 parameters (4 bytes). A lower bound: the run needs these and more.
@@ -546,9 +546,14 @@ def memory_estimate(scenario: Any) -> list[tuple[str, Any, int, str]]:
       the peers' replicas of their stage and its gradient, 2 × peers_per_stage × P × 4;
     * ``validators`` = V (Gauntlet's consensus): the seats' reports and their pairwise
       comparison, V × K × 8 + V² × K.
+
+    ``plugins = False`` (a parse without plugin checks, as the pytest plugin's collection makes:
+    it imports no workload or defense, so no torch) leaves out the terms that need a plugin to say
+    its size: the model's parameters and the share of hops a pipeline check keeps. The full parse
+    before a run includes them.
     """
     fed = scenario.federation
-    params = _param_count(scenario.workload)
+    params = _param_count(scenario.workload) if plugins else None
     out: list[tuple[str, Any, int, str]] = []
     model = ""
     if params is not None:
@@ -580,7 +585,7 @@ def memory_estimate(scenario: Any) -> list[tuple[str, Any, int, str]]:
                     f"{layers} layers)"))
         kept = 0.0
         for check in pl.checks:
-            kept = max(kept, _audited_share(check))
+            kept = max(kept, _audited_share(check) if plugins else 0.0)
         if kept:
             out.append(("[pipeline].micro_batches", pl.micro_batches,
                         int(kept * pl.micro_batches * pl.stages * bt * w * 4),
@@ -614,10 +619,11 @@ def _audited_share(check: Any) -> float:
     return float(share) if isinstance(share, (int, float)) and 0 <= share <= 1 else 1.0
 
 
-def check_memory(scenario: Any, limits: Limits, file: str) -> None:
+def check_memory(scenario: Any, limits: Limits, file: str, *, plugins: bool = True) -> None:
     """Refuse, in one line naming the largest item's setting, a scenario whose
-    :func:`memory_estimate` exceeds ``limits.memory_budget`` (0: :func:`machine_memory`)."""
-    items = memory_estimate(scenario)
+    :func:`memory_estimate` exceeds ``limits.memory_budget`` (0: :func:`machine_memory`);
+    ``plugins`` as there."""
+    items = memory_estimate(scenario, plugins=plugins)
     total = sum(b for _, _, b, _ in items)
     budget = limits.memory_budget or machine_memory()
     if total <= budget:

@@ -117,7 +117,8 @@ def test_stratified_subset_is_fixed_and_balanced():
     assert np.bincount(y[a].numpy(), minlength=10).tolist() == [10] * 10
 
 
-PAPER_SCENARIOS = ["literature/karimireddy_mnist.toml", "literature/backfed_cifar10.toml",
+PAPER_SCENARIOS = ["literature/karimireddy_mnist.toml", "literature/karimireddy_exp3_mnist.toml",
+                   "literature/backfed_cifar10.toml",
                    "literature/backfed_cifar10_defenses.toml", "literature/backfed_emnist.toml",
                    "literature/flpoison_cifar10.toml"]
 
