@@ -23,12 +23,14 @@
 from __future__ import annotations
 
 import errno
+import math
 import os
 import re
 import sqlite3
 import stat
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from ..errors import RedteamError
 
@@ -188,3 +190,16 @@ def check_output_dir(path: str | Path, *, option: str, sqlite_file_ok: bool = Tr
     elif not os.access(p, os.W_OK | os.X_OK):
         raise OutputError(f"{where}: directory is not writable")
     return p
+
+
+def sanitize(o: Any) -> Any:
+    """JSON has no NaN or infinity: they become ``null``; unknown objects become strings."""
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {str(k): sanitize(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [sanitize(v) for v in o]
+    if o is None or isinstance(o, (bool, int, str)):
+        return o
+    return str(o)

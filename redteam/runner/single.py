@@ -44,10 +44,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from ..errors import InvalidParameter, InvalidScenario
-
 from ..scenario import PluginSpec, Scenario
 from ..scoring import summarize
 from ..types import RoundRecord
+from .outputs import sanitize
 
 __all__ = ["run_scenario", "write_json", "sanitize", "FORMAT", "model_destroyed_round"]
 
@@ -213,14 +213,3 @@ def write_json(doc: dict[str, Any], path: str | Path) -> Path:
     return atomic_write_text(path, json.dumps(sanitize(doc), indent=2, allow_nan=False) + "\n", option="--json")
 
 
-def sanitize(o: Any) -> Any:
-    """JSON has no NaN or infinity: they become ``null``; unknown objects become strings."""
-    if isinstance(o, float):
-        return o if math.isfinite(o) else None
-    if isinstance(o, dict):
-        return {str(k): sanitize(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [sanitize(v) for v in o]
-    if o is None or isinstance(o, (bool, int, str)):
-        return o
-    return str(o)

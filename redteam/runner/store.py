@@ -47,8 +47,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from ..errors import RedteamError
-from .outputs import DiskFull, disk_full_path, is_disk_full, terminal_safe
-from .single import sanitize
+from .outputs import DiskFull, disk_full_path, is_disk_full, sanitize, terminal_safe
 
 __all__ = ["ResultsStore", "PlanRow", "StoreError", "StoreView", "STORE_NAME", "read_store", "store_file",
            "connect_readonly", "json_or_none", "store_state", "disk_full_error", "warmup_digest"]

@@ -48,6 +48,7 @@ import torch
 from ..errors import InvalidParameter
 from ..types import param_error
 from .base import Dataset, Workload
+from .mnist import _ExampleCNN
 
 __all__ = ["CIFAR10", "CIFAR100", "MNISTFiles", "FashionMNIST", "FEMNIST", "Shakespeare"]
 
@@ -131,25 +132,6 @@ class _MLP(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.reshape(x.shape[0], -1)
         return self.out(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
-
-
-class _ExampleCNN(torch.nn.Module):
-    """The MNIST CNN of Karimireddy, He & Jaggi's code (``codes/tasks/mnist.py``, PyTorch's MNIST
-    example): conv 32 3×3 → ReLU → conv 64 3×3 → 2×2 max-pool (no ReLU between: as released) →
-    dense 128 → ReLU → dense 10; 1,199,882 parameters. Its two dropout layers are left out (the
-    batched trainer draws no dropout masks): a stated departure."""
-
-    def __init__(self, classes: int = 10) -> None:
-        super().__init__()
-        self.conv1 = torch.nn.Conv2d(1, 32, 3, 1)
-        self.conv2 = torch.nn.Conv2d(32, 64, 3, 1)
-        self.fc1 = torch.nn.Linear(9216, 128)
-        self.fc2 = torch.nn.Linear(128, classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.reshape(x.shape[0], 1, 28, 28)
-        x = torch.nn.functional.max_pool2d(self.conv2(torch.relu(self.conv1(x))), 2)
-        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
 
 
 def _image_model(model: str, *, classes: int, channels: int, size: int, norm: str | None, width: int | None,
