@@ -34,6 +34,8 @@ class Support:
     * ``acts_at``: where its defenses may act (``"aggregate"``: a merge party's rows; ``"transport"``,
       ``"admission"``; ``"pipeline"``: a pipeline's hops);
     * ``server_data``: a server holding a root sample (``uses_server_data`` rules);
+    * ``model_view``: the round hands the model to the plugins that read it (an attack's
+      ``needs_model``, a defense's ``inspects_models``);
     * ``replays_work``, ``commits``, ``validator_reports``: the round offers spot-check replay, a
       commit phase, validator seats;
     * ``warmup``: ``[scenario] warmup_rounds`` can be computed in this regime;
@@ -46,6 +48,7 @@ class Support:
     surfaces: frozenset[str]
     acts_at: frozenset[str] = frozenset({"aggregate"})
     server_data: bool = False
+    model_view: bool = False
     replays_work: bool = False
     commits: bool = False
     validator_reports: bool = False
@@ -66,7 +69,7 @@ DATA_PARALLEL = Support(
     frozenset({Surface.DATA, Surface.UPDATES, Surface.TRANSPORT, Surface.PROVENANCE, Surface.HIERARCHY,
                Surface.TRAINING}),
     acts_at=frozenset({"aggregate", "transport", "admission"}), server_data=True, replays_work=True, commits=True,
-    validator_reports=True)
+    validator_reports=True, model_view=True)
 
 GOSSIP = Support(
     "gossip", "gossip", frozenset({Surface.UPDATES, Surface.DATA, Surface.GOSSIP}), warmup=False,
@@ -78,6 +81,7 @@ GOSSIP = Support(
 
 ASYNC = Support(
     "async", "async", frozenset({Surface.UPDATES, Surface.DATA, Surface.TRAINING, Surface.ASYNC}), server_data=True,
+    model_view=True,
     fixed=(("federation.clients_per_round", None, "every client trains again as soon as it has sent"),
            ("federation.attacker_selection", "random", "every client trains again as soon as it has sent"),
            ("hierarchy.depth", 1, "one server merges"),
@@ -145,6 +149,10 @@ def check_plugins(support: Support, attack_name: str, attack: Any, defense: Any,
                 f"; it runs in {' or '.join(r.label for r in homes)}" if homes else "")
         raise InvalidParameter(f"attack {attack_name!r} acts on {', '.join(extra)}, which the {support.label} regime "
                                f"does not model (it takes {', '.join(sorted(support.surfaces))} attacks){need}")
+    homes_of_view = " or ".join(r.label for r in REGIMES if r.model_view)
+    if attack.needs_model and not support.model_view:
+        raise InvalidParameter(f"attack {attack_name!r} optimises against the model it is sent (needs_model), which "
+                               f"the {support.label} regime does not hand to an attack; it runs in {homes_of_view}")
     seats = int(attack.validator_seats or 0)
     for st in defense.parts():
         name = type(st).__name__
@@ -157,6 +165,10 @@ def check_plugins(support: Support, attack_name: str, attack: Any, defense: Any,
             raise InvalidParameter(f"[defense] {defense_label or name}: {name} needs server-held data (a root "
                                    f"dataset), and the {support.label} regime has no server holding any; use a rule "
                                    "without server data")
+        if st.inspects_models and not support.model_view:
+            raise InvalidParameter(f"[defense] {defense_label or name}: {name} inspects the clients' models "
+                                   f"(ctx.model), which the {support.label} regime does not offer; it runs in "
+                                   f"{homes_of_view}")
         if st.replays_work and not support.replays_work:
             raise InvalidParameter(f"[defense]: {name} replays peers' local training from the round's inputs, which "
                                    f"the {support.label} regime does not record; it runs in the server's synchronous "

@@ -44,6 +44,7 @@ __all__ = [
     "PipelineView",
     "AsyncContext",
     "AsyncSend",
+    "ModelView",
 ]
 
 
@@ -213,6 +214,12 @@ class TrainingHook:
     4. W ← ``project``(W, w_g) for the ``(f, d)`` rows W of all malicious clients (e.g. onto
        an L2 ball of radius r around w_g: w_g + (W − w_g)·min(1, r/‖W − w_g‖) per row).
 
+    ``poison_batch(x, y)`` rewrites the malicious rows' batches before step 1, every step:
+    ``x`` is ``(f, B, *input)`` and ``y`` ``(f, B)`` (the batches they drew from their own clean
+    data), and it returns the pair they train on (same shapes and dtypes): on-the-fly poisoning
+    with a trigger the attack re-optimises each round (A3FL, IBA), as the authors' attackers stamp
+    a share of every batch. It runs outside ``vmap`` (any torch code).
+
     ``batch`` (≤ the federation's batch size) computes step 1's gradient on the first ``batch``
     items of each drawn batch only (a lazy peer that does less work per step; the batches it
     draws, and so the honest stream, are unchanged).
@@ -227,6 +234,7 @@ class TrainingHook:
     grad_mask: "torch.Tensor | None" = None
     project: "Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None" = None
     extra_loss: "Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None" = None
+    poison_batch: "Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None" = None
     lr: float | None = None
     steps: int | None = None
     batch: int | None = None
@@ -243,13 +251,62 @@ class TrainingHook:
         if self.steps is not None and not (isinstance(self.steps, int) and not isinstance(self.steps, bool)
                                            and self.steps >= 1):
             raise param_error(self, "steps", self.steps, "must be an integer ≥ 1 or None")
-        for name in ("project", "extra_loss"):
+        for name in ("project", "extra_loss", "poison_batch"):
             fn = getattr(self, name)
             if fn is not None and not callable(fn):
                 raise param_error(self, name, fn, "must be callable or None")
         mask = self.grad_mask
         if mask is not None and getattr(mask, "ndim", None) not in (1, 2):
             raise param_error(self, "grad_mask", type(mask).__name__, "must be a (d,) or (f, d) tensor or None")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelView:
+    """The run's model as functions of a flat parameter row: what a white-box attacker that
+    optimises against the global model (an adaptive trigger, a contrastive encoder) and a
+    defense that inspects models (outputs on probe inputs, penultimate representations) read.
+
+    * ``forward(flat, x)``: the outputs (logits) of the model with parameters ``flat`` ``(d,)`` on
+      inputs ``x`` (a batch in the workload's input layout); differentiable in both;
+    * ``loss(out, y)``: the workload's training loss (mean over the batch);
+    * ``features(flat, x)``: the input of the model's last linear layer, flattened to
+      ``(N, k)`` (its penultimate representation; ``(N·T, k)`` for a token model);
+    * ``layers``: ``(name, start, stop, shape)`` of every parameter tensor in the flat order;
+    * ``head``: the names of the last linear layer's weight (and bias), the output layer;
+    * ``input_shape``: one input's shape; ``num_classes``: the label count (0: not a classifier).
+    """
+
+    forward: "Callable[[torch.Tensor, torch.Tensor], torch.Tensor]"
+    loss: "Callable[[torch.Tensor, torch.Tensor], torch.Tensor]"
+    features: "Callable[[torch.Tensor, torch.Tensor], torch.Tensor]"
+    layers: tuple[tuple[str, int, int, tuple[int, ...]], ...]
+    head: tuple[str, ...]
+    input_shape: tuple[int, ...]
+    num_classes: int = 0
+
+    @property
+    def dim(self) -> int:
+        return self.layers[-1][2] if self.layers else 0
+
+    def span(self, name: str) -> slice:
+        """The slice of the flat row that holds parameter ``name``."""
+        for n, a, b, _ in self.layers:
+            if n == name:
+                return slice(a, b)
+        raise KeyError(f"no parameter {name!r} in the model (has {', '.join(n for n, *_ in self.layers)})")
+
+    def head_span(self) -> slice:
+        """The slice of the flat row that holds the output layer (its weight, then its bias)."""
+        spans = [self.span(n) for n in self.head]
+        return slice(min(s.start for s in spans), max(s.stop for s in spans))
+
+    def accuracy(self, flat: "torch.Tensor", x: "torch.Tensor", y: "torch.Tensor") -> float:
+        """Top-1 accuracy of the model ``flat`` on ``(x, y)`` (a classifier's labels)."""
+        import torch
+
+        with torch.no_grad():
+            out = self.forward(flat, x)
+        return float((out.argmax(-1) == y).to(torch.float64).mean()) if y.numel() else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,6 +330,11 @@ class AttackContext:
     in the papers. ``attack_state`` is the attack's memory: a mutable dict owned by the
     engine, fresh for every run and the same object in every round of that run (e.g. the
     mimic victim's client id); the attack may read and write it, nothing else does.
+
+    ``model`` (a :class:`ModelView`) and ``own_data`` (the malicious clients' own clean training
+    sets, in the order of ``malicious``) are given only to attacks that declare
+    ``needs_model = True``: they optimise against the global model (a trigger, a generator, an
+    encoder), as the white-box attacker of those papers does with the model it was sent.
     """
 
     round: int
@@ -292,6 +354,8 @@ class AttackContext:
     server_optimizer: str = "fedavg"
     attack_state: dict[str, Any] = field(default_factory=dict)
     visible_clients: tuple[int, ...] = ()
+    model: "ModelView | None" = None
+    own_data: "tuple[ClientData, ...]" = ()
 
     @property
     def n_malicious(self) -> int:
@@ -352,6 +416,12 @@ class ServerContext:
     #: the honest validators' round scores ``(n,)``: ``(c, n)``, one row per colluding seat (c may
     #: be 0). ``None`` where no attacker holds a seat
     validator_reports: Callable[[tuple[int, ...], "torch.Tensor"], "torch.Tensor"] | None = None
+    #: the model as functions of a flat row (:class:`ModelView`): a defense that inspects the
+    #: clients' models (their outputs on probe inputs, their penultimate representations) builds
+    #: each as ``global_params + row``. ``None`` where the regime offers none
+    model: "ModelView | None" = None
+    #: the server's own root sample ``(x, y)`` (``uses_server_data`` rules); ``None`` when it holds none
+    root_data: "tuple[torch.Tensor, torch.Tensor] | None" = None
 
     @classmethod
     def default(cls, updates: "torch.Tensor", **overrides: Any) -> "ServerContext":
@@ -512,11 +582,18 @@ class Attack:
     #: a pipeline peer's accomplices vouch for it when they are drawn to recompute its hop (the
     #: attackers collude unless an attack says otherwise)
     colluding_verifiers: ClassVar[bool] = True
+    #: the attack's context carries the model (``AttackContext.model``) and the malicious clients'
+    #: own clean data (``AttackContext.own_data``)
+    needs_model: ClassVar[bool] = False
+    #: the trigger changes from round to round (it is optimised): ``targeted_test`` is asked again
+    #: before every evaluation, so the ASR is that of the trigger the attacker holds then
+    dynamic_trigger: ClassVar[bool] = False
 
     #: the capabilities above, by name (the plugin guide documents each)
     CAPABILITIES: ClassVar[tuple[str, ...]] = (
         "surfaces", "omniscient", "produces_nonfinite", "adaptive", "history_rounds", "validator_seats",
-        "capabilities", "skips_compute", "leaves_before_sync", "colluding_verifiers", "targeted_test", "clean_test",
+        "capabilities", "skips_compute", "leaves_before_sync", "colluding_verifiers", "needs_model",
+        "dynamic_trigger", "targeted_test", "clean_test",
         "near_miss_test", "targeted_parts", "report_scores")
 
     def __post_init__(self) -> None:
@@ -641,6 +718,8 @@ class Defense:
     acts_at: ClassVar[str] = "aggregate"
     #: reads the server's root data (``ctx.evaluate_loss``, ``ctx.root_update``)
     uses_server_data: ClassVar[bool] = False
+    #: reads the clients' models through ``ctx.model`` (a :class:`ModelView`)
+    inspects_models: ClassVar[bool] = False
     #: recomputes peers' local training (``ctx.replay_work``)
     replays_work: ClassVar[bool] = False
     #: needs the round's commit phase (``ctx.commits``)
@@ -663,7 +742,7 @@ class Defense:
 
     #: the capabilities above and the methods below, by name (the plugin guide documents each)
     CAPABILITIES: ClassVar[tuple[str, ...]] = (
-        "symmetric", "unanimity", "acts_at", "uses_server_data", "replays_work", "commit_reveal", "validators",
+        "symmetric", "unanimity", "acts_at", "uses_server_data", "inspects_models", "replays_work", "commit_reveal", "validators",
         "kind", "stages", "from_malicious_count", "decide_batch", "chunk_entries", "sort_by_degree", "batch_ready", "value_from_malicious_count",
         "check_capacity", "degradation")
 

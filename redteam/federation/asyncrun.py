@@ -277,7 +277,8 @@ class AsyncRun:
             ctx = server_context(fed.torch_rng["defense"], rnd=rnd, weights=w, global_params=params, previous_update=prev_update,
                                  state=defense_state, client_ids=clients,
                                  evaluate_loss=stages._evaluate_loss(fed, params),
-                                 root_update=stages._root_update(fed, params),
+                                 root_update=stages._root_update(fed, params), model=stages.model_view(fed),
+                                 root_data=(fed.root.x, fed.root.y) if fed.root is not None else None,
                                  evaluate_loss_assigned=stages._evaluate_assigned(fed, params))
             extra: dict[str, Any] = {}
             refused: list[dict[str, Any]] = []

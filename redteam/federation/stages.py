@@ -35,8 +35,9 @@ import torch
 
 from ..errors import RedteamError
 from ..merge import DefenseMemory, assign_groups, hierarchical_merge
-from ..types import AttackContext, ServerContext, Surface, TrainingHook
+from ..types import AttackContext, ModelView, ServerContext, Surface, TrainingHook
 from .rounds import server_context
+from .setup import Probes
 from .state import apply_momentum
 from .wire import Chunked, chunk, encode, transport
 
@@ -102,7 +103,18 @@ def attack_context(fed: "Federation", rin: RoundInputs, own: torch.Tensor, visib
         defense=fed.defense if fed.attack.adaptive else None,
         attack_state=fed.states.attack,
         visible_clients=visible_clients,
+        model=model_view(fed) if fed.attack.needs_model else None,
+        own_data=tuple(rin.data.client(int(part[k])) for k in mal_pos) if fed.attack.needs_model else (),
     )
+
+
+def model_view(fed: Any) -> ModelView:
+    """The run's :class:`~redteam.types.ModelView` (built once per run, on its trainer)."""
+    view = getattr(fed, "_model_view", None)
+    if view is None:
+        view = fed.trainer.view(fed.num_classes, tuple(fed.test_x.shape[1:]))
+        fed._model_view = view
+    return view
 
 
 def training_hook(fed: "Federation", rin: RoundInputs) -> tuple[TrainingHook | None, list[int]]:
@@ -356,6 +368,8 @@ def defend(fed: "Federation", rin: RoundInputs, rec: Received, tx: Any, memory: 
     commits = _commits(fed, rin, rec, row_clients, upd, actx, extra) if _wants_commits(fed) else None
     replay_work = _replay_work(fed, params, trained)
     validator_reports = _validator_reports(fed, rnd, actx)
+    view = model_view(fed)
+    root_data = (fed.root.x, fed.root.y) if fed.root is not None else None
 
     def make_ctx(wts: torch.Tensor, rows_: list[int], key: str) -> ServerContext:
         # a bottom node's inputs are its clients; an upper node's are its children
@@ -366,7 +380,7 @@ def defend(fed: "Federation", rin: RoundInputs, rec: Received, tx: Any, memory: 
             fed.torch_rng["defense"], rnd=rnd, weights=wts, global_params=params, previous_update=prev_update,
             state=memory.start(key, members), client_ids=members, evaluate_loss=evaluate_loss,
             root_update=root_update, evaluate_loss_assigned=evaluate_assigned, commits=commits,
-            replay_work=replay_work, validator_reports=validator_reports)
+            replay_work=replay_work, validator_reports=validator_reports, model=view, root_data=root_data)
 
     ctx_h = actx if Surface.HIERARCHY in fed.attack.surfaces else None
 
@@ -600,4 +614,6 @@ def evaluate(fed: "Federation", params: torch.Tensor) -> tuple[float, float, dic
     """Clean accuracy and loss on the test split; what a targeted attack is scored on
     (:meth:`~.setup.Probes.evaluate`: ASR, false-trigger and near-miss rates, per-trigger ASR)."""
     acc, loss = fed.trainer.evaluate(params, fed.test_x, fed.test_y)
+    if fed.attack.dynamic_trigger:  # the trigger the attacker holds now (it re-optimises it)
+        fed.probes = Probes.of((fed.attack,), fed.test_x, fed.test_y, fed.device)
     return acc, loss, fed.probes.evaluate(fed.trainer, params)

@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch.func import functional_call, grad, vmap
 
-from ..types import ClientData, TrainingHook
+from ..types import ClientData, ModelView, TrainingHook
 from .params import ParamSpec
 
 if TYPE_CHECKING:
@@ -217,6 +217,39 @@ class BatchedTrainer:
         self._grad_one: Callable[..., torch.Tensor] = grad(loss)
         self._vmapped: Callable[..., torch.Tensor] = vmap(self._grad_one)
         self._rows = int(getattr(workload, "cpu_grad_rows", 0) or 0)  # a bare workload (tests) declares none
+
+    def view(self, num_classes: int, input_shape: tuple[int, ...]) -> ModelView:
+        """The model as functions of a flat row (:class:`~redteam.types.ModelView`), for attacks
+        that declare ``needs_model`` and defenses that inspect models."""
+        model, spec = self.model, self.spec
+        linears = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+        if linears:
+            head_name, head = linears[-1]
+            prefix = head_name + "." if head_name else ""
+            head_params = tuple(prefix + n for n, _ in head.named_parameters(recurse=False))
+        else:
+            head, head_params = None, ()
+
+        def forward(flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            return functional_call(model, spec.unflatten(flat), (x,))
+
+        def features(flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            if head is None:
+                raise ValueError("ModelView.features: the model has no linear output layer")
+            seen: list[torch.Tensor] = []
+            handle = head.register_forward_pre_hook(lambda _m, inp: seen.append(inp[0]))
+            try:
+                functional_call(model, spec.unflatten(flat), (x,))
+            finally:
+                handle.remove()
+            return seen[-1].reshape(-1, seen[-1].shape[-1])
+
+        bounds, at = [], 0
+        for name, numel, shape in zip(spec.names, spec.numels, spec.shapes):
+            bounds.append((name, at, at + numel, tuple(shape)))
+            at += numel
+        return ModelView(forward=forward, loss=self.workload.loss, features=features, layers=tuple(bounds),
+                         head=head_params, input_shape=tuple(input_shape), num_classes=int(num_classes))
 
     def path(self, device: torch.device | str) -> str:
         """The gradient path (``"vmap"`` or ``"loop"``) this trainer takes for rows on ``device``."""
@@ -462,10 +495,18 @@ class _Hooked:
                  global_params: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
         hook, r = self.hook, self.rows
         part = hook.batch is not None and hook.batch < int(xb.shape[1])
-        if hook.extra_loss is None and hook.grad_mask is None and not part:
+        if hook.extra_loss is None and hook.grad_mask is None and not part and hook.poison_batch is None:
             return g
         g = g.clone()
         xr, yr = (xb[r][:, :hook.batch], yb[r][:, :hook.batch]) if part else (xb[r], yb[r])
+        if hook.poison_batch is not None:
+            px, py = hook.poison_batch(xr, yr)
+            if px.shape != xr.shape or py.shape != yr.shape or px.dtype != xr.dtype or py.dtype != yr.dtype:
+                raise ValueError(f"TrainingHook.poison_batch returned {tuple(px.shape)} {px.dtype} / "
+                                 f"{tuple(py.shape)} {py.dtype}, expected {tuple(xr.shape)} {xr.dtype} / "
+                                 f"{tuple(yr.shape)} {yr.dtype}")
+            xr, yr = px.detach(), py.detach()
+            part = True  # the rows' gradient is recomputed on what they train on
         if hook.extra_loss is not None:
             if self._extra_grads is None:
                 base, extra = trainer._loss, hook.extra_loss
