@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from redteam.types import AttackContext, ChunkDelivery, ClientData, GossipContext, ServerContext
+from redteam.types import AttackContext, ChunkDelivery, ClientData, GossipContext, ModelView, ServerContext
 
 if TYPE_CHECKING:
     import torch
@@ -50,6 +50,7 @@ __all__ = [
     "make_server_context",
     "make_attack_context",
     "make_client_data",
+    "toy_model_view",
     "make_deliveries",
     "make_provenance",
     "participant_ids",
@@ -230,6 +231,51 @@ def _consensus(updates: "torch.Tensor") -> "torch.Tensor":
     return updates[ok].median(dim=0).values
 
 
+#: the toy model view's inputs: one-channel 4×4 images (:func:`toy_model_view`)
+TOY_IMAGE: tuple[int, ...] = (1, 4, 4)
+
+
+def toy_model_view(d: int, num_classes: int = 10) -> ModelView:
+    """A :class:`~redteam.types.ModelView` over flat rows of any length ``d``, for contract checks:
+    a linear classifier of ``TOY_IMAGE`` images whose ``17·num_classes`` weights are read from the
+    row cyclically (entry k is ``flat[k mod d]``), so every coordinate moves the output and any
+    ``d`` works. ``features`` is the flattened image (the classifier's input); the one layer
+    ``"w"`` spans the row and is the output layer."""
+    import torch
+
+    k = 16
+    c = max(int(num_classes), 2)
+
+    def weights(flat: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
+        idx = torch.arange((k + 1) * c, device=flat.device) % int(flat.shape[-1])
+        p = flat[..., idx]
+        return p[..., : k * c].reshape(*flat.shape[:-1], k, c), p[..., k * c:]
+
+    def forward(flat: "torch.Tensor", x: "torch.Tensor") -> "torch.Tensor":
+        w, b = weights(flat)
+        return x.reshape(x.shape[0], k).to(w.dtype) @ w + b
+
+    def features(flat: "torch.Tensor", x: "torch.Tensor") -> "torch.Tensor":
+        return x.reshape(x.shape[0], k).to(flat.dtype)
+
+    def loss(out: "torch.Tensor", y: "torch.Tensor") -> "torch.Tensor":
+        return torch.nn.functional.cross_entropy(out, y)
+
+    return ModelView(forward=forward, loss=loss, features=features, layers=(("w", 0, int(d), (int(d),)),),
+                     head=("w",), input_shape=TOY_IMAGE, num_classes=c)
+
+
+def toy_images(seed: int, n: int, num_classes: int = 10, *, dtype: "torch.dtype | str | None" = None,
+               device: "torch.device | str" = "cpu") -> ClientData:
+    """``n`` random :data:`TOY_IMAGE` images in [0, 1) with labels in [0, num_classes)."""
+    import torch
+
+    g = generator(seed * 7 + 5)
+    x = torch.rand((n, *TOY_IMAGE), generator=g, dtype=torch.float64).to(dtype=_dtype(dtype), device=device)
+    y = torch.randint(0, max(int(num_classes), 2), (n,), generator=g).to(device)
+    return ClientData(x, y)
+
+
 def make_server_context(
     updates: "torch.Tensor",
     seed: int = 0,
@@ -293,6 +339,8 @@ def make_server_context(
         client_ids=ids,
         replay_work=replay,
         evaluate_loss_assigned=assigned,
+        model=toy_model_view(d),
+        root_data=(lambda r: (r.x, r.y))(toy_images(seed, 16, dtype=dt, device=dev)) if server_data else None,
     )
 
 
@@ -313,6 +361,7 @@ def make_attack_context(
     num_classes: int = 10,
     round: int = 0,
     defense: Any = None,
+    model: bool = False,
 ) -> AttackContext:
     """An :class:`AttackContext` for one round with ``n`` participants, ``f`` of them malicious.
 
@@ -321,7 +370,9 @@ def make_attack_context(
     malicious clients' honest updates, ``visible_updates`` is every honest row when
     ``omniscient`` and otherwise the very same tensor as ``own_updates``. With ``churn``
     the client ids come from a larger population, so ``malicious`` (ids) and
-    ``malicious_rows`` (positions) differ. ``weights`` are random sample counts.
+    ``malicious_rows`` (positions) differ. ``weights`` are random sample counts. With ``model``
+    the context carries a :func:`toy_model_view` of the rows and 16 :func:`toy_images` per
+    malicious client as ``own_data`` (what a ``needs_model`` attack reads).
     """
     import torch
 
@@ -351,6 +402,9 @@ def make_attack_context(
         server_lr=server_lr,
         defense=defense,
         malicious_rows=tuple(rows),
+        model=toy_model_view(d, num_classes) if model else None,
+        own_data=tuple(toy_images(seed * 31 + i, 16, num_classes, dtype=full.dtype, device=full.device)
+                       for i in range(f)) if model else (),
     )
 
 
@@ -500,11 +554,11 @@ class AttackCase:
     samples: int = 16
 
     def context(self, *, device: "torch.device | str" = "cpu", omniscient: bool = False,
-                defense: Any = None, num_classes: int = 10) -> AttackContext:
+                defense: Any = None, num_classes: int = 10, model: bool = False) -> AttackContext:
         return make_attack_context(
             self.seed, self.n, self.f, self.d, dtype=self.dtype, device=device, kind=self.kind,
             scale=self.scale, omniscient=omniscient, previous=self.previous, churn=self.churn,
-            server_lr=self.server_lr, num_classes=num_classes, defense=defense,
+            server_lr=self.server_lr, num_classes=num_classes, defense=defense, model=model,
         )
 
     def data(self, *, device: "torch.device | str" = "cpu", sample_shape: tuple[int, ...] = (64,),

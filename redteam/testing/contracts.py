@@ -213,6 +213,7 @@ def check_attack(
     hooks = [h for h, s in A.HOOKS if h == "craft_updates" or A.overrides(plugin, h) or s in surfaces]
     omni = bool(getattr(plugin, "omniscient", False)) if omniscient is None else bool(omniscient)
     adaptive = bool(getattr(plugin, "adaptive", False))
+    needs_model = bool(getattr(plugin, "needs_model", False))
     dfn = None
     if adaptive:
         dfn = _default_defense() if defense is None else (DEFENSES.create(defense) if isinstance(defense, str)
@@ -220,8 +221,8 @@ def check_attack(
     tally = K.Tally()
 
     def body(case: AttackCase) -> None:
-        where = f"{case!r} (rebuild: .context(omniscient={omni}), .data())"
-        c = case.context(device=device, omniscient=omni, defense=dfn, num_classes=num_classes)
+        where = f"{case!r} (rebuild: .context(omniscient={omni}, model={needs_model}), .data())"
+        c = case.context(device=device, omniscient=omni, defense=dfn, num_classes=num_classes, model=needs_model)
         if "craft_updates" in hooks:
             A.check_updates(plugin, label, c, where, tally)
         if "poison_data" in hooks:
