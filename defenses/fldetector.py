@@ -29,11 +29,23 @@ client's score enters the detection once it holds N distances: the released code
 only once it has 10 rounds of distances (``malicious_score.shape[0] >= 11``, a zero row
 included) and sums the last 10, so the first test reads full windows, not one round's
 distances (the paper's warm-up; ``Decision.state["decided"]`` lists the ids whose
-full-window scores entered the test). The gap statistic compares k = 1 with
+full-window scores entered the test). ``score_window = "available"`` instead tests each client on
+the mean of the up to N distances it holds (with every client in every round the two agree from the
+N-th round with distances on; they differ before it, and under partial participation, where a client
+that missed rounds has fewer). Checked against the release at 18bdb0f: ``train_cifar.py`` and
+``train_femnist.py`` stack one row of normalised distances per round on a zero row and test the sum
+of the last 10 rows once there are 11 (the sum is N times our mean: the same split and the same
+gap); ``train_mnist.py`` records the distances (from ``e > 50``) and tests nothing in its loop
+(they are written to ``score1.csv``). ``start_after`` delays the first distance as the release does
+(``e > 20`` CIFAR-10, ``e > 50`` MNIST / FEMNIST; default 0). The gap statistic compares k = 1 with
 k = 2 only (its choice of k̂ > 1 depends on nothing else), with
 ``gap_references`` uniform reference sets over [min s, max s] drawn from
 ``ctx.generator``; k-means in one dimension is solved exactly (the best split of the
-sorted scores). After detection the accepted updates are averaged FedAvg-style
+sorted scores; the release calls scikit-learn's ``KMeans``, whose restarts find the same split on
+one-dimensional scores). The reference sets' dispersions are averaged as Tibshirani et al. define
+the gap (``gap_reference = "mean_of_logs"``, the mean of log W*); the release's ``detection1``
+takes the log of the mean of W* (``"log_of_mean"``; its range normalisation to [0, 1] changes
+neither). After detection the accepted updates are averaged FedAvg-style
 (sample-weighted), the paper's base rule; FLDetector is a filter, so
 ``Pipeline((FLDetector(), Median()))`` uses another aggregation rule.
 
@@ -87,7 +99,10 @@ from ._stats import convex_mean
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["FLDetector", "lbfgs_hvp", "gap_says_clusters", "two_means_split"]
+__all__ = ["FLDetector", "lbfgs_hvp", "gap_says_clusters", "two_means_split", "GAP_REFERENCES", "SCORE_WINDOWS"]
+
+#: which clients' scores enter the test (``FLDetector.score_window``)
+SCORE_WINDOWS = ("full", "available")
 
 _BLOCK = 1 << 12  # columns per block of the residual norms (temporaries stay in cache)
 
@@ -151,12 +166,19 @@ def two_means_split(scores: "torch.Tensor") -> "torch.Tensor":
     return upper
 
 
-def gap_says_clusters(scores: "torch.Tensor", references: int, generator: "torch.Generator") -> tuple[bool, dict]:
+#: how the gap statistic averages the reference sets' dispersions (``FLDetector.gap_reference``)
+GAP_REFERENCES = ("mean_of_logs", "log_of_mean")
+
+
+def gap_says_clusters(scores: "torch.Tensor", references: int, generator: "torch.Generator",
+                      reference: str = "mean_of_logs") -> tuple[bool, dict]:
     """Gap statistic, k = 1 against k = 2: True when k̂ > 1, i.e. Gap(1) < Gap(2) − s₂.
 
-    Gap(k) = mean_b log W*_kb − log W_k with W_k the within-cluster sum of squares of
-    the optimal k-means, W*_kb that of the b-th uniform reference set over the data's
-    range, s_k = sd_b(log W*_kb)·√(1 + 1/B)."""
+    Gap(k) = mean_b log W*_kb − log W_k (``reference = "mean_of_logs"``, Tibshirani, Walther &
+    Hastie 2001, eq. 3) or log(mean_b W*_kb) − log W_k (``"log_of_mean"``, the FLDetector
+    release's ``detection1``), with W_k the within-cluster sum of squares of the optimal
+    k-means, W*_kb that of the b-th uniform reference set over the data's range, and in both
+    s_k = sd_b(log W*_kb)·√(1 + 1/B)."""
     import torch
 
     x = scores.to(torch.float64).cpu()
@@ -170,8 +192,12 @@ def gap_says_clusters(scores: "torch.Tensor", references: int, generator: "torch
     r1, rcosts = _split_costs(torch.sort(ref, dim=1).values)
     log_w1, log_w2 = math.log(float(w1[0])), math.log(max(float(costs.min()), 1e-300))
     lr1, lr2 = r1.clamp_min(1e-300).log(), rcosts.min(dim=1).values.clamp_min(1e-300).log()
-    gap1 = float(lr1.mean()) - log_w1
-    gap2 = float(lr2.mean()) - log_w2
+    if reference == "log_of_mean":
+        gap1 = math.log(max(float(r1.mean()), 1e-300)) - log_w1
+        gap2 = math.log(max(float(rcosts.min(dim=1).values.mean()), 1e-300)) - log_w2
+    else:
+        gap1 = float(lr1.mean()) - log_w1
+        gap2 = float(lr2.mean()) - log_w2
     s2 = float(lr2.std(unbiased=False)) * math.sqrt(1.0 + 1.0 / references)
     return gap1 < gap2 - s2, {"gap1": gap1, "gap2": gap2, "s2": s2}
 
@@ -227,13 +253,28 @@ class FLDetector(Filter):
     * ``persistent``: a flagged client stays rejected in later rounds (default True);
     * ``detect_once``: stop detecting after the first round that flags anyone (default
       True, the authors' procedure); ``False`` detects every round and its bans compound
-      (module docstring: a warning).
+      (module docstring: a warning);
+    * ``score_window``: ``"full"`` (default) — a client's score (the mean of its last N
+      normalised distances) enters the test only once it holds N distances, as the release tests
+      only on 10 full rows (``train_cifar.py`` / ``train_femnist.py``: ``malicious_score.shape[0]
+      >= 11`` with a zero first row, every client scored every round); ``"available"`` — the mean of
+      the up to N distances a client has, from its first (a client that took part in fewer rounds,
+      under partial participation, is tested on fewer);
+    * ``gap_reference``: ``"mean_of_logs"`` (default, Tibshirani et al.'s gap statistic, which the
+      paper cites) or ``"log_of_mean"`` (the release's ``detection1``), see
+      :func:`gap_says_clusters`;
+    * ``start_after``: distances are recorded only in rounds > ``start_after`` (default 0: from the
+      first round with an L-BFGS pair); the release records from ``e > 20`` (CIFAR-10,
+      ``train_cifar.py``) or ``e > 50`` (FEMNIST, MNIST), after its model has settled.
     """
 
     window: int = 10
     gap_references: int = 10
     persistent: bool = True
     detect_once: bool = True
+    score_window: str = "full"
+    gap_reference: str = "mean_of_logs"
+    start_after: int = 0
     summary: ClassVar[str] = "FLDetector: L-BFGS-predicted updates, suspicious scores, gap statistic + 2-means"
     reference: ClassVar[str] = "Zhang, Cao, Jia & Gong, KDD 2022"
 
@@ -242,6 +283,17 @@ class FLDetector(Filter):
 
     def validate_gap_references(self, v: int) -> None:
         check_count(self, "gap_references", v, allow_none=False, minimum=2)
+
+    def validate_score_window(self, v: str) -> None:
+        if v not in SCORE_WINDOWS:
+            raise InvalidParameter(f"FLDetector.score_window = {v!r}: must be one of {', '.join(SCORE_WINDOWS)}")
+
+    def validate_gap_reference(self, v: str) -> None:
+        if v not in GAP_REFERENCES:
+            raise InvalidParameter(f"FLDetector.gap_reference = {v!r}: must be one of {', '.join(GAP_REFERENCES)}")
+
+    def validate_start_after(self, v: int) -> None:
+        check_count(self, "start_after", v, allow_none=False, minimum=0)
 
     def filter(self, updates: "torch.Tensor", ctx: ServerContext) -> FilterResult:
         import torch
@@ -284,7 +336,8 @@ class FLDetector(Filter):
         detected = st.get("detected_round")
         stopped = self.detect_once and detected is not None
         scored = [i for i in range(n) if bool(ok[i]) and not bool(banned[i]) and ids[i] in where]
-        ready = not stopped and v is not None and s_hist.shape[0] >= 1 and len(scored) > 0
+        ready = (not stopped and v is not None and s_hist.shape[0] >= 1 and len(scored) > 0
+                 and int(ctx.round) > self.start_after)
         info: dict[str, Any] = {"pairs": int(s_hist.shape[0]), "scored": [ids[i] for i in scored] if ready else []}
         newly = torch.zeros(n, dtype=torch.bool, device=updates.device)
         if ready:
@@ -296,11 +349,13 @@ class FLDetector(Filter):
             norm = raw / total if total > 0 and math.isfinite(total) else torch.zeros_like(raw)
             for j, i in enumerate(scored):
                 dists[ids[i]] = (dists.get(ids[i], []) + [float(norm[j])])[-self.window:]
-            full = [i for i in scored if len(dists[ids[i]]) >= self.window]  # a full window of N distances
+            # a full window of N distances, or (score_window = "available") whatever the client has
+            need = self.window if self.score_window == "full" else 1
+            full = [i for i in scored if len(dists[ids[i]]) >= need]
             info["decided"] = [ids[i] for i in full]
             if full:
                 score = torch.tensor([sum(dists[ids[i]]) / len(dists[ids[i]]) for i in full], dtype=torch.float64)
-                many, gap = gap_says_clusters(score, self.gap_references, generator_of(ctx))
+                many, gap = gap_says_clusters(score, self.gap_references, generator_of(ctx), self.gap_reference)
                 info.update(gap, scores=score.tolist(), clusters=2 if many else 1)
                 if many:
                     upper = two_means_split(score)
