@@ -46,10 +46,14 @@ Sources and where they differ (``features`` chooses; the default is the paper's)
   (``weighted = True``, default); BackFed averages them with equal weights
   (``weighted = False``).
 
-Rounding: cosines that differ by less than their own rounding bound ((d + 4)·2⁻⁵², d the
-dimension) count as equal (paper features) and a cosine within that bound of 1 as an
-angle of 0 (pairwise): whitening divides each feature by its spread, and would otherwise
-turn rounding noise among parallel updates into scores of order 1.
+Precision: every feature is computed from the updates, not from the rounded local models
+(a small update on a large model changes the model below its printed digits; the code's
+float32 models lose it): cosines through 1 − cos from the component of Δᵢ off w₀ (or off
+the other update), lengths and their differences from ⟨w₀, Δᵢ⟩ and ‖Δᵢ‖². Cosines that
+differ by less than their own rounding bound ((d + 4)·2⁻⁵² relative to the terms they
+come from, d the dimension) count as equal: whitening divides each feature by its
+spread, and would otherwise turn rounding noise among parallel updates into scores of
+order 1.
 Ties: scores equal up to rounding (10⁻⁹ relative) are broken by the rows' content
 (fingerprints Σⱼxⱼ, Σⱼ j·xⱼ), never by their position; bit-identical copies of a kept
 update are kept with it (they are one point, and which copy the cut took would otherwise
@@ -94,30 +98,44 @@ def cosine_rounding(d: int) -> float:
 
 
 def paper_features(rows: "torch.Tensor", glob: "torch.Tensor") -> "torch.Tensor":
-    """``(n, 3)`` float64: xᵢ = Σⱼ |fᵢ − fⱼ| with fᵢ = (‖Δᵢ‖₁, ‖Δᵢ‖₂, cos(w₀, w₀ + Δᵢ))."""
+    """``(n, 3)`` float64: xᵢ = Σⱼ |fᵢ − fⱼ| with fᵢ = (‖Δᵢ‖₁, ‖Δᵢ‖₂, cos(w₀, w₀ + Δᵢ)).
+
+    The cosines are compared through 1 − cos, taken from the updates: with g = ‖w₀‖²,
+    cᵢ = ⟨w₀, Δᵢ⟩ and oᵢ = ‖Δᵢ‖², sin² = (oᵢ − cᵢ²/g)/‖wᵢ‖² and 1 − cos = sin²/(1 + cos)
+    (1 − cos directly when cos ≤ 0): small updates on a large model keep their differences.
+    Two cosines closer than their rounding bound (:func:`cosine_rounding` times each
+    one's terms) count as equal."""
     import torch
 
     n, d = rows.shape
     l1 = torch.zeros(n, dtype=torch.float64, device=rows.device)
-    l2 = torch.zeros_like(l1)
-    dot = torch.zeros_like(l1)  # ⟨w₀, wᵢ⟩
-    ww = torch.zeros_like(l1)  # ‖wᵢ‖²
+    own = torch.zeros_like(l1)  # ‖Δᵢ‖²
+    dot = torch.zeros_like(l1)  # ⟨w₀, Δᵢ⟩
     g2 = 0.0
     for start in range(0, d, _CHUNK):
         block = rows[:, start:start + _CHUNK].to(torch.float64)
         gb = glob[start:start + _CHUNK].to(device=rows.device, dtype=torch.float64)
         l1 += block.abs().sum(dim=1)
-        l2 += (block * block).sum(dim=1)
-        w = block + gb[None, :]
-        dot += w @ gb
-        ww += (w * w).sum(dim=1)
+        own += (block * block).sum(dim=1)
+        dot += block @ gb
         g2 += float(gb @ gb)
-    denom = ww.clamp_min(0.0).sqrt() * math.sqrt(g2)
-    cos = torch.where(denom > 0, dot / denom.clamp_min(1e-300), torch.zeros_like(dot)).clamp(-1.0, 1.0)
-    f = torch.stack([l1, l2.sqrt(), cos], dim=1)
+    e = cosine_rounding(d)
+    ww = (g2 + 2.0 * dot + own).clamp_min(0.0)  # ‖wᵢ‖²
+    if g2 > 0:
+        cos = torch.where(ww > 0, (g2 + dot) / (ww.sqrt() * math.sqrt(g2)).clamp_min(1e-300),
+                          torch.zeros_like(dot)).clamp(-1.0, 1.0)
+        perp = own - dot * dot / g2  # ‖Δᵢ‖² − ⟨w₀, Δᵢ⟩²/‖w₀‖²: the part of Δᵢ off w₀
+        sin2 = torch.where(ww > 0, perp.clamp_min(0.0) / ww.clamp_min(1e-300), torch.ones_like(ww))
+        pos = cos > 0
+        omc = torch.where(pos, sin2 / (1.0 + cos), 1.0 - cos)
+        noise = torch.where(pos, e * (own + dot * dot / g2) / ww.clamp_min(1e-300) + e * omc, torch.full_like(cos, e))
+    else:  # w₀ = 0: cos(0, ·) = 0 for everyone
+        omc = torch.ones_like(dot)
+        noise = torch.zeros_like(dot)
+    f = torch.stack([l1, own.sqrt(), omc], dim=1)
     dev = (f[:, None, :] - f[None, :, :]).abs()
-    # cosines that differ by no more than their rounding (cosine_rounding) are equal angles
-    dev[..., 2] = torch.where(dev[..., 2] <= 2.0 * cosine_rounding(d), torch.zeros_like(dev[..., 2]), dev[..., 2])
+    cdev = dev[..., 2]
+    dev[..., 2] = torch.where(cdev <= noise[:, None] + noise[None, :], torch.zeros_like(cdev), cdev)
     return dev.sum(dim=1)
 
 
@@ -154,10 +172,12 @@ def pairwise_features(rows: "torch.Tensor", glob: "torch.Tensor | None") -> "tor
     num = 2.0 * (dot[:, None] - dot[None, :]) + (own[:, None] - own[None, :])
     dn = torch.where(both > 0, num / both.clamp_min(1e-300), torch.zeros_like(num))
     prod = norms[:, None] * norms[None, :]
-    gap = torch.where(prod > 0, (sq - dn * dn) / (2.0 * prod).clamp_min(1e-300), torch.ones_like(sq))
+    two = (2.0 * prod).clamp_min(1e-300)
+    gap = torch.where(prod > 0, (sq - dn * dn) / two, torch.ones_like(sq))
     gap = gap.clamp(0.0, 2.0)  # 1 − cos; a zero vector has cosine 0 with everything
-    # cosines within their rounding of 1 (cosine_rounding) are an angle of 0: no score from noise
-    off = ~torch.eye(n, dtype=torch.bool, device=rows.device) & (gap > cosine_rounding(d))
+    # a gap within the rounding of its two terms (cosine_rounding) is an angle of 0: no score from noise
+    noise = torch.where(prod > 0, cosine_rounding(d) * (sq + dn * dn) / two, torch.zeros_like(sq))
+    off = ~torch.eye(n, dtype=torch.bool, device=rows.device) & (gap > noise)
     cosd = torch.where(off, gap * gap, torch.zeros_like(gap)).sum(dim=1)
     return torch.stack([cosd, man.sum(dim=1), dn.abs().sum(dim=1)], dim=1)
 

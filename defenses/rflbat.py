@@ -56,6 +56,9 @@ leave a choice open, here:
   ``cosine_similarity``).
 * Aggregation: both codes average the kept updates with equal weights (``weighted =
   False``, default); ``weighted = True`` weights them by the clients' sample counts (FedAvg).
+* The outlier tests are strict ("<" in both codes: a point exactly on ε·median is
+  removed), and a sum of distances within 10⁻¹² (relative) of the threshold counts as on
+  it (the PCA's rounding cannot say on which side a point that is on it falls).
 * Degenerate rounds, which neither code handles: when every point coincides (median of
   ED = 0) nothing is an outlier; with fewer than two points left there is one cluster.
   BackFed falls back to FedAvg of all updates when fewer than two pass step 2;
@@ -86,6 +89,8 @@ __all__ = ["RFLBAT", "pca_points", "distance_sums", "kmeans", "gap_statistic"]
 
 #: columns per float64 block when forming the Gram matrices
 _CHUNK = 8192
+#: a sum of distances within this relative distance of its threshold is on it (and removed)
+ON_THRESHOLD = 1e-12
 
 
 def _grams(rows: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
@@ -141,7 +146,7 @@ def _ed_filter(points: "torch.Tensor", eps: float) -> tuple["torch.Tensor", "tor
     if not med > 0:
         return torch.ones_like(ed, dtype=torch.bool), ed, math.inf
     thr = eps * med
-    return ed < thr, ed, thr
+    return ed < thr * (1.0 - ON_THRESHOLD), ed, thr
 
 
 def kmeans(data: "torch.Tensor", k: int, generator: "torch.Generator", n_init: int = 10,
