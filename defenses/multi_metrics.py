@@ -4,7 +4,8 @@ Huang, Li, Chen, Shi & Gao, "Multi-metrics adaptively identifies backdoors in Fe
 learning", ICCV 2023 (pp. 4652–4662; arXiv:2303.06601). With w₀ the global model the
 round started from, Δᵢ = wᵢ − w₀ client i's update and n clients:
 
-1. *Multiple metrics as the feature of a gradient* (the paper's eqs. 3–4): every update
+1. *Multiple metrics as the feature of a gradient* (the paper's definition and its
+   redefinition as summed deviations): every update
    gets three numbers fᵢ = (‖Δᵢ‖₁, ‖Δᵢ‖₂, cos(w₀, wᵢ)) — its Manhattan length, its
    Euclidean length and the cosine of the angle between the global and the local model —
    and its feature vector is its summed deviation from every other client:
@@ -54,6 +55,7 @@ differ by less than their own rounding bound ((d + 4)·2⁻⁵² relative to the
 come from, d the dimension) count as equal: whitening divides each feature by its
 spread, and would otherwise turn rounding noise among parallel updates into scores of
 order 1.
+
 Ties: scores equal up to rounding (10⁻⁹ relative) are broken by the rows' content
 (fingerprints Σⱼxⱼ, Σⱼ j·xⱼ), never by their position; bit-identical copies of a kept
 update are kept with it (they are one point, and which copy the cut took would otherwise
