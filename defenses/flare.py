@@ -127,8 +127,8 @@ def trust_counts(dist: "torch.Tensor", k: int) -> "torch.Tensor":
     kth = torch.sort(d, dim=1).values[:, k - 1:k]
     closer = d < kth
     tied = d == kth
-    left = k - closer.sum(dim=1, keepdim=True)
-    votes = closer.to(torch.float64) + tied.to(torch.float64) * (left / tied.sum(dim=1, keepdim=True))
+    left = (k - closer.sum(dim=1, keepdim=True)).to(torch.float64)
+    votes = closer.to(torch.float64) + tied.to(torch.float64) * (left / tied.sum(dim=1, keepdim=True).to(torch.float64))
     return votes.sum(dim=0)
 
 
