@@ -39,11 +39,15 @@ Backdoor-indicator code (github.com/ybdai7/Backdoor-indicator-defense,
   use 1/P alone (``te_floor = 0``; the same for P ≤ 100). A NEUP exactly on ξ counts
   (≥, as BackFed and the indicator code; FLPoison counts > only);
 * **HDBSCAN's settings**: unstated in the paper; BackFed uses the library defaults
-  (minimum cluster size 5), FLPoison min_samples 3, the indicator code min_samples 1 with
-  a single cluster allowed. Here ``min_cluster_size = 2`` (a group of two or more alike
-  models may form its own cluster, so a small colluding group is judged as a group) and
-  ``min_samples = 1``, with a single cluster allowed (a round of alike models is one
-  cluster), scikit-learn's HDBSCAN on precomputed distances (as ``defenses/flame.py``);
+  (minimum cluster size 5, no single cluster), FLPoison min_samples 3 with a single cluster
+  allowed only in the final clustering, the indicator code min_samples 1 with a single
+  cluster allowed everywhere. Here ``min_cluster_size = 2`` (two or more alike models may
+  form their own cluster, so a small colluding group is judged as a group) and
+  ``min_samples = 1``; the per-metric clusterings must split (no single cluster, as
+  BackFed and FLPoison: allowing one let a round's models fall into one cluster on every
+  metric on 8×8 digits, and the backdoored group was never judged apart), the final one
+  may be a single cluster (FLPoison, the indicator code: a round of alike models is one
+  accepted cluster). scikit-learn's HDBSCAN on precomputed distances;
 * **outliers** (``outliers``): ``"singletons"`` (default; BackFed) makes every HDBSCAN
   outlier its own cluster — in the 0/1 distances it is at 1 from every other model, and
   at the vote it is accepted iff it is not suspicious; ``"together"`` pools the outliers
@@ -77,12 +81,12 @@ from redteam.types import Decision, ModelView, ServerContext
 
 from ._common import check_choice, check_count, check_number, combine, finite_rows, generator_of, gram64
 from ._stats import clip_scales, midpoint_median, order_low_first, safe_norms, saturate
-from .flame import cosine_distances, hdbscan_labels
+from .flame import cosine_distances
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DeepSight", "neups", "threshold_exceedings", "suspicious_labels", "division_differences",
+__all__ = ["DeepSight", "cluster_labels", "neups", "threshold_exceedings", "suspicious_labels", "division_differences",
            "membership_distances", "output_layer"]
 
 #: the references' guard against a zero global probability in a DDif quotient
@@ -231,6 +235,25 @@ def division_differences(view: ModelView, glob: "torch.Tensor", rows: "torch.Ten
                             neginf=-torch.finfo(torch.float64).max)
 
 
+def cluster_labels(dist: "torch.Tensor", min_cluster_size: int, min_samples: int = 1, *,
+                   allow_single_cluster: bool = False) -> list[int]:
+    """HDBSCAN labels (−1: outlier) of a precomputed distance matrix (scikit-learn)."""
+    import warnings
+
+    import numpy as np
+    from sklearn.cluster import HDBSCAN
+
+    n = int(dist.shape[0])
+    if n == 1:
+        return [0]
+    d = np.ascontiguousarray(dist.detach().cpu().numpy(), dtype=np.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        model = HDBSCAN(min_cluster_size=max(2, min(min_cluster_size, n)), min_samples=min(min_samples, n),
+                        metric="precomputed", allow_single_cluster=allow_single_cluster, copy=True)
+        return [int(v) for v in model.fit(d).labels_]
+
+
 def membership_distances(labels: list[int], outliers: str = "singletons") -> "torch.Tensor":
     """The 0/1 distance matrix of a clustering: 0 on the diagonal and between members of one
     cluster, 1 otherwise. Outliers (−1) are each their own cluster (``"singletons"``), or
@@ -329,8 +352,8 @@ class DeepSight(Aggregator):
     def validate_outliers(self, v: str) -> None:
         check_choice(self, "outliers", v, ("singletons", "together", "reject"))
 
-    def _cluster(self, dist: "torch.Tensor") -> list[int]:
-        return hdbscan_labels(dist, self.min_cluster_size, self.min_samples)
+    def _cluster(self, dist: "torch.Tensor", single: bool = False) -> list[int]:
+        return cluster_labels(dist, self.min_cluster_size, self.min_samples, allow_single_cluster=single)
 
     def inspect(self, rows: "torch.Tensor", ctx: ServerContext) -> dict[str, Any]:
         """Steps 1–6 on finite rows: the metrics, the clusterings and the accepted mask."""
@@ -358,7 +381,7 @@ class DeepSight(Aggregator):
         ddif_lab = [self._cluster(_euclidean(ddif[s])) for s in range(self.num_seeds)]
         ddif_d = torch.stack([membership_distances(lab, together) for lab in ddif_lab]).mean(dim=0)
         merged = (ddif_d + membership_distances(neup_lab, together) + membership_distances(cos_lab, together)) / 3.0
-        final = self._cluster(merged)
+        final = self._cluster(merged, single=True)
         accepted, why = vote(final, susp.tolist(), self.tau, self.outliers)
         return {"neups": neup, "te": te, "suspicious": susp, "ddifs": ddif, "cosine_labels": cos_lab,
                 "neup_labels": neup_lab, "ddif_labels": ddif_lab, "merged": merged, "labels": final,
