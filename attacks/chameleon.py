@@ -34,12 +34,13 @@ Both stages use SGD with ``momentum`` and ``weight_decay`` on the trainable coor
 step schedule: the learning rate of (1-based) epoch e is lr·γ^{#{m ∈ milestones : m ≤ e}} (the
 released code steps its ``MultiStepLR`` at the *start* of every epoch). After every step the model
 is projected onto the L2 ball of radius ``norm_bound`` around G (the released ``diff_privacy`` /
-``s_norm``), the trained update is scaled by ``boost`` (the released ``scale_weights``: G + (X − G)·γ)
-and clipped to ``norm_bound`` again. An epoch is ``batches_per_epoch`` batches of ``batch_size``
-samples drawn from the attacker's own clean data (the released attacker trains on a fixed
-``size_of_secret_dataset = 25`` batches of 64 images per epoch), or one shuffled pass over it when
-unset. Each batch stamps its first ⌈``poison_fraction``·b⌉ samples, whatever their label (the
-released code overwrites positions 0 … 6 of every batch of 64: 7/64).
+``s_norm``; ``"none"``: no projection), the trained update is scaled by ``boost`` (the released
+``scale_weights``: G + (X − G)·γ) and clipped to ``norm_bound`` again. An epoch is
+``batches_per_epoch`` batches of ``batch_size`` samples drawn from the attacker's own clean data
+(the released attacker trains on a fixed ``size_of_secret_dataset = 25`` batches of 64 images per
+epoch), or one shuffled pass over it with ``batches_per_epoch = "none"`` (BackFed's). Each batch
+stamps its first ⌈``poison_fraction``·b⌉ samples, whatever their label (the released code
+overwrites positions 0 … 6 of every batch of 64: 7/64).
 
 Defaults: the released CIFAR-10 pixel-pattern run (``commands.sh``: the YAML read, then the
 command-line defaults of ``training.py``, which override the YAML): ``target = 2``
@@ -81,7 +82,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from redteam.errors import RedteamError
 from redteam.types import Attack, AttackContext, Surface, param_error
@@ -155,8 +156,8 @@ class Chameleon(Attack):
       ``contrastive_gamma``;
     * classifier stage: ``head_lr``, ``head_epochs`` (0: skip), ``head_milestones``, ``head_gamma``,
       ``freeze_encoder`` (false: BackFed's whole-model second stage);
-    * both: ``momentum``, ``weight_decay``, ``batch_size``, ``batches_per_epoch`` (unset: one pass over
-      the attacker's data), ``norm_bound`` (L2 radius around G after every step; unset: none),
+    * both: ``momentum``, ``weight_decay``, ``batch_size``, ``batches_per_epoch`` (``"none"``: one pass
+      over the attacker's data), ``norm_bound`` (L2 radius around G after every step; ``"none"``: none),
       ``boost`` (scale of the final update).
     """
 
@@ -181,8 +182,8 @@ class Chameleon(Attack):
     momentum: float = 0.9
     weight_decay: float = 5e-4
     batch_size: int = 64
-    batches_per_epoch: int | None = 25
-    norm_bound: float | None = 5.0
+    batches_per_epoch: int | Literal["none"] | None = 25
+    norm_bound: float | Literal["none"] | None = 5.0
     boost: float = 1.0
     surfaces: ClassVar[tuple[str, ...]] = (Surface.UPDATES,)
     needs_model: ClassVar[bool] = True
@@ -269,12 +270,20 @@ class Chameleon(Attack):
         _count(self, "batch_size", v, 2)
 
     def validate_batches_per_epoch(self, v: Any) -> None:
-        if v is not None:
-            _count(self, "batches_per_epoch", v, 1)
+        if v is not None and v != "none":
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise param_error(self, "batches_per_epoch", v,
+                                  "must be an integer ≥ 1, or 'none' (one pass over the attacker's data)")
 
     def validate_norm_bound(self, v: Any) -> None:
-        if v is not None:
-            _finite_pos(self, "norm_bound", v)
+        if v is not None and v != "none":
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0):
+                raise param_error(self, "norm_bound", v, "must be a finite number > 0, or 'none' (no projection)")
+
+    @property
+    def radius(self) -> float | None:
+        """``norm_bound`` as a number, ``None`` for no projection."""
+        return None if self.norm_bound in (None, "none") else float(self.norm_bound)  # type: ignore[arg-type]
 
     def validate_boost(self, v: Any) -> None:
         _finite_pos(self, "boost", v)
@@ -322,10 +331,10 @@ class Chameleon(Attack):
     def _batches(self, n: int, generator: "torch.Generator") -> list["torch.Tensor"]:
         import torch
 
-        if self.batches_per_epoch is None:
+        if self.batches_per_epoch in (None, "none"):
             return list(torch.randperm(n, generator=generator).split(self.batch_size))
         b = min(self.batch_size, n)
-        return [torch.randperm(n, generator=generator)[:b] for _ in range(self.batches_per_epoch)]
+        return [torch.randperm(n, generator=generator)[:b] for _ in range(int(self.batches_per_epoch))]
 
     def train_one(self, ctx: AttackContext, x: "torch.Tensor", y: "torch.Tensor",
                   start: "torch.Tensor | None" = None, *, stages: tuple[str, ...] = ("contrastive", "head")
@@ -357,12 +366,14 @@ class Chameleon(Attack):
         encoder = ~head
         mu, wd = float(self.momentum), float(self.weight_decay)
 
+        radius = self.radius
+
         def project(v: "torch.Tensor") -> "torch.Tensor":
-            if self.norm_bound is None:
+            if radius is None:
                 return v
             diff = v - g0
             norm = float(torch.linalg.vector_norm(diff, dtype=torch.float64))
-            return g0 + diff * (self.norm_bound / norm) if norm > self.norm_bound else v
+            return g0 + diff * (radius / norm) if norm > radius else v
 
         def run(loss_of: Any, trainable: "torch.Tensor", lr: float, epochs: int, milestones: Any,
                 gamma: float, w: "torch.Tensor") -> "torch.Tensor":

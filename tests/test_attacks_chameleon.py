@@ -215,6 +215,53 @@ def test_a_trigger_outside_the_image_is_refused():
         Chameleon(trigger=[[5, 0]]).targeted_test(torch.zeros(2, 1, 4, 4), torch.zeros(2, dtype=torch.long))
 
 
+BACKFED_PATTERN_CIFAR10 = """
+name = "chameleon"
+target = 2
+trigger = [[-7, -7], [-7, -6], [-7, -5], [-7, -4], [-7, -3], [-6, -7], [-6, -6], [-6, -5], [-6, -4], [-6, -3],
+           [-5, -7], [-5, -6], [-5, -5], [-5, -4], [-5, -3], [-4, -7], [-4, -6], [-4, -5], [-4, -4], [-4, -3],
+           [-3, -7], [-3, -6], [-3, -5], [-3, -4], [-3, -3]]
+value = 1.0
+poison_fraction = 0.3125
+noise = 0.0
+fac_scale_weight = 2.0
+contrastive_lr = 0.015
+contrastive_epochs = 10
+contrastive_milestones = [3, 5, 7, 9]
+contrastive_gamma = 0.3
+head_lr = 0.05
+head_epochs = 6
+head_milestones = [3, 5]
+head_gamma = 0.1
+freeze_encoder = false
+momentum = 0.9
+weight_decay = 5e-4
+batch_size = 64
+batches_per_epoch = "none"
+norm_bound = "none"
+"""
+
+
+def test_backfed_entry_parses_and_means_one_pass():
+    import tomllib
+
+    table = tomllib.loads(BACKFED_PATTERN_CIFAR10)
+    table.pop("name")
+    atk = Chameleon(image_shape=(3, 32, 32), **table)
+    # BackFed's Pattern: a 5×5 white square one pixel in from the bottom-right corner of 32×32:
+    # rows and columns 32 − 5 − 1 − 1 = 25 … 29
+    img = atk.stamper().pixel_mask().reshape(3, 32, 32)[0]
+    assert torch.equal(img.nonzero().unique(), torch.arange(25, 30)) and int(img.sum()) == 25
+    assert atk.radius is None and len(atk._batches(150, torch.Generator())) == 3  # one pass: 64 + 64 + 22
+    # its MultiStepLR (2, 4, 6, 8) stepped after each epoch = ours (3, 5, 7, 9): epochs 1-2 at 0.015, 3-4 × 0.3
+    assert [_epoch_lr(0.015, atk.contrastive_milestones, 0.3, e) for e in (2, 3, 5)] == \
+        pytest.approx([0.015, 0.0045, 0.00135])
+    with pytest.raises(InvalidParameter, match=r"Chameleon\.batches_per_epoch = 'all'"):
+        Chameleon(batches_per_epoch="all")
+    with pytest.raises(InvalidParameter, match=r"Chameleon\.norm_bound = 'defense'"):
+        Chameleon(norm_bound="defense")
+
+
 def test_target_outside_the_model_is_refused():
     with pytest.raises(InvalidParameter, match=r"Chameleon\.target = 7"):
         Chameleon(**dict(_SMALL, target=7)).craft_updates(_mlp_ctx())
