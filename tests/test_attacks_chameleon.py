@@ -270,3 +270,20 @@ def test_target_outside_the_model_is_refused():
 def test_contract():
     report = check_attack("chameleon", max_examples=6)
     assert "craft_updates" in report.plugin
+
+
+def test_a_digits_federation_runs_it_and_the_backdoor_rises():
+    # the engine hands chameleon the model view and the attackers' data; a short window (rounds
+    # 5-7, 3 of 10 clients, a cheap setting: 1 + 3 epochs of 4 batches) plants some backdoor in
+    # a model that otherwise learns (the durability study is in the module's report, not here)
+    from redteam.federation.loop import Federation
+    from redteam.scenario import parse_scenario
+
+    atk = {"name": "chameleon", "contrastive_epochs": 1, "head_epochs": 3, "head_lr": 0.1, "freeze_encoder": False,
+           "batches_per_epoch": 4, "batch_size": 32, "window": "5:8"}
+    sc = parse_scenario({"scenario": {"seed": 0}, "workload": {"name": "digits"},
+                         "federation": {"clients": 10, "malicious_fraction": 0.3, "rounds": 8}, "attack": atk})
+    res = Federation(sc).run()
+    asr = [r.extra["asr"] for r in res.records]
+    assert res.records[-1].accuracy > 0.6
+    assert max(asr[5:]) >= asr[4] + 0.3  # 0.00 before the window, 0.58 at most in it (seed 0)
