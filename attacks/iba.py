@@ -26,8 +26,12 @@ carried to federated learning):
   authors' ``_apply_l2_projection``), so the update stays near the global model.
 
 Defaults are the authors' released MNIST settings (``exps/iba_mnist_fedavg.sh`` and the
-argparse defaults of ``iba_simulated_averaging.py``) unless said otherwise: ``eps`` 0.3
-(``--atk_eps``), ``eps_min`` 0.05 (``--atk_test_eps``), ``eps_decay`` 0.001, ``lr`` 1e-3
+argparse defaults of ``iba_simulated_averaging.py``) unless said otherwise. The authors' ε is in
+units of their standardised inputs (MNIST: ``Normalize((0.1307,), (0.3081,))``); here ``eps`` is
+in the units of the workload's inputs, by default images in [0, 1], so the defaults are theirs
+times 0.3081: ``eps`` 0.092 (``--atk_eps 0.3``), ``eps_min`` 0.015 (``--atk_test_eps 0.05``);
+on standardised inputs give ``eps`` in those units (0.3 is the authors' value there, with
+``input_range`` the inputs' range). Then ``eps_decay`` 0.001, ``lr`` 1e-3
 (``--atk_lr``) with SGD (momentum 0.9, weight decay 1e-4: ``_create_adv_optimizer``), 3
 generator epochs a round (``--atk_model_train_epoch``), mini-batches of 128, ``target`` 0
 (``--target_label``), the two-phase schedule (``start_asr`` 0.85: ``expected_atk_threshold``)
@@ -54,12 +58,14 @@ Where the implementations differ (each a named parameter; BackFed's values in br
 * **the trigger bound ε**: the authors decay it after poisoning starts,
   ε_t = max(``eps_min``, ``eps``·(1 − ``eps_decay``)^t), t = rounds since the start, and score
   the ASR with ε_t [BackFed keeps ε fixed: ``eps_decay = 0``]; BackFed's CIFAR-10 ε is 0.3 of
-  the raw [0, 1] pixel range (its module default is 0.06);
+  the raw [0, 1] pixel range (its module default is 0.06), four times the authors' CIFAR-10
+  ε (0.3 standardised units, std ≈ 0.25: about 0.075 of the pixel range);
 * **the PGD radius**: the authors shrink it under (multi-)Krum, radius·γ^t with γ = 0.998
   (``radius_decay = 0.002``), and keep it elsewhere [BackFed: PGD off by default,
   ``poisoned_is_projection: False``; radius 10 every 2 steps when on]. The released scripts
-  run ``--attack_method blackbox``, i.e. with no projection at all: ``radius = None``
-  reproduces them; the default keeps the paper's projection with the released radius.
+  run ``--attack_method blackbox``, i.e. with no projection at all: ``radius = "none"``
+  reproduces them; the default keeps the projection the paper describes (its abstract: the
+  poisoned update is constrained to the vicinity of the global model) with the released radius.
 
 Departures from both, each stated:
 
@@ -83,7 +89,15 @@ Departures from both, each stated:
   only once ε has begun to decay);
 * ``input_range`` is one interval for every channel (the authors clip normalised CIFAR-10
   images to the global min/max of the normalised range, as here; BackFed clips raw pixels to
-  [0, 1] before normalising, which is per channel in normalised units).
+  [0, 1] before normalising, which is per channel in normalised units). The authors clip
+  MNIST to [−1, 1] in standardised units, i.e. raw pixels to [−0.18, 0.44]: every stroke
+  pixel brighter than 0.44 is dimmed, whatever ε, so their MNIST trigger is not bounded by ε;
+  the default [0, 1] does not copy that (``input_range = [-0.177, 0.439]`` would, on [0, 1]
+  inputs).
+
+Not implemented: the paper's abstract also names poisoning only the parameters the main task
+rarely updates; the authors' code offers it as a separate mode (``--attack_method neurotoxin``,
+a 30 % gradient mask, exclusive of PGD, off in the released scripts).
 
 The generator lives in the attack's memory (``_memory``), built at the first call from the
 model's input shape with a torch generator seeded from ``ctx.generator``, so a run is
@@ -197,14 +211,14 @@ class IBA(Attack):
     unset: run every epoch), ``start_asr`` (poison only once the generator reaches it; 0: from
     the first round), ``retrain_every`` (rounds between retrainings once poisoning has begun).
     Poisoning: ``poison_fraction`` of each batch; ``local_lr`` / ``steps`` (the attackers' local
-    training; unset: the federation's). PGD: ``radius`` (unset: none), ``radius_decay`` a round,
-    ``project_frequency`` (project after steps t with t mod k = 0, and after the last, which
-    needs ``steps`` when k > 1).
+    training; unset: the federation's). PGD: ``radius`` (``"none"``: no projection),
+    ``radius_decay`` a round, ``project_frequency`` (project after steps t with t mod k = 0, and
+    after the last, which needs ``steps`` when k > 1).
     """
 
     target: int = 0
-    eps: float = 0.3
-    eps_min: float = 0.05
+    eps: float = 0.092
+    eps_min: float = 0.015
     eps_decay: float = 0.001
     input_range: tuple[float, float] = (0.0, 1.0)
     image_shape: tuple[int, ...] | None = None
@@ -219,7 +233,7 @@ class IBA(Attack):
     poison_fraction: float = 0.5
     local_lr: float | None = None
     steps: int | None = None
-    radius: float | None = 2.0
+    radius: float | Literal["none"] | None = 2.0
     radius_decay: float = 0.0
     project_frequency: int = 1
     _memory: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -296,8 +310,8 @@ class IBA(Attack):
         _integer(self, "steps", v, 1, "must be an integer ≥ 1, or unset (the federation's)", allow_none=True)
 
     def validate_radius(self, v: Any) -> None:
-        if v is not None:
-            _number(self, "radius", v, lo=0, lo_open=True, what="must be a finite number > 0, or unset (no PGD)")
+        if v is not None and v != "none":
+            _number(self, "radius", v, lo=0, lo_open=True, what="must be a finite number > 0, or 'none' (no PGD)")
 
     def validate_radius_decay(self, v: Any) -> None:
         _number(self, "radius_decay", v, lo=0, hi=1, hi_open=True, what="must be in [0, 1)")
@@ -342,7 +356,7 @@ class IBA(Attack):
 
     def radius_at(self, round_: int) -> float | None:
         """The PGD radius of round ``round_``: ``radius``·(1 − ``radius_decay``)^(round − start)."""
-        if self.radius is None:
+        if self.radius is None or self.radius == "none":
             return None
         start = self._memory.get("start")
         t = 0 if start is None else max(round_ - start, 0)
@@ -472,6 +486,9 @@ class IBA(Attack):
         if ctx.model is None or not ctx.own_data:
             raise InvalidParameter("attack 'iba' needs the model and the attackers' own data (needs_model): "
                                    "the context carries neither")
+        classes = int(ctx.model.num_classes or ctx.num_classes or 0)
+        if classes and int(self.target) >= classes:
+            raise param_error(self, "target", self.target, f"must be a class of the model (0 … {classes - 1})")
         mem = self._memory
         run = ctx.attack_state.setdefault("iba_run", object())
         if mem.get("run") is not run:  # a new run: a fresh generator

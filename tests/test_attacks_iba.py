@@ -168,7 +168,7 @@ def test_radius_and_eps_schedules():
     assert atk.eps_at(2) == 0.4 and atk.eps_at(3) == pytest.approx(0.2) and atk.eps_at(4) == pytest.approx(0.1)
     assert atk.eps_at(9) == 0.1  # the floor eps_min
     assert atk.radius_at(5) == pytest.approx(2.0 * 0.5 ** 3)
-    assert IBA(radius=None).radius_at(3) is None
+    assert IBA(radius=None).radius_at(3) is None and IBA(radius="none").radius_at(3) is None
 
 
 # ---------------------------------------------------------------- poisoned share of a batch
@@ -250,12 +250,19 @@ def test_a_federation_runs_iba_and_scores_the_current_trigger():
     ({"epochs": 0}, "epochs"), ({"batch": 0}, "batch"), ({"stop_asr": 1.5}, "stop_asr"),
     ({"start_asr": -0.1}, "start_asr"), ({"retrain_every": 0}, "retrain_every"),
     ({"poison_fraction": 0.0}, "poison_fraction"), ({"local_lr": math.inf}, "local_lr"), ({"steps": 0}, "steps"),
-    ({"radius": -1.0}, "radius"), ({"radius_decay": 1.0}, "radius_decay"), ({"target": -1}, "target"),
+    ({"radius": -1.0}, "radius"), ({"radius": "off"}, "radius"), ({"radius_decay": 1.0}, "radius_decay"),
+    ({"target": -1}, "target"),
     ({"project_frequency": 2}, "project_frequency"), ({"project_frequency": 0}, "project_frequency"),
 ])
 def test_bad_parameters_name_the_field(params, field):
     with pytest.raises(InvalidParameter, match=rf"IBA\.{field} = "):
         IBA(**params)
+
+
+def test_a_target_outside_the_model_is_refused_at_the_first_round():
+    ctx = make_attack_context(0, 6, 2, 40, model=True, num_classes=10)
+    with pytest.raises(InvalidParameter, match=r"IBA\.target = 10: must be a class of the model \(0 … 9\)"):
+        IBA(target=10).training_hook(ctx)
 
 
 def test_generator_sizes():
