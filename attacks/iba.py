@@ -64,8 +64,9 @@ Where the implementations differ (each a named parameter; BackFed's values in br
   (``radius_decay = 0.002``), and keep it elsewhere [BackFed: PGD off by default,
   ``poisoned_is_projection: False``; radius 10 every 2 steps when on]. The released scripts
   run ``--attack_method blackbox``, i.e. with no projection at all: ``radius = "none"``
-  reproduces them; the default keeps the projection the paper describes (its abstract: the
-  poisoned update is constrained to the vicinity of the global model) with the released radius.
+  reproduces them; the default keeps the projection the paper describes (the poisoned update
+  constrained to the vicinity of the global model, as its abstract puts it; the PDF itself was
+  not at hand where this was written) with the released radius.
 
 Departures from both, each stated:
 
@@ -96,7 +97,7 @@ Departures from both, each stated:
   inputs).
 
 Not implemented: the paper's abstract also names poisoning only the parameters the main task
-rarely updates; the authors' code offers it as a separate mode (``--attack_method neurotoxin``,
+rarely updates (a Neurotoxin-like mask); the authors' code offers it as a separate mode (``--attack_method neurotoxin``,
 a 30 % gradient mask, exclusive of PGD, off in the released scripts).
 
 The generator lives in the attack's memory (``_memory``), built at the first call from the
