@@ -452,3 +452,28 @@ def test_defaults_are_the_authors_cifar10_config():
     assert (a.adv_lr, a.adv_momentum, a.adv_weight_decay, a.search_batch, a.adv_weight) == (0.01, 0.9, 5e-4, 64, "grads")
     m = a.mask().reshape(3, 32, 32)
     assert int(m.sum()) == 75 and float(m[:, 2:7, 2:7].sum()) == 75
+
+
+def test_similarity_averages_over_the_kernels_else_the_weight_matrices():
+    from redteam.types import ModelView
+
+    def view(layers):
+        return ModelView(forward=None, loss=None, features=None, layers=layers, head=(layers[-1][0],),
+                         input_shape=(1,))
+
+    # a matrix (0-3), a bias (4-5), a conv kernel (6-17), a bias (18-19), a 3-D kernel (20-27): the
+    # kernels only (the authors' layers named `conv`). u = 1 everywhere; v = +1 / −1 halves on the
+    # first kernel (cos 0), 2 on the second (cos 1), and junk elsewhere: the mean is 0.5.
+    layers = (("a", 0, 4, (2, 2)), ("b", 4, 6, (2,)), ("c", 6, 18, (2, 1, 2, 3)), ("d", 18, 20, (2,)),
+              ("e", 20, 28, (2, 2, 2)))
+    u = torch.ones(28, dtype=torch.float64)
+    v = torch.full((28,), -7.0, dtype=torch.float64)
+    v[6:12], v[12:18], v[20:28] = 1.0, -1.0, 2.0
+    assert A3FL().layer_cosine(u, v, view(layers)) == pytest.approx(0.5, abs=1e-12)
+    # no kernels: the weight matrices (a and f), not the biases: cos 1 on a, −1 on f → 0
+    mats = (("a", 0, 4, (2, 2)), ("b", 4, 6, (2,)), ("f", 6, 10, (2, 2)))
+    w = torch.tensor([1, 2, 3, 4, 9, 9, -1, -1, -1, -1], dtype=torch.float64)
+    assert A3FL().layer_cosine(torch.tensor([1, 2, 3, 4, 0, 0, 1, 1, 1, 1.0], dtype=torch.float64), w,
+                               view(mats)) == pytest.approx(0.0, abs=1e-12)
+    # a zero vector: torch's eps keeps it finite (0)
+    assert A3FL().layer_cosine(torch.zeros(10, dtype=torch.float64), w, view(mats)) == 0.0
