@@ -1,8 +1,8 @@
 """A3FL: a backdoor trigger optimised, every round, against the global model and against copies
 of it trained to forget the trigger.
 
-Zhang, Jia, Wang, Zhang & Chen (Hangfan Zhang, Jinyuan Jia, Jinghui Chen, Lu Lin, Dinghao Wu),
-"A3FL: Adversarially Adaptive Backdoor Attacks to Federated Learning", NeurIPS 2023. Released code:
+Hangfan Zhang, Jinyuan Jia, Jinghui Chen, Lu Lin & Dinghao Wu, "A3FL: Adversarially Adaptive
+Backdoor Attacks to Federated Learning", NeurIPS 2023 (pp. 61213-61233). Released code:
 github.com/hfzhang31/A3FL at eb1bdc1 (``fl_utils/attacker.py``: ``Attacker.search_trigger``,
 ``get_adv_model``, ``poison_input``; ``fl_utils/fler.py``: when the search runs and how the attackers
 train; defaults from ``main/configs/config.yaml``, the CIFAR-10 configuration). Second reference:
@@ -45,15 +45,16 @@ engine asks again before every evaluation).
 
 **Conventions where the implementations differ** (parameters):
 
-* ``adv_weight``, the w_k of each copy. ``"grads"`` (default, the authors' code): the mean, over the
-  model's convolution kernels (the authors' parameters whose name contains ``conv``; a model without
-  kernels: its weight matrices), of the cosine similarity between the copy's gradient (that of its
-  last unlearning batch) and the global model's gradient of the backdoor loss accumulated over the
-  search steps so far (the authors read ``.grad`` of both models; their global ``.grad`` also holds
-  whatever it held before the search, which is not reproduced). ``"params"`` (BackFed): the same mean
-  of the cosine similarity between the copy's and the global model's *parameters*. ``"none"``: w = 1
-  (the bi-level objective alone). The paper's own statement of the weight could not be read where this
-  was written; its released code is the default.
+* ``adv_weight``, the w_k of each copy. ``"params"`` (default, the paper: its balancing coefficient
+  is λ₀·sim(θ'_t, θ_t), the cosine similarity of the adversarial copy and the global model — read
+  from a summary of the paper, the PDF could not be opened where this was written; BackFed computes
+  it so): the mean, over the model's convolution kernels (both codes average over the parameters
+  whose name contains ``conv``; a model without kernels: its weight matrices), of the cosine
+  similarity of the copy's and the global model's parameters. ``"grads"`` (the authors' released
+  code, ``get_adv_model``): the same mean of the cosine similarity of their *gradients* — the copy's
+  of its last unlearning batch, and the global model's of the backdoor loss accumulated over the
+  search steps so far (the authors read ``.grad`` of both; their global ``.grad`` also holds whatever
+  it held before the search, which is not reproduced). ``"none"``: w = 1 (the bi-level objective alone).
 * ``clamp``: the authors clamp t to [−2, 2], the range of their normalised CIFAR-10 inputs; BackFed
   clamps to [0, 1] before normalising, the pixel range. Both keep the trigger a valid image, so
   ``"data"`` (default) clamps to [min, max] of the attackers' own inputs (≈ [−1.99, 2.13] on
@@ -94,7 +95,7 @@ if TYPE_CHECKING:
 __all__ = ["A3FL", "ADV_WEIGHTS", "CHEAP_SEARCH"]
 
 #: how each adversarial copy's term is weighted (module docstring)
-ADV_WEIGHTS = ("grads", "params", "none")
+ADV_WEIGHTS = ("params", "grads", "none")
 
 #: a search about 20× cheaper than the authors' (200 outer epochs, a copy rebuilt every epoch, 5
 #: epochs each), for CI and quick CPU runs: ``A3FL(**CHEAP_SEARCH, ...)`` or the same keys in a scenario
@@ -131,7 +132,7 @@ class A3FL(Attack):
       ``search_on`` (``"first"`` attacker's data or ``"all"`` the attackers' data), ``stop_asr``;
     * the adversarial copies: ``adv_every`` (rebuilt every that many outer epochs, not at 0),
       ``adv_epochs``, ``adv_models``, ``adv_lambda`` λ, ``adv_lr``, ``adv_momentum``,
-      ``adv_weight_decay``, ``adv_weight`` (``"grads"``, ``"params"`` or ``"none"``);
+      ``adv_weight_decay``, ``adv_weight`` (``"params"``, ``"grads"`` or ``"none"``);
     * ``lr``, ``steps``: the malicious clients' local lr and steps (unset: the federation's, as the
       authors' attackers train like the honest clients).
     """
@@ -156,7 +157,7 @@ class A3FL(Attack):
     adv_lr: float = 0.01
     adv_momentum: float = 0.9
     adv_weight_decay: float = 5e-4
-    adv_weight: Literal["grads", "params", "none"] = "grads"
+    adv_weight: Literal["params", "grads", "none"] = "params"
     lr: float | None = None
     steps: int | None = None
     _memory: dict = field(default_factory=dict, init=False, repr=False, compare=False)

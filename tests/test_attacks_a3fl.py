@@ -446,10 +446,11 @@ def test_a_patch_that_does_not_fit_names_the_position():
 
 
 def test_defaults_are_the_authors_cifar10_config():
+    # main/configs/config.yaml of github.com/hfzhang31/A3FL; the copies' weight is the paper's (params)
     a = A3FL()
     assert (a.target, a.trigger_size, tuple(a.trigger_position), a.trigger_init, a.poison_fraction) == (2, 5, (2, 2), 0.5, 0.25)
     assert (a.trigger_lr, a.outer_epochs, a.adv_every, a.adv_epochs, a.adv_models, a.adv_lambda) == (0.01, 200, 1, 5, 1, 0.01)
-    assert (a.adv_lr, a.adv_momentum, a.adv_weight_decay, a.search_batch, a.adv_weight) == (0.01, 0.9, 5e-4, 64, "grads")
+    assert (a.adv_lr, a.adv_momentum, a.adv_weight_decay, a.search_batch, a.adv_weight) == (0.01, 0.9, 5e-4, 64, "params")
     m = a.mask().reshape(3, 32, 32)
     assert int(m.sum()) == 75 and float(m[:, 2:7, 2:7].sum()) == 75
 
