@@ -482,14 +482,18 @@ class A3FL(Attack):
     def training_hook(self, ctx: AttackContext) -> TrainingHook | None:
         import torch
 
+        from redteam.errors import InvalidParameter
+
+        if ctx.model is None:
+            raise InvalidParameter("attack a3fl searches its trigger against the model it is sent, but its context "
+                                   "carries no model view (AttackContext.model): run it where the regime gives "
+                                   "one (it declares needs_model); a part of `compose` is not given it")
         own = tuple(ctx.own_data)
-        if ctx.model is None or not own:
-            return None
         data = own[:1] if self.search_on == "first" else own
-        x = torch.cat([d.x for d in data])
-        y = torch.cat([d.y for d in data]).to(torch.long)
+        x = torch.cat([d.x for d in data]) if data else None
+        y = torch.cat([d.y for d in data]).to(torch.long) if data else None
         t = self._memory.get("trigger")
-        if int(x.shape[0]) and self.outer_epochs > 0:
+        if x is not None and int(x.shape[0]) and self.outer_epochs > 0:
             if not x.dtype.is_floating_point:
                 raise param_error(self, "image_shape", list(self.image_shape),
                                   f"A3FL stamps float images, got {x.dtype} inputs")

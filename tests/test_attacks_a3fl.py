@@ -385,7 +385,13 @@ def test_training_hook_passes_lr_and_steps_and_skips_without_data():
     assert hook.lr == 0.05 and hook.steps == 7
     assert torch.equal(a.trigger, torch.full((16,), 0.5))  # no search: the first trigger
     import dataclasses
-    assert A3FL(**CHEAP).training_hook(dataclasses.replace(_ctx(2), model=None, own_data=())) is None
+    # no data of its own: no search, the held trigger is stamped
+    b = A3FL(**CHEAP)
+    hook = b.training_hook(dataclasses.replace(_ctx(2), own_data=()))
+    assert hook.poison_batch is not None and "last_search" not in b._memory
+    # no model view (e.g. inside `compose`, which does not forward needs_model): a clear refusal
+    with pytest.raises(InvalidParameter, match="no model view"):
+        A3FL(**CHEAP).training_hook(dataclasses.replace(_ctx(2), model=None))
 
 
 def test_search_on_all_uses_every_attackers_data():
@@ -422,6 +428,9 @@ def test_a_short_federation_scores_the_held_trigger():
     assert all("asr" in r.extra for r in res.records)
     probe = fed.probes.targeted[0]
     assert torch.equal(probe[0, [54, 55, 62, 63]], atk.trigger[[54, 55, 62, 63]].to(probe.dtype))
+    # the memory is the instance's, and every run builds its own: a new run starts from trigger_init
+    again = Federation(sc).attack
+    assert again is not atk and torch.equal(again.trigger, torch.full((64,), 0.5))
 
 
 # ---- parameters ------------------------------------------------------------------------------

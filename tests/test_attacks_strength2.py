@@ -42,7 +42,8 @@ from redteam.pipeline import Pipeline
 #: every built-in attack with memory across clients or rounds, and where that memory lives:
 #: DBA on the instance (client id → rank), mimic in ctx.attack_state, replay / mix_and_match in
 #: the traffic history the engine keeps for ``history_rounds``
-STATEFUL = {"dba", "mimic", "replay", "mix_and_match", "foolsgold_copies", "stale_replay"}
+STATEFUL = {"dba", "mimic", "replay", "mix_and_match", "foolsgold_copies", "stale_replay",
+            "a3fl"}  # a3fl: its trigger on the instance, one per run (tests/test_attacks_a3fl.py)
 WRAPPERS = {"compose", "adaptive"}  # build other attacks; their own cache is what this file tests
 
 
