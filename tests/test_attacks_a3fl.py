@@ -209,17 +209,13 @@ def test_adversarial_copy_matches_the_authors_sgd(epochs):
     probe = copy.deepcopy(last)
     m = _authors_mask()
     torch.nn.CrossEntropyLoss()(probe(t.reshape(1, *IMG) * m + (1 - m) * x), y).backward()
-    ref_w = ref[spec_slice(view, "1.weight")]
+    ref_w = ref[view.span("1.weight")]
     cos_g = torch.nn.functional.cosine_similarity(probe[1].weight.grad.reshape(-1), ref_w, dim=0)
     assert wg == pytest.approx(float(cos_g), abs=1e-5)
     # "none": w = 1
     _, w1 = A3FL(**PARAMS, adv_epochs=epochs, adv_weight="none").adversarial_copy(
         view, flat_g, t, x, y, torch.Generator().manual_seed(0))
     assert w1 == 1.0
-
-
-def spec_slice(view, name):
-    return view.span(name)
 
 
 def test_grad_sum_accumulates_the_global_models_backdoor_gradient():
@@ -397,14 +393,11 @@ def test_training_hook_passes_lr_and_steps_and_skips_without_data():
 def test_search_on_all_uses_every_attackers_data():
     c = _ctx(3)
     first, allv = A3FL(**CHEAP, adv_models=0), A3FL(**CHEAP, adv_models=0, search_on="all")
-    first.training_hook(c)
-    allv.training_hook(dataclasses_replace_generator(c))
-    assert not torch.equal(first.trigger, allv.trigger)
-
-
-def dataclasses_replace_generator(c):
     import dataclasses
-    return dataclasses.replace(c, generator=torch.Generator().manual_seed(3))
+
+    first.training_hook(c)
+    allv.training_hook(dataclasses.replace(c, generator=torch.Generator().manual_seed(3)))
+    assert not torch.equal(first.trigger, allv.trigger)
 
 
 def test_the_contract_kit_passes():
