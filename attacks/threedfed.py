@@ -108,7 +108,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal
 
 from redteam.errors import InvalidParameter, RedteamError
 from redteam.types import Attack, AttackContext, ModelView, Surface, param_error
@@ -355,6 +355,7 @@ class ThreeDFed(Attack):
     initial_decoys: int = 0
     max_decoys: int | None = None
     decoy_threshold: float = 10.0
+    data: Literal["release", "pooled"] = "release"
 
     surfaces: ClassVar[tuple[str, ...]] = (Surface.UPDATES,)
     needs_model: ClassVar[bool] = True
@@ -490,6 +491,11 @@ class ThreeDFed(Attack):
     def validate_decoy_threshold(self, v: Any) -> None:
         self._positive("decoy_threshold", v)
 
+    def validate_data(self, v: Any) -> None:
+        if v not in ("release", "pooled"):
+            raise param_error(self, "data", v, "must be 'release' (the first attacker's data for the backdoor, the "
+                              "last one's for the reference and decoys) or 'pooled' (all of them for both)")
+
     # -- what it is scored on ------------------------------------------------------------
     def targeted_test(self, x: "torch.Tensor", y: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
         """Held-out non-target samples with the trigger, labelled ``target``."""
@@ -547,10 +553,17 @@ class ThreeDFed(Attack):
         dev, dtype = own.device, own.dtype
         gen = ctx.generator
         G = ctx.global_params.detach().to(device=dev, dtype=dtype)
-        x = torch.cat([d.x for d in ctx.own_data]).to(dev)
-        y = torch.cat([d.y for d in ctx.own_data]).to(dev)
-        if x.dtype.is_floating_point:
-            x = x.to(dtype)
+
+        def cat(parts: tuple) -> tuple["torch.Tensor", "torch.Tensor"]:
+            xs = torch.cat([d.x for d in parts]).to(dev)
+            return (xs.to(dtype) if xs.dtype.is_floating_point else xs), torch.cat([d.y for d in parts]).to(dev)
+
+        # the backdoor's data, and the data of the reference, the curvature and the decoys
+        if self.data == "pooled":
+            xb, yb = x, y = cat(ctx.own_data)
+        else:  # the release: adversary 0 trains the backdoor, the last adversary's loader the rest
+            xb, yb = cat(ctx.own_data[:1])
+            x, y = cat(ctx.own_data[-1:])
         classes = int(model.num_classes or ctx.num_classes)
         if classes and self.target >= classes:
             raise param_error(self, "target", self.target, f"must be a class of the model (0 … {classes - 1})")
@@ -560,6 +573,7 @@ class ThreeDFed(Attack):
                 and len(model.input_shape) in (2, 3):
             trig = self._backdoor(tuple(model.input_shape))  # the model's input layout (image_shape unset)
         tx, ty = trig.apply(x, y)
+        txb, tyb = trig.apply(xb, yb)
 
         def draw(a: float, b: float) -> float:
             return a + (b - a) * float(torch.rand((), generator=gen, device=gen.device, dtype=torch.float64))
@@ -600,8 +614,8 @@ class ThreeDFed(Attack):
                 loss = loss + w_con * (w - G).norm()
             return loss
 
-        pair_x, pair_y = torch.stack([x, tx]), torch.stack([y, ty])
-        idx_all = torch.arange(int(y.shape[0]), device=dev)
+        pair_x, pair_y = torch.stack([xb, txb]), torch.stack([yb, tyb])
+        idx_all = torch.arange(int(yb.shape[0]), device=dev)
 
         def bd_loss_idx(w: "torch.Tensor", ib: "torch.Tensor", _yb: "torch.Tensor") -> "torch.Tensor":
             return bd_loss(w, pair_x[:, ib], pair_y[:, ib])
