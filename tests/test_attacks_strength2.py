@@ -42,8 +42,10 @@ from redteam.pipeline import Pipeline
 #: every built-in attack with memory across clients or rounds, and where that memory lives:
 #: DBA on the instance (client id → rank), mimic in ctx.attack_state, replay / mix_and_match in
 #: the traffic history the engine keeps for ``history_rounds``
+#: a3fl / iba: the trigger (generator) on the instance, one per run (tests/test_attacks_a3fl.py,
+#: test_attacks_iba.py); 3dfed: its indicators and tuning in ctx.attack_state
 STATEFUL = {"dba", "mimic", "replay", "mix_and_match", "foolsgold_copies", "stale_replay",
-            "a3fl"}  # a3fl: its trigger on the instance, one per run (tests/test_attacks_a3fl.py)
+            "a3fl", "iba", "3dfed"}
 WRAPPERS = {"compose", "adaptive"}  # build other attacks; their own cache is what this file tests
 
 
