@@ -38,6 +38,8 @@ class Support:
       ``needs_model``, a defense's ``inspects_models``);
     * ``replays_work``, ``commits``, ``validator_reports``: the round offers spot-check replay, a
       commit phase, validator seats;
+    * ``broadcast``: one server sends every client of a round the same model before local training,
+      and asks the defense for it (a defense's ``prepares_broadcast``, :meth:`~redteam.types.Defense.broadcast`);
     * ``warmup``: ``[scenario] warmup_rounds`` can be computed in this regime;
     * ``fixed``: scenario keys that must keep their default here, with why;
     * ``workloads``: the workloads it can cut (``()``: any).
@@ -52,6 +54,7 @@ class Support:
     replays_work: bool = False
     commits: bool = False
     validator_reports: bool = False
+    broadcast: bool = False
     warmup: bool = True
     fixed: tuple[tuple[str, Any, str], ...] = ()
     workloads: tuple[str, ...] = ()
@@ -69,7 +72,7 @@ DATA_PARALLEL = Support(
     frozenset({Surface.DATA, Surface.UPDATES, Surface.TRANSPORT, Surface.PROVENANCE, Surface.HIERARCHY,
                Surface.TRAINING}),
     acts_at=frozenset({"aggregate", "transport", "admission"}), server_data=True, replays_work=True, commits=True,
-    validator_reports=True, model_view=True)
+    validator_reports=True, model_view=True, broadcast=True)
 
 GOSSIP = Support(
     "gossip", "gossip", frozenset({Surface.UPDATES, Surface.DATA, Surface.GOSSIP}), warmup=False,
@@ -169,6 +172,11 @@ def check_plugins(support: Support, attack_name: str, attack: Any, defense: Any,
             raise InvalidParameter(f"[defense] {defense_label or name}: {name} inspects the clients' models "
                                    f"(ctx.model), which the {support.label} regime does not offer; it runs in "
                                    f"{homes_of_view}")
+        if st.prepares_broadcast and not support.broadcast:
+            homes = " or ".join(r.label for r in REGIMES if r.broadcast)
+            raise InvalidParameter(f"[defense] {defense_label or name}: {name} prepares the model the server sends "
+                                   f"each round's clients (prepares_broadcast), and the {support.label} regime has "
+                                   f"no such broadcast; it runs in the {homes} regime")
         if st.replays_work and not support.replays_work:
             raise InvalidParameter(f"[defense]: {name} replays peers' local training from the round's inputs, which "
                                    f"the {support.label} regime does not record; it runs in the server's synchronous "

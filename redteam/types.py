@@ -381,7 +381,9 @@ class ServerContext:
     server-held data (returns ``(k,)`` losses; ``evaluate_loss`` of a zero row is the
     current loss). ``root_update`` trains the global model on the server's small
     trusted root dataset with the clients' local procedure and returns that delta
-    (FLTrust's g₀). Both are ``None`` when the server holds no data.
+    (FLTrust's g₀). Both are ``None`` when the server holds no data. For a defense that
+    ``prepares_broadcast``, ``global_params`` is the model the server sent this round
+    (:meth:`Defense.broadcast`), which the rows are deltas from.
     """
 
     round: int = 0
@@ -739,12 +741,16 @@ class Defense:
     chunk_entries: ClassVar["int | None"] = None
     #: a node's batched result does not depend on the padding, so nodes may be grouped by degree
     sort_by_degree: ClassVar[bool] = False
+    #: the server prepares the model it sends each round (:meth:`broadcast`, e.g. plants an indicator
+    #: task in it): the clients train from that model, their rows are local − broadcast, ``decide``'s
+    #: ``ctx.global_params`` is the broadcast model and the server steps from it
+    prepares_broadcast: ClassVar[bool] = False
 
     #: the capabilities above and the methods below, by name (the plugin guide documents each)
     CAPABILITIES: ClassVar[tuple[str, ...]] = (
         "symmetric", "unanimity", "acts_at", "uses_server_data", "inspects_models", "replays_work", "commit_reveal", "validators",
         "kind", "stages", "from_malicious_count", "decide_batch", "chunk_entries", "sort_by_degree", "batch_ready", "value_from_malicious_count",
-        "check_capacity", "degradation")
+        "check_capacity", "degradation", "prepares_broadcast", "broadcast")
 
     def __post_init__(self) -> None:
         _check_fields(self)
@@ -769,6 +775,18 @@ class Defense:
     def degradation(self, state: Mapping[str, Any], accepted: int) -> "str | None":
         """A note when the rule could not run as configured this round (``RoundRecord.defense_notes``)."""
         return None
+
+    def broadcast(self, params: "torch.Tensor", ctx: ServerContext) -> "torch.Tensor":
+        """The ``(d,)`` model the server sends this round's clients, given the global model ``params``
+        (called before local training, in every round, only when ``prepares_broadcast`` is set; the
+        regimes that cannot call it refuse such a defense). ``ctx`` is what the server holds then:
+        ``round``, ``n_clients`` and ``client_ids`` (this round's participants), ``weights``,
+        ``global_params`` (= ``params``), ``previous_update``, ``generator`` (the defense's stream),
+        ``model`` (a :class:`ModelView`) and ``root_data``; no rows yet, ``state`` empty. The
+        clients train from the returned model, send local − broadcast, ``decide`` sees it as
+        ``ctx.global_params``, and the server's optimizer steps from it: the new global model is
+        broadcast + server step(aggregate). Default: ``params`` unchanged."""
+        return params
 
     def __call__(self, updates: "torch.Tensor", ctx: ServerContext | None = None) -> Decision:
         if getattr(updates, "ndim", None) != 2:

@@ -3,7 +3,8 @@
 One round, each stage a function of
 :mod:`.stages`::
 
-    churn → train (all clients batched; poisoned data, or a training hook, for attackers;
+    churn → broadcast (the model sent: the global one, or a ``prepares_broadcast`` defense's)
+          → train (all clients batched; poisoned data, or a training hook, for attackers;
             worker momentum) → craft (update-poisoning attack on the malicious rows)
           → encode (compress, error feedback) → chunk + manifest (signed with
             ``signed_chunks``) → transport (transport attacks act here) → verify/decode
@@ -167,6 +168,9 @@ class Federation:
                                    f"{', '.join(sorted(surfaces & {Surface.PROVENANCE, Surface.HIERARCHY}))} before the "
                                    "first round (enrolment, merge groups), so it cannot wait for a window")
         self.upper_defense = build_upper_defense(scenario.hierarchy, n_malicious=fed.n_malicious)
+        if scenario.hierarchy.depth > 1 and any(st.prepares_broadcast for st in self.upper_defense.parts()):
+            raise InvalidParameter("[hierarchy].upper_defense: a rule that prepares the model the server sends "
+                                   "(prepares_broadcast) runs as the [defense] of the bottom groups, not above them")
         self.hierarchy = Hierarchy(scenario.hierarchy.fan_out, scenario.hierarchy.depth, scenario.hierarchy.grouping)
         part = su.partition
         assert part is not None
@@ -317,6 +321,11 @@ class Federation:
             # the attack, so the baseline marks the same rounds as the attacked run.
             active = self.plan.active(rnd) and bool(self.is_malicious[part].any())
             rin = self.inputs(rnd, part, params, prev_update)
+            # the model the server sends: the global one, or what a defense prepares of it
+            # (prepares_broadcast); the round trains from it and the server steps from it
+            sent_from: dict[str, Any] = {}
+            if part.size:
+                rin, sent_from = stages.broadcast(self, rin)
             self.roles = rin.roles
             dropped: dict[int, str] = {c: why for c, why in banned.items() if selected[c]}
             rejected: dict[int, str] = dict(dropped)
@@ -324,6 +333,7 @@ class Federation:
             if rnd == 0 and self.admission is not None:
                 extra["provenance_gate"] = self.admission.summary()
             extra.update(standard_extra(self.setup, rnd, active=active, start=start_quality))
+            extra.update({k: v for k, v in sent_from.items() if k != "refused"})
             accepted = [False] * n
             tx = None
             received = stages.Received()
@@ -333,7 +343,7 @@ class Federation:
                 trained = stages.train(self, rin, hook, hook_rows)
                 sent, actx = stages.craft(self, rin, trained.sent)
                 comp = stages.encode(self, rin.part_t, sent)
-                chunked = stages.chunk(self, rnd, part, comp, params, signed)
+                chunked = stages.chunk(self, rnd, part, comp, rin.params, signed)
                 tx, timing = stages.transport(self, rnd, chunked, actx, verifier, history, keep, trained.client_steps)
                 extra.update(timing)
                 received = stages.receive(self, rnd, part, tx)
@@ -354,10 +364,11 @@ class Federation:
 
             contributors = [c for c in range(n) if accepted[c]]
             params, opt_state, prev_update, refusal = stages.server_step(
-                self, params, merged.aggregate, opt_state, contributors, received.rows, received.clients)
+                self, rin.params, merged.aggregate, opt_state, contributors, received.rows, received.clients)
             if not contributors:  # no update taken: what the server did ([federation] empty_round)
                 extra["empty_round"] = sc.federation.empty_round
-            refused = merged.refused + ([refusal] if refusal is not None else [])
+            refused = (list(sent_from.get("refused", [])) + merged.refused
+                       + ([refusal] if refusal is not None else []))
             if refused:
                 extra["refused"] = refused
             acc, loss, scored = stages.evaluate(self, params)

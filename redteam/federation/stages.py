@@ -2,8 +2,14 @@
 
 ::
 
-    train → craft → encode → chunk (+ sign) → transport → verify/decode
+    broadcast → train → craft → encode → chunk (+ sign) → transport → verify/decode
           → defend/merge → server step → evaluate
+
+``broadcast`` is the model the server sends the round's clients: the global model, or what a
+defense that ``prepares_broadcast`` makes of it (:meth:`~redteam.types.Defense.broadcast`, e.g.
+BackdoorIndicator planting its indicator task). Every later stage of the round reads that model
+as ``rin.params``: the clients train from it, their rows are local − broadcast, the defense sees it
+as ``ctx.global_params`` and the server steps from it.
 
 :class:`~redteam.federation.loop.Federation` holds what is fixed for a run (its
 :class:`~.setup.RunSetup`, and the server's network, codec, hierarchy, provenance gate and root
@@ -48,7 +54,7 @@ if TYPE_CHECKING:
 #: named here, not imported (it imports this module)
 Federation = Any
 
-__all__ = ["train", "craft", "encode", "chunk", "transport", "receive", "defend", "server_step", "evaluate",
+__all__ = ["broadcast", "train", "craft", "encode", "chunk", "transport", "receive", "defend", "server_step", "evaluate",
            "Received", "RowView", "Merged", "Chunked", "RoundInputs", "Trained"]
 
 
@@ -78,6 +84,38 @@ class Trained:
     sent: torch.Tensor
     client_steps: dict[int, int] | None = None
     replay: tuple[Any, ...] | None = None
+
+
+# ------------------------------------------------------------------ broadcast
+def broadcast(fed: "Federation", rin: RoundInputs) -> tuple[RoundInputs, dict[str, Any]]:
+    """The round's inputs with ``params`` replaced by the model the server sends: each stage of the
+    defense that ``prepares_broadcast`` maps the model in turn (its ``broadcast(params, ctx)``),
+    with a :class:`~redteam.types.ServerContext` of what the server holds before training. Returns
+    them and the round's telemetry (``broadcast_shift``: ‖broadcast − global‖). A model that comes
+    back non-finite is not sent: the round trains from the global model and says so
+    (``refused``). ``(rin, {})`` when no stage prepares one."""
+    planters = [st for st in fed.defense.parts() if st.prepares_broadcast]
+    if not planters:
+        return rin, {}
+    d = fed.spec.dim
+    part_t = rin.part_t
+    ctx = server_context(
+        fed.torch_rng["defense"], rnd=rin.rnd, weights=rin.weights[part_t], global_params=rin.params,
+        previous_update=rin.prev_update, state={}, client_ids=[int(c) for c in rin.part.tolist()],
+        model=model_view(fed), root_data=(fed.root.x, fed.root.y) if fed.root is not None else None)
+    sent = rin.params
+    for st in planters:
+        out = st.broadcast(sent, dataclasses.replace(ctx, global_params=sent))
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (d,):
+            raise RedteamError(f"defense {type(st).__name__}: broadcast returned "
+                               f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}, "
+                               f"expected a ({d},) tensor")
+        sent = out.detach().to(dtype=rin.params.dtype, device=rin.params.device)
+    if not bool(torch.isfinite(sent).all()):
+        return rin, {"refused": [{"stage": "broadcast", "reason": "the prepared model is not finite: the global "
+                                  "model was sent instead", "clients": []}]}
+    shift = float(torch.linalg.vector_norm((sent - rin.params).to(torch.float64)))
+    return dataclasses.replace(rin, params=sent), {"broadcast_shift": shift}
 
 
 # ------------------------------------------------------------------ train
