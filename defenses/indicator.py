@@ -353,24 +353,29 @@ class BackdoorIndicator(Aggregator):
         b = self.batch_size
         batches = [(x[k:k + b], y[k:k + b]) for k in range(0, int(y.shape[0]), b)]
         anchor = params.detach()
-        w = anchor.clone().requires_grad_(True)
-        opt = torch.optim.SGD([w], lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
-        sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=sorted(self.milestones), gamma=self.lr_gamma)
+        w = anchor.clone()
+        buf: "torch.Tensor | None" = None
+        steps = sorted(self.milestones)
         prev, calm = math.inf, 0
         with torch.enable_grad():
-            for _ in range(self.epochs):
+            for epoch in range(self.epochs):
+                # MultiStepLR: the rate times γ for every milestone reached (a repeated one counts twice)
+                lr = self.lr * self.lr_gamma ** sum(1 for m in steps if m <= epoch)
                 total = 0.0
                 for xb, yb in batches:
-                    opt.zero_grad(set_to_none=True)
-                    loss = view.loss(view.forward(w, xb), yb) + (self.mu / 2) * torch.linalg.vector_norm(w - anchor)
-                    loss.backward()
-                    opt.step()
+                    wg = w.detach().requires_grad_(True)
+                    loss = view.loss(view.forward(wg, xb), yb) + (self.mu / 2) * torch.linalg.vector_norm(wg - anchor)
+                    (grad,) = torch.autograd.grad(loss, wg)
+                    # torch.optim.SGD (dampening 0, not Nesterov), written out: d = g + λw;
+                    # b = d on the first step, else m·b + d; w ← w − η·b
+                    step = grad + self.weight_decay * w if self.weight_decay else grad
+                    buf = step if buf is None or not self.momentum else self.momentum * buf + step
+                    w = w - lr * buf
                     if self.projection_norm is not None:
-                        with torch.no_grad():
-                            gap = w - anchor
-                            norm = float(torch.linalg.vector_norm(gap))
-                            if norm > self.projection_norm:
-                                w.copy_(anchor + gap * (self.projection_norm / norm))
+                        gap = w - anchor
+                        norm = float(torch.linalg.vector_norm(gap))
+                        if norm > self.projection_norm:
+                            w = anchor + gap * (self.projection_norm / norm)
                     total += float(loss.detach())
                 mean = total / len(batches)
                 if self.early_stopping:  # BackFed: 10 epochs in a row within 1e-3 of the previous mean loss
@@ -378,7 +383,6 @@ class BackdoorIndicator(Aggregator):
                     if calm >= 10:
                         break
                 prev = mean
-                sched.step()
         return w.detach()
 
     # -- the decision --------------------------------------------------------------------

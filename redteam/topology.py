@@ -164,6 +164,11 @@ def check_plugins(support: Support, attack_name: str, attack: Any, defense: Any,
             hint = "; it needs a [pipeline] section" if st.acts_at == "pipeline" else ""
             raise InvalidParameter(f"[defense]: {name} acts at {st.acts_at}, which the {support.label} regime does "
                                    f"not model (it runs in {homes}){hint}")
+        if st.prepares_broadcast and not support.broadcast:
+            homes = " or ".join(r.label for r in REGIMES if r.broadcast)
+            raise InvalidParameter(f"[defense] {defense_label or name}: {name} prepares the model the server sends "
+                                   f"each round's clients (prepares_broadcast), and the {support.label} regime has "
+                                   f"no such broadcast; it runs in the {homes} regime")
         if st.uses_server_data and not support.server_data:
             raise InvalidParameter(f"[defense] {defense_label or name}: {name} needs server-held data (a root "
                                    f"dataset), and the {support.label} regime has no server holding any; use a rule "
@@ -172,11 +177,6 @@ def check_plugins(support: Support, attack_name: str, attack: Any, defense: Any,
             raise InvalidParameter(f"[defense] {defense_label or name}: {name} inspects the clients' models "
                                    f"(ctx.model), which the {support.label} regime does not offer; it runs in "
                                    f"{homes_of_view}")
-        if st.prepares_broadcast and not support.broadcast:
-            homes = " or ".join(r.label for r in REGIMES if r.broadcast)
-            raise InvalidParameter(f"[defense] {defense_label or name}: {name} prepares the model the server sends "
-                                   f"each round's clients (prepares_broadcast), and the {support.label} regime has "
-                                   f"no such broadcast; it runs in the {homes} regime")
         if st.replays_work and not support.replays_work:
             raise InvalidParameter(f"[defense]: {name} replays peers' local training from the round's inputs, which "
                                    f"the {support.label} regime does not record; it runs in the server's synchronous "
