@@ -63,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
             new.append(a if isinstance(a, dict) else {"name": a})
     block = "attacks = [\n" + "".join(f"    {_toml_value(a)},\n" for a in new) + "]"
     # the [matrix] attacks list is replaced in the text, so everything else (comments, rows) stays
-    out, n = re.subn(r"(?ms)^attacks = \[.*?^\]", lambda _: block, text, count=1)
+    # (the first top-level `attacks = [` line after `[matrix]`: a compose entry's own `attacks` list is
+    # inline, never at the start of a line)
+    out, n = re.subn(r"(?ms)^attacks = \[\s*$.*?^\]", lambda _: block, text, count=1)
     if n != 1:  # a list on one line
         out, n = re.subn(r"(?m)^attacks = \[.*\]\s*$", lambda _: block, text, count=1)
     if n != 1:
@@ -76,6 +78,11 @@ def main(argv: list[str] | None = None) -> int:
             (Path(tmp) / extra.name).write_bytes(extra.read_bytes())
         res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rN", str(copy)],
                              capture_output=True, text=True)
+    if res.returncode not in (0, 1) or not re.search(r"\d+ (passed|failed)", res.stdout):
+        # a copy that did not run (a parse error, a collection error) proves nothing either way
+        print(f"{src.name}: the copy with the attacks replaced did not run (pytest exit {res.returncode}):\n"
+              + (res.stdout + res.stderr)[-2000:], file=sys.stderr)
+        return 2
     failed = sorted({int(m) for m in re.findall(r"expect #(\d+) \(", res.stdout)})
     rows = doc.get("expect", [])
     held = [i + 1 for i in range(len(rows)) if i + 1 not in failed and (
