@@ -192,22 +192,28 @@ def layer_blocks(updates: "torch.Tensor", model: Any, which: str) -> "tuple[list
 
 # -------------------------------------------------------------------- top-down election
 class _VAE:
-    """The authors' VAE as plain tensors (drawn from one generator)."""
+    """The authors' VAE as one flat parameter tensor (drawn from one generator), trained by Adam
+    written out over that tensor (torch's Adam, β = (0.9, 0.999), ε = 10⁻⁸, in a few whole-buffer
+    operations: no per-tensor loop and no optimiser module to import)."""
 
     def __init__(self, dim: int, hidden: int, latent: int, g: "torch.Generator") -> None:
         import torch
 
-        def linear(out_f: int, in_f: int) -> list["torch.Tensor"]:
-            w = torch.randn(out_f, in_f, generator=g) * math.sqrt(2.0 / in_f)  # Kaiming normal (ReLU gain)
-            b = (torch.rand(out_f, generator=g) * 2.0 - 1.0) / math.sqrt(in_f)  # torch's Linear bias
-            return [w.requires_grad_(), b.requires_grad_()]
-
         shapes = [(hidden, dim), (hidden, hidden), (latent, hidden), (latent, hidden),
                   (hidden, latent), (hidden, hidden), (dim, hidden)]
-        self.params = [p for o, i in shapes for p in linear(o, i)]
+        parts, self.spans = [], []
+        at = 0
+        for out_f, in_f in shapes:
+            w = torch.randn(out_f * in_f, generator=g) * math.sqrt(2.0 / in_f)  # Kaiming normal (ReLU gain)
+            b = (torch.rand(out_f, generator=g) * 2.0 - 1.0) / math.sqrt(in_f)  # torch's Linear bias
+            parts += [w, b]
+            self.spans.append((at, at + out_f * in_f, at + out_f * in_f + out_f, out_f, in_f))
+            at += out_f * in_f + out_f
+        self.flat = torch.cat(parts).requires_grad_()
 
     def _lin(self, x: "torch.Tensor", j: int) -> "torch.Tensor":
-        return x @ self.params[2 * j].T + self.params[2 * j + 1]
+        a, b, c, out_f, in_f = self.spans[j]
+        return x @ self.flat[a:b].view(out_f, in_f).T + self.flat[b:c]
 
     def encode(self, x: "torch.Tensor") -> "tuple[torch.Tensor, torch.Tensor]":
         import torch
@@ -220,24 +226,31 @@ class _VAE:
 
         return torch.sigmoid(self._lin(torch.relu(self._lin(torch.relu(self._lin(z, 4)), 5)), 6))
 
-    def train(self, data: "torch.Tensor", epochs: int, batch: int, g: "torch.Generator") -> None:
+    def train(self, data: "torch.Tensor", epochs: int, batch: int, g: "torch.Generator",
+              lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
+        """``epochs`` passes over ``data`` in shuffled mini-batches; a fresh Adam state per call, as
+        the authors build a new optimiser in every call of their ``train_vae``."""
         import torch
 
-        try:  # the same Adam in one fused kernel per tensor (ten times faster on a CPU)
-            opt = torch.optim.Adam(self.params, lr=1e-3, fused=True)
-        except (RuntimeError, TypeError):  # pragma: no cover - a torch without the fused CPU kernel
-            opt = torch.optim.Adam(self.params, lr=1e-3)
-        m = data.shape[0]
+        m = torch.zeros_like(self.flat)
+        v = torch.zeros_like(self.flat)
+        b1, b2 = betas
+        t = 0
+        rows = data.shape[0]
         for _ in range(epochs):
-            perm = torch.randperm(m, generator=g)
-            for s in range(0, m, batch):
+            perm = torch.randperm(rows, generator=g)
+            for s in range(0, rows, batch):
                 x = data[perm[s:s + batch]]
                 mu, logvar = self.encode(x)
                 z = mu + torch.exp(0.5 * logvar) * torch.randn(mu.shape, generator=g)
                 loss = (self.decode(z) - x).square().sum() - 0.5 * (1.0 + logvar - mu.square() - logvar.exp()).sum()
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
+                (grad,) = torch.autograd.grad(loss, self.flat)
+                t += 1
+                with torch.no_grad():
+                    m.mul_(b1).add_(grad, alpha=1.0 - b1)
+                    v.mul_(b2).addcmul_(grad, grad, value=1.0 - b2)
+                    denom = (v.sqrt() / math.sqrt(1.0 - b2 ** t)).add_(eps)
+                    self.flat.addcdiv_(m, denom, value=-lr / (1.0 - b1 ** t))
 
     def recon_error(self, x: "torch.Tensor", samples: int, g: "torch.Generator") -> "torch.Tensor":
         """Mean over ``samples`` latent draws of each row's sum of squared reconstruction errors."""
@@ -353,7 +366,9 @@ class Snowball(Filter):
         selected = ranking[:first].tolist()
         target = int(n * self.vt)
         state.update(votes=votes.tolist(), selectees=[int(fin[i]) for i in selected], target=target,
-                     scores=[lay["scores"] for lay in info])
+                     scores=[lay["scores"] for lay in info], clusters=min(self.ct, n - 2) + 1)
+        if self.ct > n - 2:
+            state["note"] = f"Snowball: ct = {self.ct} capped at n − 2 = {n - 2} (k-means of {n} updates)"
         picked: list[list[int]] = []
         errors: dict[int, float] = {}
         warm = int(ctx.round) < self.warmup_rounds
