@@ -14,7 +14,9 @@ with Gaussian noise:
 with the schedule ρₜ = min(ρ, ρ₀ + a·t) (t = 1, 2, … the round; the authors: MNIST ρ = 15,
 ρ₀ = 2, a = 0.1; EMNIST 100, 4, 0.25; LOAN 5, 2, 0.025) and σ = 0.01 in all three configs. As a
 :class:`~redteam.types.Defense` the aggregate is the delta that produces that model:
-clip(G + mean) + σ·z − G with G = ``ctx.global_params`` and z drawn from ``ctx.generator``.
+clip(G + mean) + σ·z − G with G = ``ctx.global_params`` and z drawn from ``ctx.generator``; the
+server's plain FedAvg step with learning rate 1 (the engine's default) then makes the new model
+exactly the paper's (another server optimiser or learning rate moves the model by its own rule).
 
 **Testing** (:func:`certify`). The smoothed classifier votes over M noisy copies w + N(0, σ_T²I) of
 the trained model; its prediction on x is certified against any backdoor of magnitude ‖δ‖ below the
