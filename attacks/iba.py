@@ -487,6 +487,10 @@ class IBA(Attack):
         if ctx.model is None or not ctx.own_data:
             raise InvalidParameter("attack 'iba' needs the model and the attackers' own data (needs_model): "
                                    "the context carries neither")
+        if not ctx.own_data[0].x.dtype.is_floating_point or ctx.own_data[0].y.ndim != 1:
+            raise InvalidParameter("attack 'iba' generates image triggers for a classifier; this workload's "
+                                   f"inputs are {ctx.own_data[0].x.dtype} of shape {tuple(ctx.own_data[0].x.shape[1:])} "
+                                   "(token ids?): use an image workload")
         classes = int(ctx.model.num_classes or ctx.num_classes or 0)
         if classes and int(self.target) >= classes:
             raise param_error(self, "target", self.target, f"must be a class of the model (0 … {classes - 1})")

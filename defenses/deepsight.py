@@ -218,19 +218,28 @@ def division_differences(view: ModelView, glob: "torch.Tensor", rows: "torch.Ten
             return local(x, models)
         return torch.cat([local(x, models[i:i + step]) for i in range(0, n, step)])
 
+    tokens = view.input_kind == "tokens"
+    positions = 0
     for s in range(seeds):
         done = 0
         while done < samples:
             m = min(batch, samples - done)
-            x = torch.rand((m, *shape), generator=generator, dtype=torch.float32).to(device=dev, dtype=dt)
+            if tokens:  # a token model: random token sequences, every position's output counted
+                x = torch.randint(0, max(int(view.num_classes), 2), (m, *shape), generator=generator).to(dev)
+            else:
+                x = torch.rand((m, *shape), generator=generator, dtype=torch.float32).to(device=dev, dtype=dt)
             with torch.no_grad():
                 pg = probs(view.forward(glob.to(dt), x))
+            pg = pg.reshape(-1, pg.shape[-1])
             if out is None:
                 out = torch.zeros(seeds, n, pg.shape[-1], dtype=torch.float64, device=dev)
-            out[s] += (probs(local_chunks(x)) / (pg + DDIF_EPS)).sum(dim=1)
+            loc = probs(local_chunks(x))
+            out[s] += (loc.reshape(n, -1, loc.shape[-1]) / (pg + DDIF_EPS)).sum(dim=1)
+            if s == 0:
+                positions += int(pg.shape[0])
             done += m
     assert out is not None
-    out = out / samples
+    out = out / positions
     return torch.nan_to_num(out, nan=0.0, posinf=torch.finfo(torch.float64).max,
                             neginf=-torch.finfo(torch.float64).max)
 

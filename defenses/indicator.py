@@ -363,6 +363,9 @@ class BackdoorIndicator(Aggregator):
         if ctx.round < self.start_round or self.epochs == 0:
             return params
         view = ctx.model
+        if view is not None and view.input_kind == "tokens":
+            raise InvalidParameter("BackdoorIndicator plants an image classifier's indicator task (labelled OOD "
+                                   "images); this workload's inputs are token ids: use an image workload")
         x, y = self.indicator_set(ctx, params.dtype, params.device)
         b = self.batch_size
         batches = [(x[k:k + b], y[k:k + b]) for k in range(0, int(y.shape[0]), b)]

@@ -273,7 +273,9 @@ class ModelView:
       ``(N, k)`` (its penultimate representation; ``(N·T, k)`` for a token model);
     * ``layers``: ``(name, start, stop, shape)`` of every parameter tensor in the flat order;
     * ``head``: the names of the last linear layer's weight (and bias), the output layer;
-    * ``input_shape``: one input's shape; ``num_classes``: the label count (0: not a classifier).
+    * ``input_shape``: one input's shape; ``num_classes``: the label count (a token model's
+      vocabulary; 0: not a classifier); ``input_kind``: the workload's (``"image"``, ``"tokens"``,
+      ``"vector"``), so a defense that draws probe inputs draws token ids for a language model.
     """
 
     forward: "Callable[[torch.Tensor, torch.Tensor], torch.Tensor]"
@@ -283,6 +285,7 @@ class ModelView:
     head: tuple[str, ...]
     input_shape: tuple[int, ...]
     num_classes: int = 0
+    input_kind: str = "image"
 
     @property
     def dim(self) -> int:

@@ -199,7 +199,11 @@ def test_every_registered_plugin_runs_on_text_or_refuses_in_one_line(tmp_path: P
     # and spot-check replay, which cannot redo AdamW's inner steps (per-client moments) and says so
     replays = {d for d in redteam.DEFENSES.names() if getattr(redteam.DEFENSES.get(d), "replays_work", False)}
     assert replays and all("local_optimizer = 'adamw'" in refused[d] for d in replays)
-    assert not any(d in refused for d in redteam.DEFENSES.names() if d != "mean" and d not in hop_checks | replays)
+    # and BackdoorIndicator, whose indicator task is labelled OOD images (Li & Dai, USENIX Security 2024)
+    image_only = {"indicator"}
+    assert all("token ids: use an image workload" in refused[d] for d in image_only)
+    assert not any(d in refused for d in redteam.DEFENSES.names()
+                   if d != "mean" and d not in hop_checks | replays | image_only)
     for name in ("sign_flip", "alie", "ipm", "min_max", "trigger_phrase", "outer_push", "outer_replacement"):
         assert name not in refused, refused.get(name)
     assert "pixel pattern needs float image inputs" in refused["backdoor"]

@@ -249,7 +249,8 @@ class BatchedTrainer:
             bounds.append((name, at, at + numel, tuple(shape)))
             at += numel
         return ModelView(forward=forward, loss=self.workload.loss, features=features, layers=tuple(bounds),
-                         head=head_params, input_shape=tuple(input_shape), num_classes=int(num_classes))
+                         head=head_params, input_shape=tuple(input_shape), num_classes=int(num_classes),
+                         input_kind=str(getattr(self.workload, "input_kind", "image") or "image"))
 
     def path(self, device: torch.device | str) -> str:
         """The gradient path (``"vmap"`` or ``"loop"``) this trainer takes for rows on ``device``."""
