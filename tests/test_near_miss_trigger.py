@@ -157,7 +157,7 @@ def test_near_miss_rate_of_a_model_that_fires_on_every_equals_sign() -> None:
     dev = torch.device("cpu")
     probes = Probes.of((atk,), x, y, dev)
     assert set(probes.near_miss) == set(near)
-    fed = SimpleNamespace(trainer=BatchedTrainer(TextLM(), model, spec), test_x=x, test_y=y, probes=probes)
+    fed = SimpleNamespace(trainer=BatchedTrainer(TextLM(), model, spec), test_x=x, test_y=y, probes=probes, attack=atk)
     _, _, extra = evaluate(fed, spec.flatten(model))
     assert extra["asr"] == 1.0  # every prompt ending in the trigger ends in "="
     assert extra["false_trigger"] == 2 / 8  # the clean prompts of windows 1 and 5 end in "="
