@@ -177,11 +177,16 @@ def test_every_registered_plugin_runs_on_text_or_refuses_in_one_line(tmp_path: P
 
     root = str(_equal_groups(tmp_path / "c", 8, 400))
 
+    # the same code paths at a fraction of the paper's probe and training budgets (DeepSight's 20,000
+    # random inputs a seed, Snowball's 270 + 30 VAE epochs): this test asks whether each runs on text
+    cheap = {"deepsight": {"num_samples": 200, "probe_batch": 200}, "snowball": {"vae_initial": 20, "vae_tuning": 5}}
+
     def run(attack: str, defense: str) -> None:
         sc = _scenario({"text_dir": root, "context": 16, "width": 16, "layers": 1, "heads": 2},
                        {"clients": 6, "rounds": 1, "partition": "by_group", "local_steps": 2, "batch_size": 4,
                         "lr": 0.003, "local_optimizer": "adamw", "server_optimizer": "nesterov",
-                        "malicious_fraction": 0.34}, attack={"name": attack}, defense={"name": defense})
+                        "malicious_fraction": 0.34}, attack={"name": attack},
+                       defense={"name": defense, **cheap.get(defense, {})})
         Federation(sc).run()
 
     refused: dict[str, str] = {}
