@@ -130,3 +130,13 @@ def fit_norm(direction: "torch.Tensor", norm: float, like: "torch.Tensor") -> "t
                              torch.ones_like(got))
         out = (work(out) * shrink[:, None].to(work(out).dtype)).to(like.dtype)
     return out
+
+
+def check_image_shape(obj: Any, v: Any, *, allow_none: bool = True) -> None:
+    """``image_shape`` is ``(H, W)`` or ``(C, H, W)`` with positive integer sizes (or unset)."""
+    if v is None and allow_none:
+        return
+    if (not isinstance(v, (tuple, list)) or len(v) not in (2, 3)
+            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in v)):
+        raise param_error(obj, "image_shape", v, "must be (H, W) or (C, H, W) with positive sizes"
+                          + (", or unset" if allow_none else ""))

@@ -89,6 +89,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from redteam.types import Attack, AttackContext, ModelView, Surface, TrainingHook, param_error
 
+from ._common import check_image_shape
+
 if TYPE_CHECKING:
     import torch
 
@@ -181,9 +183,7 @@ class A3FL(Attack):
             raise param_error(self, "trigger_position", v, "must be [row, col], two integers ≥ 0 (the patch's top-left)")
 
     def validate_image_shape(self, v: Any) -> None:
-        if (not isinstance(v, (tuple, list)) or len(v) not in (2, 3)
-                or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in v)):
-            raise param_error(self, "image_shape", v, "must be (H, W) or (C, H, W) with positive sizes")
+        check_image_shape(self, v, allow_none=False)
         h, w = v[-2], v[-1]
         r, c = self.trigger_position
         s = self.trigger_size

@@ -94,6 +94,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from redteam.errors import RedteamError
 from redteam.types import Attack, AttackContext, Surface, param_error
 
+from ._common import check_image_shape
 from .backdoor import Backdoor
 
 if TYPE_CHECKING:
@@ -212,12 +213,9 @@ class Chameleon(Attack):
             raise param_error(self, "value", v, "must be a finite number")
 
     def validate_image_shape(self, v: Any) -> None:
-        if v is None:
-            return
-        if (not isinstance(v, (tuple, list)) or len(v) not in (2, 3)
-                or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in v)):
-            raise param_error(self, "image_shape", v, "must be (H, W) or (C, H, W) with positive sizes, or unset")
-        self._check_fits(tuple(v))
+        check_image_shape(self, v)
+        if v is not None:
+            self._check_fits(tuple(v))
 
     def validate_target(self, v: Any) -> None:
         _count(self, "target", v, 0)

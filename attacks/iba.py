@@ -114,6 +114,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal
 from redteam.errors import InvalidParameter
 from redteam.types import Attack, AttackContext, Surface, TrainingHook, param_error
 
+from ._common import check_image_shape
 from .compression import ball_projection
 
 if TYPE_CHECKING:
@@ -266,11 +267,7 @@ class IBA(Attack):
             raise param_error(self, "input_range", v, "must be [lo, hi] with finite lo < hi (the inputs' range)")
 
     def validate_image_shape(self, v: Any) -> None:
-        if v is None:
-            return
-        if (not isinstance(v, (tuple, list)) or len(v) not in (2, 3)
-                or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in v)):
-            raise param_error(self, "image_shape", v, "must be (H, W) or (C, H, W) with positive sizes, or unset")
+        check_image_shape(self, v)
 
     def validate_width(self, v: Any) -> None:
         _integer(self, "width", v, 1, "must be an integer ≥ 1 (the generator's channels)")

@@ -17,7 +17,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ._common import combine, row_norms
 
@@ -135,3 +135,16 @@ def power_of_two_below(value: float) -> float:
     import math
 
     return math.ldexp(1.0, -math.frexp(value)[1])
+
+
+def filtered_mean_decision(res: "Any", updates: "torch.Tensor", ctx: "Any") -> "Any":
+    """The Decision of a detector that filters, then averages the accepted rows FedAvg-style
+    (sample-weighted; non-finite rows out): FLDetector's and Snowball's base rule."""
+    from redteam.types import Decision, sample_weights
+
+    from ._common import finite_rows
+
+    w = sample_weights(ctx, updates.shape[0], updates) * res.accepted.to(updates.dtype)
+    total = w.sum()
+    return Decision(aggregate=convex_mean(updates, w, finite_rows(updates)), accepted=res.accepted,
+                    weights=w / total if float(total) > 0 else w, reasons=dict(res.reasons), state=dict(res.state))

@@ -246,21 +246,11 @@ def division_differences(view: ModelView, glob: "torch.Tensor", rows: "torch.Ten
 
 def cluster_labels(dist: "torch.Tensor", min_cluster_size: int, min_samples: int = 1, *,
                    allow_single_cluster: bool = False) -> list[int]:
-    """HDBSCAN labels (−1: outlier) of a precomputed distance matrix (scikit-learn)."""
-    import warnings
+    """HDBSCAN labels (−1: outlier) of a precomputed distance matrix: FLAME's wrapper
+    (:func:`defenses.flame.hdbscan_labels`), with one cluster of everything refused by default."""
+    from .flame import hdbscan_labels
 
-    import numpy as np
-    from sklearn.cluster import HDBSCAN
-
-    n = int(dist.shape[0])
-    if n == 1:
-        return [0]
-    d = np.ascontiguousarray(dist.detach().cpu().numpy(), dtype=np.float64)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        model = HDBSCAN(min_cluster_size=max(2, min(min_cluster_size, n)), min_samples=min(min_samples, n),
-                        metric="precomputed", allow_single_cluster=allow_single_cluster, copy=True)
-        return [int(v) for v in model.fit(d).labels_]
+    return hdbscan_labels(dist, min_cluster_size, min_samples, allow_single_cluster=allow_single_cluster)
 
 
 def membership_distances(labels: list[int], outliers: str = "singletons") -> "torch.Tensor":

@@ -76,8 +76,10 @@ def cosine_distances(gram: "torch.Tensor") -> "torch.Tensor":
     return dist
 
 
-def hdbscan_labels(dist: "torch.Tensor", min_cluster_size: int, min_samples: int = 1) -> list[int]:
-    """HDBSCAN labels (−1: outlier) of a precomputed distance matrix (scikit-learn)."""
+def hdbscan_labels(dist: "torch.Tensor", min_cluster_size: int, min_samples: int = 1, *,
+                   allow_single_cluster: bool = True) -> list[int]:
+    """HDBSCAN labels (−1: outlier) of a precomputed distance matrix (scikit-learn); one cluster of
+    everything is allowed unless ``allow_single_cluster`` is false."""
     import numpy as np
     from sklearn.cluster import HDBSCAN
 
@@ -88,7 +90,7 @@ def hdbscan_labels(dist: "torch.Tensor", min_cluster_size: int, min_samples: int
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         model = HDBSCAN(min_cluster_size=max(2, min(min_cluster_size, n)), min_samples=min(min_samples, n),
-                        metric="precomputed", allow_single_cluster=True, copy=True)
+                        metric="precomputed", allow_single_cluster=allow_single_cluster, copy=True)
         return [int(v) for v in model.fit(d).labels_]
 
 

@@ -71,10 +71,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Mapping
 
 from redteam.pipeline import Filter, FilterResult
-from redteam.types import Decision, ServerContext, sample_weights
+from redteam.types import Decision, ServerContext
 
 from ._common import check_choice, check_count, check_number, finite_rows, generator_of, rescale_pow2
-from ._stats import convex_mean
+from ._stats import filtered_mean_decision
 
 if TYPE_CHECKING:
     import torch
@@ -415,9 +415,4 @@ class Snowball(Filter):
         return FilterResult(updates=updates, accepted=accepted, reasons=reasons, state=state)
 
     def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
-        res = self.filter(updates, ctx)
-        w = sample_weights(ctx, updates.shape[0], updates) * res.accepted.to(updates.dtype)
-        total = w.sum()
-        return Decision(aggregate=convex_mean(updates, w, finite_rows(updates)), accepted=res.accepted,
-                        weights=w / total if float(total) > 0 else w, reasons=dict(res.reasons),
-                        state=dict(res.state))
+        return filtered_mean_decision(self.filter(updates, ctx), updates, ctx)
