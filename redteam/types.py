@@ -39,6 +39,9 @@ __all__ = [
     "Defense",
     "Surface",
     "TrainingHook",
+    "UpdateObservation",
+    "Reconstruction",
+    "ModelObservation",
     "StageContext",
     "GossipContext",
     "PipelineView",
@@ -61,8 +64,9 @@ class Surface:
     PIPELINE = "pipeline"  # tamper_activation, tamper_gradient, tamper_stage_update: a stage peer of a pipeline
     GOSSIP = "gossip"  # craft_gossip: what a Byzantine node of a gossip graph sends each honest neighbour
     ASYNC = "async"  # async_send: when an update of an asynchronous server lands, and the base version it claims
+    PRIVACY = "privacy"  # reconstruct / membership_scores: a passive observer of one client's update or of the model
 
-    ALL = (DATA, UPDATES, TRANSPORT, PROVENANCE, HIERARCHY, TRAINING, PIPELINE, GOSSIP, ASYNC)
+    ALL = (DATA, UPDATES, TRANSPORT, PROVENANCE, HIERARCHY, TRAINING, PIPELINE, GOSSIP, ASYNC, PRIVACY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,6 +314,67 @@ class ModelView:
         with torch.no_grad():
             out = self.forward(flat, x)
         return float((out.argmax(-1) == y).to(torch.float64).mean()) if y.numel() else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateObservation:
+    """What an observer of one client's update sees (``Surface.PRIVACY`` attacks that
+    ``observes = "update"``: a curious server, or an eavesdropper on the wire).
+
+    * ``update`` ``(d,)``: the row as the observer received it (local − broadcast model, after the
+      codec; under secure aggregation a masked row, which carries nothing on its own);
+    * ``params`` ``(d,)``: the model the client trained from;
+    * ``model``: the run's :class:`ModelView`;
+    * ``lr``, ``local_steps``, ``batch_size``: the clients' local SGD procedure (public in FedSGD /
+      FedAvg); for one step of plain SGD the gradient is ``-update / lr``;
+    * ``num_samples``: how many samples the client's step averaged (the batch to reconstruct);
+    * ``generator``: the observer's seeded stream (its random initial guess).
+    """
+
+    update: "torch.Tensor"
+    params: "torch.Tensor"
+    model: "ModelView"
+    lr: float
+    local_steps: int
+    batch_size: int
+    num_samples: int
+    generator: "torch.Generator"
+
+
+@dataclass(frozen=True, slots=True)
+class Reconstruction:
+    """An inversion's answer: ``images`` ``(B, *input_shape)`` in the workload's input scale and
+    ``labels`` ``(B,)`` (int64; the labels it believes the samples carry)."""
+
+    images: "torch.Tensor"
+    labels: "torch.Tensor"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelObservation:
+    """What a membership-inference observer of the final global model sees (``Surface.PRIVACY``
+    attacks that ``observes = "model"``).
+
+    * ``params`` ``(d,)``: the released model; ``model``: its :class:`ModelView`;
+    * ``candidates_x`` / ``candidates_y``: the points to score, members of the federation's
+      training data and non-members from the same distribution, shuffled (which is which is hidden);
+    * ``population_x`` / ``population_y``: the attacker's own data from the same distribution,
+      disjoint from the candidates (what it trains shadow models on);
+    * ``train(x, y, generator) -> (d,)``: trains a fresh model as the federation would (its
+      initialisation distribution, its optimiser and budget) on ``(x, y)``: a shadow model;
+    * ``train_size``: how many samples the target model was trained on (a shadow trains on as many);
+    * ``generator``: the observer's seeded stream.
+    """
+
+    params: "torch.Tensor"
+    model: "ModelView"
+    candidates_x: "torch.Tensor"
+    candidates_y: "torch.Tensor"
+    population_x: "torch.Tensor"
+    population_y: "torch.Tensor"
+    train: "Callable[[torch.Tensor, torch.Tensor, torch.Generator], torch.Tensor]"
+    train_size: int
+    generator: "torch.Generator"
 
 
 @dataclass(frozen=True, slots=True)
@@ -593,12 +658,15 @@ class Attack:
     #: the trigger changes from round to round (it is optimised): ``targeted_test`` is asked again
     #: before every evaluation, so the ASR is that of the trigger the attacker holds then
     dynamic_trigger: ClassVar[bool] = False
+    #: a ``Surface.PRIVACY`` observer: ``"update"`` (one client's update: :meth:`reconstruct`) or
+    #: ``"model"`` (the final global model: :meth:`membership_scores`)
+    observes: ClassVar[str] = ""
 
     #: the capabilities above, by name (the plugin guide documents each)
     CAPABILITIES: ClassVar[tuple[str, ...]] = (
         "surfaces", "omniscient", "produces_nonfinite", "adaptive", "history_rounds", "validator_seats",
         "capabilities", "skips_compute", "leaves_before_sync", "colluding_verifiers", "needs_model",
-        "dynamic_trigger", "targeted_test", "clean_test",
+        "dynamic_trigger", "observes", "targeted_test", "clean_test",
         "near_miss_test", "targeted_parts", "report_scores")
 
     def __post_init__(self) -> None:
@@ -689,6 +757,18 @@ class Attack:
         called when it is ready and again after every event while it is held; ``None`` sends it now
         with the true base version."""
         return None
+
+    def reconstruct(self, obs: "UpdateObservation") -> "Reconstruction":
+        """A privacy observer of one client's update (``Surface.PRIVACY``, ``observes = "update"``):
+        return its reconstruction of the samples the client trained on. Passive: what it returns
+        changes nothing in the run; the engine scores it against the client's data."""
+        raise NotImplementedError(f"{type(self).__name__} does not reconstruct updates")
+
+    def membership_scores(self, obs: "ModelObservation") -> "torch.Tensor":
+        """A membership-inference observer of the final model (``Surface.PRIVACY``, ``observes =
+        "model"``): return one score per candidate ``(m,)``, higher = more likely a member. The
+        engine scores them against the hidden truth (AUC, TPR at low FPR)."""
+        raise NotImplementedError(f"{type(self).__name__} does not score membership")
 
     def training_hook(self, ctx: AttackContext) -> "TrainingHook | None":
         """Return how the malicious clients train this round (``None``: like honest clients).
