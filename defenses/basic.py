@@ -32,6 +32,7 @@ class Mean(Aggregator):
     weighted: bool = True
     summary: ClassVar[str] = "FedAvg mean (sample-weighted by default)"
     reference: ClassVar[str] = "McMahan et al., AISTATS 2017"
+    needs_client_rows: ClassVar[bool] = False  # a weighted sum over a weighted count: sums are enough
 
     def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
         import torch

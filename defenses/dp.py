@@ -15,17 +15,17 @@ Combine with ``clip`` or ``norm_bound`` for the DP-FedAvg shape:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from redteam.pipeline import PostProcessor
-from redteam.types import ServerContext
+from redteam.types import Decision, Defense, ServerContext, param_error
 
 from ._common import check_number, generator_of
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DPNoise"]
+__all__ = ["DPNoise", "DPFedAvg"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +43,7 @@ class DPNoise(PostProcessor):
     sigma: float = 0.025
     screens_nonfinite: ClassVar[bool] = False  # rows pass through: put `sanity` (or a rule that screens) first
     unanimity: ClassVar[bool] = False  # identical rows do not give back that row: noise is added
+    needs_client_rows: ClassVar[bool] = False  # noise on the mean: the sum is enough
     summary: ClassVar[str] = "Gaussian noise N(0, σ²) on the aggregate (weak DP / DP-FedAvg)"
     reference: ClassVar[str] = "Sun et al., arXiv:1911.07963, 2019; McMahan et al., ICLR 2018"
 
@@ -58,3 +59,75 @@ class DPNoise(PostProcessor):
         noise = torch.randn(aggregate.shape, generator=generator_of(ctx), dtype=dtype, device="cpu")
         noise = noise.to(device=aggregate.device)
         return (aggregate.to(dtype) + self.sigma * noise).to(aggregate.dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class DPFedAvg(Defense):
+    """Client-level differentially private federated averaging (DP-FedAvg).
+
+    McMahan, Ramage, Talwar & Zhang, "Learning Differentially Private Recurrent Language Models",
+    ICLR 2018, Algorithm 1 with uniform client weights: each client's update is clipped to L2 norm
+    S (``clip``), the clipped updates are summed, Gaussian noise N(0, (zS)²I) is added to the sum
+    (z: ``noise_multiplier``) and the result is divided by the number of clients m (the paper's
+    fixed-denominator estimator with w_k = 1 and every drawn client reporting). The run reports the
+    ε this gives at ``[privacy] delta`` over its rounds, from ``dp-accounting``
+    (:mod:`redteam.privacy.accountant`; ``sampling`` names the analysis, see there).
+
+    Under secure aggregation each client clips its own row (:meth:`client_side`) and the server,
+    which reads only sums, adds the noise to them (``ServerContext.summed``). Sample counts do
+    not weight the mean: a client's weight would be part of its sensitivity.
+
+    * ``clip``: S > 0; ``noise_multiplier``: z ≥ 0 (0: clipping alone, ε infinite);
+    * ``sampling``: ``"without_replacement"`` (default: how the harness draws K of N clients) or
+      ``"poisson"`` (the paper's analysis).
+    """
+
+    clip: float = 1.0
+    noise_multiplier: float = 1.0
+    sampling: str = "without_replacement"
+    unanimity: ClassVar[bool] = False
+    needs_client_rows: ClassVar[bool] = False
+    accounts_privacy: ClassVar[bool] = True
+    summary: ClassVar[str] = "DP-FedAvg: clip each client to S, noise N(0, (zS)²) on the sum, ε from dp-accounting"
+    reference: ClassVar[str] = "McMahan, Ramage, Talwar & Zhang, ICLR 2018"
+
+    def validate_clip(self, v: float) -> None:
+        check_number(self, "clip", v, low=0.0, low_open=True)
+
+    def validate_noise_multiplier(self, v: float) -> None:
+        check_number(self, "noise_multiplier", v, low=0.0)
+
+    def validate_sampling(self, v: str) -> None:
+        if v not in ("without_replacement", "poisson"):
+            raise param_error(self, "sampling", v, 'must be "without_replacement" or "poisson"')
+
+    def client_side(self, rows: "torch.Tensor") -> "torch.Tensor":
+        import torch
+
+        norms = torch.linalg.vector_norm(rows.to(torch.float64), dim=1, keepdim=True)
+        scale = torch.clamp(self.clip / torch.clamp(norms, min=1e-300), max=1.0)
+        return (rows.to(torch.float64) * scale).to(rows.dtype)
+
+    def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
+        import torch
+
+        n = int(updates.shape[0])
+        counts = torch.as_tensor(ctx.summed if ctx.summed is not None else [1] * n, dtype=torch.float64,
+                                 device=updates.device)
+        # a sum's mean has norm ≤ S when its clients clipped: clipping it again changes nothing
+        clipped = self.client_side(updates).to(torch.float64)
+        finite = torch.isfinite(clipped).all(dim=1)
+        clipped = torch.where(finite[:, None], clipped, torch.zeros_like(clipped))
+        m = float(counts[finite].sum())
+        total = (clipped * counts[:, None]).sum(dim=0)
+        if self.noise_multiplier:
+            noise = torch.randn(total.shape, generator=generator_of(ctx), dtype=torch.float64, device="cpu")
+            total = total + self.noise_multiplier * self.clip * noise.to(total.device)
+        agg = total / max(m, 1.0)
+        reasons = {int(i): "non-finite update" for i in torch.nonzero(~finite).flatten().tolist()}
+        return Decision(aggregate=agg.to(updates.dtype), accepted=finite, reasons=reasons)
+
+    def dp_mechanism(self, population: int, per_round: int, rounds: int) -> Any:
+        from redteam.privacy.accountant import ClientLevelDP
+
+        return ClientLevelDP(self.noise_multiplier, population, per_round, rounds, self.sampling)

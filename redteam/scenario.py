@@ -47,7 +47,7 @@ from typing import Any, Callable, Literal, Mapping
 from .errors import InvalidParameter, InvalidScenario, RedteamError
 from .registry import ATTACKS, DEFENSES, WORKLOADS, _coerce
 from .scenario_limits import Limits, check_federation, check_memory, check_work, read_toml, shown
-from .topology import check_keys, regime_section
+from .topology import REGIMES, check_keys, regime_section
 
 __all__ = [
     "Scenario",
@@ -382,6 +382,42 @@ class AsyncSpec:
     jitter: float = _rule(0.0, lambda v: _nonneg(v) and v <= 10, "must be in [0, 10]")
 
 
+@dataclass(frozen=True, slots=True)
+class PrivacySpec:
+    """``[privacy]``: passive privacy observers scored on the same run as the poisoning, and
+    secure aggregation (:mod:`redteam.privacy`).
+
+    * ``observers``: ``Surface.PRIVACY`` attacks (at most one that ``observes = "update"``, a
+      gradient inversion, and one that ``observes = "model"``, a membership inference);
+    * ``observe``: what the inversion sees: ``"row"`` (one client's update as the server receives
+      it: a curious server or an eavesdropper) or ``"aggregate"`` (the update the server applies in
+      that round, as anyone who downloads the model sees it);
+    * ``observe_round``: the round whose update is inverted; ``victim``: the observed client (unset:
+      the first honest participant of that round; under ``"aggregate"`` every participant's samples
+      are the truth);
+    * ``candidates``: members and non-members (each) a membership observer scores;
+    * ``delta``: the δ at which ε is reported (a defense that ``accounts_privacy``);
+    * ``secure_aggregation``: the clients mask their rows pairwise (Bonawitz et al., CCS 2017) so the
+      server reads only sums; ``secagg_buckets``: sums over that many random buckets (a defense
+      that needs per-client rows runs on the bucket means; 1: one sum, and such a defense is
+      refused); ``secagg_dropout``: each client's chance to drop after the key exchange (its
+      masks are then removed from Shamir shares); ``secagg_clip`` / ``secagg_frac_bits`` /
+      ``secagg_modulus_bits``: the fixed-point encoding of the rows in the ring."""
+
+    observers: tuple[PluginSpec, ...] = ()
+    observe: Literal["row", "aggregate"] = "row"
+    observe_round: int = _rule(0, lambda v: isinstance(v, int) and v >= 0, "must be an integer ≥ 0")
+    victim: int | None = _rule(None, lambda v: v is None or (isinstance(v, int) and v >= 0), "must be an integer ≥ 0")
+    candidates: int = _rule(200, lambda v: isinstance(v, int) and 2 <= v <= 100_000, "must be an integer in [2, 100000]")
+    delta: float = _rule(1e-5, lambda v: _prob(v) and 0 < v < 1, "must be in (0, 1)")
+    secure_aggregation: bool = False
+    secagg_buckets: int = _rule(1, _pos_int, "must be an integer ≥ 1")
+    secagg_dropout: float = _rule(0.0, lambda v: _prob(v) and v < 1, "must be in [0, 1)")
+    secagg_clip: float = _rule(8.0, _pos, "must be > 0")
+    secagg_frac_bits: int = _rule(16, lambda v: isinstance(v, int) and 1 <= v <= 40, "must be an integer in [1, 40]")
+    secagg_modulus_bits: Literal[32, 64] = 32
+
+
 #: keys of ``[attack]`` that say *when* the attack acts (and how its durability is scored),
 #: not parameters of the attack plugin (:class:`AttackWindow`)
 WINDOW_KEYS = ("window", "every", "after_k", "lifespan_threshold")
@@ -467,6 +503,7 @@ class Scenario:
     gossip: GossipSpec | None = None
     # ``[async]`` (``async`` is a Python keyword)
     asynchronous: AsyncSpec | None = None
+    privacy: PrivacySpec | None = None
     source: str = ""
     # the scenario file's directory (relative ``start_from`` paths); not part of the digest
     base_dir: str = field(default="", compare=False)
@@ -507,6 +544,8 @@ class Scenario:
             d.pop("gossip")
         if d.get("asynchronous", 0) is None:
             d.pop("asynchronous")
+        if d.get("privacy", 0) is None:
+            d.pop("privacy")
         return json.loads(json.dumps(d, default=str))
 
     def digest(self) -> str:
@@ -654,7 +693,7 @@ def parse_scenario(
     if not isinstance(data, Mapping):
         raise where.err("document", data, "must be a table of sections")
     allowed = ("scenario", "workload", "federation", "transport", "hierarchy", "attack", "defense",
-               "pipeline", "gossip", "async", "matrix", "expect")
+               "pipeline", "gossip", "async", "privacy", "matrix", "expect")
     for key in data:
         if key not in allowed:
             close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
@@ -738,6 +777,8 @@ def parse_scenario(
                                      kw.get("federation", FederationSpec()), where)
     if "async" in data:
         kw["asynchronous"] = _build(AsyncSpec, data["async"], "async", where)
+    if "privacy" in data:
+        kw["privacy"] = _privacy(data["privacy"], kw, where, check_plugins)
     _check_regime(data, kw, where)
     _check_protocol(kw.get("federation", FederationSpec()), kw.get("window", AttackWindow()), where)
     scenario = Scenario(**kw)
@@ -752,6 +793,10 @@ def _check_regime(data: Mapping[str, Any], kw: Mapping[str, Any], where: _Where)
         support = regime_section(data)
     except InvalidScenario as exc:
         raise InvalidScenario(f"{where.file}: {exc}") from None
+    if "privacy" in data and not support.privacy:
+        homes = " or ".join(r.label for r in REGIMES if r.privacy)
+        raise InvalidScenario(f"{where.file}: [privacy] does not apply to the {support.label} regime (its observers "
+                              f"and secure aggregation run in the {homes} regime)")
     fed = kw.get("federation", FederationSpec())
     values = {
         "federation.clients_per_round": fed.clients_per_round,
@@ -764,6 +809,45 @@ def _check_regime(data: Mapping[str, Any], kw: Mapping[str, Any], where: _Where)
         "workload.name": kw.get("workload", WorkloadSpec()).name,
     }
     check_keys(support, values, where.file)
+
+
+def _privacy(table: Any, kw: Mapping[str, Any], where: _Where, check: bool) -> PrivacySpec:
+    """``[privacy]``: its observers are ``Surface.PRIVACY`` attacks, one of each kind at most."""
+    def observers(v: Any, sec: str) -> tuple[PluginSpec, ...]:
+        if not isinstance(v, list):
+            raise where.err("[privacy].observers", v, 'must be a list of observers, e.g. ["idlg", '
+                            '{ name = "lira", shadows = 8 }]')
+        specs = tuple(_plugin(o, f"privacy.observers[{i}]", where, ATTACKS, check) for i, o in enumerate(v))
+        if check:
+            kinds: dict[str, str] = {}
+            for i, o in enumerate(specs):
+                plugin = ATTACKS.create(o.name, o.params)
+                if plugin.observes not in ("update", "model"):
+                    raise where.err(f"[privacy].observers[{i}].name", o.name,
+                                    "is not a privacy observer (redteam attacks list: the privacy surface)")
+                if plugin.observes in kinds:
+                    raise where.err(f"[privacy].observers[{i}].name", o.name,
+                                    f"observes the {plugin.observes}, as {kinds[plugin.observes]!r} does: one "
+                                    "inversion and one membership observer per scenario (compare several with "
+                                    "one scenario each)")
+                kinds[plugin.observes] = o.name
+        return specs
+
+    spec = _build(PrivacySpec, table, "privacy", where, nested={"observers": observers})
+    fed = kw.get("federation", FederationSpec())
+    if spec.observe_round >= fed.rounds:
+        raise where.err("[privacy].observe_round", spec.observe_round, f"must be a round in [0, {fed.rounds - 1}]")
+    if spec.victim is not None and spec.victim >= fed.clients:
+        raise where.err("[privacy].victim", spec.victim, f"must be a client in [0, {fed.clients - 1}]")
+    if spec.secure_aggregation and kw.get("hierarchy", HierarchySpec()).depth > 1:
+        raise where.err("[privacy].secure_aggregation", True, "sums the round's rows at one server; leave "
+                        "[hierarchy].depth at 1 (secagg_buckets gives the merge its groups)")
+    if not spec.secure_aggregation:
+        for key in ("secagg_buckets", "secagg_dropout"):
+            if getattr(spec, key) != getattr(PrivacySpec(), key):
+                raise where.err(f"[privacy].{key}", getattr(spec, key), "applies to secure aggregation: set "
+                                "[privacy].secure_aggregation = true, or leave it unset")
+    return spec
 
 
 def _check_gossip(g: GossipSpec, fed: FederationSpec, where: _Where) -> GossipSpec:

@@ -120,6 +120,8 @@ __all__ = [
     "pipeline_metrics",
     "gossip_metrics",
     "verification_metrics",
+    "privacy_metrics",
+    "PRIVACY_METRICS",
     "UNDEFINED",
     "undefined_reasons",
 ]
@@ -454,6 +456,35 @@ def envelope(records: Sequence[RoundRecord]) -> dict[str, float | None]:
     return {"envelope_norm": norm_util, "envelope_cos": min_cos, "envelope_cos_margin": margin}
 
 
+#: The ``[privacy]`` metrics (:func:`privacy_metrics`), present only in a run that declares ``[privacy]``.
+PRIVACY_METRICS: tuple[str, ...] = ("reconstruction_psnr", "reconstruction_ssim", "label_recovery", "mia_auc",
+                                    "mia_tpr_at_0.1pct_fpr", "mia_tpr_at_1pct_fpr", "epsilon")
+
+
+def privacy_metrics(records: Sequence[RoundRecord]) -> dict[str, float | None]:
+    """The ``[privacy]`` observers' scores (:mod:`redteam.privacy.observe`) and the run's ε, from
+    the rounds' ``extra["privacy"]``; ``{}`` when no round carries any (no ``[privacy]``)."""
+    inversion: dict[str, Any] = {}
+    member: dict[str, Any] = {}
+    dp: dict[str, Any] | None = None
+    seen = False
+    for r in records:
+        got = r.extra.get("privacy")
+        if not isinstance(got, dict):
+            continue
+        seen = True
+        inversion = got.get("inversion", inversion) or inversion
+        member = got.get("membership", member) or member
+        dp = got.get("dp", dp)
+    if not seen:
+        return {}
+    return {"reconstruction_psnr": inversion.get("psnr"), "reconstruction_ssim": inversion.get("ssim"),
+            "label_recovery": inversion.get("label_recovery"), "mia_auc": member.get("auc"),
+            "mia_tpr_at_0.1pct_fpr": member.get("tpr_at_0.1pct_fpr"),
+            "mia_tpr_at_1pct_fpr": member.get("tpr_at_1pct_fpr"),
+            "epsilon": (dp or {}).get("epsilon") if dp is not None else None}
+
+
 #: Every scalar metric a cell has, with a one-line definition (for reports and --help).
 METRICS: dict[str, str] = {
     "final_accuracy": "clean test accuracy after the last round",
@@ -508,6 +539,13 @@ METRICS: dict[str, str] = {
     "verification_cost": "spot-check: replayed peer trainings ÷ peer trainings (the verifier's extra compute)",
     "rounds_to_catch": "spot-check: rounds a caught cheat took part in, up to the one it was caught in (mean)",
     "uncaught_cheats": "spot-check: malicious peers that took part and were never caught",
+    "reconstruction_psnr": "[privacy]: PSNR (dB) of the inversion's reconstructions against the samples they match",
+    "reconstruction_ssim": "[privacy]: SSIM of the inversion's reconstructions against the samples they match",
+    "label_recovery": "[privacy]: share of the observed samples' labels the inversion names",
+    "mia_auc": "[privacy]: ROC AUC of the membership observer on members vs non-members of the final model",
+    "mia_tpr_at_0.1pct_fpr": "[privacy]: the membership observer's true-positive rate at 0.1 % false positives",
+    "mia_tpr_at_1pct_fpr": "[privacy]: the membership observer's true-positive rate at 1 % false positives",
+    "epsilon": "[privacy]: ε at [privacy] delta of the run's DP mechanism (dp-accounting's RDP accountant)",
 }
 
 
@@ -530,7 +568,9 @@ HIGHER_IS_BETTER: dict[str, bool] = {
                      "near_miss_trigger_rate", "asr_at_end_of_window", "asr_after_k", "backdoor_lifespan",
                      "detection_latency", "undetected_attackers", "check_overhead", "lost_micro_batches", "lost_work", "idle_share",
                      "worst_honest_loss", "consensus_distance", "reward_share", "cheat_reward_ratio",
-                     "verification_cost", "rounds_to_catch", "uncaught_cheats",
+                     "verification_cost", "rounds_to_catch", "uncaught_cheats", "reconstruction_psnr",
+                     "reconstruction_ssim", "label_recovery", "mia_auc", "mia_tpr_at_0.1pct_fpr",
+                     "mia_tpr_at_1pct_fpr", "epsilon",
                      "rounds_to_target", "rounds_to_target_loss", "slowdown_rounds", "rejected_updates",
                      "dropped_updates", "wall_time_per_round_s", "defense_time_per_round_s", "sim_time_s"), False),
 }
@@ -543,7 +583,10 @@ METRIC_RANGES: dict[str, tuple[float | None, float | None]] = {
     **dict.fromkeys(("final_accuracy", "final_accuracy_last_k", "asr", "precision", "recall", "f1", "fpr",
                      "false_trigger_rate", "near_miss_trigger_rate", "asr_at_end_of_window",
                      "accuracy_at_end_of_window", "asr_after_k", "lifespan_censored", "lost_work", "idle_share",
-                     "worst_honest_accuracy", "spectral_gap", "reward_share", "verification_cost"), (0.0, 1.0)),
+                     "worst_honest_accuracy", "spectral_gap", "reward_share", "verification_cost",
+                     "label_recovery", "mia_auc", "mia_tpr_at_0.1pct_fpr", "mia_tpr_at_1pct_fpr"), (0.0, 1.0)),
+    "reconstruction_ssim": (-1.0, 1.0),
+    "epsilon": (0.0, None),
     "rounds_to_catch": (1.0, None),
     "uncaught_cheats": (0.0, None),
     "cheat_reward_ratio": (0.0, None),
@@ -644,6 +687,7 @@ def summarize(
         lambda: gossip_metrics(records))
     put(("reward_share", "cheat_reward_ratio"), lambda: reward_metrics(records))
     put(("verification_cost", "rounds_to_catch", "uncaught_cheats"), lambda: verification_metrics(records))
+    put(PRIVACY_METRICS, lambda: privacy_metrics(records))
     if baseline is not None:
         put(("accuracy_drop",), lambda: accuracy_drop(records, baseline))
 

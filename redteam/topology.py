@@ -40,6 +40,8 @@ class Support:
       commit phase, validator seats;
     * ``broadcast``: one server sends every client of a round the same model before local training,
       and asks the defense for it (a defense's ``prepares_broadcast``, :meth:`~redteam.types.Defense.broadcast`);
+    * ``privacy``: ``[privacy]`` (observers of a client's update or of the model, secure aggregation)
+      runs in this regime;
     * ``warmup``: ``[scenario] warmup_rounds`` can be computed in this regime;
     * ``fixed``: scenario keys that must keep their default here, with why;
     * ``workloads``: the workloads it can cut (``()``: any).
@@ -55,6 +57,7 @@ class Support:
     commits: bool = False
     validator_reports: bool = False
     broadcast: bool = False
+    privacy: bool = False
     warmup: bool = True
     fixed: tuple[tuple[str, Any, str], ...] = ()
     workloads: tuple[str, ...] = ()
@@ -72,7 +75,7 @@ DATA_PARALLEL = Support(
     frozenset({Surface.DATA, Surface.UPDATES, Surface.TRANSPORT, Surface.PROVENANCE, Surface.HIERARCHY,
                Surface.TRAINING}),
     acts_at=frozenset({"aggregate", "transport", "admission"}), server_data=True, replays_work=True, commits=True,
-    validator_reports=True, model_view=True, broadcast=True)
+    validator_reports=True, model_view=True, broadcast=True, privacy=True)
 
 GOSSIP = Support(
     "gossip", "gossip", frozenset({Surface.UPDATES, Surface.DATA, Surface.GOSSIP}), warmup=False,
@@ -145,6 +148,9 @@ def check_plugins(support: Support, attack_name: str, attack: Any, defense: Any,
     """The one rule: refuse an attack whose surfaces, or a defense whose capabilities, the regime
     does not wire — by name, saying which regime does. ``attack`` and ``defense`` are built plugins
     (their declared capabilities are read, never probed)."""
+    if Surface.PRIVACY in attack.surfaces:
+        raise InvalidParameter(f"attack {attack_name!r} is a passive privacy observer (it changes nothing in the "
+                               "run): name it in [privacy] observers, beside the attack the matrix varies")
     extra = [s for s in attack.surfaces if s not in support.surfaces]
     if extra:
         homes = [r for r in REGIMES if all(s in r.surfaces for s in extra)]

@@ -492,6 +492,9 @@ class ServerContext:
     model: "ModelView | None" = None
     #: the server's own root sample ``(x, y)`` (``uses_server_data`` rules); ``None`` when it holds none
     root_data: "tuple[torch.Tensor, torch.Tensor] | None" = None
+    #: under secure aggregation, how many clients each row sums (the rows are those sums' means,
+    #: ``weights`` their summed sample weights, ``client_ids`` empty); ``None``: one client per row
+    summed: "tuple[int, ...] | None" = None
 
     @classmethod
     def default(cls, updates: "torch.Tensor", **overrides: Any) -> "ServerContext":
@@ -828,12 +831,20 @@ class Defense:
     #: task in it): the clients train from that model, their rows are local − broadcast, ``decide``'s
     #: ``ctx.global_params`` is the broadcast model and the server steps from it
     prepares_broadcast: ClassVar[bool] = False
+    #: the rule reads each client's row. Under secure aggregation (``[privacy] secure_aggregation``)
+    #: the server reads only sums: such a rule runs on the bucket sums' means (``secagg_buckets`` > 1,
+    #: ``ServerContext.summed`` says how many clients each row sums) or is refused; a rule that needs
+    #: only the sum (the mean, noise on the aggregate) sets it ``False``
+    needs_client_rows: ClassVar[bool] = True
+    #: the rule is a differentially private mechanism whose ε the run reports (:meth:`dp_mechanism`)
+    accounts_privacy: ClassVar[bool] = False
 
     #: the capabilities above and the methods below, by name (the plugin guide documents each)
     CAPABILITIES: ClassVar[tuple[str, ...]] = (
         "symmetric", "unanimity", "acts_at", "uses_server_data", "inspects_models", "replays_work", "commit_reveal", "validators",
         "kind", "stages", "from_malicious_count", "decide_batch", "chunk_entries", "sort_by_degree", "batch_ready", "value_from_malicious_count",
-        "check_capacity", "degradation", "prepares_broadcast", "broadcast")
+        "check_capacity", "degradation", "prepares_broadcast", "broadcast", "needs_client_rows", "accounts_privacy",
+        "client_side", "dp_mechanism")
 
     def __post_init__(self) -> None:
         _check_fields(self)
@@ -870,6 +881,16 @@ class Defense:
         ``ctx.global_params``, and the server's optimizer steps from it: the new global model is
         broadcast + server step(aggregate). Default: ``params`` unchanged."""
         return params
+
+    def client_side(self, rows: "torch.Tensor") -> "torch.Tensor":
+        """What each client applies to its own row before secure aggregation masks it (DP-FedAvg's
+        clipping, which the server cannot do on a sum). ``rows`` ``(m, d)``; default unchanged."""
+        return rows
+
+    def dp_mechanism(self, population: int, per_round: int, rounds: int) -> Any:
+        """The run's mechanism for the accountant (:class:`redteam.privacy.accountant.ClientLevelDP`)
+        when ``accounts_privacy``: ``population`` clients, ``per_round`` drawn each round, ``rounds``."""
+        return None
 
     def __call__(self, updates: "torch.Tensor", ctx: ServerContext | None = None) -> Decision:
         if getattr(updates, "ndim", None) != 2:

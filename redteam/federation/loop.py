@@ -50,6 +50,7 @@ loss checks) is ``root_samples`` items held out of the pool: unset keeps the his
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -80,7 +81,7 @@ ASSIGNED_PAGE = 32
 #: the data-parallel regime's random streams (appended streams never change the earlier ones:
 #: SeedSequence children are indexed)
 STREAMS = ("split", "roles", "init", "train", "network", "attack", "defense", "codec", "merge", "root",
-           "keys", "provenance", "sampling")
+           "keys", "provenance", "sampling", "privacy")
 
 
 @dataclass
@@ -227,6 +228,13 @@ class Federation:
         self.network = Network(
             NetworkConfig(**{k: getattr(net, k) for k in net.__dataclass_fields__}), n, self.rng["network"]
         )
+        # [privacy]: passive observers (redteam.privacy.observe) and secure aggregation (.secure)
+        self.privacy = scenario.privacy
+        from ..privacy.observe import Observers
+        from .secure import check_secure_aggregation
+
+        self.observers = Observers.of(self.privacy) if self.privacy is not None else Observers()
+        check_secure_aggregation(self.privacy, self.defense)
         # the provenance gate: admission before the first round (data is fixed for the run)
         self.excluded: dict[int, str] = {}
         self.admission: Any = None
@@ -338,6 +346,10 @@ class Federation:
             tx = None
             received = stages.Received()
             trained = None
+            pv = self.privacy
+            observing = pv is not None and self.observers.inversion is not None and rnd == pv.observe_round
+            train_state = self.torch_rng["train"].get_state() if observing else None
+            secure = None
             if part.size:
                 hook, hook_rows = stages.training_hook(self, rin)
                 trained = stages.train(self, rin, hook, hook_rows)
@@ -347,6 +359,12 @@ class Federation:
                 tx, timing = stages.transport(self, rnd, chunked, actx, verifier, history, keep, trained.client_steps)
                 extra.update(timing)
                 received = stages.receive(self, rnd, part, tx)
+                if pv is not None and pv.secure_aggregation:  # the server reads bucket sums only
+                    from .secure import secure_aggregate
+
+                    secure = secure_aggregate(self, rnd, received)
+                    received = secure.received
+                    extra.update(secure.extra)
                 dropped.update(received.dropped)
                 rejected.update(received.rejected)
                 banned.update(received.banned)
@@ -355,7 +373,14 @@ class Federation:
                 actx = None
 
             t_def = time.perf_counter()
-            merged = stages.defend(self, rin, received, tx, memory, actx, trained)
+            if secure is not None:
+                from .secure import bucket_weights, expand_verdicts
+
+                rin_s = dataclasses.replace(rin, weights=bucket_weights(self, rin, secure))
+                merged = stages.defend(self, rin_s, received, tx, memory, actx, trained, summed=secure.counts)
+                merged.accepted, merged.rejected = expand_verdicts(secure, merged.accepted, merged.rejected)
+            else:
+                merged = stages.defend(self, rin, received, tx, memory, actx, trained)
             for c, ok in merged.accepted.items():
                 accepted[c] = accepted[c] or ok
             rejected.update(merged.rejected)
@@ -373,6 +398,10 @@ class Federation:
                 extra["refused"] = refused
             acc, loss, scored = stages.evaluate(self, params)
             extra.update(scored)
+            if observing and part.size:
+                extra["privacy"] = self._observe_update(rin, received, secure, merged, train_state, contributors)
+            if pv is not None and rnd == sc.federation.rounds - 1:
+                extra.setdefault("privacy", {}).update(self._observe_model(params))
             participating = [bool(x) for x in selected]
             for c in np.flatnonzero(~online):
                 dropped.setdefault(int(c), "offline (churn)")
@@ -395,6 +424,50 @@ class Federation:
         self.final_params = params
         return result_of(self.setup, records, time.perf_counter() - t_run,
                          **({"upper_defense": repr(self.upper_defense)} if self.hierarchy.depth > 1 else {}))
+
+
+    def _observe_update(self, rin: RoundInputs, received: Any, secure: Any, merged: Any, train_state: Any,
+                        contributors: list[int]) -> dict[str, Any]:
+        """The inversion observer's reconstruction of this round's row (or aggregate), scored."""
+        from ..privacy.observe import invert
+
+        pv = self.privacy
+        gen = self.torch_rng["privacy"]
+        if pv.observe == "aggregate":
+            if not contributors:
+                return {"inversion": {"note": "no update was applied this round: nothing to invert"}}
+            observed, clients = merged.aggregate, contributors
+        else:
+            honest = [int(c) for c in rin.part.tolist() if not bool(rin.roles[c])]
+            victim = pv.victim if pv.victim is not None else (honest[0] if honest else None)
+            rows = {int(c): k for k, c in enumerate(received.clients)}
+            if secure is not None and victim in secure.masked:
+                observed = secure.masked[victim]
+            elif victim is not None and victim in rows and secure is None:
+                observed = received.rows[rows[victim]]
+            else:
+                return {"inversion": {"note": f"client {victim} sent no row in round {rin.rnd}: nothing to invert"}}
+            clients = [int(victim)]
+        got = invert(self, self.observers.inversion, rin, observed, clients, train_state, gen)
+        got["observer"] = self.observers.inversion_name
+        got["observe"] = pv.observe
+        return {"inversion": got}
+
+    def _observe_model(self, params: torch.Tensor) -> dict[str, Any]:
+        """The membership observer's scores on the final model, and the run's ε."""
+        from ..privacy.observe import membership, run_epsilon
+
+        pv = self.privacy
+        out: dict[str, Any] = {}
+        if self.observers.membership is not None:
+            got = membership(self, self.observers.membership, params, pv.candidates, self.torch_rng["privacy"],
+                             self.rng["privacy"])
+            got["observer"] = self.observers.membership_name
+            out["membership"] = got
+        eps = run_epsilon(self, pv.delta)
+        if eps is not None:
+            out["dp"] = eps
+        return out
 
 
 def _check_replayable(scenario: Scenario, codec: Any) -> None:

@@ -379,8 +379,10 @@ class Merged:
 
 
 def defend(fed: "Federation", rin: RoundInputs, rec: Received, tx: Any, memory: DefenseMemory,
-           actx: AttackContext | None, trained: Trained | None = None) -> Merged:
-    """Group the rows, run the defense at every merge node, pass sub-aggregates up."""
+           actx: AttackContext | None, trained: Trained | None = None,
+           summed: tuple[int, ...] | None = None) -> Merged:
+    """Group the rows, run the defense at every merge node, pass sub-aggregates up. ``summed``:
+    under secure aggregation, how many clients each row sums (``ServerContext.summed``)."""
     from .telemetry import envelope_telemetry, place_alternates
 
     rnd, params, prev_update = rin.rnd, rin.params, rin.prev_update
@@ -418,7 +420,8 @@ def defend(fed: "Federation", rin: RoundInputs, rec: Received, tx: Any, memory: 
             fed.torch_rng["defense"], rnd=rnd, weights=wts, global_params=params, previous_update=prev_update,
             state=memory.start(key, members), client_ids=members, evaluate_loss=evaluate_loss,
             root_update=root_update, evaluate_loss_assigned=evaluate_assigned, commits=commits,
-            replay_work=replay_work, validator_reports=validator_reports, model=view, root_data=root_data)
+            replay_work=replay_work, validator_reports=validator_reports, model=view, root_data=root_data,
+            summed=tuple(summed[r] for r in rows_) if summed is not None and bottom else None)
 
     ctx_h = actx if Surface.HIERARCHY in fed.attack.surfaces else None
 
