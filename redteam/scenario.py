@@ -402,7 +402,11 @@ class PrivacySpec:
       that needs per-client rows runs on the bucket means; 1: one sum, and such a defense is
       refused); ``secagg_dropout``: each client's chance to drop after the key exchange (its
       masks are then removed from Shamir shares); ``secagg_clip`` / ``secagg_frac_bits`` /
-      ``secagg_modulus_bits``: the fixed-point encoding of the rows in the ring."""
+      ``secagg_modulus_bits``: the fixed-point encoding of the rows in the ring. The ``secagg_*``
+      keys are read only with ``secure_aggregation = true`` (a matrix can switch it per cell);
+    * ``dp_sgd_clip`` / ``dp_sgd_noise_multiplier``: DP-SGD in the clients' local steps (Abadi et
+      al., CCS 2016): each example's gradient clipped to the bound, N(0, (σ·clip)²) on their sum;
+      the run reports its example-level ε (``example_epsilon``)."""
 
     observers: tuple[PluginSpec, ...] = ()
     observe: Literal["row", "aggregate"] = "row"
@@ -416,6 +420,10 @@ class PrivacySpec:
     secagg_clip: float = _rule(8.0, _pos, "must be > 0")
     secagg_frac_bits: int = _rule(16, lambda v: isinstance(v, int) and 1 <= v <= 40, "must be an integer in [1, 40]")
     secagg_modulus_bits: Literal[32, 64] = 32
+    # DP-SGD on the clients (Abadi et al., CCS 2016): per-example clipping and Gaussian noise in
+    # every local step (unset: off); its example-level ε is reported as example_epsilon
+    dp_sgd_clip: float | None = _rule(None, lambda v: v is None or _pos(v), "must be > 0 (or unset: no DP-SGD)")
+    dp_sgd_noise_multiplier: float = _rule(0.0, _nonneg, "must be ≥ 0")
 
 
 #: keys of ``[attack]`` that say *when* the attack acts (and how its durability is scored),
@@ -842,11 +850,6 @@ def _privacy(table: Any, kw: Mapping[str, Any], where: _Where, check: bool) -> P
     if spec.secure_aggregation and kw.get("hierarchy", HierarchySpec()).depth > 1:
         raise where.err("[privacy].secure_aggregation", True, "sums the round's rows at one server; leave "
                         "[hierarchy].depth at 1 (secagg_buckets gives the merge its groups)")
-    if not spec.secure_aggregation:
-        for key in ("secagg_buckets", "secagg_dropout"):
-            if getattr(spec, key) != getattr(PrivacySpec(), key):
-                raise where.err(f"[privacy].{key}", getattr(spec, key), "applies to secure aggregation: set "
-                                "[privacy].secure_aggregation = true, or leave it unset")
     return spec
 
 

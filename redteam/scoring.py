@@ -458,7 +458,7 @@ def envelope(records: Sequence[RoundRecord]) -> dict[str, float | None]:
 
 #: The ``[privacy]`` metrics (:func:`privacy_metrics`), present only in a run that declares ``[privacy]``.
 PRIVACY_METRICS: tuple[str, ...] = ("reconstruction_psnr", "reconstruction_ssim", "label_recovery", "mia_auc",
-                                    "mia_tpr_at_0.1pct_fpr", "mia_tpr_at_1pct_fpr", "epsilon")
+                                    "mia_tpr_at_0.1pct_fpr", "mia_tpr_at_1pct_fpr", "epsilon", "example_epsilon")
 
 
 def privacy_metrics(records: Sequence[RoundRecord]) -> dict[str, float | None]:
@@ -482,7 +482,7 @@ def privacy_metrics(records: Sequence[RoundRecord]) -> dict[str, float | None]:
             "label_recovery": inversion.get("label_recovery"), "mia_auc": member.get("auc"),
             "mia_tpr_at_0.1pct_fpr": member.get("tpr_at_0.1pct_fpr"),
             "mia_tpr_at_1pct_fpr": member.get("tpr_at_1pct_fpr"),
-            "epsilon": (dp or {}).get("epsilon") if dp is not None else None}
+            "epsilon": (dp or {}).get("epsilon"), "example_epsilon": (dp or {}).get("example_epsilon")}
 
 
 #: Every scalar metric a cell has, with a one-line definition (for reports and --help).
@@ -545,7 +545,8 @@ METRICS: dict[str, str] = {
     "mia_auc": "[privacy]: ROC AUC of the membership observer on members vs non-members of the final model",
     "mia_tpr_at_0.1pct_fpr": "[privacy]: the membership observer's true-positive rate at 0.1 % false positives",
     "mia_tpr_at_1pct_fpr": "[privacy]: the membership observer's true-positive rate at 1 % false positives",
-    "epsilon": "[privacy]: ε at [privacy] delta of the run's DP mechanism (dp-accounting's RDP accountant)",
+    "epsilon": "[privacy]: client-level ε at [privacy] delta of DP-FedAvg (dp-accounting's RDP accountant)",
+    "example_epsilon": "[privacy]: example-level ε at [privacy] delta of the clients' DP-SGD (its smallest client)",
 }
 
 
@@ -570,7 +571,7 @@ HIGHER_IS_BETTER: dict[str, bool] = {
                      "worst_honest_loss", "consensus_distance", "reward_share", "cheat_reward_ratio",
                      "verification_cost", "rounds_to_catch", "uncaught_cheats", "reconstruction_psnr",
                      "reconstruction_ssim", "label_recovery", "mia_auc", "mia_tpr_at_0.1pct_fpr",
-                     "mia_tpr_at_1pct_fpr", "epsilon",
+                     "mia_tpr_at_1pct_fpr", "epsilon", "example_epsilon",
                      "rounds_to_target", "rounds_to_target_loss", "slowdown_rounds", "rejected_updates",
                      "dropped_updates", "wall_time_per_round_s", "defense_time_per_round_s", "sim_time_s"), False),
 }
@@ -587,6 +588,7 @@ METRIC_RANGES: dict[str, tuple[float | None, float | None]] = {
                      "label_recovery", "mia_auc", "mia_tpr_at_0.1pct_fpr", "mia_tpr_at_1pct_fpr"), (0.0, 1.0)),
     "reconstruction_ssim": (-1.0, 1.0),
     "epsilon": (0.0, None),
+    "example_epsilon": (0.0, None),
     "rounds_to_catch": (1.0, None),
     "uncaught_cheats": (0.0, None),
     "cheat_reward_ratio": (0.0, None),

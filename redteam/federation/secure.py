@@ -62,7 +62,7 @@ def check_secure_aggregation(spec: Any, defense: Any) -> None:
 
 def secure_aggregate(fed: Any, rnd: int, rec: Received) -> SecureView:
     """The round's decoded rows ``rec`` as the server reads them under secure aggregation."""
-    from ..transport.secagg import secure_sum
+    from ..transport.secagg import SecAggAborted, secure_sum
 
     spec = fed.scenario.privacy
     if not len(rec.rows):
@@ -83,13 +83,19 @@ def secure_aggregate(fed: Any, rnd: int, rec: Received) -> SecureView:
     view = SecureView(out)
     counts: list[int] = []
     seed = hashlib.sha256(f"{fed.scenario.seed}/{rnd}".encode()).digest()
-    clipped = shares = up = 0
+    clipped = shares = up = aborted = 0
     for b, pos in enumerate(buckets):
         ids = [clients[p] for p in pos]
         dropouts = [clients[p] for p in pos if drop[p]]
-        res = secure_sum(rows[pos], ids, round=rnd, seed=seed + bytes([b % 256]), dropouts=dropouts,
-                         clip=spec.secagg_clip, frac_bits=spec.secagg_frac_bits,
-                         modulus_bits=spec.secagg_modulus_bits)
+        try:
+            res = secure_sum(rows[pos], ids, round=rnd, seed=seed, dropouts=dropouts, clip=spec.secagg_clip,
+                             frac_bits=spec.secagg_frac_bits, modulus_bits=spec.secagg_modulus_bits,
+                             context=f"bucket-{b}".encode())
+        except SecAggAborted as exc:  # too few survivors to unmask: the bucket's round has no result
+            for c in ids:
+                out.dropped[int(c)] = f"secure aggregation aborted in its bucket: {exc}"
+            aborted += 1
+            continue
         survivors = [int(c) for c in res.survivors]
         for c in dropouts:
             out.dropped[int(c)] = "dropped out of secure aggregation after the key exchange"
@@ -111,7 +117,7 @@ def secure_aggregate(fed: Any, rnd: int, rec: Received) -> SecureView:
     view.counts = tuple(counts)
     view.extra = {"secure_aggregation": {"buckets": len(counts), "summed": list(counts), "clipped": clipped,
                                          "shares_reconstructed": shares, "bytes_up": up,
-                                         "dropouts": int(drop.sum())}}
+                                         "dropouts": int(drop.sum()), "aborted_buckets": aborted}}
     return view
 
 

@@ -199,12 +199,14 @@ class RunSetup:
         return {**self.start_info, "accuracy": acc, "loss": loss if math.isfinite(loss) else None}
 
 
-def local_training(fed: Any) -> LocalTraining:
-    """``[federation]``'s local procedure."""
+def local_training(fed: Any, privacy: Any = None) -> LocalTraining:
+    """``[federation]``'s local procedure (with ``[privacy]``'s DP-SGD, when it sets one)."""
+    clip = getattr(privacy, "dp_sgd_clip", None)
     return LocalTraining(
         steps=fed.local_steps, epochs=fed.local_epochs, batch_size=fed.batch_size, lr=fed.lr, prox_mu=fed.prox_mu,
         optimizer=fed.local_optimizer, weight_decay=fed.local_weight_decay, betas=tuple(fed.local_betas),
-        sampling=fed.sampling)
+        sampling=fed.sampling, dp_clip=clip,
+        dp_noise_multiplier=float(getattr(privacy, "dp_sgd_noise_multiplier", 0.0)) if clip is not None else 0.0)
 
 
 def build_setup(scenario: Any, topology: Placement, *, device: str = "cpu", attack: Any = None,
@@ -255,7 +257,7 @@ def build_setup(scenario: Any, topology: Placement, *, device: str = "cpu", atta
         rng=rng, torch_rng=torch_rng, workload=workload, dataset=ds, malicious=tuple(malicious),
         is_malicious=is_malicious, partition=part, test_x=test_x, test_y=test_y, probes=probes, model=model,
         spec=spec, params_init=params_init, params0=params0, start_info=dict(start_info), trainer=trainer,
-        local=local_training(scenario.federation), states=ClientStates(n, dev), untrained={})
+        local=local_training(scenario.federation, getattr(scenario, "privacy", None)), states=ClientStates(n, dev), untrained={})
     # evaluation only: no random stream advances
     return dataclasses.replace(setup, untrained=untrained_reference(trainer, params_init, test_x, test_y,
                                                                     train_y=ds.train_y))

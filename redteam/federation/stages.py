@@ -212,7 +212,8 @@ def train(fed: "Federation", rin: RoundInputs, hook: TrainingHook | None, hook_r
         replay = (fed.torch_rng["train"].get_state(), part_t, steps_t, _draws(fed, rin.data, part_t))
     local = fed.trainer.train(params, rin.data, part_t, fed.local, fed.torch_rng["train"], states=fed.states,
                               hook=hook, hook_rows=hook_rows, hook_generator=fed.torch_rng["attack"],
-                              client_steps=steps_t)
+                              client_steps=steps_t,
+                              noise_generator=fed.torch_rng["privacy"] if fed.local.dp_clip is not None else None)
     deltas = local - params
     fedspec = fed.scenario.federation
     raw = None

@@ -139,6 +139,10 @@ class LocalTraining:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     sampling: str = "with_replacement"
+    #: DP-SGD (Abadi et al., CCS 2016): each example's gradient clipped to this L2 norm (None: off)
+    dp_clip: float | None = None
+    #: DP-SGD's noise multiplier σ: N(0, (σ·dp_clip)²) added to each step's sum of clipped gradients
+    dp_noise_multiplier: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +220,7 @@ class BatchedTrainer:
         self._loss = loss
         self._grad_one: Callable[..., torch.Tensor] = grad(loss)
         self._vmapped: Callable[..., torch.Tensor] = vmap(self._grad_one)
+        self._per_example: Callable[..., torch.Tensor] | None = None
         self._rows = int(getattr(workload, "cpu_grad_rows", 0) or 0)  # a bare workload (tests) declares none
 
     def view(self, num_classes: int, input_shape: tuple[int, ...]) -> ModelView:
@@ -289,6 +294,25 @@ class BatchedTrainer:
                  for i in range(0, int(params.shape[0]), k)]
         return torch.cat(parts) if out is None else torch.cat(parts, out=out)
 
+    def _dp_grads(self, params: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor, cfg: LocalTraining,
+                  generator: torch.Generator) -> torch.Tensor:
+        """DP-SGD's noisy mean of per-example clipped gradients, for every row ``(n, d)``."""
+        if self._per_example is None:
+            loss = self._loss
+
+            def one(flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+                return loss(flat, x.unsqueeze(0), y.unsqueeze(0))
+
+            self._per_example = vmap(vmap(grad(one), in_dims=(None, 0, 0)), in_dims=(0, 0, 0))
+        g = self._per_example(params, xb, yb)  # (n, B, d)
+        norms = torch.linalg.vector_norm(g, dim=2, keepdim=True)
+        g = g * torch.clamp(float(cfg.dp_clip) / torch.clamp(norms, min=1e-12), max=1.0)
+        total = g.sum(dim=1)
+        if cfg.dp_noise_multiplier:
+            noise = torch.randn(tuple(total.shape), generator=generator, dtype=torch.float32, device="cpu")
+            total = total + float(cfg.dp_noise_multiplier) * float(cfg.dp_clip) * noise.to(total)
+        return total / int(xb.shape[1])
+
     def train(
         self,
         global_params: torch.Tensor,
@@ -302,8 +326,14 @@ class BatchedTrainer:
         hook_rows: list[int] | None = None,
         hook_generator: torch.Generator | None = None,
         client_steps: torch.Tensor | None = None,
+        noise_generator: torch.Generator | None = None,
     ) -> torch.Tensor:
         """Return the local parameters ``(len(clients), d)`` after local training.
+
+        With ``cfg.dp_clip`` set, each step is DP-SGD's (Abadi et al., CCS 2016): every example's
+        gradient is clipped to ``dp_clip``, the clipped gradients are summed, Gaussian noise of
+        standard deviation ``dp_noise_multiplier · dp_clip`` is added (drawn from
+        ``noise_generator``, on the CPU) and the sum is divided by the batch size.
 
         ``global_params`` is the ``(d,)`` model every client starts from, or ``(len(clients), d)``:
         one starting row per client (the gossip regime's nodes, each with its own model; FedProx's
@@ -362,7 +392,10 @@ class BatchedTrainer:
                 pos = torch.floor(u * sizes[:, None]).to(torch.int64)
             idx = offsets[:, None] + pos
             xb, yb = data.x[idx], data.y[idx]
-            g = self._grads(params, xb, yb, out=gbuf)
+            if cfg.dp_clip is not None:
+                g = self._dp_grads(params, xb, yb, cfg, noise_generator or gen)
+            else:
+                g = self._grads(params, xb, yb, out=gbuf)
             if hooked is not None:
                 g = hooked.gradient(self, g, params, global_params, xb, yb)
             if cfg.prox_mu:

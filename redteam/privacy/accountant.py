@@ -25,7 +25,7 @@ from typing import Literal
 
 from ..errors import InvalidParameter
 
-__all__ = ["ClientLevelDP", "epsilon"]
+__all__ = ["ClientLevelDP", "ExampleLevelDP", "epsilon"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +61,49 @@ class ClientLevelDP:
         return dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
 
 
-def epsilon(mech: ClientLevelDP, delta: float) -> float:
+@dataclass(frozen=True, slots=True)
+class ExampleLevelDP:
+    """DP-SGD on a client (Abadi, Chu, Goodfellow, McMahan, Mironov, Talwar & Zhang, CCS 2016):
+    ``steps`` noisy steps, each on a batch drawn at rate ``sample_rate`` = B/n of the client's n
+    examples, each example clipped to C, noise multiplier σ on the sum. Accounted as Poisson
+    sampling at that rate with the add-or-remove relation, the convention Opacus and TensorFlow
+    Privacy report for fixed-size batches (the harness draws fixed-size batches; the figure is that
+    convention's, not a proof for its sampler). The run takes the client with the fewest examples
+    (the largest rate) and counts every round as one it trained in (client sampling's amplification
+    is left out): an upper bound over its clients."""
+
+    noise_multiplier: float
+    sample_rate: float
+    steps: int
+    sampling: str = "poisson"
+
+    def event(self) -> object:
+        import dp_accounting as dpa
+
+        q = min(1.0, float(self.sample_rate))
+        one = (dpa.GaussianDpEvent(float(self.noise_multiplier)) if q >= 1.0 else
+               dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(float(self.noise_multiplier))))
+        return dpa.SelfComposedDpEvent(one, int(self.steps))
+
+    def relation(self) -> object:
+        import dp_accounting as dpa
+
+        return dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
+
+    @property
+    def rounds(self) -> int:
+        return int(self.steps)
+
+    @property
+    def population(self) -> int:
+        return 1
+
+    @property
+    def per_round(self) -> int:
+        return 1
+
+
+def epsilon(mech: "ClientLevelDP | ExampleLevelDP", delta: float) -> float:
     """ε at ``delta`` of ``mech`` from ``dp-accounting``'s RDP accountant (``inf`` with no noise)."""
     if not 0 < delta < 1:
         raise InvalidParameter(f"epsilon: delta = {delta!r}: must be in (0, 1)")

@@ -246,4 +246,16 @@ def run_epsilon(fed: Any, delta: float) -> dict[str, Any] | None:
     if best is not None:
         if best.pop("_eps") == math.inf:
             best["note"] = "no noise (noise_multiplier = 0): ε is infinite"
+    cfg = fed.local
+    if cfg.dp_clip is not None:  # DP-SGD on the clients: example-level, the smallest client's
+        from .accountant import ExampleLevelDP
+
+        sizes = fed.setup.partition.data.sizes
+        n_min = int(sizes[sizes > 0].min()) if bool((sizes > 0).any()) else 1
+        mech_e = ExampleLevelDP(cfg.dp_noise_multiplier, cfg.batch_size / n_min, int(sc.rounds) * int(cfg.steps))
+        eps_e = epsilon(mech_e, delta)
+        best = dict(best or {})
+        best["example_epsilon"] = eps_e if math.isfinite(eps_e) else None
+        best["dp_sgd"] = {"clip": cfg.dp_clip, "noise_multiplier": cfg.dp_noise_multiplier,
+                          "sample_rate": min(1.0, cfg.batch_size / n_min), "steps": mech_e.steps}
     return best
