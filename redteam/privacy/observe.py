@@ -118,25 +118,30 @@ def invert(fed: Any, observer: Any, rin: "RoundInputs", observed: torch.Tensor, 
         raise RedteamError(f"privacy observer {type(observer).__name__}: reconstruct returned "
                            f"{type(rec).__name__}, expected a redteam.types.Reconstruction")
     lo, hi = float(fed.test_x.min()), float(fed.test_x.max())
-    out = score_reconstruction(rec, tx, ty, data_range=max(hi - lo, 1e-12))
+    shape = tuple(getattr(fed.setup.workload, "image_shape", None) or ()) or None
+    out = score_reconstruction(rec, tx, ty, data_range=max(hi - lo, 1e-12), image_shape=shape, value_range=(lo, hi))
     out.update({"clients": [int(c) for c in clients], "samples": int(tx.shape[0]), "exact_truth": bool(exact)})
     return out
 
 
 def score_reconstruction(rec: Reconstruction, truth_x: torch.Tensor, truth_y: torch.Tensor, *,
-                         data_range: float) -> dict[str, Any]:
+                         data_range: float, image_shape: tuple[int, ...] | None = None,
+                         value_range: tuple[float, float] | None = None) -> dict[str, Any]:
     """PSNR / SSIM of each reconstruction against the true sample it is matched to (a distinct one
     each, largest total PSNR), their means, and the label recovery rate."""
-    from .reconstruction import label_recovery, match, psnr, ssim
+    from .reconstruction import label_recovery, match, ssim
 
     images = rec.images.detach().to(torch.float32).cpu().reshape(-1, *truth_x.shape[1:])
     truth = truth_x.detach().to(torch.float32).cpu()
     if not bool(torch.isfinite(images).all()):
         images = torch.nan_to_num(images, nan=0.0, posinf=0.0, neginf=0.0)
-    rows, cols = match(images, truth, data_range=data_range)
-    p = psnr(images[rows], truth[cols], data_range=data_range)
-    s = ssim(images[rows], truth[cols], data_range=data_range)
+    if value_range is not None:  # an attacker knows the pixels' range: what it would show is clamped to it
+        images = images.clamp(value_range[0], value_range[1])
+    pairs = match(images, truth, data_range=data_range)
+    p = pairs.psnr
+    s = ssim(images[pairs.recon], truth[pairs.truth], data_range=data_range, image_shape=image_shape)
     labels = rec.labels.detach().to(torch.int64).cpu().reshape(-1)
+    p = torch.clamp(p, max=100.0)  # an exact copy's PSNR is infinite: 100 dB stands for it in the mean
     return {"psnr": float(p.mean()), "ssim": float(s.mean()),
             "label_recovery": float(label_recovery(labels, truth_y.detach().to(torch.int64).cpu())),
             "reconstructed": int(images.shape[0])}
