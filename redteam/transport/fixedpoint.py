@@ -49,9 +49,10 @@ def check_capacity(m: int, clip: float, frac_bits: int, modulus_bits: int) -> in
     half = 2 ** (modulus_bits - 1)
     q = int(np.rint(math.ldexp(float(clip), frac_bits))) if clip < half else half
     if m * q >= half:
+        larger = "modulus_bits = 64, " if modulus_bits == 32 else ""
         raise InvalidParameter(
             f"secure_sum: {m} rows × clip {clip} × 2^{frac_bits} = {m * q} ≥ R/2 = 2^{modulus_bits - 1}: "
-            f"the decoded sum could wrap; use modulus_bits = 64, a smaller clip or fewer frac_bits")
+            f"the decoded sum could wrap; use {larger}a smaller clip or fewer frac_bits")
     return q
 
 
