@@ -14,7 +14,8 @@ with real cryptography from ``cryptography``:
    shares over F_p, p = 2^521 − 1 (:mod:`.shamir`), and sends party v the pair
    (share of s_u^SK, share of b_u) sealed with AES-128-GCM under
    HKDF-SHA256(X25519(c_u^SK, c_v^PK)) (one key per direction, so the fixed nonce is
-   never reused); the server only routes ciphertexts.
+   never reused); the server only routes ciphertexts. (The simulation computes each
+   pair's X25519 secret once, which both ends would compute alike.)
 2. **MaskedInputCollection.** With pairwise seeds s_{u,v} = HKDF-SHA256(X25519(s_u^SK,
    s_v^PK)) bound to (round, context, {u, v}) and PRG = AES-128-CTR keyed by the seed,
    u sends y_u = x_u + PRG(b_u) + Σ_{v>u} PRG(s_{u,v}) − Σ_{v<u} PRG(s_{u,v}) (mod R),
@@ -206,9 +207,9 @@ def pair_seed(sk: X25519PrivateKey, peer_pk: bytes, round: int, u: int, v: int, 
     return _hkdf(shared, _info("pair", round, context, min(u, v), max(u, v)), _SEED_BYTES)
 
 
-def _channel(sk: X25519PrivateKey, peer_pk: bytes, round: int, sender: int, recipient: int,
-             context: bytes) -> tuple[AESGCM, bytes]:
-    shared = sk.exchange(X25519PublicKey.from_public_bytes(peer_pk))
+def _channel(shared: bytes, round: int, sender: int, recipient: int, context: bytes) -> tuple[AESGCM, bytes]:
+    """The AES-128-GCM key for sender → recipient from their X25519(c, c) secret, and the
+    associated data binding it (round, context, sender, recipient)."""
     aad = _info("enc", round, context, sender, recipient)
     return AESGCM(_hkdf(shared, aad, 16)), aad
 
@@ -281,6 +282,8 @@ def secure_sum(
     # 1. ShareKeys: Shamir shares of s_u^SK and b_u, sealed per recipient (index i ↔ x = i + 1)
     ikm = _seed_material(seed)
     sealed: dict[tuple[int, int], bytes] = {}
+    # X25519(c_u^SK, c_v^PK) = X25519(c_v^SK, c_u^PK): computed once per pair, used by both ends
+    c_shared: dict[tuple[int, int], bytes] = {}
     own: dict[int, tuple[int, int]] = {}
     for i, u in enumerate(ids):
         stream = _KeyStream(_hkdf(ikm, _info("shamir", round, context, u), 16))
@@ -289,7 +292,10 @@ def secure_sum(
         own[u] = (s_shares[i], b_shares[i])
         for j, v in enumerate(ids):
             if v != u:
-                aead, aad = _channel(keys[u].c_sk, keys[v].c_pk, round, u, v, context)
+                pair = (min(u, v), max(u, v))
+                if pair not in c_shared:
+                    c_shared[pair] = keys[u].c_sk.exchange(X25519PublicKey.from_public_bytes(keys[v].c_pk))
+                aead, aad = _channel(c_shared[pair], round, u, v, context)
                 plain = _ID.pack(u, v) + s_shares[j].to_bytes(_SHARE_BYTES, "big") + b_shares[j].to_bytes(_SHARE_BYTES, "big")
                 sealed[(u, v)] = aead.encrypt(_NONCE, plain, aad)
     bytes_share = sum(len(c) for c in sealed.values())
@@ -324,7 +330,7 @@ def secure_sum(
             if u == v:
                 s_share, b_share = own[u]
             else:
-                aead, aad = _channel(keys[v].c_sk, keys[u].c_pk, round, u, v, context)
+                aead, aad = _channel(c_shared[(min(u, v), max(u, v))], round, u, v, context)
                 plain = aead.decrypt(_NONCE, sealed[(u, v)], aad)
                 if _ID.unpack(plain[:_ID.size]) != (u, v):
                     raise RuntimeError(f"secure_sum: share pair from {u} to {v} names other parties")
