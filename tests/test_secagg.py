@@ -293,7 +293,10 @@ def test_bytes_up_per_phase():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(client_ids=[0, 0, 1]), "must be distinct integers"),
+    (dict(client_ids=[0, 0, 1]), "client_ids = \\[0, 0, 1\\]: must be distinct"),
+    (dict(client_ids=[0, -1, 1]), "client_ids = \\[0, -1, 1\\]: must be integers in \\[0, 2\\^63\\)"),
+    (dict(client_ids=[0, 1.5, 2]), "must be integers"),
+    (dict(client_ids=[0, True, 2]), "must be integers"),
     (dict(client_ids=[0, 1]), "2 client_ids for 3 rows"),
     (dict(dropouts=[7]), "dropouts = \\[7\\]"),
     (dict(threshold=4), "threshold = 4: must be an integer in \\[1, 3\\]"),
@@ -307,6 +310,13 @@ def test_bad_input_is_named(kwargs, match):
     args = dict(client_ids=[0, 1, 2], round=0, seed=1) | kwargs
     with pytest.raises(InvalidParameter, match=match):
         secure_sum(_rows(3, 4), args.pop("client_ids"), **args)
+
+
+def test_numpy_and_torch_integer_ids_are_accepted():
+    rows = _rows(3, 4)
+    a = secure_sum(rows, np.array([5, 6, 7]), round=0, seed=1, dropouts=[torch.tensor(6)], threshold=2)
+    b = secure_sum(rows, [5, 6, 7], round=0, seed=1, dropouts=[6], threshold=2)
+    assert a.survivors == (5, 7) and type(a.survivors[0]) is int and torch.equal(a.masked, b.masked)
 
 
 def test_non_finite_rows_refused():

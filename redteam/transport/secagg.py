@@ -3,9 +3,9 @@ clients' rows and nothing about any one of them.
 
 The semi-honest protocol of Bonawitz, Ivanov, Kreuter, Marcedone, McMahan, Patel,
 Ramage, Segal & Seth, "Practical Secure Aggregation for Privacy-Preserving Machine
-Learning", ACM CCS 2017 (its Figure 4 without the signatures and the consistency
-check, which belong to the actively secure variant), run as one in-process simulation
-with real cryptography from ``cryptography``:
+Learning", ACM CCS 2017, in its honest-but-curious version (no signatures and no
+consistency-check round: those belong to the actively secure variant), run as one
+in-process simulation with real cryptography from ``cryptography``:
 
 0. **AdvertiseKeys.** Client u holds two X25519 key pairs (RFC 7748): (c_u^SK, c_u^PK)
    for the share channel and (s_u^SK, s_u^PK) for mask agreement, and sends both public
@@ -33,8 +33,9 @@ Fewer than t survivors aborts the round (:class:`SecAggAborted`).
 
 Threshold: Bonawitz et al.'s honest-but-curious guarantee holds against the server
 together with fewer than t colluding clients, and the round completes while at least t
-clients survive. The default t = ⌊n/2⌋ + 1 (an honest majority) makes both bounds
-half the cohort; the paper's actively secure variant needs a larger t (not built here).
+clients survive. The default t = ⌊n/2⌋ + 1 (a majority) keeps privacy against the
+server with up to ⌊n/2⌋ colluding clients and completes with up to ⌈n/2⌉ − 1
+dropouts; the paper's actively secure variant needs a larger t (not built here).
 
 Encoding: rows are clipped to [−clip, clip] (the number of clipped entries is
 returned, not hidden), scaled by 2^frac_bits, rounded half to even and mapped to
@@ -52,6 +53,7 @@ simulation convenience, and whoever knows it knows every client's row.
 
 from __future__ import annotations
 
+import operator
 import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
@@ -104,7 +106,6 @@ _SEED_BYTES = 16  # AES-128 key: the PRG seed length (b_u and s_{u,v})
 _SHARE_BYTES = (shamir.FIELD_PRIME.bit_length() + 7) // 8  # 66
 _ID = struct.Struct("<qq")  # (sender, recipient) inside each sealed share pair
 _NONCE = bytes(12)  # one message per directional key
-_GCM_TAG = 16
 
 
 class SecAggAborted(RedteamError):
@@ -117,7 +118,8 @@ class SecAggResult:
 
     ``total`` is the decoded sum of the survivors' (clipped) rows, in the rows' dtype;
     ``masked`` (float64) is what a curious server reads of each survivor, y_u decoded
-    as if it were a fixed-point value: noise. ``bytes_up`` is what clients sent the
+    as if it were a fixed-point value: noise (exact for R = 2^32; for R = 2^64 float64
+    keeps the top 53 bits). ``bytes_up`` is what clients sent the
     server, summed over phases (``phase_bytes``). ``shares_reconstructed`` counts the
     secrets the server rebuilt (one b_u per survivor, one s_u^SK per dropout).
     """
@@ -215,21 +217,32 @@ def _channel(shared: bytes, round: int, sender: int, recipient: int, context: by
 
 
 def default_threshold(n: int) -> int:
-    """⌊n/2⌋ + 1: an honest majority must survive, and a colluding minority learns nothing."""
+    """⌊n/2⌋ + 1: a majority must survive; the server with up to ⌊n/2⌋ colluding clients learns nothing."""
     return n // 2 + 1
 
 
 # --------------------------------------------------------------------------- the protocol
+def _as_ids(values: Sequence[int], name: str) -> list[int]:
+    """Python ints from ints / numpy or torch integer scalars (``operator.index``); no bools."""
+    try:
+        out = [operator.index(v) for v in values if not isinstance(v, bool)]
+    except TypeError:
+        out = []
+    if len(out) != len(values) or any(not 0 <= v < 2**63 for v in out):
+        raise InvalidParameter(f"secure_sum: {name} = {list(values)[:8]}: must be integers in [0, 2^63)")
+    return out
+
+
 def _check_ids(client_ids: Sequence[int], m: int, dropouts: Sequence[int]) -> tuple[list[int], set[int]]:
-    ids = list(client_ids)
+    ids = _as_ids(list(client_ids), "client_ids")
     if len(ids) != m:
         raise InvalidParameter(f"secure_sum: {len(ids)} client_ids for {m} rows: expected one id per row")
-    if any(type(c) is not int or not 0 <= c < 2**63 for c in ids) or len(set(ids)) != m:
-        raise InvalidParameter(f"secure_sum: client_ids = {ids[:8]}…: must be distinct integers ≥ 0")
-    dropped = set(dropouts)
-    if len(dropped) != len(list(dropouts)) or not dropped <= set(ids):
-        raise InvalidParameter(f"secure_sum: dropouts = {list(dropouts)[:8]}: must be distinct ids "
-                               f"among client_ids")
+    if len(set(ids)) != m:
+        raise InvalidParameter(f"secure_sum: client_ids = {ids[:8]}: must be distinct")
+    drops = _as_ids(list(dropouts), "dropouts")
+    dropped = set(drops)
+    if len(dropped) != len(drops) or not dropped <= set(ids):
+        raise InvalidParameter(f"secure_sum: dropouts = {drops[:8]}: must be distinct ids among client_ids")
     return ids, dropped
 
 
@@ -437,8 +450,8 @@ def bucketed_secure_sum(
     if not isinstance(rows, torch.Tensor) or rows.dim() != 2 or rows.shape[0] != m:
         raise InvalidParameter(f"bucketed_secure_sum: rows must be a 2-D tensor with one row per client "
                                f"({m}); got {tuple(getattr(rows, 'shape', ()))}")
-    ids = list(client_ids)
-    dropped = set(dropouts)
+    ids = _as_ids(list(client_ids), "client_ids")
+    dropped = set(_as_ids(list(dropouts), "dropouts"))
     if not dropped <= set(ids):
         raise InvalidParameter(f"bucketed_secure_sum: dropouts {sorted(dropped - set(ids))[:8]} are not client_ids")
     perm = _permutation(m, rng)
