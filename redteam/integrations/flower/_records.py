@@ -83,5 +83,5 @@ def unflatten(row: "torch.Tensor", layout: Layout) -> "ArrayRecord":
         dt = np.dtype(dtype)
         if np.issubdtype(dt, np.integer) or dt == np.bool_:
             part = np.rint(part)
-        out[key] = Array(np.ascontiguousarray(part.astype(dt)))
+        out[key] = Array(np.array(part, dtype=dt).reshape(shape))  # (a 0-d array stays 0-d)
     return ArrayRecord(out)

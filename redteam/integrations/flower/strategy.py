@@ -95,6 +95,10 @@ def build_defense_for_flower(defense: "str | Defense", params: Mapping[str, Any]
         raise InvalidParameter(f"DefenseStrategy: defense = {defense!r}: expected a registry name or a "
                                "redteam.Defense instance")
     for part in built.parts():
+        unset = [f for f in part.from_malicious_count if getattr(part, f, None) is None]
+        if unset and malicious is None:
+            raise InvalidParameter(f"DefenseStrategy: {type(part).__name__}.{unset[0]} is unset; give it, or "
+                                   f"malicious=f, the count it is derived from (as a scenario derives it)")
         for cap, why in _UNSUPPORTED:
             if getattr(part, cap, False):
                 raise InvalidParameter(f"DefenseStrategy: defense {type(part).__name__} {why}, which a Flower "
@@ -191,12 +195,13 @@ class DefenseStrategy(FedAvg):
               valid: list[Message], acc: list[bool] | None = None, rejected: Mapping[int, str] | None = None
               ) -> tuple[None, MetricRecord]:
         log.warning("DefenseStrategy round %d: the global model is kept: %s", server_round, why)
+        decided = acc is not None  # the rule decided (a non-finite aggregate), or refused to
         acc = acc if acc is not None else [False] * len(nodes)
         self.history.append(FlowerRound(server_round, nodes, ids, tuple(n for n, ok in zip(nodes, acc) if ok),
                                         dict(rejected or {}), refused=why))
         metrics = self.train_metrics_aggr_fn([m.content for m in valid], self.weighted_by_key)
         metrics["redteam-accepted"] = sum(acc)
-        metrics["redteam-rejected"] = len(acc) - sum(acc)
+        metrics["redteam-rejected"] = len(acc) - sum(acc) if decided else 0
         metrics["redteam-refused"] = 1
         return None, metrics
 
