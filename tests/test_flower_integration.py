@@ -12,7 +12,7 @@ flwr = pytest.importorskip("flwr", reason="Flower is not installed (pip install 
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
-from flwr.serverapp.strategy import FedAvg, FedTrimmedAvg, Krum as FlowerKrum  # noqa: E402
+from flwr.serverapp.strategy import FedAvg, FedMedian, FedTrimmedAvg, Krum as FlowerKrum  # noqa: E402
 
 from _flower_local import LocalGrid, reply  # noqa: E402
 from redteam.errors import InvalidParameter  # noqa: E402
@@ -223,6 +223,17 @@ def test_trimmed_mean_agrees_with_flowers_fedtrimmedavg(n, beta, b):
         assert np.abs(as_vec(theirs) - mean).max() > 1e-4
 
 
+@pytest.mark.parametrize("n, rule, same", [(7, "midpoint", True), (8, "midpoint", True), (8, "lower", False)])
+def test_median_agrees_with_flowers_fedmedian(n, rule, same):
+    """Flower's FedMedian is numpy's median: for an even n the midpoint of the two middle values,
+    our default even_rule; ``even_rule="lower"`` is another rule, and the comparison sees it."""
+    g, locals_, sizes = federation(n, seed=20 + n)
+    ours, _ = round_of(DefenseStrategy("median", {"even_rule": rule}), g, locals_, sizes)
+    theirs, _ = FedMedian().aggregate_train(1, [reply(k, record(v), sizes[k]) for k, v in locals_.items()])
+    diff = np.abs(as_vec(ours) - as_vec(theirs)).max()
+    assert (diff <= 1e-6) == same, diff
+
+
 def test_krum_selects_what_flowers_krum_selects():
     """Both score each model by its n − f − 2 nearest squared distances and keep the lowest."""
     g, locals_, sizes = federation(8, seed=5)
@@ -388,3 +399,18 @@ def test_flower_simulation_engine_runs_the_example_app_attacked_and_defended():
     inner = out.strategy.inner
     assert [r.round for r in inner.history] == [1, 2] and all(len(r.nodes) == 3 for r in inner.history)
     assert inner.history[0].client_ids == inner.history[1].client_ids == (0, 1, 2)
+
+
+def test_flower_is_imported_only_when_the_integration_is_used():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parent.parent)
+    code = ("import sys, redteam, redteam.integrations.flower as f\n"
+            "assert 'flwr' not in sys.modules, 'flwr imported by the package'\n"
+            "sys.modules['flwr'] = None  # as if Flower were not installed\n"
+            "try:\n    f.DefenseStrategy\nexcept ImportError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert 'pip install "redteam[flower]"' in out.stdout

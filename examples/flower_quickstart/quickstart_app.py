@@ -19,6 +19,7 @@ the seed alone, so a cell's no-attack baseline and its attacked run share them.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -33,9 +34,9 @@ from redteam.integrations.flower import AttackMod, ColludingAttack, poison
 
 # ------------------------------------------------------------------ model and data
 class Net(torch.nn.Module):
-    """An MLP 64-32-10 (the digits are 8×8 grey images)."""
+    """An MLP 64-64-10 (the digits are 8×8 grey images; the size of redteam's own digits workload)."""
 
-    def __init__(self, hidden: int = 32) -> None:
+    def __init__(self, hidden: int = 64) -> None:
         super().__init__()
         self.fc1 = torch.nn.Linear(64, hidden)
         self.fc2 = torch.nn.Linear(hidden, 10)
@@ -151,11 +152,12 @@ def make_client_app(setup: Setup, mods: list[Any]) -> ClientApp:
 # ------------------------------------------------------------------ ServerApp
 @dataclass
 class Outcome:
-    """What one cell's server saw: test accuracy after every round (index 0: the initial model)
-    and the strategy it ran (its ``history`` for redteam's)."""
+    """What one cell's server saw: test accuracy after every round (index 0: the initial model),
+    when each evaluation ended, and the strategy it ran (its ``history`` for redteam's)."""
 
     accuracy: list[float] = field(default_factory=list)
     strategy: Any = None
+    times: list[float] = field(default_factory=list)  # time.perf_counter() at each evaluation
 
 
 def make_server_app(setup: Setup, strategy: Any, outcome: Outcome) -> ServerApp:
@@ -167,6 +169,7 @@ def make_server_app(setup: Setup, strategy: Any, outcome: Outcome) -> ServerApp:
         data = load(setup)
         acc = accuracy(model, data.x_test, data.y_test)
         outcome.accuracy.append(acc)
+        outcome.times.append(time.perf_counter())
         return MetricRecord({"accuracy": acc})
 
     @app.main()
