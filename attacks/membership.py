@@ -88,10 +88,13 @@ def candidate_losses(obs: ModelObservation, flat: "torch.Tensor") -> "torch.Tens
 
     One forward pass over all candidates, then ``obs.model.loss`` applied to each (output, label)
     pair through ``torch.func.vmap`` (a batch of one per candidate, so a mean loss is that
-    candidate's loss; a token model's is the mean over its tokens)."""
+    candidate's loss; a token model's is the mean over its tokens). The outputs are cast to float64
+    first: a float32 cross-entropy rounds every loss below ~1e-8 to exactly 0, which ties the most
+    confidently fitted candidates (a tenth of them on the digits world) and blinds the threshold
+    sweep at low FPR."""
     import torch
 
-    out = _outputs(obs, flat)
+    out = _outputs(obs, flat).to(torch.float64)
     loss = obs.model.loss
     per = torch.func.vmap(lambda o, t: loss(o.unsqueeze(0), t.unsqueeze(0)))(out, obs.candidates_y)
     return per.to(torch.float64).reshape(-1)
