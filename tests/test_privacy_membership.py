@@ -17,7 +17,7 @@ from attacks.membership import (LiRA, LossThresholdMIA, candidate_losses, logit_
                                 offline_lira_scores)
 from redteam.errors import InvalidParameter
 from redteam.privacy.membership import membership_metrics, roc_auc, roc_curve, tpr_at_fpr
-from redteam.testing.membership import membership_world
+from redteam.testing.membership import check_membership_attack, membership_world
 from redteam.types import Surface
 
 # --------------------------------------------------------------------------- the metrics
@@ -277,11 +277,37 @@ def test_lira_trains_out_shadows_on_the_population_and_batches_every_forward():
     assert subsets[0] != subsets[1] != subsets[2]  # fresh random subsets
 
 
-def test_lira_is_deterministic_under_the_observers_seed():
-    a = membership_world(2, members=20, non_members=20, steps=5)
-    b = membership_world(2, members=20, non_members=20, steps=5)
-    torch.testing.assert_close(LiRA(shadows=2).membership_scores(a.observation),
-                               LiRA(shadows=2).membership_scores(b.observation), rtol=0, atol=0)
+@pytest.mark.parametrize("attack", [LossThresholdMIA(), LiRA(shadows=2), LiRA(shadows=2, test="two_sided"),
+                                    LiRA(shadows=2, fixed_variance=False)])
+def test_both_attacks_meet_the_membership_contract(attack):
+    scores = check_membership_attack(attack)
+    assert scores.shape == (50,)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Broken(LossThresholdMIA):
+    how: str = ""
+
+    def membership_scores(self, obs):
+        s = super(_Broken, self).membership_scores(obs)
+        if self.how == "shape":
+            return s[:-1]
+        if self.how == "nan":
+            return s.masked_fill(s < s.median(), float("nan"))
+        if self.how == "mutates":
+            obs.candidates_x.mul_(2)
+            return s
+        if self.how == "random":
+            return s + torch.rand(s.shape)
+        return s.to(torch.int64)
+
+
+@pytest.mark.parametrize("how, words", [("shape", r"floating \(50,\) tensor"), ("dtype", "floating"),
+                                        ("nan", "non-finite"), ("mutates", "modified the observation's candidates_x"),
+                                        ("random", "not deterministic")])
+def test_the_membership_contract_names_what_a_broken_attack_breaks(how, words):
+    with pytest.raises(AssertionError, match=rf"_Broken\.membership_scores: .*{words}"):
+        check_membership_attack(_Broken(how=how))
 
 
 @pytest.mark.parametrize("kwargs, field", [

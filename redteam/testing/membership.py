@@ -8,20 +8,23 @@ as many held-out *non-members* as asked, a disjoint population to train shadow m
 third, disjoint subset instead, so the "members" were never seen: every attack's AUC should then
 sit near 0.5 (the control that fails when the leak is removed).
 
+:func:`check_membership_attack` is the contract such an attack meets on a small world: one finite
+float score per candidate, the same scores under the same seed, its inputs left as they were.
+
 Nothing is imported (torch, scikit-learn) until a function runs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from redteam.types import ModelObservation, ModelView
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["MembershipWorld", "membership_world", "mlp_view", "adam_trainer"]
+__all__ = ["MembershipWorld", "membership_world", "mlp_view", "adam_trainer", "check_membership_attack"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,3 +118,38 @@ def membership_world(seed: int, *, members: int = 100, non_members: int = 300, l
                            population_x=x[pop], population_y=y[pop], train=train, train_size=members,
                            generator=torch.Generator().manual_seed(1000 + int(seed)))
     return MembershipWorld(observation=obs, is_member=truth)
+
+
+def check_membership_attack(attack: Any, *, seed: int = 0) -> "torch.Tensor":
+    """Check an ``observes = "model"`` attack's :meth:`~redteam.types.Attack.membership_scores` on a
+    small world (20 members, 30 non-members, 5 training steps) and return its scores. Raises
+    ``AssertionError`` naming the attack and the property: ``(m,)`` floating scores, all finite;
+    the same scores for the same world and seed; the observation's tensors left unchanged."""
+    import torch
+
+    name = type(attack).__name__
+
+    def world() -> MembershipWorld:
+        return membership_world(seed, members=20, non_members=30, steps=5)
+
+    first = world()
+    obs = first.observation
+    tensors = ("params", "candidates_x", "candidates_y", "population_x", "population_y")
+    before = {k: getattr(obs, k).clone() for k in tensors}
+    got = attack.membership_scores(obs)
+    m = int(obs.candidates_y.shape[0])
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != (m,) or not got.is_floating_point():
+        raise AssertionError(f"{name}.membership_scores: must return a floating ({m},) tensor (one score per "
+                             f"candidate), got {type(got).__name__} {tuple(getattr(got, 'shape', ()))} "
+                             f"{getattr(got, 'dtype', '')}")
+    if not bool(torch.isfinite(got).all()):
+        raise AssertionError(f"{name}.membership_scores: returned {int((~torch.isfinite(got)).sum())} non-finite "
+                             "scores (the ROC metrics need finite ones)")
+    for k, v in before.items():
+        if not torch.equal(v, getattr(obs, k)):
+            raise AssertionError(f"{name}.membership_scores: modified the observation's {k}")
+    again = attack.membership_scores(world().observation)
+    if not torch.equal(got, again):
+        raise AssertionError(f"{name}.membership_scores: not deterministic: two identical observations "
+                             f"(seed {seed}) gave different scores")
+    return got
