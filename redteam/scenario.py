@@ -398,7 +398,8 @@ class PrivacySpec:
     * ``candidates``: members and non-members (each) a membership observer scores;
     * ``delta``: the δ at which ε is reported (a defense that ``accounts_privacy``);
     * ``secure_aggregation``: the clients mask their rows pairwise (Bonawitz et al., CCS 2017) so the
-      server reads only sums; ``secagg_buckets``: sums over that many random buckets (a defense
+      server reads only sums; ``secagg_buckets``: sums over that many random buckets, two clients
+      at least in each (a defense
       that needs per-client rows runs on the bucket means; 1: one sum, and such a defense is
       refused); ``secagg_dropout``: each client's chance to drop after the key exchange (its
       masks are then removed from Shamir shares); ``secagg_clip`` / ``secagg_frac_bits`` /

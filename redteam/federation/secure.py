@@ -13,7 +13,8 @@ What the defense then sees: one row per bucket, the unweighted mean of its membe
 (``ServerContext.summed`` holds how many; ``weights`` their summed sample weights; no client ids),
 since masks hide any per-client weight the server would apply. A stage that
 ``needs_client_rows`` runs on those means when there are several buckets (robust aggregation over
-securely summed buckets: Velicheti, Xia & Koyejo's SHARE, 2021; the bucketing of Karimireddy, He &
+securely summed buckets: Velicheti, Xia & Koyejo, "Secure Byzantine-Robust Distributed
+Learning via Clustering" (SHARE), arXiv:2110.02940, 2021; the bucketing of Karimireddy, He &
 Jaggi, ICLR 2022) and is refused by name with a single bucket. A bucket's verdict is its members'
 verdict: a bucket rejected rejects every client in it (an honest client in a poisoned bucket is a
 false positive, which is the cost the detection metrics then show).
@@ -73,7 +74,8 @@ def secure_aggregate(fed: Any, rnd: int, rec: Received) -> SecureView:
         rows = st.client_side(rows)
     rng = fed.rng["privacy"]
     drop = rng.random(len(clients)) < spec.secagg_dropout
-    n_b = max(1, min(int(spec.secagg_buckets), len(clients)))
+    # every bucket holds two clients at least: a bucket of one would publish its row
+    n_b = max(1, min(int(spec.secagg_buckets), len(clients) // 2))
     order = rng.permutation(len(clients))
     buckets = [sorted(order[b::n_b].tolist()) for b in range(n_b)]
     out = Received(dropped=dict(rec.dropped), rejected=dict(rec.rejected), banned=dict(rec.banned),
