@@ -4,7 +4,7 @@ redteam's own engine and in Flower's simulation engine (Ray) through redteam's F
 (``DefenseStrategy`` + ``AttackMod``, examples/flower_quickstart), measured interleaved in one
 process (issue 38).
 
-    python benchmarks/bench_flower_engine.py                     # 10 clients, 5 rounds, 2 passes
+    python benchmarks/bench_flower_engine.py                     # 10 clients, 5 rounds, 3 passes
     python benchmarks/bench_flower_engine.py --clients 10 --rounds 5 --reps 3
 
 Needs Flower (``pip install "redteam[flower]"``). **One federation shape**, two trainers: the
@@ -20,7 +20,9 @@ round; Flower: ``run_simulation`` called to returned, Ray's start and stop inclu
 **steady round** (rounds 2..R: redteam's ``RoundRecord.wall_time_s``; Flower's time between two
 server-side evaluations). The ratios Flower ÷ redteam are per pass, then the median over passes;
 passes alternate the order of the sides, and the 1-minute load average is printed before each
-run. Nothing here is asserted; the machine may be shared.
+run. The first pass of redteam's side includes compiling its sorting network (numba) and Flower's
+its imports in the Ray actors; the medians are over all passes. Nothing here is asserted; the
+machine may be shared.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--clients", type=int, default=10)
     ap.add_argument("--malicious", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ray-cpus", type=int, default=2, help="Ray CPUs (one ClientApp actor each)")
     args = ap.parse_args(argv)

@@ -387,6 +387,7 @@ def test_flower_simulation_engine_runs_the_example_app_attacked_and_defended():
     import sys
     from pathlib import Path
 
+    pytest.importorskip("ray", reason="Flower's simulation engine needs Ray (pip install 'flwr[simulation]')")
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "flower_quickstart"))
     try:
         import quickstart_app as Q

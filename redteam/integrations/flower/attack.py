@@ -116,9 +116,10 @@ class AttackMod:
     malicious: Iterable[int] = ()
     seed: int = 0
     colluding: bool = False
-    built: Attack = field(init=False, repr=False)
-    chosen: frozenset[int] = field(init=False, repr=False)
-    memory: dict = field(init=False, repr=False, default_factory=dict)
+    built: Attack = field(init=False, repr=False, compare=False)
+    chosen: frozenset[int] = field(init=False, repr=False, compare=False)
+    #: the attack's memory per partition (its ``attack_state``), in the process the client runs in
+    memory: dict = field(init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         built = build_attack_for_flower(self.attack, self.params, "AttackMod")
