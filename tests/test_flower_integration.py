@@ -380,6 +380,7 @@ def test_strategy_start_in_process_rejects_the_flipped_clients():
     assert result.train_metrics_clientapp[3]["redteam-rejected"] >= 2
 
 
+@pytest.mark.slow  # Ray's start dominates: ~15-70 s depending on the machine's load
 def test_flower_simulation_engine_runs_the_example_app_attacked_and_defended():
     """Flower's own simulation engine (Ray): the example app with 3 clients, 2 rounds, ALIE by the
     colluding stand-in on partition 0 against redteam's trimmed mean. The tags, the flag and the
