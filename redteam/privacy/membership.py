@@ -8,7 +8,7 @@ the empirical ROC curve; the metrics read it as the literature does:
   (the probability that a random member outscores a random non-member, a tie counting 1/2);
   equal to the trapezoidal area of :func:`roc_curve` (scikit-learn's ``roc_auc_score``).
 * :func:`tpr_at_fpr`: the true-positive rate at a low false-positive rate, the metric Carlini et
-  al. argue for ("Membership Inference Attacks From First Principles", IEEE S&P 2022, Sec. III):
+  al. argue for ("Membership Inference Attacks From First Principles", IEEE S&P 2022):
   the **largest TPR among the thresholds whose FPR is at most the level**. Ties are never split
   (a threshold takes all the candidates of one score or none: no randomised test), and the
   threshold above every score (FPR 0, TPR 0) always qualifies, so the result is 0 when even the
