@@ -126,7 +126,9 @@ def offline_lira_scores(phi_target: "torch.Tensor", phi_out: "torch.Tensor", *, 
 
     t = phi_target.to(torch.float64)
     out = phi_out.to(device=t.device, dtype=torch.float64)
-    mu = torch.quantile(out, 0.5, dim=0)  # np.median: the two middle values averaged
+    ranked = out.sort(dim=0).values  # np.median: the two middle values averaged (torch.quantile caps the size)
+    s = int(ranked.shape[0])
+    mu = (ranked[(s - 1) // 2] + ranked[s // 2]) / 2.0
     sigma = out.std(unbiased=False) if fixed_variance else out.std(dim=0, unbiased=False)
     sigma = sigma + 1e-30
     z = (t - mu) / sigma

@@ -173,6 +173,16 @@ def test_offline_one_sided_score_worked_example():
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-12)
 
 
+@pytest.mark.parametrize("shadows", [1, 2, 3, 5])
+def test_offline_median_and_sigma_match_numpy_for_any_shadow_count(shadows):
+    gen = torch.Generator().manual_seed(shadows)
+    out = torch.randn(shadows, 9, generator=gen, dtype=torch.float64)
+    target = torch.randn(9, generator=gen, dtype=torch.float64)
+    want = scipy.stats.norm.logcdf(target.numpy(), np.median(out.numpy(), axis=0), out.numpy().std() + 1e-30)
+    got = offline_lira_scores(target, out, fixed_variance=True)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12)
+
+
 def test_offline_two_sided_score_is_the_released_codes():
     # tensorflow/privacy research/mi_lira_2021/plot.py: generate_ours_offline gives
     # norm.logpdf(φ, median_out, std_out + 1e-30) (std over the whole array when fix_variance), and
