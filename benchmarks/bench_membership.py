@@ -10,7 +10,9 @@ held-out digits as candidates; the population left (1,297 digits) trains the sha
 samples by the same procedure. ``--no-leak`` trains the target on 100 other digits instead (AUC
 should sit at 0.5). The time is the median wall time of ``LiRA().membership_scores`` (shadow
 training included: ``shadows`` trainings of 80 steps, ``shadows + 1`` forwards over 400
-candidates) and of the loss attack, after one warm-up call, at ``--threads`` intra-op threads.
+candidates) and of the loss attack, after one warm-up call, at ``--threads`` intra-op threads;
+``cpu_s_per_lira_call`` is the process's CPU time per LiRA call (warm-up included), the figure to
+read on a shared machine.
 The quality lines give mean and 95 % Student-t interval over the seeds (``redteam.scoring.mean_ci``).
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 
 import torch
 from _timing import cpu_name, median_time
@@ -42,11 +45,13 @@ def main(argv: list[str] | None = None) -> None:
     lira = LiRA(shadows=args.shadows, fixed_variance=args.variance == "fixed")
     world = membership_world(0, leak=not args.no_leak)
     obs = world.observation
+    cpu0 = time.process_time()
     t_lira = median_time(lambda: lira.membership_scores(obs), args.repeats)
+    cpu_lira = (time.process_time() - cpu0) / (args.repeats + 1)  # + the warm-up call
     t_loss = median_time(lambda: LossThresholdMIA().membership_scores(obs), args.repeats)
     print(json.dumps({"cpu": cpu_name(), "threads": args.threads, "lira": repr(lira),
                       "candidates": int(obs.candidates_y.numel()), "s_per_lira_call": round(t_lira, 4),
-                      "s_per_loss_call": round(t_loss, 5)}))
+                      "cpu_s_per_lira_call": round(cpu_lira, 4), "s_per_loss_call": round(t_loss, 5)}))
     if not args.quality:
         return
     rows: dict[str, dict[str, list[float]]] = {"loss_threshold_mia": {}, "lira": {}}
