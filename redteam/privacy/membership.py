@@ -20,8 +20,9 @@ the empirical ROC curve; the metrics read it as the literature does:
 * :func:`membership_metrics`: AUC and the TPR at 0.1 % and 1 % FPR (the levels Carlini et al.
   report) in one call.
 
-Every function takes 1-D ``scores`` (finite numbers: a tensor, an array or a sequence) and a
-same-length ``is_member`` (bools, or 0 / 1), with at least one member and one non-member.
+Every function takes 1-D ``scores`` (numbers, ±inf included — an attack may score log 0 — but no
+NaN: a tensor, an array or a sequence) and a same-length ``is_member`` (bools, or 0 / 1), with at
+least one member and one non-member.
 """
 
 from __future__ import annotations
@@ -62,9 +63,9 @@ def _inputs(scores: Any, is_member: Any) -> tuple["torch.Tensor", "torch.Tensor"
             raise InvalidParameter(f"is_member: must be bools or 0 / 1 integers, got {t.dtype} values "
                                    f"{sorted(set(t.tolist()))[:5]}")
         t = t.to(torch.bool)
-    if not bool(torch.isfinite(s).all()):
-        bad = int((~torch.isfinite(s)).nonzero()[0])
-        raise InvalidParameter(f"scores: must be finite, got {float(s[bad])} at index {bad}")
+    if bool(torch.isnan(s).any()):
+        bad = int(torch.isnan(s).nonzero()[0])
+        raise InvalidParameter(f"scores: must not be NaN (no order), got NaN at index {bad} of {s.shape[0]}")
     pos = int(t.sum())
     if pos == 0 or pos == t.shape[0]:
         raise InvalidParameter(f"is_member: needs at least one member and one non-member, got {pos} members "
@@ -96,9 +97,10 @@ def roc_curve(scores: Any, is_member: Any) -> tuple["torch.Tensor", "torch.Tenso
     """The empirical ROC curve: ``(fpr, tpr, thresholds)``, float64, one point per distinct score.
 
     Point k predicts "member" for every candidate whose score is ≥ ``thresholds[k]``; the
-    thresholds descend from +inf (nothing predicted: FPR = TPR = 0) to the lowest score
-    (everything predicted: FPR = TPR = 1). This is scikit-learn's ``roc_curve`` with
-    ``drop_intermediate=False`` (whose first threshold is +inf too).
+    thresholds descend from +inf (nothing predicted: FPR = TPR = 0; it stands for that point even
+    when some score is +inf itself) to the lowest score (everything predicted: FPR = TPR = 1). This
+    is scikit-learn's ``roc_curve`` with ``drop_intermediate=False`` (whose first threshold is +inf
+    too).
     """
     import torch
 
