@@ -2,7 +2,7 @@
 
     python benchmarks/bench_membership.py                      # seconds per call at the shipped defaults
     python benchmarks/bench_membership.py --quality --seeds 10 # + AUC, TPR@0.1 %, TPR@1 % over seeds
-    python benchmarks/bench_membership.py --quality --shadows 16 --no-leak
+    python benchmarks/bench_membership.py --quality --shadows 16 --no-leak --seeds 30 --first-seed 10
 
 The setting (:func:`redteam.testing.membership.membership_world`): a 64-64-10 MLP trained by 80
 full-batch Adam steps (lr 0.03) on 100 random digits (the members), observed with those 100 and 300
@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--quality", action="store_true", help="also score both attacks over --seeds seeds")
     ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--first-seed", type=int, default=0, help="the quality seeds are first-seed, first-seed + 1, …")
     ap.add_argument("--no-leak", action="store_true", help="the target never saw the members")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.quality:
         return
     rows: dict[str, dict[str, list[float]]] = {"loss_threshold_mia": {}, "lira": {}}
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         w = membership_world(seed, leak=not args.no_leak)
         for name, attack in (("loss_threshold_mia", LossThresholdMIA()), ("lira", lira)):
             got = membership_metrics(attack.membership_scores(w.observation), w.is_member)
