@@ -285,6 +285,14 @@ def check_attack(
                                 "data=) or params= it can work with.")
     props = [K.P_DECLARATION, K.P_SURFACES, K.P_SHAPE, K.P_DETERMINISTIC, K.P_MUTATION]
     not_checked: list[tuple[str, str]] = []
+    observes = getattr(plugin, "observes", "")
+    if observes == "model":  # a membership observer: its scores on a small world (redteam.testing.membership)
+        from .membership import check_membership_attack
+
+        check_membership_attack(plugin)
+        props.append("membership_scores")
+    elif observes == "update":
+        not_checked.append(("reconstruct", "an inversion's quality is judged by its tests, not by a contract"))
     if getattr(plugin, "produces_nonfinite", False):
         not_checked.append((K.P_FINITE, "declares produces_nonfinite = True"))
     else:
