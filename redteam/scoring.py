@@ -463,7 +463,7 @@ PRIVACY_METRICS: tuple[str, ...] = ("reconstruction_psnr", "reconstruction_ssim"
 
 def privacy_metrics(records: Sequence[RoundRecord]) -> dict[str, float | None]:
     """The ``[privacy]`` observers' scores (:mod:`redteam.privacy.observe`) and the run's ε, from
-    the rounds' ``extra["privacy"]``; ``{}`` when no round carries any (no ``[privacy]``)."""
+    the rounds' ``extra["privacy"]``; each ``None`` when no round carries any (no ``[privacy]``)."""
     inversion: dict[str, Any] = {}
     member: dict[str, Any] = {}
     dp: dict[str, Any] | None = None
@@ -477,7 +477,7 @@ def privacy_metrics(records: Sequence[RoundRecord]) -> dict[str, float | None]:
         member = got.get("membership", member) or member
         dp = got.get("dp", dp)
     if not seen:
-        return {}
+        return dict.fromkeys(PRIVACY_METRICS)
     return {"reconstruction_psnr": inversion.get("psnr"), "reconstruction_ssim": inversion.get("ssim"),
             "label_recovery": inversion.get("label_recovery"), "mia_auc": member.get("auc"),
             "mia_tpr_at_0.1pct_fpr": member.get("tpr_at_0.1pct_fpr"),
