@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from redteam.errors import InvalidParameter
 from redteam.types import Attack, Reconstruction, Surface, UpdateObservation, param_error
 
+from ._common import check_image_shape
 from ._gradient_match import (check_init, check_observation, gradient_of, image_view, infer_labels,
                               initial_guess, observed_gradient, total_variation)
 
@@ -241,8 +242,6 @@ class InvertingGradients(Attack):
             raise param_error(self, "box", v, "must be [lo, hi] with finite lo < hi (the data's range), or 'none'")
 
     def validate_image_shape(self, v: Any) -> None:
-        from ._common import check_image_shape
-
         check_image_shape(self, v)
 
     def validate_init(self, v: Any) -> None:

@@ -19,7 +19,7 @@ from attacks.inversion import DLG, IDLG, InvertingGradients
 from redteam.errors import InvalidParameter
 from redteam.federation.params import ParamSpec
 from redteam.federation.training import BatchedTrainer, LocalTraining, StackedData
-from redteam.privacy import label_recovery, match, psnr, ssim
+from redteam.privacy import label_recovery, match, ssim
 from redteam.types import ClientData, Surface, UpdateObservation
 from redteam.workloads.digits import Digits
 
