@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attacks._gradient_match import infer_labels, observed_gradient
+from attacks._gradient_match import infer_labels, observed_gradient, total_variation
 from attacks.inversion import DLG, IDLG, InvertingGradients
 from redteam.errors import InvalidParameter
 from redteam.federation.params import ParamSpec
@@ -33,7 +33,7 @@ def digits():
 
 
 def _client_update(data, seed: int, index: int, batch: int = 1, *, model: str = "mlp", steps: int = 1,
-                   params: torch.Tensor | None = None):
+                   params: torch.Tensor | None = None, lr: float = LR):
     wl = Digits(model=model)
     net = wl.build_model(torch.Generator().manual_seed(seed))
     spec = ParamSpec.of(net)
@@ -41,7 +41,7 @@ def _client_update(data, seed: int, index: int, batch: int = 1, *, model: str = 
     p = spec.flatten(net).detach() if params is None else params
     x, y = data.train_x[index:index + batch], data.train_y[index:index + batch]
     local = trainer.train(p, StackedData.stack([ClientData(x, y)]), torch.tensor([0]),
-                          LocalTraining(steps=steps, batch_size=batch, lr=LR), torch.Generator().manual_seed(seed))
+                          LocalTraining(steps=steps, batch_size=batch, lr=lr), torch.Generator().manual_seed(seed))
     return trainer, p, local[0] - p, x, y
 
 
@@ -134,6 +134,16 @@ def test_observed_gradient_is_the_clients_gradient_for_one_sgd_step(digits):
     assert torch.allclose(observed_gradient(obs), true, atol=1e-6, rtol=1e-4)
 
 
+def test_observed_gradient_after_several_steps_is_their_mean(digits):
+    # 5 steps of a small lr on one sample: Δ ≈ −5·η·g, so −Δ / (η·5) ≈ g (−Δ / η would be 5× too long)
+    trainer, p, update, x, y = _client_update(digits, 0, 0, steps=5, lr=1e-3)
+    obs = UpdateObservation(update, p, trainer.view(10, (64,)), 1e-3, 5, 1, 1, torch.Generator())
+    q = p.clone().requires_grad_(True)
+    (true,) = torch.autograd.grad(obs.model.loss(obs.model.forward(q, x), y), q)
+    got = observed_gradient(obs)
+    assert float((got - true).norm() / true.norm()) < 0.01
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_idlg_rebuilds_the_digit_and_its_label(digits, seed):
     # measured: 104-118 dB (float32's floor: the MLP's first layer gives the input away exactly)
@@ -184,6 +194,19 @@ def test_noise_on_the_update_defeats_the_inversion(digits):
         assert _score(attack.reconstruct(obs), x)[0] < 12.0
     clean, _, _ = _observe(digits, 0)
     assert _score(InvertingGradients(max_iterations=200).reconstruct(clean), x)[0] > 40.0
+
+
+def test_the_box_binds_every_pixel(digits):
+    obs, _, _ = _observe(digits, 0)
+    rec = InvertingGradients(max_iterations=5, box=(0.25, 0.3)).reconstruct(obs)
+    assert float(rec.images.min()) == 0.25 and float(rec.images.max()) == pytest.approx(0.3)
+
+
+def test_total_variation_by_hand():
+    # [[0, 1], [1, 1]]: horizontal |differences| 1 and 0 (mean 0.5), vertical 1 and 0 (mean 0.5)
+    img = torch.tensor([[[[0.0, 1.0], [1.0, 1.0]]]])
+    assert float(total_variation(img)) == pytest.approx(1.0)
+    assert float(total_variation(torch.ones(2, 3, 4, 5))) == 0.0
 
 
 def test_the_same_generator_gives_the_same_reconstruction(digits):
