@@ -9,11 +9,12 @@ reconstructions to true samples, and the share of labels recovered.
   local means, variances and covariance under an 11×11 Gaussian window (σ = 1.5) normalised to
   sum 1, ``K1 = 0.01``, ``K2 = 0.03``, population (not sample) statistics, the map over the
   positions where the window fits inside the image ("valid"), averaged; per channel, then the
-  channels' mean. **Small images**: a window never exceeds the image, so its side is the largest
-  odd number ≤ min(11, H, W) (7×7 on the 8×8 digits, the same σ = 1.5 truncated there and
-  renormalised); this equals scikit-image's ``structural_similarity(..., gaussian_weights=True,
-  sigma=1.5, use_sample_covariance=False, truncate=r/1.5)`` for the window's radius r, which the
-  tests check;
+  channels' mean (scikit-image's ``structural_similarity(..., gaussian_weights=True, sigma=1.5,
+  use_sample_covariance=False)`` computes the same for images of 11 pixels a side or more, which
+  the tests check). **Small images**: the window never exceeds the image: its side is the largest
+  odd number ≤ min(11, H, W), the same σ = 1.5 Gaussian truncated there and renormalised (7×7 on the
+  8×8 digits, leaving a 2×2 map). scikit-image cannot be asked for that (its Gaussian is always
+  11 taps), so there it is checked against SSIM written out window by window;
 * :func:`match`: which reconstruction stands for which true sample: the one-to-one assignment
   that maximises the total PSNR (Hungarian method, ``scipy.optimize.linear_sum_assignment``), as
   batch-inversion papers score a batch whose order the attack cannot know;
