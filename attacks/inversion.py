@@ -51,12 +51,12 @@ clamping to [0, 1]; mean [95 % Student-t interval] over seeds 0-2):
 * Gaussian noise of 10× the update's norm on the row (``--noise 10``): ``idlg`` 6.6 dB [5.1, 8.1],
   ``inverting_gradients`` 7.1 dB [4.8, 9.4], below the 10.5-12.4 dB that the average training
   digit scores against these images; at 1× (``--noise 1``) still 22.8 dB [20.6, 25.1] and
-  22.7 dB [17.4, 28.0], SSIM ≥ 0.94: the digit is recognisable. The label is right in every case;
+  22.7 dB [17.4, 28.0], SSIM ≥ 0.96: the digit is recognisable. The label is right in every case;
 * five local steps (``--steps 5``, g ≈ −Δ / (η·5)): ``dlg`` 15.0 dB [−8.6, 38.6] (seed 2: 4.1 dB
   and the wrong label), ``idlg`` 16.0 dB [5.5, 26.4], ``inverting_gradients`` 17.9 dB [10.5, 25.4].
 
 Cost on the shared 2-core CPU this was measured on (load average 14-17, so an upper figure):
-``idlg`` 0.2-0.7 s when it converges, but 70-105 s when it cannot (a noised row: all 300 × 20
+``idlg`` 0.2-0.7 s when it converges, but 70-130 s when it cannot (a noised row: all 300 × 20
 L-BFGS evaluations); ``dlg`` 4-12 s; ``inverting_gradients`` about 10-14 ms an iteration.
 """
 
