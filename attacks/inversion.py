@@ -57,8 +57,9 @@ clamping to [0, 1]; mean [95 % Student-t interval] over seeds 0-2):
 
 Cost on the shared 2-core CPU this was measured on (load average 14-17, so an upper figure):
 ``idlg`` 0.2-0.7 s when it converges, but 70-130 s when it cannot (a noised row: all 300 × 20
-L-BFGS evaluations); ``dlg`` 4-12 s; ``inverting_gradients`` 7-15 ms an iteration: 163-370 s at its default 24,000 iterations,
-which reach 75.4 dB [72.0, 78.8] on the one-image case, no better than 2,000.
+L-BFGS evaluations); ``dlg`` 4-12 s; ``inverting_gradients`` 7-15 ms an iteration, so 163-370 s at
+its default 24,000 iterations, which reach 75.4 dB [72.0, 78.8] on the one-image case: no better
+than 2,000.
 """
 
 from __future__ import annotations
