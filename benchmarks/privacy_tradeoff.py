@@ -18,7 +18,7 @@ from collections import defaultdict
 from redteam.scoring import mean_ci, metric_range
 
 METRICS = ("final_accuracy", "asr", "reconstruction_psnr", "label_recovery", "mia_auc", "mia_tpr_at_1pct_fpr",
-           "epsilon", "example_epsilon", "fpr")
+           "epsilon", "example_epsilon", "recall", "fpr")
 
 
 def cells(db: str) -> dict[tuple[str, str, str], dict[str, list[float | None]]]:
