@@ -12,6 +12,15 @@ thread policy was measured). It reports the median wall time of the repeats in e
 ratio loaded ÷ idle, and what the CPU share explains: with B busy processes on C cores a
 process running T threads gets about min(T, C·T / (T + B)) cores instead of min(T, C), so a
 rule whose ratio is far above that bound loses time to waiting threads, not to the lost share.
+That bound holds when nothing else runs: the busy processes are started in the caller's session
+(with the kernel's autogroup scheduling on, its scheduling group), so on a machine where other
+sessions are busy too the whole group gets less, and the column says less. The load average
+before and after each state is printed, with a warning when the "idle" state was not idle.
+
+OpenMP reads ``OMP_WAIT_POLICY`` once, when torch loads; ``import redteam`` sets it to
+``PASSIVE`` unless it is set, so this script imports redteam first, and prints the policy the
+runtime really runs under (``redteam._omp.policy_in_force``), not the variable's value.
+Spinning waits, for comparison: ``OMP_WAIT_POLICY=ACTIVE python benchmarks/bench_load.py``.
 
 Rules: ``median``, ``trimmed_mean`` (b = 10), ``krum`` and ``multi_krum`` (f = 10), ``bulyan``
 (f = 10) and ``geometric_median``, called as a defense on the rows (``ServerContext.default``).
@@ -29,7 +38,9 @@ import sys
 import time
 from typing import Callable
 
+import redteam  # noqa: F401  (before torch: OMP_WAIT_POLICY is read when torch loads)
 import torch
+from redteam import _omp
 
 from _timing import cpu_name
 
@@ -67,6 +78,19 @@ def _share(threads: int, busy: int, cores: int) -> float:
     return idle / loaded
 
 
+def _load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.2f} (1 min), {five:.2f} (5 min)"
+
+
+def _autogroup() -> str:
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
+            return "on" if f.read().strip() == "1" else "off"
+    except OSError:
+        return "unknown"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=100, help="rows (clients) per call")
@@ -85,6 +109,9 @@ def main() -> None:
     calls = {r: _rule(r, args.f) for r in args.rules}
     print(f"n = {args.n}, d = {args.d}, float32; {cpu_name()}, {cores} cores; torch {torch.__version__}, "
           f"python {sys.version.split()[0]}")
+    print(f"OpenMP wait policy in force: {_omp.policy_in_force()}; autogroup scheduling {_autogroup()}")
+    if _omp.spinning():
+        print(f"  (the robust rules run on redteam's own threads then; {_omp.ADVICE})")
     results: dict[tuple[str, int, str], list[float]] = {}
     for state in args.states:
         procs = []
@@ -92,17 +119,21 @@ def main() -> None:
             procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
             time.sleep(2.0)
         try:
-            print(f"{state}: load average {os.getloadavg()[0]:.2f}" +
-                  (f" ({args.busy} busy processes running)" if procs else ""))
+            before = os.getloadavg()[0]
+            print(f"{state}: before, {_load()}" + (f" ({args.busy} busy processes running)" if procs else ""))
+            if state == "idle" and before > 0.5:
+                print(f"  warning: the machine is not idle (load {before:.2f} before the 'idle' state): the "
+                      "'share explains' column assumes it is, and the loaded state shares the machine too")
             for r in args.rules:
                 for t in args.threads:
                     torch.set_num_threads(t)
                     results[(r, t, state)] = _times(lambda: calls[r](x), args.repeats)
+            print(f"{state}: after, {_load()}")
         finally:
             for p in procs:
                 p.kill()
                 p.wait()
-    print(f"\nOMP_WAIT_POLICY = {os.environ.get('OMP_WAIT_POLICY', '(unset)')}")
+    print(f"\nOpenMP wait policy in force: {_omp.policy_in_force()}")
     print(f"{'rule':18} {'threads':>7} {'idle ms':>10} {'loaded ms':>10} {'loaded/idle':>12} {'share explains':>15}")
     for r in args.rules:
         for t in args.threads:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Callable
 
+from redteam._omp import workers
 from redteam.types import ServerContext, param_error
 
 if TYPE_CHECKING:
@@ -421,7 +422,8 @@ def _tile_plan(n: int, d: int, unit: int = 16, chunk: "int | None" = None, *,
     """(columns per tile, threads, columns per op) for sorting ``n`` values in each of ``d``
     columns.
 
-    With ``torch.get_num_threads()`` > 1, tiles are spread over that many threads of our own
+    With the caller's intra-op count (:func:`redteam._omp.workers`) > 1, tiles are spread over that
+    many threads of our own
     (numpy's sort and torch's ops release the GIL), and every torch op covers at most
     :data:`_GRAIN` values: it runs where it is called, and no parallel region of a few
     microseconds waits on a thread that the machine's load has descheduled. The tiles are
@@ -442,7 +444,7 @@ def _tile_plan(n: int, d: int, unit: int = 16, chunk: "int | None" = None, *,
         return width
 
     wide = fit(max(unit, min(2048, (1 << 18) // max(n, 1))))
-    threads = torch.get_num_threads()
+    threads = workers()
     if threads > 1 and unit * n <= _GRAIN:
         small = fit(_GRAIN // max(n, 1))
         width = wide if split else small
@@ -656,7 +658,7 @@ def _sorted_chunks(x: "torch.Tensor", rows: "torch.Tensor | None", n: int, bound
     if all(_sortnet.usable(x, hi - lo, n * d) for lo, hi in zip(bounds, bounds[1:])):
         picks = [torch.arange(lo, hi) if rows is None else rows[lo:hi] for lo, hi in zip(bounds, bounds[1:])]
         buf = torch.empty(n, c, dtype=x.dtype)
-        threads = torch.get_num_threads() if c >= 4096 else 1
+        threads = workers() if c >= 4096 else 1
         for start in range(0, d, c):
             width = min(c, d - start)
             a = buf if width == c else torch.empty(n, width, dtype=x.dtype)
@@ -811,7 +813,7 @@ def closest_to_median_means(x: "torch.Tensor", rows: "torch.Tensor", beta: int,
     c = _chunk_columns(_pow2(n))
     out = torch.empty(d, dtype=x.dtype)
     count = -(-d // c)
-    threads = min(torch.get_num_threads(), count)
+    threads = min(workers(), count)
     # a run of whole chunks per thread, one compiled call each (the call releases the GIL; one
     # call per chunk made every chunk wait for the GIL on a busy machine)
     per = -(-count // threads)

@@ -165,6 +165,14 @@ def _tree_sum(prod: "torch.Tensor") -> "torch.Tensor":
     return prod[0].to(torch.float64)
 
 
+def _own_threads(x: "torch.Tensor") -> int:
+    """Threads of our own for the Gram's groups: the caller's count while a rule holds torch at
+    one intra-op thread (:func:`redteam._omp.rule_threads`, on CPU), else 1 (torch's own)."""
+    from redteam._omp import own_threads, workers
+
+    return workers() if own_threads() and x.device.type == "cpu" else 1
+
+
 def _block_gram(x: "torch.Tensor", centre: bool, careful: bool) -> "torch.Tensor":
     """Σ over column blocks of ``BLOCK`` of (block − its row mean, if ``centre``)·(…)ᵀ, in
     float32 products of one block each, summed as the module docstring says; float64.
@@ -181,9 +189,14 @@ def _block_gram(x: "torch.Tensor", centre: bool, careful: bool) -> "torch.Tensor
     g = torch.zeros(n, n, dtype=torch.float64, device=x.device)
     if n == 0 or d == 0:
         return g
-    step = BLOCK * _group(n)
     full = (d // BLOCK) * BLOCK
-    for start in range(0, full, step):
+    per = _group(n)
+    threads = _own_threads(x)
+    if threads > 1:  # a rule held at one torch thread (redteam._omp): groups spread over our threads
+        per = max(1, min(per, -(-(full // BLOCK) // (4 * threads))))
+    step = BLOCK * per
+
+    def group(start: int) -> "torch.Tensor":
         stop = min(start + step, full)
         nb = (stop - start) // BLOCK
         blk = x[:, start:stop].reshape(n, nb, BLOCK).transpose(0, 1)  # (nb, n, BLOCK) view
@@ -193,7 +206,23 @@ def _block_gram(x: "torch.Tensor", centre: bool, careful: bool) -> "torch.Tensor
             a64 = blk.to(torch.float64)  # float32 overflow: this group in float64
             a64 = a64 - a64.mean(dim=1, keepdim=True) if centre else a64
             prod = torch.bmm(a64, a64.transpose(1, 2))
-        g += prod.to(torch.float64).sum(dim=0) if careful else _tree_sum(prod)
+        return prod.to(torch.float64).sum(dim=0) if careful else _tree_sum(prod)
+
+    starts = range(0, full, step)
+    if threads > 1 and len(starts) > 1:
+        from redteam._omp import one_thread
+
+        from ._sortnet import pool
+
+        def task(start: int) -> "torch.Tensor":
+            one_thread()
+            return group(start)
+
+        parts = pool(threads).map(task, starts)
+    else:
+        parts = map(group, starts)
+    for part in parts:  # summed in column order, whoever computed them
+        g += part
     if full < d:
         b = x[:, full:]
         a = b - b.mean(dim=0) if centre else b

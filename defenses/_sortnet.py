@@ -20,8 +20,9 @@ of transposed tiles and ~45× for the earlier network of torch ops.
   sequence), so blocks of padding only are never touched.
 * **Pruning.** For order statistics only the blocks holding the wanted ranks get the last
   merge's final four layers.
-* **Threads.** Columns are split into spans over ``torch.get_num_threads()`` Python threads
-  (the kernels release the GIL); no OpenMP region is opened.
+* **Threads.** Columns are split into spans over as many Python threads as the caller's
+  intra-op count (:func:`redteam._omp.workers`, also while a rule holds torch at one; the
+  kernels release the GIL); no OpenMP region is opened.
 
 Results are the sorted values exactly (a sorting network only moves values), so they equal
 numpy's sort bit for bit, except that −0.0 and +0.0 are ordered here (numpy leaves equal
@@ -41,6 +42,8 @@ import os
 from typing import Any
 
 import numpy as np
+
+from redteam._omp import workers
 
 #: below this many values (n·d) numpy's sort of transposed tiles is used: no compilation for
 #: small inputs, and the tile set-up is not worth it there
@@ -184,7 +187,7 @@ def order_statistics(x: Any, ranks: tuple[int, ...], rows: Any = None) -> Any:
     last[wanted // 16] = True
     out = torch.empty(len(ranks), d, dtype=x.dtype)
     out_keys = out.numpy().reshape(-1).view(consts[0])
-    threads = torch.get_num_threads()
+    threads = workers()
 
     def work(start: int, stop: int) -> None:
         k.order_stats(keys, idx, np.uint64(d), wanted, last, out_keys, np.uint64(d), np.uint64(0), np.uint64(start),
@@ -225,7 +228,7 @@ def trimmed_means32(x: Any, b: int, slack: float) -> tuple[Any, Any]:
     means = torch.empty(d, dtype=torch.float32)
     settled = torch.empty(d, dtype=torch.bool)
     means_np, settled_np = means.numpy(), settled.numpy()
-    threads = torch.get_num_threads()
+    threads = workers()
     last = np.zeros(nb, dtype=np.bool_)
     last[[b // 16, (n - 1 - b) // 16]] = True  # the blocks of the cut points
 

@@ -13,17 +13,16 @@ Heavy modules (torch) are imported only when used, so ``import redteam`` is chea
 
 from __future__ import annotations
 
-import os as _os
-
 # OpenMP's waiting threads spin by default. On a machine shared with other busy processes, a
 # torch program at 2 threads then loses far more than its CPU share (a digits federation of 100
 # clients: 10.2 s at 2 threads against 1.5 s at 1, with one core busy elsewhere; 1.6 s with
-# passive waiting). Passive waiting, unless the user chose otherwise; it takes effect where
-# redteam is imported before torch (the CLI, the matrix workers, the pytest plugin). It is set in
-# os.environ, so every process started from this one inherits it too (the matrix's workers, and
-# any OpenMP program a user's session starts after importing redteam); it is not unset again,
-# since OpenMP reads it only when torch is first imported, later. Set it yourself to choose.
-_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# passive waiting). Passive waiting, unless the user chose otherwise: set in os.environ, so it
+# takes effect where redteam is imported before torch (the CLI, the matrix workers, the pytest
+# plugin) and in every process started from this one. Where torch came first it cannot take
+# effect; ``_omp`` notes that, and the robust rules then run on redteam's own threads.
+from . import _omp
+
+_omp.record()
 
 from .errors import DecodeError, InvalidParameter, InvalidScenario, RedteamError, TransportError, UnknownPlugin
 from .registry import ATTACKS, DEFENSES, WORKLOADS, attack, defense, workload

@@ -902,7 +902,10 @@ class Defense:
             raise InvalidParameter(f"{type(self).__name__}: no updates to aggregate (n_clients = 0)")
         if ctx is None:
             ctx = ServerContext.default(updates)
-        return self.decide(updates, ctx)
+        from ._omp import rule_threads
+
+        with rule_threads():  # torch imported before redteam: the rule on redteam's own threads
+            return self.decide(updates, ctx)
 
     def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:  # pragma: no cover
         """Aggregate one round: ``updates`` are its ``(n, d)`` rows (n ≥ 1), ``ctx`` what the

@@ -101,3 +101,113 @@ def test_importing_redteam_makes_openmp_wait_passively_unless_the_user_chose():
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**env, "OMP_WAIT_POLICY": "ACTIVE"}, check=True)
     assert got.stdout.strip() == "ACTIVE"
+
+
+_TORCH_FIRST = r"""
+import os, sys, threading
+import torch, redteam
+from redteam import _omp
+from redteam.registry import DEFENSES
+
+
+def foreign_ticks():  # CPU ticks of the threads Python did not start (OpenMP's team among them)
+    ours = {t.native_id for t in threading.enumerate()}
+    total = 0
+    for tid in os.listdir("/proc/self/task"):
+        if int(tid) not in ours:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total
+
+
+torch.set_num_threads(2)
+x = torch.randn(100, 70_000, generator=torch.Generator().manual_seed(0))
+print(_omp.policy_in_force().split()[0])
+for name, params in (("krum", {"f": 10}), ("median", {})):
+    rule = DEFENSES.create(name, params)
+    seen = []
+    decide = type(rule).decide
+    type(rule).decide = lambda self, u, c: (seen.append((torch.get_num_threads(), _omp.workers())),
+                                            decide(self, u, c))[1]
+    rule(x)  # compiles what it compiles
+    before = foreign_ticks()
+    for _ in range(3):
+        rule(x)
+    print(name, seen[0], torch.get_num_threads(), foreign_ticks() - before)
+"""
+
+
+def _run(code: str) -> list[str]:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    return out.stdout.replace("(1, 2)", "1/2").replace("(2, 2)", "2/2").split()
+
+
+def test_a_rule_does_not_spin_when_torch_was_imported_before_redteam():
+    """`import torch, redteam`: OpenMP read its policy before redteam could set it, and its idle
+    threads spin. The rule then runs torch at one thread (OpenMP's team does no work at all: no
+    CPU tick on a thread Python did not start) and gives its kernels the caller's 2 threads of our
+    own; the count is restored. With the policy in force (redteam first), torch's own 2 threads
+    run it, and for Krum's products OpenMP's team works (issue 40 §1)."""
+    import os
+
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("needs /proc to read the process's threads")
+    assert _run(_TORCH_FIRST) == ["unset", "krum", "1/2", "2", "0", "median", "1/2", "2", "0"]
+    got = _run(_TORCH_FIRST.replace("import torch, redteam", "import redteam, torch"))
+    assert got[:4] == ["PASSIVE", "krum", "2/2", "2"] and int(got[4]) > 0 and got[5:8] == ["median", "2/2", "2"]
+
+
+def test_a_run_at_two_threads_warns_once_when_torch_came_first(monkeypatch):
+    import warnings
+
+    from redteam import _omp
+
+    def warnings_for(torch_first: bool, given: "str | None", counts: tuple[int, ...]) -> list[str]:
+        monkeypatch.setattr(_omp, "_state", {"torch_first": torch_first, "given": given})
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            for n in counts:
+                _omp.warn_spinning(n)
+        return [str(m.message) for m in w]
+
+    said = warnings_for(True, None, (1, 2, 2))
+    assert len(said) == 1 and "this run's 2 intra-op threads" in said[0]
+    assert "import redteam before torch, or set OMP_WAIT_POLICY=PASSIVE" in said[0]
+    assert warnings_for(True, "ACTIVE", (2,)) == []  # the user's choice
+    assert warnings_for(False, None, (2,)) == []  # redteam first: PASSIVE is in force
+    assert _omp.policy_in_force() == "PASSIVE"
+
+
+@pytest.mark.threads(2)
+def test_the_gram_on_our_own_threads_keeps_its_bound(monkeypatch):
+    """Where OpenMP spins (torch imported first), the pairwise kernel's float32 products run in
+    groups on redteam's threads at one torch thread each: every approximate distance still lies
+    within its stated bound of the float64 distance, and Krum picks what it picks otherwise."""
+    from defenses import _pairwise
+    from redteam import _omp
+    from redteam.registry import DEFENSES
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(12, 256 * 40 + 7, generator=g) + 5.0  # groups, a tail, and rows worth centring
+    x[:3] += 0.01 * torch.randn(3, x.shape[1], generator=g)
+    exact = torch.cdist(x.double(), x.double()).square()
+    plain = _pairwise.pairwise(x)
+    krum = DEFENSES.create("krum", {"f": 2})
+    chosen = krum(x).accepted
+    monkeypatch.setattr(_omp, "_state", {"torch_first": True, "given": None})
+    groups = []
+    real = _pairwise._own_threads
+    monkeypatch.setattr(_pairwise, "_own_threads", lambda x: groups.append(real(x)) or groups[-1])
+    with _omp.rule_threads():
+        assert torch.get_num_threads() == 1 and _omp.workers() == 2
+        mine = _pairwise.pairwise(x)
+    assert groups == [2] and torch.get_num_threads() == 2
+    for pd in (plain, mine):
+        assert bool(((pd.approx - exact).abs() <= pd.error + 1e-9).all())
+    assert torch.equal(krum(x).accepted, chosen)

@@ -85,6 +85,9 @@ def run_threads(fed: Any, policy: str | int | None, parallel_runs: int = 1) -> I
     before = torch.get_num_threads()
     if n != before:
         torch.set_num_threads(n)
+    from .._omp import warn_spinning
+
+    warn_spinning(n)  # torch imported before redteam: training threads spin (the rules are spared)
     try:
         yield n
     finally:
