@@ -9,19 +9,29 @@ Here they go to ``$NUMBA_CACHE_DIR`` when the user set it, else to
 that directory, resolved, is owned by this user and nobody else can write to it or to any
 directory above it (root-owned or sticky ones aside, like ``/tmp``). Otherwise the functions
 are compiled afresh in each process, without a cache, and a RuntimeWarning says why once.
+
+The first call of a cached kernel in a process goes through :func:`first_use`: one process at a
+time compiles (a lock file in the cache directory: the matrix's workers, or the processes of a
+test run, wait for the first to write the cache, then load it, instead of each compiling the
+same code), and when the call takes more than :data:`NOTE_AFTER` seconds one line on stderr says
+what the pause is (compiling, loading, or waiting for another process that compiles).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+import sys
+import threading
 import warnings
 from pathlib import Path
-from typing import Any, Callable
-
-import numba
+from typing import Any, Callable, Iterator
 
 _state: dict[str, Any] = {}
+
+#: seconds a first call may take before :func:`first_use` says what the pause is
+NOTE_AFTER = 1.0
 
 
 def unsafe(path: Path) -> str | None:
@@ -49,23 +59,55 @@ def unsafe(path: Path) -> str | None:
     return None
 
 
+def candidate() -> Path:
+    """The cache directory asked for, unchecked: ``$NUMBA_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/redteam/numba`` (``~/.cache/redteam/numba``). Imports nothing heavy."""
+    given = os.environ.get("NUMBA_CACHE_DIR")
+    if not given and "numba" in sys.modules:
+        given = sys.modules["numba"].config.CACHE_DIR
+    if given:
+        return Path(given)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "redteam" / "numba"
+
+
+def refused(where: Path) -> str | None:
+    """Why ``where`` cannot be the cache (it cannot be made, or :func:`unsafe`), or None; makes
+    it (mode 0o700) when missing."""
+    try:
+        where.parent.mkdir(parents=True, exist_ok=True)
+        where.mkdir(mode=0o700, exist_ok=True)
+        where = where.resolve()
+    except OSError as e:
+        return f"cannot be made ({e.strerror or e})"
+    return unsafe(where)
+
+
+def one_for_this_run() -> Path | None:
+    """Where the user's cache directory (:func:`candidate`) is refused, make a private one and
+    set it in ``NUMBA_CACHE_DIR`` (and numba's config, if loaded), so that this process and every
+    process started from it share one cache instead of each compiling without one; returns it
+    (the caller removes it when done), or None when the user's directory is fine. For a test
+    run (``tests/conftest.py``)."""
+    import tempfile
+
+    if refused(candidate()) is None:
+        return None
+    run = Path(tempfile.mkdtemp(prefix="redteam-numba-"))  # mode 0o700, this user's
+    os.environ["NUMBA_CACHE_DIR"] = str(run)
+    if "numba" in sys.modules:
+        sys.modules["numba"].config.CACHE_DIR = str(run)
+    _state.pop("dir", None)
+    return run
+
+
 def directory() -> Path | None:
     """The checked cache directory (created when missing), or None (said once, as a warning)."""
     if "dir" not in _state:
-        given = numba.config.CACHE_DIR
-        if given:
-            where = Path(given)
-        else:
-            base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-            where = Path(base) / "redteam" / "numba"
-        why = None
-        try:
-            where.parent.mkdir(parents=True, exist_ok=True)
-            where.mkdir(mode=0o700, exist_ok=True)
+        where = candidate()
+        why = refused(where)
+        if not why:
             where = where.resolve()
-        except OSError as e:
-            why = f"cannot be made ({e.strerror or e})"
-        why = why or unsafe(where)
         if why:
             warnings.warn(f"redteam: the numba cache directory {where} {why}; the sorting network compiles "
                           "without a cache in each process (set NUMBA_CACHE_DIR to a directory of your own, "
@@ -105,6 +147,8 @@ def njit(**options: Any) -> Callable[[Callable[..., Any]], Any]:
     cache = options.pop("cache", False)
 
     def wrap(py_func: Callable[..., Any]) -> Any:
+        import numba
+
         dispatcher = numba.njit(**options)(py_func)
         where = directory() if cache else None
         if where is not None:
@@ -115,3 +159,61 @@ def njit(**options: Any) -> Callable[[Callable[..., Any]], Any]:
         return dispatcher
 
     return wrap
+
+
+def cached(dispatcher: Any) -> bool:
+    """Whether the cache holds compiled code of ``dispatcher`` for its current source (any
+    signature): its first call then loads rather than compiles."""
+    try:
+        return bool(dispatcher._cache._cache_file._load_index())
+    except Exception:  # noqa: BLE001 - no cache, or numba's internals moved: say "compiling"
+        return False
+
+
+def pause(what: str, where: Path | None, phase: str) -> str:
+    """The one line :func:`first_use` prints: what the first call of ``what`` is doing (``phase``:
+    ``waiting``, ``loading`` or ``compiling``)."""
+    doing = {"waiting": "waiting for another process that compiles it",
+             "loading": f"loading it from the cache in {where}"}.get(phase)
+    if doing is None:
+        doing = "compiling it (numba, 10-15 s of CPU; " + (
+            f"once: then cached in {where})" if where is not None else "in every process: the cache is refused)")
+    return f"redteam: {what}: {doing} ..."
+
+
+@contextlib.contextmanager
+def first_use(what: str, dispatchers: "list[Any]") -> Iterator[None]:
+    """Around the first calls of ``dispatchers`` (numba-compiled ``what``) in this process: one
+    process at a time, by an exclusive lock on ``.compile.lock`` in the cache directory (none
+    without a cache), and a one-line note on stderr if it takes more than :data:`NOTE_AFTER` s."""
+    where = directory()
+    phase = {"now": "compiling"}
+    lock = None
+    if where is not None:
+        try:
+            import fcntl
+
+            lock = open(where / ".compile.lock", "a")  # noqa: SIM115 - held until the end
+            try:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                phase["now"] = "loading" if all(cached(d) for d in dispatchers) else "compiling"
+            except BlockingIOError:  # another process holds it: it compiles
+                phase["now"] = "waiting"
+        except (ImportError, OSError):  # no flock here: each process compiles as before
+            lock = None
+
+    def note() -> None:
+        print(pause(what, where, phase["now"]), file=sys.stderr, flush=True)
+
+    timer = threading.Timer(NOTE_AFTER, note)
+    timer.daemon = True
+    timer.start()
+    try:
+        if phase["now"] == "waiting":
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            phase["now"] = "loading" if all(cached(d) for d in dispatchers) else "compiling"
+        yield
+    finally:
+        timer.cancel()
+        if lock is not None:
+            lock.close()  # releases the lock

@@ -83,8 +83,10 @@ def usable(x: Any, n: int, values: "int | None" = None) -> bool:
 
 def _compiled(dtype: Any) -> bool:
     """numba is there and compiles (or loads) the network for this dtype: checked once per dtype
-    on a 2 × 64 input. A failure (an LLVM or platform problem, not a missing numba) is said
-    once, as a RuntimeWarning, and the rules sort with numpy instead."""
+    on a 2 × 64 input, with float32's trimmed-mean and Bulyan drivers too (so a first call is one
+    pause, said on stderr when it is long, and later ones none; one process at a time compiles:
+    :func:`defenses._numba_cache.first_use`). A failure (an LLVM or platform problem, not a
+    missing numba) is said once, as a RuntimeWarning, and the rules sort with numpy instead."""
     key = f"compiled:{dtype}"
     if key not in _state:
         k = _kernels()
@@ -92,8 +94,16 @@ def _compiled(dtype: Any) -> bool:
         if ok:
             import torch
 
+            from ._numba_cache import first_use
+
+            f32 = dtype == torch.float32
+            first = [k.order_stats] + ([k.trimmed32, k.bulyan32] if f32 else [])
             try:
-                order_statistics(torch.zeros(2, 64, dtype=dtype), (0,))
+                with first_use(f"the sorting network for {str(dtype).replace('torch.', '')}", first):
+                    order_statistics(torch.zeros(2, 64, dtype=dtype), (0,))
+                    if f32:
+                        trimmed_means32(torch.zeros(4, 64), 1, 0.0)
+                        bulyan32(torch.zeros(5, 64), torch.arange(5), 3, 0, 64, torch.empty(64), 64)
             except Exception as e:  # noqa: BLE001 - any compile or run failure: fall back, say why
                 import warnings
 

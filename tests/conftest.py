@@ -13,6 +13,14 @@ no example database), so a change lands or fails on its own merits, not on the i
 happened to draw. ``REDTEAM_HYPOTHESIS=explore`` draws fresh inputs each run (and keeps the
 failures hypothesis finds in its database) to hunt for new counter-examples; pin each one
 found as an ``@example`` (or a test of its own) before fixing it.
+
+numba compiles the sorting network once per suite run: every process of the run (this one, the
+subprocesses tests start, the matrix workers they start) uses one cache directory, the user's
+own (``NUMBA_CACHE_DIR``, else ``~/.cache/redteam/numba``) or, where that one is refused (not
+the user's, writable by others, cannot be made: a read-only home on a CI runner), one made for
+this run and set in ``NUMBA_CACHE_DIR`` before numba is imported, so that the processes share
+it instead of each compiling without a cache. ``defenses._numba_cache.first_use`` makes the
+processes that need it at the same time wait for the first to compile.
 """
 
 from __future__ import annotations
@@ -22,6 +30,19 @@ import os
 import pytest
 import torch
 from hypothesis import settings
+
+def _one_numba_cache() -> None:
+    import atexit
+    import shutil
+
+    from defenses import _numba_cache  # imports no numba
+
+    made = _numba_cache.one_for_this_run()
+    if made is not None:
+        atexit.register(shutil.rmtree, made, ignore_errors=True)
+
+
+_one_numba_cache()
 
 settings.register_profile("ci", derandomize=True, database=None)
 settings.register_profile("explore", derandomize=False)

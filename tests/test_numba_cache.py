@@ -103,3 +103,92 @@ def test_a_cache_directory_someone_else_owns_or_can_replace_is_refused(tmp_path,
     assert "owned by uid" in _numba_cache.unsafe(home)
     (tmp_path / "f").write_text("")
     assert "not a directory" in _numba_cache.unsafe(tmp_path / "f")
+
+
+_FIRST_USE = """
+import sys
+from defenses import _numba_cache
+_numba_cache.NOTE_AFTER = 0.3
+import rt_cached
+with _numba_cache.first_use("inc", [rt_cached.inc]):
+    print(rt_cached.inc(1), flush=True)
+"""
+
+
+def test_a_first_call_waits_while_another_process_compiles_and_says_what_it_does(tmp_path):
+    """issue 40 §2: the first call of a cached kernel takes the cache directory's compile lock
+    (another process compiling the same code holds it: this one waits, then loads), and a pause
+    longer than NOTE_AFTER is said in one line on stderr: waiting, compiling, or loading."""
+    import fcntl
+    import time
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "rt_cached.py").write_text("from defenses._numba_cache import njit\n\n"
+                                      "@njit(cache=True)\ndef inc(x):\n    return x + 1\n")
+    home = tmp_path / "cache" / "redteam" / "numba"
+    home.mkdir(parents=True, mode=0o700)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
+    env.update(XDG_CACHE_HOME=str(tmp_path / "cache"), PYTHONPATH=os.pathsep.join([str(src), str(ROOT)]))
+    with open(home / ".compile.lock", "a") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # as a process compiling would
+        proc = subprocess.Popen([sys.executable, "-c", _FIRST_USE], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        line = proc.stderr.readline()  # blocks until the note (or the process ends)
+        assert line == "redteam: inc: waiting for another process that compiles it ...\n"
+        time.sleep(0.2)
+        assert proc.poll() is None  # still held up
+    out, err = proc.communicate(timeout=120)
+    assert out.split() == ["2"]
+    done = subprocess.run([sys.executable, "-c", _FIRST_USE.replace("0.3", "0.0")], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.stdout.split() == ["2"] and done.stderr.startswith("redteam: inc: loading it from the cache in "), done.stderr
+
+
+def test_the_pause_note_says_compiling_then_loading(tmp_path, monkeypatch):
+    import importlib
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "rt_note.py").write_text("from defenses._numba_cache import njit\n\n"
+                                    "@njit(cache=True)\ndef twice(x):\n    return 2 * x\n")
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    monkeypatch.setattr(_numba_cache, "_state", {"dir": home})
+    monkeypatch.syspath_prepend(str(src))
+    mod = importlib.import_module("rt_note")
+    assert not _numba_cache.cached(mod.twice)
+    assert mod.twice(3) == 6
+    assert _numba_cache.cached(mod.twice)
+    assert _numba_cache.pause("twice", home, "loading") == f"redteam: twice: loading it from the cache in {home} ..."
+    assert "once: then cached in" in _numba_cache.pause("twice", home, "compiling")
+    assert "the cache is refused" in _numba_cache.pause("twice", None, "compiling")
+
+
+def test_a_test_run_shares_one_cache_even_where_the_users_is_refused(tmp_path, monkeypatch):
+    """issue 39: numba compiles once per suite run. With the user's directory usable nothing
+    changes; where it is refused (here: a home others can write to), one private directory is
+    made and set in NUMBA_CACHE_DIR, which every process the run starts inherits."""
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    monkeypatch.setattr(_numba_cache, "_state", {})
+    import numba
+
+    monkeypatch.setattr(numba.config, "CACHE_DIR", "")
+    good = tmp_path / "good"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(good))
+    assert _numba_cache.one_for_this_run() is None and "NUMBA_CACHE_DIR" not in os.environ
+    bad = tmp_path / "bad"
+    (bad / "redteam" / "numba").mkdir(parents=True, mode=0o700)
+    bad.chmod(0o777)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(bad))
+    made = _numba_cache.one_for_this_run()
+    try:
+        assert made is not None and os.environ["NUMBA_CACHE_DIR"] == str(made) == numba.config.CACHE_DIR
+        assert _numba_cache.directory() == made.resolve() and made.stat().st_mode & 0o777 == 0o700
+        child = subprocess.run([sys.executable, "-c", "from defenses import _numba_cache as c; print(c.directory())"],
+                               capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+        assert child.stdout.strip() == str(made.resolve()), child.stderr
+    finally:
+        bad.chmod(0o700)
+        if made is not None:
+            made.rmdir()
