@@ -118,8 +118,8 @@ def test_ties_go_to_the_rule_that_catches_more_then_share_a_rank_never_matrix_or
     assert r["zmean"].rank == r["other"].rank == 2
     assert [x.defense for x in g.rows] == ["gate", "other", "zmean"]  # alphabetical among the tied
     assert g.headline[1] == ("Pick: gate, harm 0.00 (worst accuracy under attack 0.900 (forge0); clean 0.900; flags "
-                             "the attackers in 7 of 8 attacks (recall ≥ 0.5); ahead of other at equal harm on mean "
-                             "recall (0.875 vs 0.000)).")
+                             "the attackers in 7 of 8 attacks (recall ≥ 0.5); ahead of other at equal harm in steps "
+                             "of 0.05 on mean recall (0.875 vs 0.000)).")
 
 
 def test_the_no_attack_cell_is_never_the_worst_attack_whatever_its_label():
@@ -191,3 +191,29 @@ def test_a_backdoor_that_faded_after_its_window_still_counts():
     r = rows_by_name(g)
     assert r["fading"].worst_asr == pytest.approx(0.9) and r["holding"].worst_asr == pytest.approx(0.2)
     assert [x.defense for x in g.rows][0] == "holding"
+
+
+def test_one_seed_ranks_tie_within_the_stated_step_and_more_seeds_separate_them():
+    """issue 40 §3: with one seed, two defenses at equal harm whose mean recall differs in the
+    third decimal (0.443 against 0.442, as in envelope.toml) share rank 1, and the headline states
+    the step; a difference of a whole step still ranks. With 3 seeds the 3-decimal rule applies."""
+    from redteam.report.defender import ONE_SEED_STEP
+
+    def gate(defense, recall, under, seeds=1):
+        return cell_rows(defense, "ipm", [0.9] * seeds, [under] * seeds, recall=recall)
+
+    rows = gate("a", 0.443, 0.80) + gate("b", 0.442, 0.80) + gate("c", 0.443 - ONE_SEED_STEP, 0.80)
+    (g,) = report_from_rows(rows).defenders.groups
+    r = rows_by_name(g)
+    assert (r["a"].rank, r["b"].rank, r["c"].rank) == (1, 1, 3)
+    assert g.headline[0].startswith(f"One seed: no difference here is tested against noise, so ranks compare "
+                                    f"harm, mean recall and clean quality in steps of {ONE_SEED_STEP:g} only")
+    assert g.headline[1].startswith("Pick: a (tied: b), harm 0.12")
+    assert "0.443 vs 0.442" not in " ".join(g.headline)
+    # harm exactly one step apart on the step grid (0.10 and 0.15 of the learnable accuracy): ranked apart
+    (g,) = report_from_rows(gate("x", None, 0.82) + gate("y", None, 0.78)).defenders.groups
+    assert [(x.defense, x.rank) for x in g.rows] == [("x", 1), ("y", 2)]
+    # three seeds: the same figures are told apart at 3 decimals, recall breaking the tie
+    rows3 = gate("a", 0.443, 0.80, 3) + gate("b", 0.442, 0.80, 3)
+    (g3,) = report_from_rows(rows3).defenders.groups
+    assert [(x.defense, x.rank) for x in g3.rows] == [("a", 1), ("b", 2)]

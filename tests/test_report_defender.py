@@ -328,7 +328,8 @@ def test_terminal_summary_fits_the_width_and_cuts_no_word(width):
 def test_property_worst_case_is_a_cell_and_rank_one_has_the_least_harm(drops, cleans):
     # defenses d0..dk × attacks a0..a2, one seed: each row's worst case is one of its own cells and none
     # is worse; harm = (best clean − worst under attack) / best clean (no untrained level: floor 0); the
-    # ranking never puts a larger harm (to 3 decimals) above a smaller one, and equal keys share a rank
+    # ranking never puts a larger harm (one seed: in steps of ONE_SEED_STEP) above a smaller one, and
+    # equal keys share a rank
     defenses = [f"d{i}" for i in range(len(drops))]
     rows = [row(f"a{j}", d, 0, cleans[i], accuracy_drop=v, final_accuracy=cleans[i] - v, recall=0.0, tp=0, fp=0)
             for i, d in enumerate(defenses) for j, v in enumerate(drops[i])]
@@ -341,11 +342,15 @@ def test_property_worst_case_is_a_cell_and_rank_one_has_the_least_harm(drops, cl
         assert r.worst_drop in drops[i] and all(v <= r.worst_drop for v in drops[i])
         assert r.clean.mean == cleans[i] and r.cost is None  # no "mean" here
         assert r.harm == pytest.approx(min(1.0, max(0.0, (best - min(under)) / best)))
-    harms = [round(r.harm, 3) for r in g.rows]
+    from redteam.report.defender import ONE_SEED_STEP
+
+    def step(v):
+        return round(v / ONE_SEED_STEP)
+
+    harms = [step(r.harm) for r in g.rows]
     assert harms == sorted(harms) and g.rows[0].rank == 1
     for a, b in zip(g.rows, g.rows[1:]):
-        assert (a.rank == b.rank) == (round(a.harm, 3) == round(b.harm, 3) and round(a.clean.mean, 3)
-                                      == round(b.clean.mean, 3))
+        assert (a.rank == b.rank) == (step(a.harm) == step(b.harm) and step(a.clean.mean) == step(b.clean.mean))
 
 
 @pytest.mark.parametrize("width", [60, 200])

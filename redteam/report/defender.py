@@ -42,7 +42,10 @@ not reject), then by clean quality; defenses still tied share a rank (never matr
 defense with unfinished attacked cells ranks after the complete ones. **Noise**: with ≥ 2 seeds,
 every defense whose harm interval (95 %, Student t, from the cell that sets its harm) overlaps
 the leader's is marked ``≈1``: the data cannot tell it from the leader. With one seed the first
-line says that nothing is tested against noise. The **Pareto set** over (worst quality under
+line says that nothing is tested against noise, and the rule compares its figures (harm or the
+declared metric, mean recall, clean quality) in steps of :data:`ONE_SEED_STEP` instead of at 3
+decimals: defenses whose figures fall in the same steps share a rank, so no rank rests on a
+difference one seed cannot show (0.443 against 0.442 mean recall). The **Pareto set** over (worst quality under
 attack, worst ASR, clean quality) is named in the notes.
 
 **A declared defender metric** (``[matrix] defender_metric``, e.g. ``cheat_reward_ratio`` for a
@@ -120,6 +123,8 @@ NO_REJECT = "n/a (does not reject)"
 TRAIN_SHARE = 0.2
 #: An attack is "stopped" by a defense that keeps its ASR below this and loses under half the quality.
 STOP_ASR = 0.5
+#: With one seed, the ranking's figures are compared in steps of this size (at 3 decimals with more)
+ONE_SEED_STEP = 0.05
 #: Bits per byte of a uniform guess over 256 byte values: the floor of an older store's language model.
 UNIFORM_BYTE_BITS = 8.0
 
@@ -600,7 +605,7 @@ def defender_summary(
                                                         if r.trains is not False):
             by, note = None, (f"{declared} (this scenario's defender metric, [matrix] defender_metric) is undefined "
                               "in every attacked cell here: ranked by harm instead.")
-        ranked, unranked = _rank(rows_out, q, bool(attacks), by)
+        ranked, unranked = _rank(rows_out, q, bool(attacks), by, seeds)
         ranked = _mark_pareto(ranked, q)
         ranked = _mark_ties(ranked, seeds, by)
         group = DefenderGroup(settings, attacks, targeted, ref, tuple(ranked + unranked), q,
@@ -609,11 +614,21 @@ def defender_summary(
     return DefenderSummary(reference, tuple(groups), non_rejecting, declared)
 
 
-def _rank(rows: list[DefenderRow], q: Quality, attacked: bool, by: str | None = None) -> tuple[
+def _resolution(seeds: int) -> Callable[[float], float]:
+    """How the ranking compares a figure: at 3 decimals, or with one seed (or none finished) in
+    steps of :data:`ONE_SEED_STEP` (the step's index)."""
+    if seeds >= 2:
+        return lambda v: round(v, 3)
+    return lambda v: float(round(v / ONE_SEED_STEP))
+
+
+def _rank(rows: list[DefenderRow], q: Quality, attacked: bool, by: str | None = None, seeds: int = 2) -> tuple[
         list[DefenderRow], list[DefenderRow]]:
     """Trained defenses ranked by :data:`RANK_RULE`, or by the declared metric ``by``
-    (:func:`declared_rank_rule`; ties share a rank); the rest unranked."""
+    (:func:`declared_rank_rule`; ties share a rank; figures compared as :func:`_resolution`
+    says for ``seeds``); the rest unranked."""
     unranked = sorted((r for r in rows if r.trains is False), key=lambda r: r.defense)
+    res = _resolution(seeds)
 
     def key(r: DefenderRow) -> tuple[Any, ...]:
         if not attacked:  # only baselines: clean quality decides
@@ -621,13 +636,13 @@ def _rank(rows: list[DefenderRow], q: Quality, attacked: bool, by: str | None = 
         elif by is not None:  # the declared metric's worst case, best first
             v = r.declared.mean if r.declared is not None else None
             tier = 2 if v is None else (1 if r.pending else 0)
-            harm = 0.0 if v is None else (-round(v, 3) if HIGHER_IS_BETTER[by] else round(v, 3))
+            harm = 0.0 if v is None else (-res(v) if HIGHER_IS_BETTER[by] else res(v))
         else:
             tier = 2 if r.harm is None else (1 if r.pending else 0)
-            harm = round(r.harm, 3) if r.harm is not None else 0.0
-        recall = -round(r.mean_recall, 3) if r.mean_recall is not None else 0.0
+            harm = res(r.harm) if r.harm is not None else 0.0
+        recall = -res(r.mean_recall) if r.mean_recall is not None else 0.0
         c = r.clean.mean
-        clean_key = (-round(c, 3) if q.higher_is_better else round(c, 3)) if c is not None else math.inf
+        clean_key = (-res(c) if q.higher_is_better else res(c)) if c is not None else math.inf
         return (tier, harm, recall, clean_key)
 
     trained = sorted((r for r in rows if r.trains is not False), key=lambda r: (key(r), r.defense))
@@ -704,6 +719,7 @@ def _declared_text(s: Stat | None, attack: str | None = None, stacked: bool = Fa
 def _declared_pick(group: DefenderGroup, ranked: Sequence[DefenderRow], by: str) -> list[str]:
     """The pick and what cannot be told from it, by the scenario's declared metric ``by``."""
     q = group.quality
+    res = _resolution(group.seeds)
     lead = ranked[0]
     same = [r.defense for r in ranked if r.rank == lead.rank and r is not lead]
     head = lead.defense + (f" (tied: {', '.join(same)})" if same else "")
@@ -723,10 +739,10 @@ def _declared_pick(group: DefenderGroup, ranked: Sequence[DefenderRow], by: str)
     nxt = next((r for r in ranked if r.rank != lead.rank), None)
     if (nxt is not None and nxt.declared is not None and nxt.declared.mean is not None
             and lead.declared is not None and lead.declared.mean is not None
-            and round(nxt.declared.mean, 3) == round(lead.declared.mean, 3)):
+            and res(nxt.declared.mean) == res(lead.declared.mean)):
         mine, theirs = lead.mean_recall or 0.0, nxt.mean_recall or 0.0
         context.append(f"ahead of {nxt.defense} at equal {by} on mean recall ({mine:.3f} vs {theirs:.3f})"
-                       if round(mine, 3) != round(theirs, 3) else f"ahead of {nxt.defense} at equal {by} on clean "
+                       if res(mine) != res(theirs) else f"ahead of {nxt.defense} at equal {by} on clean "
                        f"{q.label}")
     lines = [f"Pick: {head}, worst {by} {_declared_text(lead.declared, lead.declared_attack)}: ranked by {by} "
              f"({better} is better) because this scenario declares it its defender metric ([matrix] "
@@ -744,7 +760,9 @@ def defender_headline(group: DefenderGroup, *, asr_level: float = STOP_ASR) -> l
     q = group.quality
     lines: list[str] = []
     if group.seeds <= 1:
-        lines.append("One seed: no difference here is tested against noise (run seeds ≥ 3 before choosing).")
+        lines.append(f"One seed: no difference here is tested against noise, so ranks compare harm, mean recall and "
+                     f"clean quality in steps of {ONE_SEED_STEP:g} only (defenses in the same steps share a rank); "
+                     "run seeds ≥ 3 before choosing.")
     ranked = [r for r in group.rows if r.rank is not None]
     if group.declared_note:
         lines.append(group.declared_note)
@@ -763,10 +781,12 @@ def defender_headline(group: DefenderGroup, *, asr_level: float = STOP_ASR) -> l
         if lead.rejects and lead.caught:
             facts.append(f"flags the attackers in {lead.caught} of {lead.attacked} attacks (recall ≥ 0.5)")
         nxt = next((r for r in ranked if r.rank != lead.rank), None)
-        if nxt is not None and nxt.harm is not None and round(nxt.harm, 3) == round(lead.harm, 3):
+        res = _resolution(group.seeds)
+        if nxt is not None and nxt.harm is not None and res(nxt.harm) == res(lead.harm):
             mine, theirs = lead.mean_recall or 0.0, nxt.mean_recall or 0.0
-            facts.append(f"ahead of {nxt.defense} at equal harm on mean recall ({mine:.3f} vs {theirs:.3f})"
-                         if round(mine, 3) != round(theirs, 3) else f"ahead of {nxt.defense} at equal harm on clean "
+            step = "" if group.seeds >= 2 else f" in steps of {ONE_SEED_STEP:g}"
+            facts.append(f"ahead of {nxt.defense} at equal harm{step} on mean recall ({mine:.3f} vs {theirs:.3f})"
+                         if res(mine) != res(theirs) else f"ahead of {nxt.defense} at equal harm on clean "
                          f"{q.label}")
         if lead.harm >= 0.5:
             lines.append(f"No defense here holds against this matrix: the least harmed, {head}, has harm "
