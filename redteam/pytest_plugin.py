@@ -427,7 +427,7 @@ class _FileRun:
 
     def __init__(self, path: Path, display: str, out: Path, device: str,
                  execute: "Any | None" = None) -> None:
-        from .runner.matrix_run import _exp_dict, plan_units
+        from .runner.matrix_run import _exp_dict, plan_units, scenario_source
         from .runner.single import _versions
         from .runner.store import ResultsStore
         from .matrix import load_matrix
@@ -443,7 +443,8 @@ class _FileRun:
         self.units = {u.run_key: u for u in (*b_units, *a_units)}
         self.store = ResultsStore(out)
         self.store.set_meta(scenario_file=str(path), scenario_name=base.name, scenario_doc=doc,
-                            scenario_digest=base.digest(), versions=_versions(),
+                            scenario_digest=base.digest(), scenario_source=scenario_source(path),
+                            versions=_versions(),
                             expectations=[_exp_dict(e) for e in matrix.expectations],
                             reproduce=f"redteam matrix {path} --out {out} --resume")
         self.store.set_plan(rows)

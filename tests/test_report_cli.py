@@ -283,6 +283,7 @@ def test_matrix_prints_summary_and_writes_html(tmp_path, capsys):
         clients = 4
         rounds = 2
         [matrix]
+        # a comment, kept as written
         attacks = ["none", "sign_flip"]
         defenses = ["mean"]
         [matrix.settings]
@@ -295,6 +296,14 @@ def test_matrix_prints_summary_and_writes_html(tmp_path, capsys):
     assert "accuracy_drop · malicious_fraction=0.25" in text and "sign_flip" in text
     assert f"HTML report: {out / 'report.html'}" in text.replace("\n", "")
     assert (out / "report.html").stat().st_size > 10_000
+    # said before the figures are drawn (issue 40 §4), on stderr
+    assert f"redteam: writing the HTML report (2 cells, with figures) to {out / 'report.html'} ..." in err
+    page = (out / "report.html").read_text(encoding="utf-8")
+    # the scenario as written (comment and layout), not re-serialised; reruns in a column that wraps, whole
+    assert ('<pre class="src">\n[scenario]\nname = &quot;tiny&quot;' in page
+            and "# a comment, kept as written\nattacks = [&quot;none&quot;, &quot;sign_flip&quot;]" in page)
+    assert re.search(r'<td class="cmd"><code>redteam run [^<]*--cell [^<]*--seed \d+[^<]*</code></td>', page)
+    assert page.count('<div class="tw"><table') == page.count("<table")
     report = load_report(out)
     assert [c.finished for c in report.cells] == [1, 1]
     none = [c for c in report.cells if c.attack == "none"]

@@ -311,15 +311,39 @@ def test_terminal_summary_fits_the_width_and_cuts_no_word(width):
     rows = rows_of({(d.replace("krum", "centered_clipping"), a): v for (d, a), v in CELLS.items()},
                    clean={**CLEAN, "centered_clipping": CLEAN["krum"]})
     report = report_from_rows(rows)
-    console = Console(file=io.StringIO(), width=width, color_system=None)
+    console = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=True)
     print_defenders(console, report.defenders, _markup)
     text = console.file.getvalue()
     assert max(len(line) for line in text.splitlines()) <= width and "…" not in text
     # every label and figure is whole: no column folded a word to fit (median's cost 0.910 − 0.790)
     for word in ("centered_clipping", "norm_bound", "sign_flip", "backdoor", "+0.120", "reference", "reject)"):
         assert word in text
-    # at 200 columns a worst case reads "value (attack)" on one line; at 80 the attack goes below it
+    # at 200 columns a worst case reads "value (attack)" on one line; at 80 the attack goes below it,
+    # the worst drop is left out, and the notes say so instead of describing it
     assert ("0.500 (sign_flip)" in text) == (width == 200)
+    assert ("worst drop" in text.split("Quality here")[0]) == (width == 200)
+    assert ("is left out at this width" in text) == (width == 80)
+
+
+def test_a_summary_written_to_a_file_or_pipe_keeps_every_column():
+    """issue 40 §4: not a terminal (a file, a pipe, a CI log): no screen to fit, so the table keeps
+    its worst drop column and one line per row, whatever the console's width."""
+    import io
+
+    from rich.console import Console
+
+    from redteam.report.defender import print_defenders
+    from redteam.report.tables import _markup
+
+    report = report_from_rows(rows_of(CELLS, clean=CLEAN))
+    console = Console(file=io.StringIO(), width=80, color_system=None)
+    assert not console.is_terminal
+    print_defenders(console, report.defenders, _markup)
+    text = console.file.getvalue()
+    table = text.split("Quality here")[0]
+    assert "worst drop" in table and "0.500 (sign_flip)" in table and "left out" not in text
+    assert "'worst drop' is from the defense's own baseline" in text
+    assert max(len(line) for line in table.splitlines()) > 80 and console.width == 80  # given back
 
 
 @settings(max_examples=40, deadline=None)

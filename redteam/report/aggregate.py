@@ -227,6 +227,9 @@ class Report:
     defenders: Any = field(default=None, hash=False)
     #: cells whose per-seed values of a metric are one draw shared across attacks (:func:`shared_draws`)
     shared: tuple[SharedDraw, ...] = field(default=(), hash=False)
+    #: the scenario file as written when the matrix ran (None: a store made before it was kept)
+    scenario_text: str | None = field(default=None, hash=False)
+    scenario_text_truncated: bool = False
 
     def shared_draw(self, cell_id: str, metric: str) -> SharedDraw | None:
         """The shared draw ``cell_id``'s ``metric`` belongs to, if any."""

@@ -238,8 +238,13 @@ def print_summary(console: Any, out_dir: str | Path) -> MatrixSummaryReport:
             console.print(f"  [red]{escape(e.cell_id)}: expect #{e.index + 1} ({escape(e.description)}): "
                           f"{escape(e.failure or '')}[/red]")
     try:
+        from ..runner.outputs import terminal_safe
         from .html import write_html
 
+        # drawing the figures takes a while (tens of seconds for a large matrix on a busy machine)
+        target = terminal_safe(str(report.out_dir / "report.html"))
+        print(f"redteam: writing the HTML report ({len(report.cells)} cells, with figures) to {target} ...",
+              file=sys.stderr, flush=True)
         path = write_html(report)
     except ImportError as exc:  # matplotlib is a dependency; say so rather than fail the matrix
         console.print(f"[yellow]HTML report skipped: {escape(str(exc))}[/yellow]")

@@ -925,15 +925,22 @@ def defender_columns(group: DefenderGroup, summary: DefenderSummary, *, stacked:
     return header, body
 
 
-def defender_notes(group: DefenderGroup, summary: DefenderSummary) -> list[str]:
-    """One line per fact the table needs: the ranking rule, harm, the cost's sign, the columns left out."""
+def defender_notes(group: DefenderGroup, summary: DefenderSummary, *, stacked: bool = False) -> list[str]:
+    """One line per fact the table needs: the ranking rule, harm, the cost's sign, the columns left
+    out (``stacked``: the narrow layout of :func:`defender_columns`, without the worst drop)."""
     q = group.quality
     k_note = " (the mean of the last k evaluations when [federation] last_k > 1)" if q.higher_is_better else ""
     rule = group.rank_rule
+    drop = "drop" if q.higher_is_better else "increase"
+    if not group.attacks:
+        drop_note = ""
+    elif stacked:
+        drop_note = (f"; the worst {drop} from the defense's own baseline (for reference, not ranked on) is left "
+                     "out at this width: a wider terminal, or --format md, json or html, shows it")
+    else:
+        drop_note = f"; 'worst {drop}' is from the defense's own baseline (for reference, not ranked on)"
     notes = [f"Quality here: {q.label}{k_note}, {'higher' if q.higher_is_better else 'lower'} is better; "
-             f"'worst under attack' is the worst seed-mean {q.label} over the attacks; 'worst "
-             f"{'drop' if q.higher_is_better else 'increase'}' is from the defense's own baseline (for reference, "
-             "not ranked on).",
+             f"'worst under attack' is the worst seed-mean {q.label} over the attacks{drop_note}.",
              f"{rule[0].upper()}{rule[1:]}."]
     if group.ranked_by is not None:
         notes.append(f"worst {group.ranked_by} = its worst seed mean over the attacks, the 95 % interval of that "
@@ -1064,32 +1071,49 @@ def defenders_dict(summary: DefenderSummary | None) -> dict[str, Any] | None:
 
 def print_defenders(console: Any, summary: DefenderSummary | None, escape: Callable[[object], str]) -> None:
     """The summary on a rich console: per settings group a title, the headline, a table, and its
-    notes. Long entries wrap inside their column (nothing is cut off)."""
+    notes. Long entries wrap inside their column (nothing is cut off). On a terminal narrower
+    than the table the attacks go under their figures and the worst drop is left out (the notes
+    say so); a file or a pipe has no screen to fit, so every column is printed at full width."""
     if summary is None or not summary.groups:
         return
-    from rich import box
-    from rich.table import Table
-
     from .labels import group_title
 
     width = getattr(console, "width", 200) or 200
     for g in summary.groups:
         title = "Defender's summary" + (f" · {group_title(g.settings)}" if g.settings else "")
         header, body = _shown(*defender_columns(g, summary))
-        if sum(_fit_widths(header, body, 10_000)) + len(header) - 1 > width:
+        wide = sum(_fit_widths(header, body, 10_000)) + len(header) - 1
+        stacked = wide > width and bool(getattr(console, "is_terminal", False))
+        if stacked:
             header, body = _shown(*defender_columns(g, summary, stacked=True))
-        # light rules, one space between columns, widths fitted here (rich's own fitting would
-        # cut the last column off at 80 characters): text wraps between words, never inside one
-        t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=0)
-        for i, (h, w) in enumerate(zip(header, _fit_widths(header, body, width - len(header) + 1))):
-            t.add_column(escape(h), justify="left" if i == 1 else "right", overflow="fold", width=w)
-        for line in body:
-            t.add_row(*["\n".join(escape(part) for part in x.split("\n")) for x in line])
-        console.print(f"[bold]{escape(title)}[/bold]")
-        from ..runner.outputs import terminal_safe
+        room = wide if wide > width and not stacked else width
+        if room > width:  # not a terminal: widen the console for this table only
+            console.width = room
+        try:
+            _print_group(console, g, summary, title, header, body, escape, room, stacked)
+        finally:
+            if room > width:
+                console.width = width
 
-        for h in g.headline:
-            console.print(f"[bold]{escape(terminal_safe(h))}[/bold]")
-        console.print(t)
-        for n in defender_notes(g, summary):
-            console.print(f"[dim]{escape(terminal_safe(n))}[/dim]")
+
+def _print_group(console: Any, g: DefenderGroup, summary: DefenderSummary, title: str, header: list[str],
+                 body: list[list[str]], escape: Callable[[object], str], width: int, stacked: bool) -> None:
+    """One group of :func:`print_defenders`, its table fitted to ``width`` characters."""
+    from rich import box
+    from rich.table import Table
+
+    from ..runner.outputs import terminal_safe
+
+    # light rules, one space between columns, widths fitted here (rich's own fitting would
+    # cut the last column off at 80 characters): text wraps between words, never inside one
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=0)
+    for i, (h, w) in enumerate(zip(header, _fit_widths(header, body, width - len(header) + 1))):
+        t.add_column(escape(h), justify="left" if i == 1 else "right", overflow="fold", width=w)
+    for line in body:
+        t.add_row(*["\n".join(escape(part) for part in x.split("\n")) for x in line])
+    console.print(f"[bold]{escape(title)}[/bold]")
+    for h in g.headline:
+        console.print(f"[bold]{escape(terminal_safe(h))}[/bold]")
+    console.print(t)
+    for n in defender_notes(g, summary, stacked=stacked):
+        console.print(f"[dim]{escape(terminal_safe(n))}[/dim]")

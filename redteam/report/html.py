@@ -4,9 +4,11 @@ Sections: expectations (verdicts first), heatmaps (attacks × defenses) of the c
 metrics, accuracy drop against the malicious fraction (when the matrix has that axis),
 convergence curves (accuracy per round, attacked vs baseline, one small panel per cell,
 seed means), detection rates, breakdown fraction, envelope utilisation, every metric of
-every cell, each cell's seeds with the command that reruns each run, the scenario (as
-TOML), versions and the reproduce command. Nothing on the
-page refers to the network; no script runs.
+every cell, each cell's seeds with the command that reruns each run (whole, wrapping, never
+cut), the scenario file as written when the matrix ran (a store made before it was kept: its
+parsed definition written out as TOML, said so), versions and the reproduce command. Wide
+tables scroll sideways inside the page. Nothing on the page refers to the network; no script
+runs.
 
 Figures are drawn with matplotlib's object API on the Agg canvas (no ``pyplot``, so the
 caller's backend and global figure state are never touched).
@@ -280,6 +282,10 @@ th{background:#f0f0f3}td.l,th.l{text-align:left}
 figure{margin:.6em 0 1.4em;background:#fff;border:1px solid #e3e3e3;padding:.6em;overflow-x:auto}
 figure img{max-width:100%;height:auto}figcaption{color:#555;font-size:12px;margin-top:.3em}
 pre{background:#f4f4f6;border:1px solid #e3e3e3;padding:.7em 1em;overflow-x:auto;font-size:12.5px}
+pre.src{white-space:pre-wrap;overflow-wrap:anywhere}
+.tw{max-width:100%;overflow-x:auto;margin:.4em 0 1em}.tw table{margin:0}
+table.wrap td{white-space:normal}td.cmd{white-space:normal;text-align:left;min-width:24em}
+td.cmd code{overflow-wrap:anywhere;user-select:all}
 .ok{color:#17803d;font-weight:600}.bad{color:#b3261e;font-weight:600}.muted{color:#666}
 .summary{display:flex;gap:1.5em;flex-wrap:wrap}.summary div{background:#fff;border:1px solid #e3e3e3;padding:.5em .9em}
 .summary b{display:block;font-size:1.3em}
@@ -287,16 +293,21 @@ details summary{cursor:pointer;font-weight:600;margin:.5em 0}
 """
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1, raw: bool = False) -> str:
-    """An HTML table; cells are escaped unless ``raw`` (then the caller escaped them)."""
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1, raw: bool = False, *,
+           wrap: bool = False, command: int | None = None) -> str:
+    """An HTML table in a box that scrolls sideways when the page is narrower (never cut off);
+    cells are escaped unless ``raw`` (then the caller escaped them). ``wrap``: cells wrap between
+    words; ``command``: the column of shell commands, which wrap anywhere, whole and selectable."""
     esc = (lambda s: s) if raw else _E
-    head = "".join(f'<th class="l">{_E(h)}</th>' if i < left else f"<th>{_E(h)}</th>" for i, h in enumerate(header))
-    body = "".join(
-        "<tr>" + "".join(f'<td class="l">{esc(c)}</td>' if i < left else f"<td>{esc(c)}</td>"
-                         for i, c in enumerate(r)) + "</tr>"
-        for r in rows
-    )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+    def cls(i: int) -> str:
+        return ' class="cmd"' if i == command else (' class="l"' if i < left else "")
+
+    head = "".join(f'<th class="l">{_E(h)}</th>' if i < left or i == command else f"<th>{_E(h)}</th>"
+                   for i, h in enumerate(header))
+    body = "".join("<tr>" + "".join(f"<td{cls(i)}>{esc(c)}</td>" for i, c in enumerate(r)) + "</tr>" for r in rows)
+    table = '<table class="wrap">' if wrap else "<table>"
+    return f'<div class="tw">{table}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 def _img(fig: Any, alt: str, caption: str, dpi: int = 100) -> str:
@@ -329,7 +340,7 @@ def _defenders(report: Report) -> str:
         if g.headline:
             out.append('<p class="headline">' + "<br>".join(f"<strong>{_E(h)}</strong>" for h in g.headline) + "</p>")
         header, body = defender_columns(g, summary)
-        out.append(_table(header, body, left=2))
+        out.append(_table(header, body, left=2, wrap=True))
         out.append('<p class="muted">' + _E(" ".join(defender_notes(g, summary))) + "</p>")
     return "".join(out)
 
@@ -406,7 +417,7 @@ def _seeds(report: Report) -> str:
              f"<code>{_E(s['reproduce'])}</code>"] for c in report.cells for s in seeds.get(c.cell_id, ())]
     return ('<p>The seed each run of a cell used (its <code>[scenario].seed</code>); the command reruns it '
             "with its no-attack baseline.</p>"
-            + _table(["cell", "replicate", "seed", "finished", "rerun"], rows, raw=True))
+            + _table(["cell", "replicate", "seed", "finished", "rerun"], rows, raw=True, command=4))
 
 
 def _all_metrics(report: Report) -> str:
@@ -493,8 +504,16 @@ def render_html(report: Report, metrics: Sequence[str] | None = None) -> str:
     where = f" from <code>{_E(report.file)}</code>" if report.file else ""
     digest = f", digest <code>{_E(report.digest[:16])}…</code>" if report.digest else ""
     parts.append(f"<p>{_E(report.name)}{where}{digest}</p>")
-    doc = toml_dump(report.scenario_doc) if report.scenario_doc else "(not recorded in the store)"
-    parts.append(f"<pre>{_E(doc)}</pre>")
+    if report.scenario_text is not None:  # the file as written, comments and line breaks included
+        cut = (f" (its first {len(report.scenario_text):,} characters)" if report.scenario_text_truncated else "")
+        parts.append(f'<p class="muted">The file as written when the matrix ran{cut}.</p>')
+        parts.append(f'<pre class="src">{_E(report.scenario_text)}</pre>')
+    elif report.scenario_doc:
+        parts.append('<p class="muted">The store predates keeping the file as written: its parsed '
+                     "definition, written out again as TOML.</p>")
+        parts.append(f'<pre class="src">{_E(toml_dump(report.scenario_doc))}</pre>')
+    else:
+        parts.append("<pre>(not recorded in the store)</pre>")
 
     parts.append('<h2 id="reproduce">Versions and reproduce</h2>')
     parts.append(_table(["package", "version"], [[k, str(v)] for k, v in sorted(report.versions.items())]))

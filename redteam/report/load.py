@@ -69,7 +69,7 @@ def load_report(
             rows = store.results(with_rounds=True)
             meta = {k: _json_meta(store, k) for k in
                     ("scenario_name", "scenario_file", "scenario_digest", "versions", "reproduce", "scenario_doc",
-                     "expectations")}
+                     "expectations", "scenario_source")}
             source = store.path
     except sqlite3.Error as exc:
         raise StoreError(f"{p}: corrupt results store ({exc})") from None
@@ -95,7 +95,8 @@ def report_from_rows(
 ) -> Report:
     """A :class:`Report` from store rows (``ResultsStore.results(with_rounds=True)``) and the
     store's meta values (``scenario_name``, ``scenario_file``, ``scenario_digest``,
-    ``versions``, ``reproduce``, ``scenario_doc``, ``expectations``; all optional)."""
+    ``versions``, ``reproduce``, ``scenario_doc``, ``expectations``, ``scenario_source``: the file
+    as written; all optional)."""
     from .defender import defender_summary
 
     meta = dict(meta or {})
@@ -107,8 +108,12 @@ def report_from_rows(
         v = meta.get(key)
         return v if isinstance(v, str) else None
 
+    src = meta.get("scenario_source")
+    written = src.get("text") if isinstance(src, dict) and isinstance(src.get("text"), str) else None
     return Report(
         source=source,
+        scenario_text=written,
+        scenario_text_truncated=bool(isinstance(src, dict) and src.get("truncated") is True),
         name=text("scenario_name") or source.parent.name or "results",
         file=text("scenario_file"),
         digest=text("scenario_digest"),

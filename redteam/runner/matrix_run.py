@@ -214,6 +214,20 @@ def _local(phases: Phases, device: str, workers: int, ray_address: str | None,
 PARENT_CHECK_S = 1.0
 
 
+#: the most characters of a scenario file kept in the store as written (the report shows them)
+SOURCE_CHARS = 200_000
+
+
+def scenario_source(path: Path) -> dict[str, Any]:
+    """The scenario file as written, for the report (``{"text": …, "truncated": bool}``; the text
+    is None when the file cannot be read back)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return {"text": None, "truncated": False}
+    return {"text": text[:SOURCE_CHARS], "truncated": len(text) > SOURCE_CHARS}
+
+
 def _init_worker(threads: int, parent: int | None = None) -> None:
     if parent is not None:  # first: importing torch takes seconds on a busy machine
         _exit_with_parent(parent)
@@ -470,6 +484,7 @@ def run_matrix(
             scenario_name=base.name,
             scenario_doc=doc,
             scenario_digest=base.digest(),
+            scenario_source=scenario_source(p),
             versions=_versions(),
             expectations=[_exp_dict(e) for e in matrix.expectations],
             reproduce=f"redteam matrix {shlex.quote(str(p))} --out {shlex.quote(str(out))}",
