@@ -75,13 +75,16 @@ def register(sub: Any) -> None:
               unknown   no digest is published for this file (an extracted member, a decompressed
                         file, LEAF's JSON, your own data): it is accepted, its digest shown
               refused   a format redteam never reads (CIFAR's pickle distribution)
+              invalid   no digest is published, and an IDX-named file's header is not IDX (or
+                        its size disagrees with its header): not the file its name says
 
             MNIST and Fashion-MNIST use the same file names: their digests tell them apart (--name
             checks against one). --read also runs the dataset's reader, which checks the structure
             (headers, sizes, labels) and prints what it read.
 
             Exit status: 0 when no file mismatches and something was recognised; 1 on a mismatch, a
-            refused format, a reader error (--read), or when DIR holds nothing recognisable."""
+            refused format, an invalid file, a reader error (--read), or when DIR holds nothing
+            recognisable."""
         ),
         epilog="examples:\n  redteam data check ~/data/cifar\n  redteam data check ~/data/mnist --name mnist --read",
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -123,6 +126,7 @@ def register(sub: Any) -> None:
 
 
 _IDX_MNIST = re.compile(r"^(train|t10k)-(images-idx3|labels-idx1)-ubyte(\.gz)?$")
+_IDX_FILE = re.compile(r"-(?:images-idx3|labels-idx1)-ubyte(?:\.gz)?$")
 _IDX_EMNIST = re.compile(r"^emnist-([a-z]+)-(?:(?:train|test)-(?:images-idx3|labels-idx1)-ubyte(?:\.gz)?|mapping\.txt)$")
 _MAX_DEPTH = 4
 _MAX_ENTRIES = 100_000
@@ -319,7 +323,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
                     "cifar-10-binary.tar.gz or cifar-10-batches-bin/, cifar-100-binary.tar.gz or cifar-100-binary/, "
                     "IDX files (train-images-idx3-ubyte[.gz], …; emnist-<split>-…; gzip.zip), LEAF's train/ and test/ "
                     "*.json, a save_to_disk folder (dataset_dict.json or state.json + data-*.arrow), or *.txt files")
-        print(f"redteam data check: {terminal_safe(root)}: no {want + ' ' if want else ''}dataset files found; "
+        print(f"redteam: error: data check: {terminal_safe(root)}: no {want + ' ' if want else ''}dataset files found; "
               f"expected {terminal_safe(expected)} (redteam data list shows each layout)", file=sys.stderr)
         return 1
 
@@ -340,6 +344,13 @@ def _cmd_check(args: argparse.Namespace) -> int:
         for f in g.files:
             digest, size = sums[f]
             status, note = _status(g, f, digest, size)
+            if status == "unknown" and _IDX_FILE.search(f.name):  # nothing to compare with: the header, at least
+                from .workloads.files import check_idx_header
+
+                try:
+                    check_idx_header(f)
+                except InvalidParameter as exc:
+                    status, note = "invalid", str(exc).removeprefix(f"{f.name}: ")
             counts[status] = counts.get(status, 0) + 1
             try:
                 rel = f.relative_to(base).as_posix()
@@ -355,7 +366,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
             console.print(Text(f"  refused: {g.refused}"))
         summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
         console.print(Text(f"  {g.name}: {len(g.files)} file(s): {summary}"))
-        if counts.get("mismatch") or counts.get("refused"):
+        if counts.get("mismatch") or counts.get("refused") or counts.get("invalid"):
             bad += 1
             if g.candidates:
                 console.print(Text(f"  not the published files of {' or '.join(g.candidates)} (damaged, or another "

@@ -616,6 +616,31 @@ def test_data_check_emnist_zip_and_text(tmp_path, capsys):
     assert "notes.txt" in out and "read: text folder" in out
 
 
+def test_data_check_reads_the_header_of_an_idx_file_without_a_published_digest(tmp_path, capsys):
+    """issue 40 §5: an IDX-named file with no published digest (EMNIST's extracted files, a
+    decompressed MNIST file) was "unknown", exit 0, whatever its bytes. Its header is read: a real
+    IDX file stays "unknown" (accepted, exit 0); one that is not IDX, or whose size disagrees with
+    its header, is "invalid" (exit 1). A path with nothing recognisable is an error like any other."""
+    make_idx(tmp_path / "e", gz=False, prefix="emnist-digits-", test_name="test")
+    assert main(["data", "check", str(tmp_path / "e")]) == 0
+    out = capsys.readouterr().out
+    assert "4 unknown" in out and "invalid" not in out
+    images = tmp_path / "e" / "emnist-digits-train-images-idx3-ubyte"
+    good = images.read_bytes()
+    images.write_bytes(good[:-1])  # one byte short: the header declares more
+    assert main(["data", "check", str(tmp_path / "e")]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "1 invalid, 3 unknown" in out and f"but its header (12×28×28) declares {len(good):,} (truncated)" in out
+    images.write_bytes(b"\x7c\x45" + good[2:])
+    assert main(["data", "check", str(images)]) == 1
+    assert "magic number 7c450803 is not IDX" in " ".join(capsys.readouterr().out.split())
+    other = tmp_path / "notes.bin"
+    other.write_bytes(b"not a dataset")
+    assert main(["data", "check", str(other)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"redteam: error: data check: {other}: no dataset files found; expected ")
+
+
 def test_data_cli_help_list_and_fetch_without_network(tmp_path, monkeypatch):
     _republish(monkeypatch, "cifar10")
     proc = _redteam("data", "--help")

@@ -110,7 +110,17 @@ def test_dry_run_counts_the_runs_an_existing_store_holds_and_writes_nothing(tmp_
     assert "to compute: 4 run(s) (0 baseline(s), 4 attacked)" in out
     # the definition changed (cells added): what --resume would say, and how to accept it
     assert "cell added: mean[ipm,lr=0.1]" in out and "--recompute-changed" in out
-    # without --resume the real run would refuse: the dry run says so (and still exits 0)
+    # the real run would refuse, with or without --resume: the dry run names the flag that works
+    # (--recompute-changed, not --resume: issue 40 §5), exits 0, and stops advising once it is given
+    for extra in ((), ("--resume",)):
+        code, out, _ = _dry(capsys, f, "--out", out_dir, "--no-probe", *extra)
+        note = " ".join(out.split()).split("note: ", 1)[1]
+        assert code == 0 and note.startswith("the scenario's definition changed since the store was filled: a run "
+                                             "needs --recompute-changed"), note
+        assert "a run needs --resume" not in out
+    code, out, _ = _dry(capsys, f, "--out", out_dir, "--no-probe", "--recompute-changed")
+    assert code == 0 and "note:" not in out
+    f.write_text(TINY.replace("ATTACKS", '["sign_flip"]'))  # the definition the store holds: only --resume is missing
     code, out, _ = _dry(capsys, f, "--out", out_dir, "--no-probe")
     assert code == 0 and "a run needs --resume" in out
     assert _tree(out_dir) == before

@@ -672,6 +672,7 @@ class MatrixPlan:
     changes: tuple[str, ...]  # definition changes since the store was filled
     executor: str
     workers: int  # runs at a time on this executor
+    recompute_changed: bool = False
 
     @property
     def total(self) -> int:
@@ -680,11 +681,12 @@ class MatrixPlan:
     @property
     def refusal(self) -> str | None:
         """Why a run with these options would refuse to start (``None``: it would run)."""
+        if self.store_runs and self.changes and not self.recompute_changed:
+            return ("the scenario's definition changed since the store was filled: a run needs --recompute-changed, "
+                    "which computes the changed and added cells (the runs to compute below); --resume refuses "
+                    "(or choose another --out)")
         if self.store_runs and not self.resume:
             return "the store already holds results: a run needs --resume (or another --out)"
-        if self.store_runs and self.changes:
-            return ("the scenario's definition changed since the store was filled: --resume refuses; "
-                    "--recompute-changed computes the changed and added cells (the runs to compute below)")
         return None
 
 
@@ -728,6 +730,7 @@ def plan_matrix(
         store=view.path if view is not None else None, cells=plans, baselines=len(b_units), attacked=len(a_units),
         finished=len(planned & finished), todo=todo, store_runs=len(finished), resume=resume,
         changes=tuple(changes), executor=executor, workers=1 if executor == "local" else workers,
+        recompute_changed=recompute_changed,
     )
 
 

@@ -699,6 +699,29 @@ def _read_idx_one(src: Path | bytes | bytearray, label: str, ndim: int, gz: bool
         raise InvalidParameter(f"{label}: cannot read it ({exc})") from None
 
 
+class _HeaderRead(Exception):
+    """Raised by :func:`check_idx_header`'s check to stop before the data is read."""
+
+
+def check_idx_header(path: Path) -> tuple[int, ...]:
+    """The dimensions in the header of the IDX file ``path`` (``…-idx3-ubyte`` images or
+    ``…-idx1-ubyte`` labels, ``.gz`` or not), reading only the header: unsigned bytes, the
+    name's dimension count, and for an uncompressed file a size that matches. Anything else is an
+    :class:`InvalidParameter` naming the file and what is wrong."""
+    ndim = 3 if "idx3" in path.name else 1
+    seen: list[tuple[int, ...]] = []
+
+    def stop(dims: tuple[int, ...]) -> None:
+        seen.append(dims)
+        raise _HeaderRead
+
+    try:
+        _read_idx_one(path, path.name, ndim, path.name.endswith(".gz"), stop)
+    except _HeaderRead:
+        pass
+    return seen[0]
+
+
 def _find_idx(name: str, p: Path) -> tuple[str, Path, dict[str, tuple[Path | str, bool]]]:
     """("folder", folder, {role: (file, gz)}) or ("zip", zip, {role: (member, gz)})."""
     family = "emnist" if name.startswith("emnist_") else name
