@@ -439,17 +439,22 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         plain = PlainProgress("matrix", "runs")
         summary = run_matrix(args.scenario, args.out, on_progress=plain.update, **options)
     else:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+        from .runner.progress import Eta
+
+        eta = Eta()  # from the runs finished here, not counting the first one's warm-up
         with Progress(
             TextColumn("[bold]runs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[current]}"),
+            TextColumn("{task.fields[eta]}"), TextColumn("{task.fields[current]}"),
             console=Console(stderr=True), transient=True,
         ) as progress:
-            task = progress.add_task("matrix", total=None, current="")
+            task = progress.add_task("matrix", total=None, current="", eta="ETA ?")
 
             def on_progress(done: int, total: int, label: str) -> None:
-                progress.update(task, completed=done, total=total, current=_markup(label))
+                eta.update(done)
+                progress.update(task, completed=done, total=total, current=_markup(label),
+                                eta=eta.text(done, total))
 
             summary = run_matrix(args.scenario, args.out, on_progress=on_progress, **options)
     console.print(

@@ -91,17 +91,42 @@ def test_plain_progress_lines():
     buf = io.StringIO()
     p = PlainProgress("matrix", "runs", interval=5.0, stream=buf, clock=lambda: t[0])
     p.update(2, 10, "first")          # resumed: 2 already done; nothing printed yet
-    t[0] = 110.0
-    p.update(3, 10, "a[x] seed 0")    # 1 run in 10 s → 7 left: ETA 70 s
-    t[0] = 112.0
+    t[0] = 160.0
+    p.update(3, 10, "a[x] seed 0")    # the first run here, 60 s with the process's warm-up: no ETA from it
+    t[0] = 162.0
     p.update(4, 10, "b seed 0")       # 2 s after the last line: not due
-    t[0] = 130.0
+    t[0] = 170.0
+    p.update(5, 10, "c seed 0")       # 2 runs in 10 s since the first → 5 left: ETA 25 s
+    t[0] = 190.0
     p.update(10, 10, "c seed 1")      # the last one is always printed
     lines = buf.getvalue().splitlines()
     assert lines == [
-        "redteam: matrix 3/10 runs, 0:00:10 elapsed, ETA 0:01:10, just finished: a[x] seed 0",
-        "redteam: matrix 10/10 runs, 0:00:30 elapsed, ETA 0:00:00, just finished: c seed 1",
+        "redteam: matrix 3/10 runs, 0:01:00 elapsed, ETA ?, just finished: a[x] seed 0",
+        "redteam: matrix 5/10 runs, 0:01:10 elapsed, ETA 0:00:25, just finished: c seed 0",
+        "redteam: matrix 10/10 runs, 0:01:30 elapsed, ETA 0:00:00, just finished: c seed 1",
     ]
+
+
+def test_the_first_eta_leaves_out_the_first_runs_warm_up():
+    """issue 40 §5: a 48-run matrix whose first run pays a 60 s warm-up and whose runs take 5 s:
+    the old estimate at 1/48 (65 s × 47 ≈ 51 min) was ten times the 4 minutes left; no ETA is given
+    until two runs have finished after the first, and then it is the runs' own rate."""
+    from redteam.runner.progress import ETA_AFTER, Eta
+
+    t = [0.0]
+    eta = Eta(clock=lambda: t[0])
+    eta.update(0)
+    assert eta.text(0, 48) == "ETA ?"
+    t[0] = 65.0
+    eta.update(1)
+    assert eta.text(1, 48) == "ETA ?" and ETA_AFTER == 2
+    t[0] = 70.0
+    eta.update(2)
+    assert eta.text(2, 48) == "ETA ?"  # one run after the first: not yet
+    t[0] = 75.0
+    eta.update(3)
+    assert eta.text(3, 48) == "ETA 0:03:45"  # 5 s a run × 45 left
+    assert eta.text(48, 48) == "ETA 0:00:00"
 
 
 def test_matrix_in_a_log_prints_plain_progress(tmp_path, capsys, monkeypatch):
@@ -116,6 +141,6 @@ def test_matrix_in_a_log_prints_plain_progress(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.startswith("redteam: matrix ")]
     assert len(lines) == 2
-    assert re.fullmatch(r"redteam: matrix 1/2 runs, \d:\d\d:\d\d elapsed, ETA \d:\d\d:\d\d, "
+    assert re.fullmatch(r"redteam: matrix 1/2 runs, \d:\d\d:\d\d elapsed, ETA \?, "
                         r"just finished: baseline mean\[none\] seed 0", lines[0])
     assert lines[1].startswith("redteam: matrix 2/2 runs") and lines[1].endswith("mean[sign_flip] seed 0")

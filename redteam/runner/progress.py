@@ -6,8 +6,12 @@ A live progress bar needs a terminal; in a log it prints nothing until the end. 
 
     redteam: matrix 12/48 runs, 0:00:31 elapsed, ETA 0:01:33, just finished: mean[ipm] seed 0
 
-The ETA extrapolates the rate of the steps done *in this process* (a resumed matrix's
-earlier runs do not count as fast ones); ``ETA ?`` until one step has finished.
+The ETA (:class:`Eta`, also the terminal's progress bar's) extrapolates the rate of the steps
+done *in this process* (a resumed matrix's earlier runs do not count as fast ones), counted from
+the end of the first of them: the first step also pays what the process pays once (imports,
+compiled kernels, data, a warm-up), which made the first estimate twice the real time and more.
+``ETA ?`` until :data:`ETA_AFTER` steps have finished after that first one (with parallel
+workers the first ones finish together).
 """
 
 from __future__ import annotations
@@ -18,7 +22,10 @@ import sys
 import time
 from typing import Callable, TextIO
 
-__all__ = ["PlainProgress", "progress_interval"]
+__all__ = ["Eta", "PlainProgress", "progress_interval"]
+
+#: steps finished after the first one before an ETA is given
+ETA_AFTER = 2
 
 
 def progress_interval() -> float:
@@ -36,6 +43,30 @@ def _clock(s: float) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
+class Eta:
+    """The remaining time of ``total`` steps from ``update(done)`` calls (see the module docstring)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.start: int | None = None  # steps done when this process began
+        self.anchor: tuple[float, int] | None = None  # (when, done) at the first step finished here
+
+    def update(self, done: int) -> None:
+        if self.start is None:
+            self.start = done
+        elif self.anchor is None and done > self.start:
+            self.anchor = (self.clock(), done)
+
+    def text(self, done: int, total: int) -> str:
+        """``ETA 0:01:10``, ``ETA 0:00:00`` when all are done, or ``ETA ?`` (too few steps yet)."""
+        if done >= total:
+            return "ETA 0:00:00"
+        if self.anchor is None or done - self.anchor[1] < ETA_AFTER:
+            return "ETA ?"
+        rate = (self.clock() - self.anchor[0]) / (done - self.anchor[1])
+        return f"ETA {_clock(rate * (total - done))}"
+
+
 class PlainProgress:
     """``update(done, total, label)`` prints a line when due (see the module docstring)."""
 
@@ -49,7 +80,7 @@ class PlainProgress:
         self.stream = stream
         self.clock = clock
         self.t0 = clock()
-        self.first_done: int | None = None
+        self.eta = Eta(clock)
         self.last_print: float | None = None
         self.last_done = -1
 
@@ -57,17 +88,15 @@ class PlainProgress:
         from .outputs import terminal_safe
 
         now = self.clock()
-        if self.first_done is None:
-            self.first_done = done
+        self.eta.update(done)
         finished_one = done > self.last_done and self.last_done >= 0
         self.last_done = done
         due = self.last_print is None or now - self.last_print >= self.interval
         if not (done >= total or (finished_one and due)):
             return
         elapsed = now - self.t0
-        ran = done - self.first_done
-        eta = "ETA ?" if ran <= 0 else f"ETA {_clock(elapsed / ran * max(0, total - done))}"
-        line = (f"redteam: {self.what} {done}/{total} {self.unit}, {_clock(elapsed)} elapsed, {eta}, "
+        line = (f"redteam: {self.what} {done}/{total} {self.unit}, {_clock(elapsed)} elapsed, "
+                f"{self.eta.text(done, total)}, "
                 f"just finished: {terminal_safe(label)}")
         print(line, file=self.stream or sys.stderr, flush=True)
         self.last_print = now
