@@ -10,7 +10,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from redteam.errors import InvalidParameter
 from redteam.transport import shamir
@@ -145,6 +148,27 @@ def test_pairwise_masks_cancel_worked_by_hand():
     assert np.array_equal(prg(keys[1].b, d), np.array(bm[1], dtype=np.uint32))
 
 
+def test_key_derivation_follows_the_documented_formula():
+    """derive_client_keys / pair_seed recomputed here from RFC 5869 HKDF with the documented
+    salt, input key material and info strings (a run is reproducible across versions)."""
+    def hkdf(ikm: bytes, info: str, n: int) -> bytes:
+        return HKDF(algorithm=hashes.SHA256(), length=n, salt=b"redteam/secagg/v1", info=info.encode()).derive(ikm)
+
+    def raw_public(sk: bytes) -> bytes:
+        return X25519PrivateKey.from_private_bytes(sk).public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+    for seed, ikm in ((b"\x01", b"b\x01"), (1, b"i\x01"), (0, b"i\x00"), (2**16, b"i\x01\x00\x00")):
+        k = derive_client_keys(seed, 5, 42, b"\xab")
+        assert k.c_pk == raw_public(hkdf(ikm, "c|5|ab|42", 32))
+        assert k.s_pk == raw_public(hkdf(ikm, "s|5|ab|42", 32))
+        assert k.b == hkdf(ikm, "b|5|ab|42", 16)
+    a, b = derive_client_keys(9, 3, 7), derive_client_keys(9, 3, 2)
+    shared = a.s_sk.exchange(X25519PrivateKey.from_private_bytes(hkdf(b"i\x09", "s|3||2", 32)).public_key())
+    assert pair_seed(a.s_sk, b.s_pk, 3, 7, 2) == hkdf(shared, "pair|3||2|7", 16)
+    assert pair_seed(a.s_sk, b.s_pk, 3, 7, 2, b"\x00") == hkdf(shared, "pair|3|00|2|7", 16)
+
+
 def test_runs_are_reproducible_and_bound_to_round_and_context():
     rows, ids = _rows(4, 30), [1, 2, 3, 4]
     a = secure_sum(rows, ids, round=0, seed=7)
@@ -169,8 +193,12 @@ def test_overflow_check_raises_exactly_at_the_limit():
     q, _ = encode(np.full((2, 1), 2.0**14), 2.0**14, 16, 32)
     assert decode(q.sum(axis=0, dtype=np.uint32), 16, 32).tolist() == [-(2.0**15)]
     # R = 2^64: 2 · 2^32 · 2^30 = 2^63 refused, 2^32 − 2^−20 (a float64) accepted
-    with pytest.raises(InvalidParameter, match=r"R/2 = 2\^63: .*a smaller clip or fewer frac_bits$"):
+    with pytest.raises(InvalidParameter, match=r"R/2 = 2\^63: the decoded sum could wrap; use a smaller clip or"):
         check_capacity(2, 2.0**32, 30, 64)
+    with pytest.raises(InvalidParameter, match=r"could wrap; use modulus_bits = 64, a smaller clip or"):
+        check_capacity(2, 2.0**14, 16, 32)
+    with pytest.raises(InvalidParameter, match=r"≥ R/2 = 2\^31"):  # beyond any float scaling
+        check_capacity(1, 1e300, 16, 32)
     assert check_capacity(2, 2.0**32 - 2.0**-20, 30, 64) == 2**62 - 2**10
 
 
@@ -249,10 +277,18 @@ def test_buckets_partition_clients_and_sum_each_bucket():
     out = bucketed_secure_sum(rows, ids, buckets, torch.Generator().manual_seed(0), round=0, seed=3, dropouts=[104])
     assert sorted(u for g in out.members for u in g) == ids
     assert sorted(len(g) for g in out.members) == [3, 4, 4]
+    assert out.sums.dtype == torch.float64 and out.sums.shape == (buckets, d)
     for b, group in enumerate(out.members):
         keep = [ids.index(u) for u in group if u != 104]
         assert torch.equal(out.sums[b], _fixed_point_sum(rows, keep, 1.0, 16))
         assert out.counts[b] == len(keep)
+        # keys are bound to the bucket: the same members outside a bucket mask differently
+        alone = secure_sum(rows[[ids.index(u) for u in group]], list(group), round=0, seed=3,
+                           dropouts=[104] if 104 in group else [])
+        assert not torch.equal(alone.masked, out.results[b].masked)
+    one = bucketed_secure_sum(rows, ids, 1, torch.Generator().manual_seed(0), round=0, seed=3, threshold=11)
+    assert one.members == (tuple(ids),) and one.results[0].threshold == 11
+    assert torch.equal(one.sums[0], _fixed_point_sum(rows, list(range(m)), 1.0, 16))
     again = bucketed_secure_sum(rows, ids, buckets, torch.Generator().manual_seed(0), round=0, seed=3, dropouts=[104])
     assert again.members == out.members and torch.equal(again.sums, out.sums)
     other = bucketed_secure_sum(rows, ids, buckets, np.random.default_rng(1), round=0, seed=3)
@@ -276,7 +312,24 @@ def test_buckets_refuse_singletons_and_abort_or_skip():
     out = bucketed_secure_sum(rows, ids, 3, torch.Generator().manual_seed(5), round=0, seed=0,
                               dropouts=[victim], skip_aborted=True)
     assert out.aborted == (1,) and out.results[1] is None and out.counts[1] == 0
+    assert len(out.results) == 3 and out.counts[0] == out.counts[2] == 2
     assert torch.equal(out.sums[1], torch.zeros(5, dtype=torch.float64))
+    assert torch.equal(out.sums[2], _fixed_point_sum(rows, list(members[2]), 1.0, 16))
+    every = bucketed_secure_sum(rows, ids, 3, g, round=0, seed=0, dropouts=ids, skip_aborted=True)
+    assert every.aborted == (0, 1, 2) and every.counts == (0, 0, 0)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(rows=torch.zeros(5, 2)), r"rows must be a 2-D tensor with one row per client \(6\); got \(5, 2\)"),
+    (dict(rng=42), "rng is a int: expected a torch.Generator or numpy.random.Generator"),
+    (dict(dropouts=[9]), r"dropouts \[9\] are not client_ids"),
+    (dict(dropouts=[-1]), r"dropouts = \[-1\]: must be integers"),
+    (dict(client_ids=[0, 1, 2, 3, 4, "5"]), r"client_ids = \[0, 1, 2, 3, 4, '5'\]: must be integers"),
+])
+def test_bucketed_bad_input_is_named(kwargs, match):
+    args = dict(rows=_rows(6, 2), client_ids=list(range(6)), rng=torch.Generator(), dropouts=()) | kwargs
+    with pytest.raises(InvalidParameter, match=match):
+        bucketed_secure_sum(args["rows"], args["client_ids"], 2, args["rng"], round=0, seed=0, dropouts=args["dropouts"])
 
 
 # --------------------------------------------------------------------------- accounting and bad input
@@ -301,8 +354,13 @@ def test_bytes_up_per_phase():
     (dict(dropouts=[7]), "dropouts = \\[7\\]"),
     (dict(threshold=4), "threshold = 4: must be an integer in \\[1, 3\\]"),
     (dict(modulus_bits=48), "modulus_bits = 48: must be one of \\(32, 64\\)"),
-    (dict(frac_bits=31), "frac_bits = 31"),
+    (dict(frac_bits=31), r"frac_bits = 31: must be an integer in \[0, 30\] for modulus_bits = 32"),
+    (dict(frac_bits=-1), r"frac_bits = -1"),
     (dict(clip=float("inf")), "clip = inf"),
+    (dict(clip=0.0), "clip = 0.0: must be a finite number > 0"),
+    (dict(clip=True), "clip = True"),
+    (dict(client_ids=[0, 1, 2**63]), r"client_ids = \[0, 1, 9223372036854775808\]: must be integers"),
+    (dict(dropouts=[-1]), r"dropouts = \[-1\]: must be integers"),
     (dict(seed=b""), "seed = b''"),
     (dict(round=-1), "round = -1"),
 ])
@@ -317,6 +375,34 @@ def test_numpy_and_torch_integer_ids_are_accepted():
     a = secure_sum(rows, np.array([5, 6, 7]), round=0, seed=1, dropouts=[torch.tensor(6)], threshold=2)
     b = secure_sum(rows, [5, 6, 7], round=0, seed=1, dropouts=[6], threshold=2)
     assert a.survivors == (5, 7) and type(a.survivors[0]) is int and torch.equal(a.masked, b.masked)
+
+
+def test_frac_bits_range_ends_and_largest_ids_are_accepted():
+    rows = torch.tensor([[3.0, -2.0], [1.0, 1.0]], dtype=torch.float64)
+    assert secure_sum(rows, [0, 2**63 - 1], round=0, seed=1, frac_bits=0, clip=4.0).total.tolist() == [4.0, -1.0]
+    tiny = torch.tensor([[2.0**-30, -(2.0**-29)], [2.0**-30, 0.0]], dtype=torch.float64)
+    assert secure_sum(tiny, [0, 1], round=0, seed=1, frac_bits=30, clip=0.25).total.tolist() == [2.0**-29, -(2.0**-29)]
+
+
+def test_all_clients_dropped_aborts():
+    with pytest.raises(SecAggAborted, match="0 of 3 clients survived"):
+        secure_sum(_rows(3, 4), [0, 1, 2], round=0, seed=1, dropouts=[2, 0, 1])
+
+
+@pytest.mark.parametrize("rows, match", [
+    (np.zeros((3, 4)), r"rows must be a 2-D float tensor \(m, d\); got ndarray \(3, 4\)"),
+    (torch.zeros(3, 4, dtype=torch.int64), r"got Tensor \(3, 4\)"),
+    (torch.zeros(12), r"got Tensor \(12,\)"),
+    (torch.zeros(3, 0), r"rows has shape \(3, 0\)"),
+])
+def test_bad_rows_are_named(rows, match):
+    with pytest.raises(InvalidParameter, match=match):
+        secure_sum(rows, [0, 1, 2], round=0, seed=1)
+
+
+def test_prg_refuses_a_short_seed():
+    with pytest.raises(InvalidParameter, match="prg: seed has 15 bytes, expected 16"):
+        prg(bytes(15), 4)
 
 
 def test_non_finite_rows_refused():

@@ -195,7 +195,13 @@ def _private_int(sk: X25519PrivateKey) -> int:
 
 
 def derive_client_keys(seed: bytes | int, round: int, client: int, context: bytes = b"") -> ClientKeys:
-    """Client ``client``'s two X25519 key pairs and self-mask seed b_u, by HKDF from ``seed``."""
+    """Client ``client``'s two X25519 key pairs and self-mask seed b_u, by HKDF from ``seed``.
+
+    Each is HKDF-SHA256 (RFC 5869) with salt ``b"redteam/secagg/v1"``, input key material
+    ``b"b" + seed`` (bytes) or ``b"i" + seed`` as minimal big-endian bytes (int), and info
+    ``"<kind>|<round>|<context hex>|<client>"``, kind ``c`` / ``s`` (32 bytes, an X25519
+    private key) or ``b`` (16 bytes, an AES-128 PRG key).
+    """
     ikm = _seed_material(seed)
     c_sk = X25519PrivateKey.from_private_bytes(_hkdf(ikm, _info("c", round, context, client), _KEY_BYTES))
     s_sk = X25519PrivateKey.from_private_bytes(_hkdf(ikm, _info("s", round, context, client), _KEY_BYTES))
@@ -204,7 +210,8 @@ def derive_client_keys(seed: bytes | int, round: int, client: int, context: byte
 
 
 def pair_seed(sk: X25519PrivateKey, peer_pk: bytes, round: int, u: int, v: int, context: bytes = b"") -> bytes:
-    """s_{u,v} = HKDF-SHA256(X25519(s_u^SK, s_v^PK)) bound to (round, context, {u, v}); symmetric in u, v."""
+    """s_{u,v} = HKDF-SHA256(X25519(s_u^SK, s_v^PK)), 16 bytes, salt as in :func:`derive_client_keys`,
+    info ``"pair|<round>|<context hex>|<min(u, v)>|<max(u, v)>"``: symmetric in u, v."""
     shared = sk.exchange(X25519PublicKey.from_public_bytes(peer_pk))
     return _hkdf(shared, _info("pair", round, context, min(u, v), max(u, v)), _SEED_BYTES)
 
