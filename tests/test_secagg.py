@@ -169,6 +169,26 @@ def test_key_derivation_follows_the_documented_formula():
     assert pair_seed(a.s_sk, b.s_pk, 3, 7, 2, b"\x00") == hkdf(shared, "pair|3|00|2|7", 16)
 
 
+def test_sealed_share_pairs_do_not_open_elsewhere():
+    """The share channel's key and associated data bind (round, context, sender, recipient):
+    a ciphertext the server redirects, replays in another round or bucket, or turns round
+    does not open (AES-GCM tag failure)."""
+    from cryptography.exceptions import InvalidTag
+    from redteam.transport.secagg import _channel
+
+    shared = bytes(range(32))
+    aead, aad = _channel(shared, 3, 1, 2, b"")
+    sealed = aead.encrypt(bytes(12), b"share pair", aad)
+    again, aad2 = _channel(shared, 3, 1, 2, b"")
+    assert again.decrypt(bytes(12), sealed, aad2) == b"share pair"
+    for other in ((4, 1, 2, b""), (3, 1, 5, b""), (3, 5, 2, b""), (3, 2, 1, b""), (3, 1, 2, b"bucket")):
+        key, ad = _channel(shared, *other)
+        with pytest.raises(InvalidTag):
+            key.decrypt(bytes(12), sealed, ad)
+        with pytest.raises(InvalidTag):  # the key alone, with the original associated data
+            key.decrypt(bytes(12), sealed, aad)
+
+
 def test_runs_are_reproducible_and_bound_to_round_and_context():
     rows, ids = _rows(4, 30), [1, 2, 3, 4]
     a = secure_sum(rows, ids, round=0, seed=7)
@@ -259,10 +279,32 @@ def test_shamir_t_minus_1_shares_are_consistent_with_every_secret():
                 seen.add((sh[i], sh[j]))
                 assert shamir.reconstruct([(1, sh[0]), (3, sh[2]), (4, sh[3])], t, prime=p) == secret
             assert len(seen) == p * p
+    assert all(0 <= y < p for y in sh)
+
+
+def test_shamir_boundaries():
+    shares = shamir.split(5, 1, 1, _Bytes(b""))
+    assert shares == (5,) and shamir.reconstruct([(1, 5)], 1) == 5  # t = n = 1: the secret itself
+    assert len(shamir.split(3, 6, 2, _Bytes(bytes(8)), prime=7)) == 6  # n = prime − 1 points fit
+    with pytest.raises(InvalidParameter, match="n = 7: needs n < prime = 7"):
+        shamir.split(3, 7, 2, _Bytes(bytes(8)), prime=7)
+    with pytest.raises(InvalidParameter, match="n = 0: must be an integer ≥ 1"):
+        shamir.split(3, 0, 1, _Bytes(b""))
+    with pytest.raises(InvalidParameter, match=r"secret must be an integer in \[0, prime\); got int"):
+        shamir.split(7, 3, 2, _Bytes(bytes(8)), prime=7)
+    with pytest.raises(InvalidParameter, match="got str"):
+        shamir.split("1", 3, 2, _Bytes(bytes(8)))
+    with pytest.raises(InvalidParameter, match="t = 0: must be an integer ≥ 1"):
+        shamir.reconstruct([(1, 5)], 0)
+    for bad in ([(0, 1), (1, 2)], [(1, 1), (7, 2)]):
+        with pytest.raises(InvalidParameter, match=r"must be distinct integers in \[1, prime\)"):
+            shamir.reconstruct(bad, 2, prime=7)
 
 
 def test_field_element_rejects_out_of_range_draws():
     assert shamir.field_element(_Bytes(bytes([7 << 5, 3 << 5])), 7) == 3
+    stream = _Bytes(bytes([251, 250, 9]))  # an 8-bit prime: one byte per draw, 251 rejected
+    assert shamir.field_element(stream, 251) == 250 and stream.data == bytes([9])
     with pytest.raises(InvalidParameter, match="t = 0"):
         shamir.split(1, 3, 0, _Bytes(b""))
     with pytest.raises(InvalidParameter, match="distinct"):
@@ -341,6 +383,7 @@ def test_bytes_up_per_phase():
     assert dict(res.phase_bytes) == {"advertise_keys": 4 * 64, "share_keys": 12 * 164,
                                      "masked_input": 3 * d * 4, "unmasking": 3 * 4 * 74}
     assert res.bytes_up == 256 + 1968 + 120 + 888
+    assert all(type(b) is int for _, b in res.phase_bytes) and type(res.bytes_up) is int
     res64 = secure_sum(_rows(m, d), [0, 1, 2, 3], round=0, seed=0, dropouts=[2], modulus_bits=64)
     assert dict(res64.phase_bytes)["masked_input"] == 3 * d * 8
 
@@ -384,6 +427,17 @@ def test_frac_bits_range_ends_and_largest_ids_are_accepted():
     assert secure_sum(tiny, [0, 1], round=0, seed=1, frac_bits=30, clip=0.25).total.tolist() == [2.0**-29, -(2.0**-29)]
 
 
+def test_one_client_and_threshold_one():
+    """m = 1 (t = 1) runs: the 'sum' is that client's row, masked by b_u alone, whose key
+    is bound to the context like every other."""
+    row = _rows(1, 8)
+    a = secure_sum(row, [4], round=0, seed=1)
+    assert a.threshold == 1 and torch.equal(a.total, _fixed_point_sum(row, [0], 1.0, 16))
+    assert not torch.equal(a.masked, secure_sum(row, [4], round=0, seed=1, context=b"other").masked)
+    three = secure_sum(_rows(3, 8), [0, 1, 2], round=0, seed=1, dropouts=[0, 2], threshold=1)
+    assert three.survivors == (1,) and torch.equal(three.total, _fixed_point_sum(_rows(3, 8), [1], 1.0, 16))
+
+
 def test_all_clients_dropped_aborts():
     with pytest.raises(SecAggAborted, match="0 of 3 clients survived"):
         secure_sum(_rows(3, 4), [0, 1, 2], round=0, seed=1, dropouts=[2, 0, 1])
@@ -393,7 +447,8 @@ def test_all_clients_dropped_aborts():
     (np.zeros((3, 4)), r"rows must be a 2-D float tensor \(m, d\); got ndarray \(3, 4\)"),
     (torch.zeros(3, 4, dtype=torch.int64), r"got Tensor \(3, 4\)"),
     (torch.zeros(12), r"got Tensor \(12,\)"),
-    (torch.zeros(3, 0), r"rows has shape \(3, 0\)"),
+    (torch.zeros(3, 0), r"rows has shape \(3, 0\): need at least one row and one column"),
+    (torch.zeros(0, 4), r"rows has shape \(0, 4\)"),
 ])
 def test_bad_rows_are_named(rows, match):
     with pytest.raises(InvalidParameter, match=match):
@@ -408,5 +463,5 @@ def test_prg_refuses_a_short_seed():
 def test_non_finite_rows_refused():
     rows = _rows(3, 4)
     rows[1, 2] = float("nan")
-    with pytest.raises(InvalidParameter, match="1 non-finite"):
+    with pytest.raises(InvalidParameter, match="rows has 1 non-finite entries"):
         secure_sum(rows, [0, 1, 2], round=0, seed=1)

@@ -340,7 +340,7 @@ def secure_sum(
         raise SecAggAborted(
             f"secure_sum: round {round}: {len(survivors)} of {m} clients survived "
             f"({len(dropped)} dropped) but threshold t = {t} shares are needed to unmask; round aborted")
-    masked = np.stack([y[u] for u in survivors]) if survivors else np.zeros((0, d), dt)
+    masked = np.stack([y[u] for u in survivors])  # non-empty: len(survivors) ≥ t ≥ 1
     z = masked.sum(axis=0, dtype=dt)
 
     # 3. Unmasking: each survivor opens its ciphertexts, reveals one share per client
