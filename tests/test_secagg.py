@@ -208,7 +208,8 @@ def test_overflow_check_raises_exactly_at_the_limit():
     assert check_capacity(2, clip, 16, 32) == 2**30 - 1
     for sign in (1.0, -1.0):
         rows = torch.full((2, 3), sign * clip, dtype=torch.float64)
-        assert secure_sum(rows, [0, 1], round=0, seed=0, clip=clip, frac_bits=16).total.tolist() == [2 * sign * clip] * 3
+        total = secure_sum(rows, [0, 1], round=0, seed=0, clip=clip, frac_bits=16).total
+        assert total.tolist() == [2 * sign * clip] * 3
     # what the check prevents: at the limit two rows at +clip wrap to −R/2
     q, _ = encode(np.full((2, 1), 2.0**14), 2.0**14, 16, 32)
     assert decode(q.sum(axis=0, dtype=np.uint32), 16, 32).tolist() == [-(2.0**15)]
@@ -371,7 +372,8 @@ def test_buckets_refuse_singletons_and_abort_or_skip():
 def test_bucketed_bad_input_is_named(kwargs, match):
     args = dict(rows=_rows(6, 2), client_ids=list(range(6)), rng=torch.Generator(), dropouts=()) | kwargs
     with pytest.raises(InvalidParameter, match=match):
-        bucketed_secure_sum(args["rows"], args["client_ids"], 2, args["rng"], round=0, seed=0, dropouts=args["dropouts"])
+        bucketed_secure_sum(args["rows"], args["client_ids"], 2, args["rng"], round=0, seed=0,
+                            dropouts=args["dropouts"])
 
 
 # --------------------------------------------------------------------------- accounting and bad input

@@ -316,12 +316,18 @@ def secure_sum(
                 if pair not in c_shared:
                     c_shared[pair] = keys[u].c_sk.exchange(X25519PublicKey.from_public_bytes(keys[v].c_pk))
                 aead, aad = _channel(c_shared[pair], round, u, v, context)
-                plain = _ID.pack(u, v) + s_shares[j].to_bytes(_SHARE_BYTES, "big") + b_shares[j].to_bytes(_SHARE_BYTES, "big")
+                plain = (_ID.pack(u, v) + s_shares[j].to_bytes(_SHARE_BYTES, "big")
+                         + b_shares[j].to_bytes(_SHARE_BYTES, "big"))
                 sealed[(u, v)] = aead.encrypt(_NONCE, plain, aad)
     bytes_share = sum(len(c) for c in sealed.values())
 
-    # 2. MaskedInputCollection: survivors send y_u (pairs among the share-round cohort)
+    # 2. MaskedInputCollection: survivors send y_u (pairs among the share-round cohort);
+    #    the server aborts on fewer than t of them (checked first: the outcome is the same)
     survivors = [u for u in ids if u not in dropped]
+    if len(survivors) < t:
+        raise SecAggAborted(
+            f"secure_sum: round {round}: {len(survivors)} of {m} clients survived "
+            f"({len(dropped)} dropped) but threshold t = {t} shares are needed to unmask; round aborted")
     pos = {u: i for i, u in enumerate(ids)}
     y = {u: x[pos[u]] + prg(keys[u].b, d, modulus_bits) for u in survivors}
     order = sorted(ids)
@@ -336,10 +342,6 @@ def secure_sum(
             if b not in dropped:
                 y[b] -= p  # b > a: b subtracts
     bytes_masked = len(survivors) * d * word
-    if len(survivors) < t:
-        raise SecAggAborted(
-            f"secure_sum: round {round}: {len(survivors)} of {m} clients survived "
-            f"({len(dropped)} dropped) but threshold t = {t} shares are needed to unmask; round aborted")
     masked = np.stack([y[u] for u in survivors])  # non-empty: len(survivors) ≥ t ≥ 1
     z = masked.sum(axis=0, dtype=dt)
 
