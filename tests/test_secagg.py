@@ -158,7 +158,8 @@ def test_key_derivation_follows_the_documented_formula():
         return X25519PrivateKey.from_private_bytes(sk).public_key().public_bytes(
             serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
-    for seed, ikm in ((b"\x01", b"b\x01"), (1, b"i\x01"), (0, b"i\x00"), (2**16, b"i\x01\x00\x00")):
+    for seed, ikm in ((b"\x01", b"b\x01"), (1, b"i\x01"), (0, b"i\x00"), (255, b"i\xff"),
+                      (2**16, b"i\x01\x00\x00")):
         k = derive_client_keys(seed, 5, 42, b"\xab")
         assert k.c_pk == raw_public(hkdf(ikm, "c|5|ab|42", 32))
         assert k.s_pk == raw_public(hkdf(ikm, "s|5|ab|42", 32))
@@ -329,6 +330,11 @@ def test_buckets_partition_clients_and_sum_each_bucket():
         alone = secure_sum(rows[[ids.index(u) for u in group]], list(group), round=0, seed=3,
                            dropouts=[104] if 104 in group else [])
         assert not torch.equal(alone.masked, out.results[b].masked)
+    coarse = bucketed_secure_sum(rows, ids, buckets, torch.Generator().manual_seed(0), round=0, seed=3,
+                                 clip=0.05, frac_bits=8, modulus_bits=64)
+    for b, group in enumerate(coarse.members):
+        assert torch.equal(coarse.sums[b], _fixed_point_sum(rows, [ids.index(u) for u in group], 0.05, 8))
+        assert coarse.results[b].phase_bytes[2][1] == len(group) * d * 8
     one = bucketed_secure_sum(rows, ids, 1, torch.Generator().manual_seed(0), round=0, seed=3, threshold=11)
     assert one.members == (tuple(ids),) and one.results[0].threshold == 11
     assert torch.equal(one.sums[0], _fixed_point_sum(rows, list(range(m)), 1.0, 16))
@@ -364,6 +370,8 @@ def test_buckets_refuse_singletons_and_abort_or_skip():
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(rows=torch.zeros(5, 2)), r"rows must be a 2-D tensor with one row per client \(6\); got \(5, 2\)"),
+    (dict(rows=np.zeros((6, 2))), r"one row per client \(6\); got \(6, 2\)"),
+    (dict(rows=[[0.0, 0.0]] * 6), r"one row per client \(6\); got \(\)"),
     (dict(rng=42), "rng is a int: expected a torch.Generator or numpy.random.Generator"),
     (dict(dropouts=[9]), r"dropouts \[9\] are not client_ids"),
     (dict(dropouts=[-1]), r"dropouts = \[-1\]: must be integers"),
@@ -440,6 +448,11 @@ def test_one_client_and_threshold_one():
     assert three.survivors == (1,) and torch.equal(three.total, _fixed_point_sum(_rows(3, 8), [1], 1.0, 16))
 
 
+def test_a_single_coordinate():
+    rows = torch.tensor([[0.25], [-1.5], [0.5]], dtype=torch.float64)
+    assert secure_sum(rows, [0, 1, 2], round=0, seed=1, clip=2.0, dropouts=[2]).total.tolist() == [-1.25]
+
+
 def test_all_clients_dropped_aborts():
     with pytest.raises(SecAggAborted, match="0 of 3 clients survived"):
         secure_sum(_rows(3, 4), [0, 1, 2], round=0, seed=1, dropouts=[2, 0, 1])
@@ -451,6 +464,7 @@ def test_all_clients_dropped_aborts():
     (torch.zeros(12), r"got Tensor \(12,\)"),
     (torch.zeros(3, 0), r"rows has shape \(3, 0\): need at least one row and one column"),
     (torch.zeros(0, 4), r"rows has shape \(0, 4\)"),
+    ([[0.0] * 4] * 3, r"got list \(\)"),
 ])
 def test_bad_rows_are_named(rows, match):
     with pytest.raises(InvalidParameter, match=match):
