@@ -45,6 +45,10 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
 from .errors import InvalidParameter, InvalidScenario, RedteamError
+from .integrations.flower.spec import FlowerSpec
+from .integrations.flower.spec import check_builtin as check_flower_builtin
+from .integrations.flower.spec import check_document as check_flower_document
+from .integrations.flower.spec import is_builtin as is_flower_builtin
 from .registry import ATTACKS, DEFENSES, WORKLOADS, _coerce
 from .scenario_limits import Limits, check_federation, check_memory, check_work, read_toml, shown
 from .topology import REGIMES, check_keys, regime_section
@@ -513,6 +517,8 @@ class Scenario:
     # ``[async]`` (``async`` is a Python keyword)
     asynchronous: AsyncSpec | None = None
     privacy: PrivacySpec | None = None
+    # ``[flower]``: a user's own Flower app (redteam.integrations.flower.spec)
+    flower: FlowerSpec | None = None
     source: str = ""
     # the scenario file's directory (relative ``start_from`` paths); not part of the digest
     base_dir: str = field(default="", compare=False)
@@ -555,6 +561,8 @@ class Scenario:
             d.pop("asynchronous")
         if d.get("privacy", 0) is None:
             d.pop("privacy")
+        if d.get("flower", 0) is None:
+            d.pop("flower")
         return json.loads(json.dumps(d, default=str))
 
     def digest(self) -> str:
@@ -702,7 +710,7 @@ def parse_scenario(
     if not isinstance(data, Mapping):
         raise where.err("document", data, "must be a table of sections")
     allowed = ("scenario", "workload", "federation", "transport", "hierarchy", "attack", "defense",
-               "pipeline", "gossip", "async", "privacy", "matrix", "expect")
+               "pipeline", "gossip", "async", "privacy", "flower", "matrix", "expect")
     for key in data:
         if key not in allowed:
             close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
@@ -788,6 +796,11 @@ def parse_scenario(
         kw["asynchronous"] = _build(AsyncSpec, data["async"], "async", where)
     if "privacy" in data:
         kw["privacy"] = _privacy(data["privacy"], kw, where, check_plugins)
+    if "flower" in data:
+        kw["flower"] = _flower(data["flower"], kw, where)
+    refusal = check_flower_document(data, kw.get("defense", ()), file)
+    if refusal is not None:
+        raise InvalidScenario(refusal)
     _check_regime(data, kw, where)
     _check_protocol(kw.get("federation", FederationSpec()), kw.get("window", AttackWindow()), where)
     scenario = Scenario(**kw)
@@ -907,7 +920,32 @@ def _check_protocol(fed: FederationSpec, window: AttackWindow, where: _Where) ->
                         f"puts all {fed.n_malicious} malicious clients in a round of clients_per_round = {k}")
 
 
+def _flower(table: Any, kw: Mapping[str, Any], where: _Where) -> FlowerSpec:
+    """``[flower]``: the app's factory reference (required), its engine, and its own params."""
+    def params(v: Any, sec: str) -> dict[str, Any]:
+        if not isinstance(v, Mapping):
+            raise where.err("[flower].params", v, "must be a table of the app's own settings")
+        return dict(v)
+
+    spec = _build(FlowerSpec, table, "flower", where, nested={"params": params})
+    if not spec.app:
+        raise InvalidScenario(f'{where.file}: [flower] needs app = "module:attribute" (the app\'s factory, '
+                              "docs/flower.md)")
+    if not kw.get("window", AttackWindow()).is_full:
+        raise InvalidScenario(f"{where.file}: [attack] window / every: a [flower] run attacks in every round "
+                              "(the Flower regime sets no attack window)")
+    return spec
+
+
 def _defense(table: Any, where: _Where, check: bool) -> tuple[PluginSpec, ...]:
+    if isinstance(table, Mapping) and isinstance(table.get("name"), str) and is_flower_builtin(table["name"]):
+        params = {k: v for k, v in table.items() if k != "name"}
+        refusal = check_flower_builtin(table["name"], params, where.file)
+        if refusal is not None:
+            raise InvalidScenario(refusal)
+        return (PluginSpec(table["name"], params),)
+    if isinstance(table, str) and is_flower_builtin(table):
+        return _defense({"name": table}, where, check)
     if isinstance(table, Mapping) and "pipeline" in table:
         extra = [k for k in table if k != "pipeline"]
         if extra:
@@ -917,6 +955,11 @@ def _defense(table: Any, where: _Where, check: bool) -> tuple[PluginSpec, ...]:
         stages = table["pipeline"]
         if not isinstance(stages, list) or not stages:
             raise where.err("[defense].pipeline", stages, "must be a non-empty list of tables")
+        for i, st in enumerate(stages):
+            name = st.get("name") if isinstance(st, Mapping) else st
+            if isinstance(name, str) and is_flower_builtin(name):
+                raise where.err(f"[defense].pipeline[{i}].name", name, "is a whole Flower strategy; it cannot be a "
+                                "stage of a pipeline")
         specs = tuple(_plugin(s, f"defense.pipeline[{i}]", where, DEFENSES, check) for i, s in enumerate(stages))
         if check:
             from .federation.builders import build_defense

@@ -3,7 +3,7 @@ defense capabilities it wires, and the one rule that refuses the rest.
 
 Four topologies run one round shape (:mod:`redteam.federation.regimes`): data-parallel with a
 server (or a tree of sub-aggregators), serverless gossip, an asynchronous buffered server, and a
-model-parallel pipeline. They differ in who trains each step, whose rows each merging party sees
+model-parallel pipeline; a fifth regime runs a user's own Flower app in Flower. They differ in who trains each step, whose rows each merging party sees
 and how the merged result moves the model(s) — and so in what they can honour. Each declares that
 here (:class:`Support`); the scenario parser (:func:`check_keys`) and the run setup
 (:func:`check_plugins`) ask the declaration, so an attack or defense built for one regime is
@@ -19,7 +19,7 @@ from typing import Any, Mapping
 from .errors import InvalidParameter, InvalidScenario
 from .types import Surface
 
-__all__ = ["Support", "DATA_PARALLEL", "GOSSIP", "ASYNC", "PIPELINE", "REGIMES", "support_of", "regime_section",
+__all__ = ["Support", "DATA_PARALLEL", "GOSSIP", "ASYNC", "PIPELINE", "FLOWER", "REGIMES", "support_of", "regime_section",
            "check_keys", "check_plugins"]
 
 
@@ -101,11 +101,20 @@ PIPELINE = Support(
                                            "clients' batched trainer")),
     workloads=("text",))
 
+#: a user's own Flower app (:mod:`redteam.integrations.flower.run`): its ClientApps train, a Flower
+#: strategy aggregates; redteam reaches the clients through mods (update and data attacks) and the
+#: server through the strategy (a defense acting at aggregation, on the replies alone). Which
+#: [scenario] and [federation] keys it reads is checked with the section
+#: (:func:`redteam.integrations.flower.spec.check_document`).
+FLOWER = Support("flower", "flower", frozenset({Surface.UPDATES, Surface.DATA}), warmup=False)
+
 #: every regime, the default first
-REGIMES: tuple[Support, ...] = (DATA_PARALLEL, GOSSIP, ASYNC, PIPELINE)
+REGIMES: tuple[Support, ...] = (DATA_PARALLEL, GOSSIP, ASYNC, PIPELINE, FLOWER)
 
 def support_of(scenario: Any) -> Support:
     """The regime a parsed :class:`~redteam.scenario.Scenario` runs under."""
+    if getattr(scenario, "flower", None) is not None:
+        return FLOWER
     if scenario.pipeline is not None:
         return PIPELINE
     if scenario.gossip is not None:
@@ -116,7 +125,7 @@ def support_of(scenario: Any) -> Support:
 
 
 def regime_section(sections: Mapping[str, Any] | Any) -> Support:
-    """The regime a document's sections select (``[gossip]``, ``[async]``, ``[pipeline]`` or none);
+    """The regime a document's sections select (``[gossip]``, ``[async]``, ``[pipeline]``, ``[flower]`` or none);
     two of them in one scenario are refused."""
     named = [s for s in REGIMES[1:] if s.section in sections]
     if len(named) > 1:

@@ -10,10 +10,12 @@ in where a Flower user would put them:
   :class:`~redteam.integrations.flower.ColludingAttack` for an attack that crafts from every
   honest update of the round (ALIE).
 
-:func:`run` runs one cell (attack × defense × seed) in Flower's simulation engine and returns the
-global model's test accuracy after every round. ``compare.py`` next to this file runs the
-side-by-side matrix. The partition, the initial model and every client's minibatches come from
-the seed alone, so a cell's no-attack baseline and its attacked run share them.
+:func:`scored` is the app as redteam's matrix scores it (``[flower] app = "quickstart_app:scored"`` in
+``scenario.toml`` next to this file: ``redteam matrix examples/flower_quickstart/scenario.toml``).
+:func:`run` runs one cell by hand (attack × defense × seed) in Flower's simulation engine and returns
+the global model's test accuracy after every round; ``compare.py`` runs the side-by-side table that
+way. The partition, the initial model and every client's minibatches come from the seed alone, so
+a cell's no-attack baseline and its attacked run share them.
 """
 
 from __future__ import annotations
@@ -179,6 +181,37 @@ def make_server_app(setup: Setup, strategy: Any, outcome: Outcome) -> ServerApp:
                        num_rounds=setup.rounds, train_config=ConfigRecord(), evaluate_fn=evaluate)
 
     return app
+
+
+# ------------------------------------------------------------------ scored by redteam's matrix
+#: the [flower].params this app reads (Setup's fields besides clients, rounds and seed)
+PARAMS = ("alpha", "local_steps", "batch", "lr", "test_fraction")
+
+
+def scored(spec: Any) -> Any:
+    """The app for ``redteam matrix`` (redteam.integrations.flower.protocol): ``spec.clients``
+    partitions, ``spec.rounds`` rounds, everything drawn from ``spec.seed``; ``spec.params`` may set
+    :data:`PARAMS`."""
+    from redteam.integrations.flower import ScoredApp
+
+    unknown = sorted(set(spec.params) - set(PARAMS))
+    if unknown:
+        raise ValueError(f"quickstart_app: [flower].params {unknown[0]!r} is not a setting of this app "
+                         f"(it reads {', '.join(PARAMS)})")
+    setup = Setup(clients=spec.clients, rounds=spec.rounds, seed=spec.seed, **dict(spec.params))
+    data = load(setup)
+
+    def evaluate(arrays: ArrayRecord) -> dict[str, float]:
+        model = Net()
+        model.load_state_dict(arrays.to_torch_state_dict())
+        with torch.no_grad():
+            out = model(torch.from_numpy(data.x_test))
+            loss = torch.nn.functional.cross_entropy(out, torch.from_numpy(data.y_test))
+        return {"accuracy": float((out.argmax(1).numpy() == data.y_test).mean()), "loss": float(loss)}
+
+    return ScoredApp(client_app=lambda mods: make_client_app(setup, mods),
+                     initial_arrays=ArrayRecord(initial_model(setup).state_dict()), evaluate=evaluate,
+                     chance_accuracy=float(np.bincount(data.y_test).max() / len(data.y_test)))
 
 
 # ------------------------------------------------------------------ one cell

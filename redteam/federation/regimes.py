@@ -5,7 +5,8 @@ holds the whole model; a server, or a tree of sub-aggregators, merges their upda
 ``[pipeline]`` it is model-parallel (:class:`~.swarm.SwarmRun`: the model cut into stages served by
 pools of peers); with ``[gossip]`` it is serverless (:class:`~.gossip.GossipRun`: every node keeps
 its own model and merges its neighbours' on a graph); with ``[async]`` the server merges stale
-updates as they arrive (:class:`~.asyncrun.AsyncRun`: buffered, staleness-weighted).
+updates as they arrive (:class:`~.asyncrun.AsyncRun`: buffered, staleness-weighted); with
+``[flower]`` a user's own Flower app runs in Flower (:class:`~redteam.integrations.flower.run.FlowerRun`).
 
 Each is one implementation of the same shape: it receives one :class:`~.setup.RunSetup` (built by
 :func:`~.setup.build_setup` from its placement: stream names, where the attackers sit, how many rows
@@ -56,6 +57,10 @@ def make_run(scenario: Scenario, *, device: str = "cpu", attack: PluginSpec | No
         from .asyncrun import AsyncRun
 
         return AsyncRun(scenario, **kw)
+    if regime == "flower":
+        from ..integrations.flower.run import FlowerRun  # imports Flower: only for a [flower] scenario
+
+        return FlowerRun(scenario, **kw)
     from .loop import Federation
 
     return Federation(scenario, **kw)

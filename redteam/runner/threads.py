@@ -56,6 +56,8 @@ def run_work(fed: Any) -> float:
     """Local-training work of one round step of ``fed``: parameters × samples per step over
     all clients, × tokens per sample for sequence workloads."""
     fedspec = fed.scenario.federation
+    if getattr(fed.scenario, "flower", None) is not None:  # a Flower app: its ClientApps set their own threads
+        return 0.0
     pl = getattr(fed.scenario, "pipeline", None)  # a bare run (tests) may have no regime sections
     if pl is not None:  # the pipeline regime: one micro-batch of windows through the model at a time
         return float(fed.spec.dim) * pl.micro_batch_size * int(fed.train_x.shape[-1])
