@@ -280,6 +280,8 @@ def _check_names(cells: Sequence["Cell"], where: str) -> None:
 
     def check(table: Any, path: str, kind: str, cell: "Cell") -> None:
         name = table if isinstance(table, str) else table.get("name") if isinstance(table, Mapping) else None
+        if kind == "defense" and isinstance(name, str) and name.startswith("flower:") and "flower" in cell.doc:
+            return  # one of Flower's own strategies, checked with the scenario's [flower] section
         if isinstance(name, str) and name not in known[kind]:
             close = difflib.get_close_matches(name, known[kind], n=3, cutoff=0.5)
             hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""

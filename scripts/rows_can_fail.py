@@ -76,6 +76,11 @@ def main(argv: list[str] | None = None) -> int:
         copy.write_text(out, encoding="utf-8")
         for extra in src.parent.glob("*.safetensors"):  # start_from files beside it
             (Path(tmp) / extra.name).write_bytes(extra.read_bytes())
+        app = doc.get("flower", {}).get("app") if isinstance(doc.get("flower"), dict) else None
+        if isinstance(app, str) and ":" in app:  # a [flower] app's module beside it
+            module = src.parent / (app.split(":", 1)[0].replace(".", "/") + ".py")
+            if module.is_file():
+                (Path(tmp) / module.name).write_bytes(module.read_bytes())
         res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rN", str(copy)],
                              capture_output=True, text=True)
     if res.returncode not in (0, 1) or not re.search(r"\d+ (passed|failed)", res.stdout):
