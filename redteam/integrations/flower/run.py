@@ -155,9 +155,10 @@ class FlowerRun:
         self.attack: Attack = self._build_attack()
         self.defense_name = scenario.defense[0].name
         self.builtin = self.defense_name.startswith("flower:")
-        self.defense = None if self.builtin else build_defense_for_flower(self._defense(), malicious=f)
-        check_plugins(FLOWER, self.attack_spec.name, self.attack, _NoParts() if self.defense is None else self.defense,
-                      defense_label=scenario.defense_label())
+        defense = None if self.builtin else self._defense()
+        check_plugins(FLOWER, self.attack_spec.name, self.attack, _NoParts() if defense is None else defense,
+                      defense_label=scenario.defense_label())  # the one rule first: its message names the regime
+        self.defense = None if defense is None else build_defense_for_flower(defense, malicious=f)
         self.attacking = bool(self.attack.surfaces)
         self.factory = load_app(self.spec.app, scenario.base_dir)
 
