@@ -199,8 +199,7 @@ def test_a_tiny_matrix_of_the_example_fills_the_store(tmp_path):
     d = tomllib.loads((EXAMPLE / "scenario.toml").read_text())
     d = copy.deepcopy(d)
     d.pop("expect")
-    d["federation"] = {"clients": 5, "malicious_fraction": 0.2, "rounds": 3}
-    d["flower"]["params"] = {**d["flower"]["params"], "local_steps": 5}
+    d["federation"] = {"clients": 5, "malicious_fraction": 0.2, "rounds": 4}
     d["matrix"]["seeds"] = 1
     d["matrix"]["defenses"] = [{"name": "trimmed_mean", "label": "trimmed_mean"},
                                {"name": "flower:FedTrimmedAvg", "beta": 0.2, "label": "flower:FedTrimmedAvg"}]
@@ -223,8 +222,20 @@ def test_a_tiny_matrix_of_the_example_fills_the_store(tmp_path):
         ours = by[(f"trimmed_mean[{attack}]", int(attack == "none"))]
         theirs = by[(f"flower:FedTrimmedAvg[{attack}]", int(attack == "none"))]
         assert ours[1]["final_accuracy"] == pytest.approx(theirs[1]["final_accuracy"], abs=1e-9)
-        assert len(ours[2]) == 3
+        assert len(ours[2]) == 4
     base = by[("trimmed_mean[none]", 1)]
     assert base[1]["final_accuracy"] > base[2][0]["extra"]["untrained"]["chance_accuracy"] + 0.1
     assert by[("trimmed_mean[sign_flip]", 0)][1]["accuracy_drop"] is not None
     assert (tmp_path / "out" / "report.html").is_file()
+
+
+def test_the_pytest_plugin_lets_a_flower_defense_through_only_with_the_section():
+    from redteam.matrix import expand
+    from redteam.pytest_plugin import _check_names
+
+    d = tomllib.loads((EXAMPLE / "scenario.toml").read_text())
+    _check_names(expand(d, "scenario.toml", check_plugins=False).cells, "scenario.toml")
+    d.pop("flower")
+    with pytest.raises(InvalidScenario, match=r"'flower:FedTrimmedAvg' is one of Flower's strategies; it runs in a "
+                                              r"scenario with a \[flower\] section"):
+        _check_names(expand(d, "scenario.toml", check_plugins=False).cells, "scenario.toml")
