@@ -239,3 +239,15 @@ def test_the_pytest_plugin_lets_a_flower_defense_through_only_with_the_section()
     with pytest.raises(InvalidScenario, match=r"'flower:FedTrimmedAvg' is one of Flower's strategies; it runs in a "
                                               r"scenario with a \[flower\] section"):
         _check_names(expand(d, "scenario.toml", check_plugins=False).cells, "scenario.toml")
+
+
+@pytest.mark.slow
+def test_the_ray_engine_records_what_the_local_engine_records():
+    pytest.importorskip("ray")
+    over = {"federation": {"clients": 3, "malicious_fraction": 0.34, "rounds": 2}, "attack": {"name": "alie"},
+            "defense": {"name": "trimmed_mean"}}
+    local = run(scenario(**over))
+    ray = run(scenario(flower={"app": "_flower_tiny_app:scored", "engine": "ray", "ray_cpus": 1}, **over))
+    assert [r.accuracy for r in ray.records] == [r.accuracy for r in local.records]
+    assert [r.accepted for r in ray.records] == [r.accepted for r in local.records]
+    assert ray.malicious == local.malicious
