@@ -1,0 +1,104 @@
+"""Commit-reveal and the Gauntlet's edges, worked by hand (issue 39: the mutation audit):
+lateness on the window's close, shared digests, the top-G order and ties, the rating EMA and
+its scale, the consensus's stake share, Templar's indicator and relative improvement, and the
+ledger's late commitments."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from defenses.gauntlet import (commit_flags, consensus_scores, relative_improvement, row_digest, templar_indicator,
+                               top_g_rewards, update_ratings)
+
+
+def test_a_commit_exactly_at_the_close_is_on_time():
+    upd = torch.tensor([[1.0], [2.0], [3.0]])
+    d = [row_digest(r) for r in upd]
+    assert commit_flags(upd, [0, 1, 2], {0: (d[0], 1.0), 1: (d[1], 0.0), 2: (d[2], 0.5)}) == {}
+    late = commit_flags(upd, [0, 1, 2], {0: (d[0], 1.0000001), 1: (d[1], 0.0), 2: (d[2], 0.5)})
+    assert late == {0: "commit-reveal: committed at 1, after the commit window closed at 1"}
+    # another window: close 0.5 makes 0.5 on time and 1.0 late
+    assert sorted(commit_flags(upd, [0, 1, 2], {0: (d[0], 1.0), 1: (d[1], 0.0), 2: (d[2], 0.5)}, close=0.5)) == [0]
+
+
+def test_shared_digests_flag_every_sharer_and_a_late_reason_comes_first():
+    upd = torch.tensor([[1.0], [1.0], [1.0], [2.0]])
+    d = row_digest(upd[0])
+    commits = {10: (d, 0.1), 11: (d, 0.2), 12: (d, 1.5), 13: (row_digest(upd[3]), 0.3)}
+    flags = commit_flags(upd, [10, 11, 12, 13], commits)
+    assert flags[0] == flags[1] == "commit-reveal: digest shared by 3 peers (one computation, several identities)"
+    assert flags[2].startswith("commit-reveal: committed at 1.5")  # late: its first reason stands
+    assert 3 not in flags  # a digest of its own
+    # keys are client ids, positions are rows: client 13 at row 0
+    assert commit_flags(upd[3:], [13], {13: (row_digest(upd[3]), 0.3)}) == {}
+    assert commit_flags(upd[3:], [13], {12: (row_digest(upd[3]), 0.3)}) == {
+        0: "commit-reveal: no commitment before the reveal"}
+
+
+def test_top_g_by_rating_ties_to_the_lower_row_and_only_positive_ratings():
+    ratings = {0: 0.1, 1: 0.3, 2: 0.3, 3: 0.2, 4: 0.0, 5: -0.4}
+    ids = [0, 1, 2, 3, 4, 5]
+    top, rew = top_g_rewards(ratings, ids, 1)
+    assert top == [1] and rew[1] == 1.0  # 1 and 2 tie: the lower row
+    top, rew = top_g_rewards(ratings, ids, 3)
+    assert top == [1, 2, 3] and rew == pytest.approx({0: 0.0, 1: 0.375, 2: 0.375, 3: 0.25, 4: 0.0, 5: 0.0})
+    top, _ = top_g_rewards(ratings, ids, 10)
+    assert top == [0, 1, 2, 3]  # a rating of exactly 0 is not paid, nor a negative one
+    top, rew = top_g_rewards(ratings, [5, 4], 2)
+    assert top == [] and rew == {5: 0.0, 4: 0.0}
+    # rows are positions in ids, not client ids; an absent client has no rating (0)
+    top, rew = top_g_rewards({7: 0.5, 9: 0.25}, [9, 8, 7], 2)
+    assert top == [0, 2] and rew == pytest.approx({9: 1 / 3, 8: 0.0, 7: 2 / 3})
+
+
+def test_rating_ema_scale_and_the_peers_it_leaves_out():
+    """α = 0.25: r ← 0.75·r + 0.25·ŝ. Scores (2, −1, 8 flagged, −inf): the scale is the largest
+    |s| of the finite, unflagged scores (2), so ŝ = (1, −0.5, −1, −1)."""
+    old = {0: 0.5, 1: 0.0, 2: 0.25, 3: 0.5, 9: 0.75}
+    r = update_ratings(old, [0, 1, 2, 3], torch.tensor([2.0, -1.0, 8.0, -float("inf")]), 0.25, flagged={2})
+    assert r == {0: 0.375 + 0.25, 1: -0.125, 2: 0.1875 - 0.25, 3: 0.375 - 0.25, 9: 0.75}  # 9: absent, kept
+    r = update_ratings({}, [4, 5], torch.tensor([0.0, 0.0]), 0.5)  # all zero: scale 1, new peers start at 0
+    assert r == {4: 0.0, 5: 0.0}
+    r = update_ratings({}, [4, 5], torch.tensor([-3.0, 1.5]), 1.0)  # scale 3: ŝ = (−1, 0.5)
+    assert r == {4: -1.0, 5: 0.5}
+
+
+def test_consensus_needs_more_than_kappa_of_the_seats():
+    """Four seats report (4, 3, 2, 1) for one peer. κ = 0.5: a value needs more than 2 seats at
+    or above it → 2 (three seats; 3 has only two). κ = 0.75 → all four → 1. κ = 0.25 → two → 3."""
+    reports = torch.tensor([[4.0], [3.0], [2.0], [1.0]])
+    assert consensus_scores(reports, 0.5).tolist() == [2.0]
+    assert consensus_scores(reports, 0.75).tolist() == [1.0]
+    assert consensus_scores(reports, 0.25).tolist() == [3.0]  # more than 1 seat: two at ≥ 3
+    assert consensus_scores(torch.tensor([[5.0, 1.0]]), 0.5).tolist() == [5.0, 1.0]  # one seat: its report
+
+
+def test_relative_improvement_and_the_indicator_by_hand():
+    before = torch.tensor([4.0, 0.0, -1.0, 2.0], dtype=torch.float64)
+    after = torch.tensor([3.0, 1.0, 1.0, float("nan")], dtype=torch.float64)
+    assert relative_improvement(before, after).tolist() == [0.25, 0.0, 0.0, -float("inf")]
+    assert relative_improvement(2.0, torch.tensor([1.0, 3.0])).tolist() == [0.5, -0.5]
+    own = torch.tensor([0.5, 0.25, 0.1])
+    rand = torch.tensor([0.25, 0.25, 0.2])
+    assert templar_indicator(own, rand).tolist() == [1.0, -1.0, -1.0]  # a tie is no evidence
+
+
+def test_the_ledger_logs_each_round_by_commit_time_and_a_commit_at_the_close_is_not_late(tmp_path):
+    from redteam.federation.commitments import late_commitments, read_commitments, write_commitment_ledger
+
+    rounds = [(0, {3: {"digest": "a" * 64, "time": 1.0}, 1: {"digest": "b" * 64, "time": 1.25},
+                   2: {"digest": "c" * 64, "time": 0.5}, 5: {"digest": "d" * 64, "time": 0.5}}),
+              (1, {}),
+              (2, {"4": {"digest": "e" * 64, "time": 0.0}})]  # a record read back from JSON: a string key
+    path = tmp_path / "c.sqlite"
+    assert write_commitment_ledger(path, rounds, seed=3) == 5
+    got = read_commitments(path)
+    # each round's commits in commit-time order, ties by client; the index is the log position
+    assert [(c["round"], c["client"], c["commit_time"], c["index"]) for c in got] == [
+        (0, 2, 0.5, 0), (0, 5, 0.5, 1), (0, 3, 1.0, 2), (0, 1, 1.25, 3), (2, 4, 0.0, 4)]
+    assert got[0]["digest"] == "c" * 64 and all(c["window_close"] == 1.0 for c in got)
+    assert [c["client"] for c in late_commitments(path)] == [1]  # 1.0 is on time; 1.25 is late
+    early = tmp_path / "early.sqlite"
+    write_commitment_ledger(early, rounds, seed=3, window_close=0.75)
+    assert [c["client"] for c in late_commitments(early)] == [3, 1]
