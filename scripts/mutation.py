@@ -34,8 +34,6 @@ Not part of CI (minutes per module). The historical mutmut-driven scopes are in
 from __future__ import annotations
 
 import argparse
-import ast
-import hashlib
 import importlib.util
 import json
 import os
@@ -50,269 +48,23 @@ import threading
 import time
 import tomllib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _mutation_ops import Mutant, generate  # noqa: E402 - the operators, in their own module
 
-#: scope → (module, test files, extra pytest arguments)
-SCOPES: dict[str, tuple[str, list[str], list[str]]] = {
-    "swarm": ("redteam/federation/swarm.py", ["tests/test_swarm.py", "tests/test_swarm_edges.py"], []),
-    "pipeline_checks": ("defenses/pipeline_checks.py", ["tests/test_swarm.py", "tests/test_swarm_edges.py"], []),
-    "pipeline_attacks": ("attacks/pipeline.py", ["tests/test_swarm.py", "tests/test_swarm_edges.py"], []),
-    "gauntlet": ("defenses/gauntlet.py", ["tests/test_verification_gauntlet.py", "tests/test_gauntlet_edges.py"], []),
-    "commitments": ("redteam/federation/commitments.py", ["tests/test_verification_gauntlet.py",
-                                                          "tests/test_gauntlet_edges.py"], []),
+#: scope → (module, test files, extra pytest arguments, quick test files: run in-process first)
+_PIPE = ["tests/test_swarm.py", "tests/test_swarm_edges.py"]
+_GAUNT = ["tests/test_verification_gauntlet.py", "tests/test_gauntlet_edges.py"]
+SCOPES: dict[str, tuple[str, list[str], list[str], list[str]]] = {
+    "swarm": ("redteam/federation/swarm.py", _PIPE, [], _PIPE[::-1]),
+    "pipeline_checks": ("defenses/pipeline_checks.py", _PIPE, [], _PIPE[::-1]),
+    "pipeline_attacks": ("attacks/pipeline.py", _PIPE, [], _PIPE[::-1]),
+    "gauntlet": ("defenses/gauntlet.py", _GAUNT, [], _GAUNT[::-1]),
+    "commitments": ("redteam/federation/commitments.py", _GAUNT, [], _GAUNT[::-1]),
 }
-
-_CMP = {ast.Lt: [ast.LtE], ast.LtE: [ast.Lt], ast.Gt: [ast.GtE], ast.GtE: [ast.Gt], ast.Eq: [ast.NotEq],
-        ast.NotEq: [ast.Eq], ast.Is: [ast.IsNot], ast.IsNot: [ast.Is], ast.In: [ast.NotIn], ast.NotIn: [ast.In]}
-_BIN = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Div,
-        ast.Mod: ast.FloorDiv, ast.Pow: ast.Mult, ast.BitAnd: ast.BitOr, ast.BitOr: ast.BitAnd}
-#: called names swapped (a bare name or an attribute: ``max(...)``, ``x.max()``, ``np.argmax(...)``)
-_CALLS = {"max": "min", "min": "max", "amax": "amin", "amin": "amax", "argmax": "argmin", "argmin": "argmax",
-          "maximum": "minimum", "minimum": "maximum", "any": "all", "all": "any", "median": "mean"}
-#: attribute calls only (a tensor's or an array's statistic): ``x.mean()`` → ``x.max()``
-_ATTR_CALLS = {"mean": "max"}
-#: keyword arguments whose values are not mutated (placement and copying: equivalent by construction)
-_SKIP_KEYWORDS = {"device", "dtype", "copy", "non_blocking", "stacklevel"}
-
-
-@dataclass(frozen=True, slots=True)
-class Mutant:
-    id: str
-    module: str
-    qualname: str
-    line: int
-    end_line: int
-    op: str
-    original: str
-    mutated: str
-    status: str = "pending"
-    seconds: float = 0.0
-    detail: str = ""
-
-
-class _Collector(ast.NodeVisitor):
-    """Walks a module and records (node, replacement node or source, operator) per mutant."""
-
-    def __init__(self) -> None:
-        self.out: list[tuple[ast.AST, ast.AST | str, str, str]] = []  # node, replacement, op, qualname
-        self.scope: list[str] = []
-        self.bound: list[set[str]] = []  # per enclosing function: the names bound so far
-
-    def add(self, node: ast.AST, new: ast.AST | str, op: str) -> None:
-        self.out.append((node, new, op, ".".join(self.scope) or "<module>"))
-
-    # skipped subtrees --------------------------------------------------------------
-    def visit_JoinedStr(self, node: ast.JoinedStr) -> None:
-        return None
-
-    def visit_Raise(self, node: ast.Raise) -> None:
-        return None
-
-    def _body(self, body: list[ast.stmt]) -> None:
-        for i, st in enumerate(body):
-            if i == 0 and isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant) \
-                    and isinstance(st.value.value, str):
-                continue  # docstring
-            self.visit(st)
-
-    def visit_Module(self, node: ast.Module) -> None:
-        for st in node.body:
-            if isinstance(st, ast.If) and isinstance(st.test, ast.Name) and st.test.id == "TYPE_CHECKING":
-                continue
-            if isinstance(st, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in st.targets):
-                continue
-            self.visit(st)
-
-    def _scoped(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> None:
-        self.scope.append(node.name)
-        fn = not isinstance(node, ast.ClassDef)
-        if fn:
-            for d in node.args.defaults + [d for d in node.args.kw_defaults if d is not None]:
-                self.visit(d)
-            a = node.args
-            self.bound.append({x.arg for x in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg] if x})
-        self._body(node.body)
-        if fn:
-            self.bound.pop()
-        self.scope.pop()
-
-    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _scoped
-
-    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
-        if node.value is not None:  # a field's default; never the annotation
-            self.visit(node.value)
-            self._delete(node, [node.target])
-
-    def visit_keyword(self, node: ast.keyword) -> None:
-        if node.arg not in _SKIP_KEYWORDS:
-            self.visit(node.value)
-
-    # statements ----------------------------------------------------------------------
-    def _delete(self, node: ast.stmt, targets: list[ast.expr] = ()) -> None:
-        """Delete a statement inside a function: a call, an update, or an assignment that
-        changes state or re-binds a name (not the first binding: that mutant only raises NameError)."""
-        if not self.bound:
-            return
-        flat: list[ast.expr] = []
-        todo = list(targets)
-        while todo:
-            t = todo.pop()
-            if isinstance(t, (ast.Tuple, ast.List)):
-                todo.extend(t.elts)
-            else:
-                flat.append(t.value if isinstance(t, ast.Starred) else t)
-        targets = flat
-        names = {t.id for t in targets if isinstance(t, ast.Name)}
-        new = names - self.bound[-1] if all(isinstance(t, ast.Name) for t in targets) else set()
-        self.bound[-1] |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
-        if not new:
-            self.add(node, "pass", "delete statement")
-
-    def visit_Assign(self, node: ast.Assign) -> None:
-        self.visit(node.value)
-        self._delete(node, node.targets)
-
-    def visit_AugAssign(self, node: ast.AugAssign) -> None:
-        if type(node.op) in _BIN:
-            self.add(node, replace_node(node, op=_BIN[type(node.op)]()), "augmented operator")
-        self.visit(node.value)
-        self._delete(node, [node.target])
-
-    def visit_Expr(self, node: ast.Expr) -> None:
-        self.generic_visit(node)
-        if isinstance(node.value, ast.Call):
-            self._delete(node)
-
-    def visit_Return(self, node: ast.Return) -> None:
-        if node.value is not None and not (isinstance(node.value, ast.Constant) and node.value.value is None):
-            self.add(node.value, ast.Constant(None), "return None")
-        self.generic_visit(node)
-
-    def _negate(self, test: ast.expr) -> None:
-        self.add(test, ast.UnaryOp(ast.Not(), test), "negate condition")
-
-    def visit_If(self, node: ast.If) -> None:
-        self._negate(node.test)
-        self.visit(node.test)
-        self._body(node.body)
-        self._body(node.orelse)
-
-    def visit_While(self, node: ast.While) -> None:
-        self._negate(node.test)
-        self.generic_visit(node)
-
-    def visit_IfExp(self, node: ast.IfExp) -> None:
-        self._negate(node.test)
-        self.generic_visit(node)
-
-    def visit_comprehension(self, node: ast.comprehension) -> None:
-        for cond in node.ifs:
-            self._negate(cond)
-        self.generic_visit(node)
-
-    # expressions ---------------------------------------------------------------------
-    def visit_Compare(self, node: ast.Compare) -> None:
-        for i, op in enumerate(node.ops):
-            for new in _CMP.get(type(op), []):
-                ops = list(node.ops)
-                ops[i] = new()
-                self.add(node, replace_node(node, ops=ops), "comparison")
-        self.generic_visit(node)
-
-    def visit_BoolOp(self, node: ast.BoolOp) -> None:
-        other = ast.Or() if isinstance(node.op, ast.And) else ast.And()
-        self.add(node, replace_node(node, op=other), "and/or")
-        for i in range(len(node.values)):
-            rest = node.values[:i] + node.values[i + 1:]
-            self.add(node, rest[0] if len(rest) == 1 else replace_node(node, values=rest), "drop clause")
-        self.generic_visit(node)
-
-    def visit_BinOp(self, node: ast.BinOp) -> None:
-        if type(node.op) in _BIN:
-            self.add(node, replace_node(node, op=_BIN[type(node.op)]()), "arithmetic")
-        self.generic_visit(node)
-
-    def visit_UnaryOp(self, node: ast.UnaryOp) -> None:
-        if isinstance(node.op, (ast.USub, ast.Not, ast.Invert)):
-            self.add(node, node.operand, "drop unary")
-        self.generic_visit(node)
-
-    def visit_Call(self, node: ast.Call) -> None:
-        f = node.func
-        name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
-        swap = _CALLS.get(name or "") or (_ATTR_CALLS.get(name or "") if isinstance(f, ast.Attribute) else None)
-        if swap:
-            newf = ast.Name(swap, ast.Load()) if isinstance(f, ast.Name) else ast.Attribute(f.value, swap, ast.Load())
-            self.add(node, replace_node(node, func=newf), "call swap")
-        if name == "abs":  # drop an absolute value: abs(x), torch.abs(x), x.abs()
-            if isinstance(f, ast.Attribute) and not node.args:
-                self.add(node, f.value, "drop abs")
-            elif len(node.args) == 1:
-                self.add(node, node.args[0], "drop abs")
-        self.generic_visit(node)
-
-    def visit_Constant(self, node: ast.Constant) -> None:
-        v = node.value
-        if isinstance(v, bool):
-            self.add(node, ast.Constant(not v), "constant")
-        elif isinstance(v, int):
-            self.add(node, ast.Constant(v + 1), "constant")
-            self.add(node, ast.Constant(v - 1), "constant")
-        elif isinstance(v, float) and v == v and abs(v) != float("inf"):
-            for new in ([1.0] if v == 0 else [v * 2, v / 2]):
-                self.add(node, ast.Constant(new), "constant")
-
-
-def replace_node(node: ast.AST, **fields: object) -> ast.AST:
-    """A shallow copy of ``node`` with ``fields`` replaced."""
-    new = type(node)(**{f: getattr(node, f) for f in node._fields})
-    for k, v in fields.items():
-        setattr(new, k, v)
-    return new
-
-
-def _span(lines: list[bytes], node: ast.AST) -> tuple[int, int]:
-    """The byte offsets of ``node`` in the source (``col_offset`` counts UTF-8 bytes)."""
-    starts = [0]
-    for ln in lines:
-        starts.append(starts[-1] + len(ln))
-    return starts[node.lineno - 1] + node.col_offset, starts[node.end_lineno - 1] + node.end_col_offset
-
-
-def generate(source: str, module: str = "<string>") -> list[tuple[Mutant, str]]:
-    """Every mutant of ``source`` that compiles and differs from it: (mutant, mutated source)."""
-    tree = ast.parse(source)
-    raw = source.encode()
-    lines = raw.splitlines(keepends=True)
-    col = _Collector()
-    col.visit(tree)
-    base = ast.dump(tree)
-    seen: dict[tuple, int] = {}
-    out: list[tuple[Mutant, str]] = []
-    for node, new, op, qual in col.out:
-        a, b = _span(lines, node)
-        text = new if isinstance(new, str) else ast.unparse(new)
-        if isinstance(node, ast.expr):
-            text = f"({text})"
-        mutated = raw[:a] + text.encode() + raw[b:]
-        try:
-            src = mutated.decode()
-            tree2 = ast.parse(src)
-            compile(tree2, module, "exec")
-        except (SyntaxError, ValueError):
-            continue
-        if ast.dump(tree2) == base:
-            continue
-        orig = raw[a:b].decode()
-        key = (module, qual, op, orig, text)
-        k = seen[key] = seen.get(key, -1) + 1
-        mid = hashlib.sha256(repr((*key, k)).encode()).hexdigest()[:8]
-        out.append((Mutant(mid, module, qual, node.lineno, node.end_lineno, op, orig, text), src))
-    return out
-
 
 def load_equivalents(path: Path | None) -> dict[tuple[str, str], str]:
     """(module, id) → reason from a TOML file of ``[[equivalent]]`` tables."""
@@ -394,6 +146,72 @@ def summarize(ms: list[Mutant], generated: int) -> dict:
     return {"generated": generated, "run": judged + count["incompetent"], **count, "kill_rate": rate}
 
 
+def _quick_stage(module: str, todo: list[tuple[Mutant, str]], quick: list[str]) -> list[Mutant]:
+    """Run the quick tests in-process on every mutant; return the killed and incompetent ones."""
+    sys.path.insert(0, str(ROOT))
+    from _mutation_quick import run_quick
+
+    if run_quick(ROOT, module, (ROOT / module).read_text(encoding="utf-8"), quick) != "survived":
+        raise SystemExit(f"the quick tests {' '.join(quick)} do not pass in-process on the unmutated {module}")
+    out = []
+    for m, src in todo:
+        t0 = time.time()
+        status = run_quick(ROOT, module, src, quick)
+        if status != "survived":
+            out.append(replace(m, status=status, seconds=round(time.time() - t0, 1), detail="quick"))
+        print(f"quick {status:11s} {time.time() - t0:6.1f}s {m.id} {m.qualname}:{m.line} [{m.op}]",
+              file=sys.stderr, flush=True)
+    return out
+
+
+def _full_stage(module: str, todo: list[tuple[Mutant, str]], tests: list[str], extra: list[str],
+                args: argparse.Namespace) -> list[Mutant]:
+    """Run each mutant's tests in scratch copies of the tree (``--jobs`` of them)."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still removes the scratch copies
+    scratch = Path(tempfile.mkdtemp(prefix="mutation-"))
+    try:
+        copies = queue.Queue()
+        for j in range(min(args.jobs, max(1, len(todo)))):
+            work = scratch / f"w{j}"
+            copy_tree(work)
+            copies.put(work)
+        first = copies.get()
+        where = subprocess.run([sys.executable, "-c", f"import {module[:-3].replace('/', '.')} as m; print(m.__file__)"],
+                               cwd=first, capture_output=True, text=True)
+        if not where.stdout.strip().startswith(str(first)):
+            raise SystemExit(f"{module} is not imported from the scratch copy ({where.stdout.strip() or where.stderr})")
+        cover_out = scratch / "cover.json"
+        status, secs, tail = _run_tests(first, tests, extra, 3600, None if args.no_cover else
+                                        (first / module, cover_out))
+        copies.put(first)
+        if status != "survived":
+            raise SystemExit(f"the tests fail on the unmutated tree ({tail}); fix them first")
+        cover = None if args.no_cover else json.loads(cover_out.read_text())
+        timeout = args.timeout or 3 * secs + 30
+        print(f"# {module}: {len(todo)} mutants to run in scratch copies (clean run {secs:.0f} s, timeout {timeout:.0f} s)",
+              file=sys.stderr, flush=True)
+        lock = threading.Lock()
+
+        def one(pair: tuple[Mutant, str]) -> Mutant:
+            work = copies.get()
+            try:
+                r = run_mutant(work, *pair, select_tests(pair[0], cover, tests), extra, timeout)
+            finally:
+                copies.put(work)
+            with lock:
+                print(f"{r.status:11s} {r.seconds:6.1f}s {r.id} {r.qualname}:{r.line} [{r.op}] "
+                      f"{r.original[:60]!r} -> {r.mutated[:60]!r}", file=sys.stderr, flush=True)
+            return r
+
+        pool = ThreadPoolExecutor(max_workers=args.jobs)
+        try:
+            return list(pool.map(one, todo))
+        finally:  # on a kill, the mutants not started are dropped
+            pool.shutdown(wait=False, cancel_futures=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scope", choices=sorted(SCOPES), help="a registered module and its tests (--list)")
@@ -410,16 +228,23 @@ def main(argv: list[str] | None = None) -> int:
                     help="TOML of [[equivalent]] module/id/reason: not run, left out of the rate")
     ap.add_argument("--json", type=Path, help="write every mutant and its verdict here")
     ap.add_argument("--list", action="store_true", help="list the scopes and exit")
+    ap.add_argument("--quick", nargs="+", default=[],
+                    help="fast test files run in-process against every mutant first (scripts/_mutation_quick.py); "
+                         "the mutants they kill are not run again")
+    ap.add_argument("--no-quick", action="store_true", help="skip the scope's quick stage")
+    ap.add_argument("--quick-only", action="store_true",
+                    help="stop after the quick stage (its survivors reported as survived: a first look only)")
     ap.add_argument("--no-cover", action="store_true",
                     help="run every test for every mutant (default: only the tests that run its lines)")
     ap.add_argument("--show", action="store_true", help="print the mutants (after --only/--ids/--limit) and exit")
     args = ap.parse_args(argv)
     if args.list:
-        for k, (m, t, e) in SCOPES.items():
-            print(f"{k:17s} {m}  tests: {' '.join(t + e)}")
+        for k, (m, t, e, q) in SCOPES.items():
+            print(f"{k:17s} {m}  tests: {' '.join(t + e)}  quick: {' '.join(q)}")
         return 0
-    module, tests, extra = (SCOPES[args.scope] if args.scope else (args.module, args.tests, []))
-    tests, extra = list(args.tests or tests), extra + args.pytest_args.split()
+    module, tests, extra, quick = (SCOPES[args.scope] if args.scope else (args.module, args.tests, [], []))
+    tests, extra, quick = list(args.tests or tests), extra + args.pytest_args.split(), list(args.quick or quick)
+    quick = [] if args.no_quick else [q for q in quick if (ROOT / q).exists()]
     if not module:
         ap.error("give --scope or --module")
     if not (ROOT / module).is_file() or not module.endswith(".py"):
@@ -449,48 +274,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{m.id} {m.qualname}:{m.line} [{m.op}] {m.original!r} -> {m.mutated!r}")
         print(f"# {len(todo)} of {generated} mutants of {module}", file=sys.stderr)
         return 0
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still removes the scratch copies
-    scratch = Path(tempfile.mkdtemp(prefix="mutation-"))
-    try:
-        copies = queue.Queue()
-        for j in range(min(args.jobs, max(1, len(todo)))):
-            work = scratch / f"w{j}"
-            copy_tree(work)
-            copies.put(work)
-        first = copies.get()
-        where = subprocess.run([sys.executable, "-c", f"import {module[:-3].replace('/', '.')} as m; print(m.__file__)"],
-                               cwd=first, capture_output=True, text=True)
-        if not where.stdout.strip().startswith(str(first)):
-            raise SystemExit(f"{module} is not imported from the scratch copy ({where.stdout.strip() or where.stderr})")
-        cover_out = scratch / "cover.json"
-        status, secs, tail = _run_tests(first, tests, extra, 3600, None if args.no_cover else
-                                        (first / module, cover_out))
-        copies.put(first)
-        if status != "survived":
-            raise SystemExit(f"the tests fail on the unmutated tree ({tail}); fix them first")
-        cover = None if args.no_cover else json.loads(cover_out.read_text())
-        timeout = args.timeout or 3 * secs + 30
-        print(f"# {module}: {generated} mutants, {len(todo)} to run (clean run {secs:.0f} s, timeout {timeout:.0f} s)",
-              file=sys.stderr, flush=True)
-        lock = threading.Lock()
-
-        def one(pair: tuple[Mutant, str]) -> Mutant:
-            work = copies.get()
-            try:
-                r = run_mutant(work, *pair, select_tests(pair[0], cover, tests), extra, timeout)
-            finally:
-                copies.put(work)
-            with lock:
-                print(f"{r.status:11s} {r.seconds:6.1f}s {r.id} {r.qualname}:{r.line} [{r.op}] "
-                      f"{r.original[:60]!r} -> {r.mutated[:60]!r}", file=sys.stderr, flush=True)
-            return r
-
-        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            done += list(pool.map(one, todo))
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    summary = {"module": module, "tests": tests, "seed": args.seed, "limit": args.limit, **summarize(done, generated),
-               "stale_equivalents": stale}
+    if quick:
+        done += _quick_stage(module, todo, quick)
+        todo = [(m, s) for m, s in todo if m.id not in {d.id for d in done}]
+        if args.quick_only:
+            done += [replace(m, status="survived", detail="quick only") for m, _ in todo]
+            todo = []
+    if todo:
+        done += _full_stage(module, todo, tests, extra, args)
+    summary = {"module": module, "tests": tests, "quick": quick, "quick_only": bool(args.quick_only),
+               "seed": args.seed, "limit": args.limit, **summarize(done, generated), "stale_equivalents": stale}
     print(json.dumps(summary))
     for m in sorted(done, key=lambda m: m.line):
         if m.status in ("survived", "uncovered", "incompetent"):

@@ -102,3 +102,32 @@ def test_the_ledger_logs_each_round_by_commit_time_and_a_commit_at_the_close_is_
     early = tmp_path / "early.sqlite"
     write_commitment_ledger(early, rounds, seed=3, window_close=0.75)
     assert [c["client"] for c in late_commitments(early)] == [3, 1]
+
+
+def test_openskill_update_puts_a_non_finite_score_last_and_keeps_absent_peers():
+    from defenses.gauntlet import openskill_update
+
+    prior = {0: (30.0, 2.0), 9: (20.0, 5.0)}
+    nan = openskill_update(prior, [0, 1, 2], torch.tensor([1.0, float("nan"), 2.0]))
+    assert nan == openskill_update(prior, [0, 1, 2], torch.tensor([1.0, -5.0, 2.0]))  # the last place
+    assert nan != openskill_update(prior, [0, 1, 2], torch.tensor([1.0, 1.5, 2.0]))
+    assert nan[9] == (20.0, 5.0)  # absent: kept
+    assert nan[0] != openskill_update({}, [0, 1, 2], torch.tensor([1.0, float("nan"), 2.0]))[0]  # its prior counts
+    # one player: no game; a new peer gets the model's starting rating, a known one keeps its own
+    assert openskill_update({}, [4], torch.tensor([3.0]))[4] == pytest.approx((25.0, 25.0 / 3))
+    assert openskill_update(prior, [0], torch.tensor([3.0])) == prior
+
+
+def test_gauntlet_defaults_and_parameter_edges():
+    from defenses.gauntlet import Gauntlet
+    from redteam.errors import InvalidParameter
+
+    g = Gauntlet()
+    assert (g.top_g, g.scoring, g.alpha, g.bma_alpha, g.random_batch, g.commit_reveal, g.validators, g.kappa) == (
+        5, "templar", 0.3, 0.05, True, False, 1, 0.5)
+    assert Gauntlet(alpha=1.0, bma_alpha=1.0, kappa=0.0, top_g=1, validators=1).alpha == 1.0  # the closed ends
+    for bad in ({"alpha": 0.0}, {"bma_alpha": 0.0}, {"alpha": 1.5}, {"kappa": 1.0}, {"top_g": 0},
+                {"validators": 0}, {"scoring": "max"}):
+        with pytest.raises(InvalidParameter):
+            Gauntlet(**bad)
+    assert Gauntlet(scoring="min").unanimity and not Gauntlet().unanimity

@@ -10,7 +10,6 @@ import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 
@@ -200,7 +199,7 @@ def test_monitor_forward_statistic_by_hand():
 
 def test_monitor_counts_a_gradient_never_sent_back():
     """A hop that owed a gradient and got none counts log(1e-3) against its peer."""
-    view, mem = _View(PEERS), {}
+    mem: dict = {}
     mem["owed"] = {(1, 1): 3, (2, 1): 4, (3, 1): 5}
     mem["paid"] = {(2, 1), (3, 1)}
     mem["route"] = {1: {1: 3}, 2: {1: 4}, 3: {1: 5}}
