@@ -320,3 +320,55 @@ def test_stage_attackers_advertise_collude_and_crash_as_configured():
     for bad in ({"strength": float("nan")}, {"strength": float("inf")}, {"advertise": 0.0}, {"kind": "flip"}):
         with pytest.raises(InvalidParameter):
             ActivationTamper(**bad)
+
+
+def test_monitor_with_non_finite_peers_and_upstream_flags():
+    """A peer whose statistic is not finite deviates infinitely: flagged, while at most half the
+    stage's peers are non-finite (else the stage is not judged). A hop whose micro-batch went
+    through a peer flagged upstream is left out of its receivers' statistics."""
+    view = _View(PEERS)
+    out = _round(ActivationMonitor(), {}, view, {0: [0.0], 1: [0.0], 2: [math.inf]})
+    assert [p for p, v in out.items() if v.failed] == [2]
+    assert _round(ActivationMonitor(), {}, view, {0: [0.0], 1: [math.inf], 2: [math.inf]}) == {}
+    peers = [_Info(p, p // 3) for p in range(6)]
+    mem = {"hops": [("forward", 1, 0, 0, 9.0), ("forward", 2, 0, 1, 0.0), ("forward", 3, 0, 2, 0.0),
+                    ("forward", 1, 1, 3, 9.0), ("forward", 2, 1, 4, 0.0), ("forward", 3, 1, 5, 0.0)],
+           "route": {1: {0: 0, 1: 3}, 2: {0: 1, 1: 4}, 3: {0: 2, 1: 5}}}
+    out = dict(ActivationMonitor().audit_round(_View(peers), None, None, mem))
+    assert [p for p, v in out.items() if v.failed] == [0]  # 3 got 0's output: not judged (two peers left)
+    assert 3 not in out and mem["hops"] == [] and mem["route"] == {} and mem["mb"] == 0
+
+
+def test_log_ratio_floors_zero_and_flags_non_finite():
+    from defenses.pipeline_checks import _log_ratio
+
+    assert _log_ratio(torch.zeros(3), torch.ones(3)) == pytest.approx(math.log(1e-30))
+    assert _log_ratio(torch.full((2,), 2.0), torch.full((2,), 0.5)) == pytest.approx(math.log(4.0))
+    assert _log_ratio(torch.tensor([float("inf")]), None) == math.inf
+    assert _log_ratio(torch.ones(1), torch.tensor([float("nan")])) == math.inf
+    assert _log_ratio(torch.zeros(0), None) == pytest.approx(math.log(1e-30))
+
+
+def test_pipeline_check_defaults_and_parameter_edges():
+    assert (RedundantRecompute().fraction, RedundantRecompute().tolerance, RedundantRecompute().strikes) == (
+        0.25, 1e-4, 1)
+    assert (ActivationCommitment().fraction, ActivationCommitment().bits, ActivationCommitment().strikes) == (
+        0.25, 24, 1)
+    m = ActivationMonitor()
+    assert (m.momentum, m.threshold, m.loss_threshold, m.warmup, m.backward, m.strikes) == (
+        0.5, 1.0, 0.3, 1, True, 1)
+    assert m.watches_backward and not ActivationMonitor(backward=False).watches_backward
+    # the closed ends are accepted, the open ones refused
+    RedundantRecompute(fraction=0.0, tolerance=0.0, strikes=1)
+    RedundantRecompute(fraction=1.0)
+    ActivationCommitment(bits=1)
+    ActivationMonitor(momentum=0.0, warmup=1_000_000)
+    for cls, bad in ((RedundantRecompute, {"fraction": 1.5}), (RedundantRecompute, {"fraction": -0.1}),
+                     (RedundantRecompute, {"tolerance": -1e-9}), (RedundantRecompute, {"tolerance": math.inf}),
+                     (RedundantRecompute, {"strikes": 0}), (RedundantRecompute, {"strikes": True}),
+                     (ActivationCommitment, {"bits": 25}), (ActivationCommitment, {"bits": 0}),
+                     (ActivationMonitor, {"momentum": 1.0}), (ActivationMonitor, {"threshold": 0.0}),
+                     (ActivationMonitor, {"loss_threshold": 0.0}), (ActivationMonitor, {"warmup": 0}),
+                     (ActivationMonitor, {"warmup": 1_000_001}), (ActivationMonitor, {"backward": 1})):
+        with pytest.raises(InvalidParameter):
+            cls(**bad)
