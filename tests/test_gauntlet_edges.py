@@ -72,6 +72,16 @@ def test_consensus_needs_more_than_kappa_of_the_seats():
     assert consensus_scores(reports, 0.75).tolist() == [1.0]
     assert consensus_scores(reports, 0.25).tolist() == [3.0]  # more than 1 seat: two at ≥ 3
     assert consensus_scores(torch.tensor([[5.0, 1.0]]), 0.5).tolist() == [5.0, 1.0]  # one seat: its report
+    # three seats, two peers: each column on its own (the lower median of (1, 7, 3) and of (6, 2, 4))
+    assert consensus_scores(torch.tensor([[1.0, 6.0], [7.0, 2.0], [3.0, 4.0]]), 0.5).tolist() == [3.0, 4.0]
+
+
+def test_round_scores_take_the_smaller_improvement_and_non_finite_is_minus_infinity():
+    from defenses.gauntlet import round_scores
+
+    s = round_scores(torch.tensor([5.0, 5.0, 5.0]), torch.tensor([1.0, float("inf"), 4.0]), 3.0,
+                     torch.tensor([2.5, 0.0, 0.0]))
+    assert s.tolist() == [0.5, -float("inf"), 1.0]
 
 
 def test_relative_improvement_and_the_indicator_by_hand():
@@ -79,6 +89,9 @@ def test_relative_improvement_and_the_indicator_by_hand():
     after = torch.tensor([3.0, 1.0, 1.0, float("nan")], dtype=torch.float64)
     assert relative_improvement(before, after).tolist() == [0.25, 0.0, 0.0, -float("inf")]
     assert relative_improvement(2.0, torch.tensor([1.0, 3.0])).tolist() == [0.5, -0.5]
+    # a loss under 1 is still a loss (relative to itself); at or under 0 the improvement is 0
+    small = relative_improvement(torch.tensor([0.5, -0.5, 0.0]), torch.tensor([0.25, -1.0, -1.0]))
+    assert small.tolist() == [0.5, 0.0, 0.0]
     own = torch.tensor([0.5, 0.25, 0.1])
     rand = torch.tensor([0.25, 0.25, 0.2])
     assert templar_indicator(own, rand).tolist() == [1.0, -1.0, -1.0]  # a tie is no evidence
@@ -116,6 +129,12 @@ def test_openskill_update_puts_a_non_finite_score_last_and_keeps_absent_peers():
     # one player: no game; a new peer gets the model's starting rating, a known one keeps its own
     assert openskill_update({}, [4], torch.tensor([3.0]))[4] == pytest.approx((25.0, 25.0 / 3))
     assert openskill_update(prior, [0], torch.tensor([3.0])) == prior
+    # a NaN first, or below a negative score: still the last place (the floor is under the lowest finite)
+    assert openskill_update({}, [1, 0, 2], torch.tensor([float("nan"), -3.0, 2.0])) == openskill_update(
+        {}, [1, 0, 2], torch.tensor([-9.0, -3.0, 2.0]))
+    # the prior's μ and σ are the peer's starting point: μ 30, σ 2 moves little in one game
+    won = openskill_update(prior, [0, 1], torch.tensor([2.0, 1.0]))
+    assert 30.0 < won[0][0] < 30.5 and won[0][1] < 2.1 and won[1][0] > 25.0
 
 
 def test_gauntlet_defaults_and_parameter_edges():

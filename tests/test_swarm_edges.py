@@ -115,6 +115,9 @@ def test_commitment_audit_recomputes_each_kept_hop_on_another_peer_and_empties_t
 def test_commitment_rounds_to_the_bits_it_names():
     assert commitment(torch.tensor([1.0]), 1) == commitment(torch.tensor([1.4]), 1) != commitment(
         torch.tensor([1.6]), 1)
+    for bits in (10, 24):  # −0 commits as +0; 0 and ±1 stay apart
+        assert commitment(torch.tensor([-0.0]), bits) == commitment(torch.tensor([0.0]), bits)
+        assert len({commitment(torch.tensor([v]), bits) for v in (0.0, 1.0, -1.0)}) == 3
 
 
 # ------------------------------------------------------------------ activation monitor
@@ -363,7 +366,7 @@ def test_pipeline_check_defaults_and_parameter_edges():
     RedundantRecompute(fraction=1.0)
     ActivationCommitment(bits=1)
     ActivationMonitor(momentum=0.0, warmup=1_000_000)
-    for cls, bad in ((RedundantRecompute, {"fraction": 1.5}), (RedundantRecompute, {"fraction": -0.1}),
+    for cls, bad in ((RedundantRecompute, {"fraction": 1.5}), (RedundantRecompute, {"fraction": True}), (RedundantRecompute, {"fraction": -0.1}),
                      (RedundantRecompute, {"tolerance": -1e-9}), (RedundantRecompute, {"tolerance": math.inf}),
                      (RedundantRecompute, {"strikes": 0}), (RedundantRecompute, {"strikes": True}),
                      (ActivationCommitment, {"bits": 25}), (ActivationCommitment, {"bits": 0}),
