@@ -372,6 +372,47 @@ def test_pipeline_check_defaults_and_parameter_edges():
                      (ActivationCommitment, {"bits": 25}), (ActivationCommitment, {"bits": 0}),
                      (ActivationMonitor, {"momentum": 1.0}), (ActivationMonitor, {"threshold": 0.0}),
                      (ActivationMonitor, {"loss_threshold": 0.0}), (ActivationMonitor, {"warmup": 0}),
-                     (ActivationMonitor, {"warmup": 1_000_001}), (ActivationMonitor, {"backward": 1})):
+                     (ActivationMonitor, {"warmup": 1_000_001}), (ActivationMonitor, {"backward": 1}),
+                     (ActivationMonitor, {"momentum": -0.5}), (ActivationMonitor, {"momentum": "0.5"}),
+                     (ActivationMonitor, {"threshold": "1"}), (ActivationMonitor, {"threshold": math.inf}),
+                     (ActivationMonitor, {"loss_threshold": "1"}), (ActivationMonitor, {"loss_threshold": math.inf}),
+                     (ActivationMonitor, {"warmup": True}), (ActivationMonitor, {"warmup": 1.5}),
+                     (RedundantRecompute, {"fraction": "1"}), (RedundantRecompute, {"tolerance": "0"}),
+                     (RedundantRecompute, {"strikes": 1.5}), (ActivationCommitment, {"bits": 8.0}),
+                     (ActivationCommitment, {"bits": True})):
         with pytest.raises(InvalidParameter):
             cls(**bad)
+
+
+def test_monitor_verdicts_are_never_recomputations_and_skips_are_passes():
+    view = _View(PEERS)
+    out = _round(ActivationMonitor(), {}, view, {0: [0.0], 1: [0.0], 2: [9.0]})
+    assert out[2].failed and not out[2].recomputed and out[0] == HopVerdict(False, False)
+    mon = ActivationMonitor()
+    nan = torch.full((1, 2, 2), float("nan"))
+    assert mon.verify_hop(view, 1, PEERS[4], nan, nan, None, None, {"mb": 1}) == HopVerdict(False, False)
+    assert mon.verify_hop(view, 1, PEERS[4], nan, nan, None, None, None) == HopVerdict(False, False)
+    assert ActivationCommitment(fraction=0.0).verify_hop(view, 1, PEERS[4], nan, nan, None, _always(), {}) == \
+        HopVerdict(False, False)
+    assert ActivationCommitment.audits and ActivationMonitor.audits and ActivationMonitor.watches_loss
+    assert not RedundantRecompute.audits and not RedundantRecompute.watches_loss
+
+
+def test_monitor_judges_the_last_stage_and_a_stage_half_non_finite():
+    view = _View(PEERS[:3] + [_Info(3, 1), _Info(4, 1), _Info(5, 1)])
+    out = _round(ActivationMonitor(), {}, view, {3: [0.0], 4: [0.0], 5: [9.0]}, stage=1)
+    assert [p for p, v in out.items() if v.failed] == [5]  # the last stage (1) is judged too
+    four = [_Info(p, 0) for p in range(4)]
+    out = _round(ActivationMonitor(), {}, _View(four), {0: [0.0], 1: [0.0], 2: [math.inf], 3: [math.inf]})
+    assert sorted(p for p, v in out.items() if v.failed) == [2, 3]  # half finite is enough to judge
+
+
+def test_monitor_statistics_at_the_last_stage_and_small_losses():
+    mon, mem, view = ActivationMonitor(), {}, _View(PEERS)
+    mon.verify_loss(view, 2, PEERS[0], 0.5, mem)  # before any hop: micro-batch 0
+    assert mem["hops"] == [("loss", 0, 2, 0, pytest.approx(math.log(0.5)))]
+    inp = torch.ones(1, 2, 2)
+    logits = torch.full((1, 2, 5), 2.0)  # the last stage: another shape, judged by its output alone
+    mem["mb"] = 3
+    mon.verify_hop(view, 2, PEERS[0], inp, logits, None, None, mem)
+    assert mem["hops"][1] == ("forward", 3, 2, 0, pytest.approx(math.log(2.0)))
