@@ -150,3 +150,20 @@ def test_gauntlet_defaults_and_parameter_edges():
         with pytest.raises(InvalidParameter):
             Gauntlet(**bad)
     assert Gauntlet(scoring="min").unanimity and not Gauntlet().unanimity
+
+
+def test_the_ledger_is_a_function_of_its_seed_and_commitments(tmp_path):
+    """Keys come from the seed alone (``derive_key``; the default seed 0), and signing is
+    deterministic, so the same commitments and seed give the same ledger root on every machine
+    and version: a published ledger can be re-derived. The root below was written by this
+    version for seed 3; a change to the key derivation or the statement's encoding changes it."""
+    from redteam.federation.commitments import PREDICATE_TYPE, verified_statements, write_commitment_ledger
+
+    rounds = [(0, {1: {"digest": "a" * 64, "time": 0.5}, 2: {"digest": "b" * 64, "time": 1.5}})]
+
+    def root(name, **kw):
+        write_commitment_ledger(tmp_path / name, rounds, **kw)
+        return verified_statements(tmp_path / name, PREDICATE_TYPE)[1].hex()
+
+    assert root("default.sqlite") == root("zero.sqlite", seed=0) != root("one.sqlite", seed=1)
+    assert root("three.sqlite", seed=3) == "e967ae7565a26409699dedb44f1ee16ad05991ebd718ff219f74c26629255e32"
