@@ -416,3 +416,33 @@ def test_monitor_statistics_at_the_last_stage_and_small_losses():
     mem["mb"] = 3
     mon.verify_hop(view, 2, PEERS[0], inp, logits, None, None, mem)
     assert mem["hops"][1] == ("forward", 3, 2, 0, pytest.approx(math.log(2.0)))
+
+
+def test_only_a_recomputation_costs_its_verifier_and_bad_advertisements_are_refused():
+    from redteam.errors import RedteamError
+
+    ns = _run_ns()
+    SwarmRun._judge(ns, ns.peers[4], HopVerdict(True, False, "monitor", verifier=5), 1, {}, 0)
+    assert ns.peers[5].busy == 0.0  # named but not recomputed: no forward on it
+    ns = _run_ns()
+    ns.attack_spec = SimpleNamespace(name="liar")
+    ns.peers[4].malicious = True
+    for lie in (math.inf, math.nan, -1e9):
+        ns.attack = SimpleNamespace(advertise_throughput=lambda s, v=lie: v)
+        with pytest.raises(RedteamError, match="attack 'liar': advertise_throughput gave"):
+            SwarmRun._route(ns, 1, 0, True)
+    slow = _run_ns()  # speeds summing under 1 are fine
+    for p in slow.peers:
+        p.speed = 0.1
+    slow.rng = {"network": SimpleNamespace(choice=lambda n, p: 1)}
+    assert SwarmRun._route(slow, 1, 0, False).pid == 4
+
+
+def test_send_time_is_latency_plus_bits_over_the_uplink():
+    ns = _run_ns(bandwidth_mbps=1.0, latency_ms=10.0)
+    ns._act_bytes = 125_000  # 1,000,000 bits: one second at 1 Mbit/s
+    ns.peers[0].uplink_mbps = 2.0
+    assert SwarmRun.send_time(ns, ns.peers[0]) == pytest.approx(0.01 + 0.5)
+    off = _run_ns(bandwidth_mbps=0.0, latency_ms=10.0)
+    off._act_bytes = 125_000
+    assert SwarmRun.send_time(off, off.peers[0]) == pytest.approx(0.01)  # links off: latency only
