@@ -446,3 +446,17 @@ def test_send_time_is_latency_plus_bits_over_the_uplink():
     off = _run_ns(bandwidth_mbps=0.0, latency_ms=10.0)
     off._act_bytes = 125_000
     assert SwarmRun.send_time(off, off.peers[0]) == pytest.approx(0.01)  # links off: latency only
+
+
+def test_tamper_defaults_and_parameter_types():
+    assert (ActivationTamper().kind, ActivationTamper().strength, ActivationTamper().advertise) == ("noise", 1.0, 1.0)
+    assert (GradientTamper().kind, GradientTamper().strength, LazyPeer().mode) == ("sign", 1.0, "identity")
+    t = torch.tensor([1.0, -2.0])
+    assert torch.equal(GradientTamper(kind="scale").tamper_gradient(t, _ctx()), t)  # ×1 by default
+    ActivationTamper(strength=-3, advertise=1e-9)  # an int strength; any positive advertisement
+    for bad in ({"strength": True}, {"strength": "1"}, {"advertise": math.inf}, {"advertise": "2"},
+                {"advertise": True}, {"collude": 1}):
+        with pytest.raises(InvalidParameter):
+            ActivationTamper(**bad)
+    with pytest.raises(InvalidParameter):
+        LazyPeer(mode="replay")
