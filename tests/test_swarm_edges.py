@@ -107,7 +107,7 @@ def test_commitment_audit_recomputes_each_kept_hop_on_another_peer_and_empties_t
     assert [(s, p) for s, p, _, _ in mem["log"]] == [(1, 4), (1, 5)]
     out = check.audit_round(view, lambda s: torch.zeros(1), _always(), mem)
     assert out[0] == (4, HopVerdict(False, True, verifier=5))
-    assert out[1][0] == 5 and out[1][1].failed and out[1][1].verifier == 4  # not itself, not banned 3
+    assert out[1][0] == 5 and out[1][1].failed and out[1][1].recomputed and out[1][1].verifier == 4  # not 5, not 3
     assert view.asked == [(5, 4), (4, 5)] and mem["log"] == []
     assert check.audit_round(view, lambda s: torch.zeros(1), _always(), mem) == []
 
@@ -350,6 +350,7 @@ def test_log_ratio_floors_zero_and_flags_non_finite():
     assert _log_ratio(torch.tensor([float("inf")]), None) == math.inf
     assert _log_ratio(torch.ones(1), torch.tensor([float("nan")])) == math.inf
     assert _log_ratio(torch.zeros(0), None) == pytest.approx(math.log(1e-30))
+    assert _log_ratio(torch.ones(2), torch.zeros(0)) == pytest.approx(-math.log(1e-30))  # an empty reference
 
 
 def test_pipeline_check_defaults_and_parameter_edges():
