@@ -167,3 +167,52 @@ def test_the_ledger_is_a_function_of_its_seed_and_commitments(tmp_path):
 
     assert root("default.sqlite") == root("zero.sqlite", seed=0) != root("one.sqlite", seed=1)
     assert root("three.sqlite", seed=3) == "e967ae7565a26409699dedb44f1ee16ad05991ebd718ff219f74c26629255e32"
+
+
+def _qctx(upd, random_target=None, assigned=None, **kw):
+    """Quadratic losses as in test_verification_gauntlet: L_R(Δ) = ‖Δ − r‖², L_A,i(Δ) = ‖Δ − aᵢ‖²."""
+    from redteam.types import ServerContext
+
+    ev = None if random_target is None else (
+        lambda d: ((d.to(torch.float64) - torch.as_tensor(random_target, dtype=torch.float64)) ** 2).sum(1))
+    ev_a = None if assigned is None else (
+        lambda d, c: ((d.to(torch.float64) - torch.as_tensor(assigned, dtype=torch.float64)[list(c)]) ** 2).sum(1))
+    return ServerContext.default(upd, evaluate_loss=ev, evaluate_loss_assigned=ev_a, **kw)
+
+
+def test_gauntlet_scores_on_whichever_batch_it_has():
+    """Random batch only (r = 1): Δ = 1 scores 1 − 0 = 1, Δ = 0 scores 0, a NaN row −inf (it is
+    not evaluated: the zero row stands in). Assigned only (a = 2): Δ = 1 scores 4 − 1 = 3."""
+    from defenses.gauntlet import Gauntlet
+    from redteam.errors import InvalidParameter
+
+    upd = torch.tensor([[1.0], [0.0], [float("nan")]])
+    for random_batch in (True, False):  # without an assignment the random batch stands for both
+        dec = Gauntlet(scoring="min", alpha=1.0, top_g=1, random_batch=random_batch)(upd, _qctx(upd, [1.0]))
+        assert dec.state["scores"] == {0: 1.0, 1: 0.0, 2: -float("inf")}
+        assert dec.state["rating"] == {0: 1.0, 1: 0.0, 2: -1.0} and dec.accepted.tolist() == [True, False, False]
+    dec = Gauntlet(scoring="min", alpha=1.0)(upd[:2], _qctx(upd[:2], assigned=[[2.0], [2.0]]))
+    assert dec.state["scores"] == {0: 3.0, 1: 0.0}
+    with pytest.raises(InvalidParameter, match="needs ctx.evaluate_loss"):
+        Gauntlet(scoring="min")(upd, _qctx(upd))
+    with pytest.raises(InvalidParameter, match="use scoring = 'min'"):
+        Gauntlet()(upd, _qctx(upd, [1.0]))  # Templar's indicator needs the assigned batches
+    with pytest.raises(InvalidParameter):
+        Gauntlet(validators=None)
+    assert Gauntlet.uses_server_data
+
+
+def test_validator_reports_of_the_wrong_shape_are_refused():
+    from defenses.gauntlet import Gauntlet
+    from redteam.errors import InvalidParameter
+
+    upd = torch.tensor([[1.0], [0.0]])
+    for shape in ((2,), (1, 3)):
+        ctx = _qctx(upd, [1.0], validator_reports=lambda ids, s, sh=shape: torch.zeros(sh))
+        with pytest.raises(InvalidParameter, match=rf"returned shape \({shape[0]},"):
+            Gauntlet(scoring="min", validators=3)(upd, ctx)
+
+
+def test_ratings_when_every_score_is_out():
+    r = update_ratings({}, [0, 1], torch.tensor([-float("inf"), 5.0]), 0.5, flagged={1})
+    assert r == {0: -0.5, 1: -0.5}  # no finite, unflagged score: both −1
