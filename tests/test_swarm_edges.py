@@ -312,6 +312,8 @@ def test_lazy_peer_forwards_its_input_or_replays_its_last_output():
     assert torch.equal(stale.tamper_activation(out1, inp, _ctx(state=state)), out1)  # first hop: honest
     assert torch.equal(stale.tamper_activation(out2, inp, _ctx(state=state)), out1)  # then the last one
     assert torch.equal(stale.tamper_activation(out1, inp, _ctx(state=state, peer=5)), out1)  # per peer
+    bigger = torch.full((4, 3), 5.0)  # a last output of another shape is never replayed
+    assert torch.equal(stale.tamper_activation(bigger, inp, _ctx(state=state)), bigger)
     logits = torch.zeros(2, 5)  # another shape than its input: identity replays too
     assert torch.equal(LazyPeer().tamper_activation(logits, inp, _ctx(state={})), logits)
 
@@ -455,7 +457,7 @@ def test_tamper_defaults_and_parameter_types():
     t = torch.tensor([1.0, -2.0])
     assert torch.equal(GradientTamper(kind="scale").tamper_gradient(t, _ctx()), t)  # ×1 by default
     ActivationTamper(strength=-3, advertise=1e-9)  # an int strength; any positive advertisement
-    for bad in ({"strength": True}, {"strength": "1"}, {"advertise": math.inf}, {"advertise": "2"},
+    for bad in ({"strength": True}, {"strength": "1"}, {"strength": -math.inf}, {"advertise": math.inf}, {"advertise": "2"},
                 {"advertise": True}, {"collude": 1}):
         with pytest.raises(InvalidParameter):
             ActivationTamper(**bad)
