@@ -176,7 +176,8 @@ def _full_stage(module: str, todo: list[tuple[Mutant, str]], tests: list[str], e
             copy_tree(work)
             copies.put(work)
         first = copies.get()
-        where = subprocess.run([sys.executable, "-c", f"import {module[:-3].replace('/', '.')} as m; print(m.__file__)"],
+        probe = f"import {module[:-3].replace('/', '.')} as m; print(m.__file__)"
+        where = subprocess.run([sys.executable, "-c", probe],
                                cwd=first, capture_output=True, text=True)
         if not where.stdout.strip().startswith(str(first)):
             raise SystemExit(f"{module} is not imported from the scratch copy ({where.stdout.strip() or where.stderr})")
@@ -188,7 +189,8 @@ def _full_stage(module: str, todo: list[tuple[Mutant, str]], tests: list[str], e
             raise SystemExit(f"the tests fail on the unmutated tree ({tail}); fix them first")
         cover = None if args.no_cover else json.loads(cover_out.read_text())
         timeout = args.timeout or 3 * secs + 30
-        print(f"# {module}: {len(todo)} mutants to run in scratch copies (clean run {secs:.0f} s, timeout {timeout:.0f} s)",
+        print(f"# {module}: {len(todo)} mutants to run in scratch copies (clean run {secs:.0f} s, "
+              f"timeout {timeout:.0f} s)",
               file=sys.stderr, flush=True)
         lock = threading.Lock()
 
