@@ -170,7 +170,7 @@ def test_the_ledger_is_a_function_of_its_seed_and_commitments(tmp_path):
 
 
 def _qctx(upd, random_target=None, assigned=None, **kw):
-    """Quadratic losses as in test_verification_gauntlet: L_R(Δ) = ‖Δ − r‖², L_A,i(Δ) = ‖Δ − aᵢ‖²."""
+    """Quadratic losses (as in test_verification_gauntlet): L_R = ‖Δ − r‖², L_Aᵢ = ‖Δ − aᵢ‖²."""
     from redteam.types import ServerContext
 
     ev = None if random_target is None else (
@@ -216,3 +216,32 @@ def test_validator_reports_of_the_wrong_shape_are_refused():
 def test_ratings_when_every_score_is_out():
     r = update_ratings({}, [0, 1], torch.tensor([-float("inf"), 5.0]), 0.5, flagged={1})
     assert r == {0: -0.5, 1: -0.5}  # no finite, unflagged score: both −1
+
+
+def test_gauntlet_weights_when_one_or_no_peer_is_kept_and_extra_attacker_seats():
+    from defenses.gauntlet import Gauntlet
+
+    upd = torch.tensor([[1.0], [0.0], [float("nan")]])
+    dec = Gauntlet(scoring="min", alpha=1.0, top_g=1)(upd, _qctx(upd, [1.0]))
+    assert float(dec.aggregate) == 1.0 and dec.weights.tolist() == [1.0, 0.0, 0.0]  # one peer kept: its row
+    worse = torch.tensor([[3.0], [float("nan")]])  # both hurt the loss (or are not finite): nobody kept
+    dec = Gauntlet(scoring="min", alpha=1.0)(worse, _qctx(worse, [1.0]))
+    assert dec.accepted.tolist() == [False, False] and dec.weights.tolist() == [0.0, 0.0]
+    assert dec.aggregate.tolist() == [0.0]  # zeros, not 0 · NaN
+    # an attacker returning more reports than there are seats holds them all, no more
+    ctx = _qctx(upd[:2], [1.0], validator_reports=lambda ids, s: torch.full((5, 2), 7.0))
+    assert Gauntlet(scoring="min", validators=3)(upd[:2], ctx).state["scores"] == {0: 7.0, 1: 7.0}
+
+
+def test_templar_indicator_average_and_flagged_scores():
+    """β = 0.25: B ← 0.75·B + 0.25·b. Peer 0 improves its assigned batch (target 1) fully and the
+    random one (target 2) by 3/4 of it: own 1 > rand 0.75 → b = +1; from B = 0.5, B = 0.625. Peer 1
+    is flagged by commit-reveal (no commitment): its score is −inf and its b is −1."""
+    from defenses.gauntlet import Gauntlet
+
+    upd = torch.tensor([[1.0], [1.0]])
+    ctx = _qctx(upd, [2.0], assigned=[[1.0], [1.0]], state={"bma": {0: 0.5, 1: 0.5}},
+                commits={0: (row_digest(upd[0]), 0.5)})
+    dec = Gauntlet(bma_alpha=0.25, commit_reveal=True)(upd, ctx)
+    assert dec.state["bma"] == {0: 0.625, 1: 0.125}
+    assert dec.state["scores"][1] == -float("inf") and dec.state["indicator"] == {0: 1.0, 1: -1.0}

@@ -369,7 +369,8 @@ def test_pipeline_check_defaults_and_parameter_edges():
     RedundantRecompute(fraction=1.0)
     ActivationCommitment(bits=1)
     ActivationMonitor(momentum=0.0, warmup=1_000_000)
-    for cls, bad in ((RedundantRecompute, {"fraction": 1.5}), (RedundantRecompute, {"fraction": True}), (RedundantRecompute, {"fraction": -0.1}),
+    for cls, bad in ((RedundantRecompute, {"fraction": 1.5}), (RedundantRecompute, {"fraction": True}),
+                     (RedundantRecompute, {"fraction": -0.1}),
                      (RedundantRecompute, {"tolerance": -1e-9}), (RedundantRecompute, {"tolerance": math.inf}),
                      (RedundantRecompute, {"strikes": 0}), (RedundantRecompute, {"strikes": True}),
                      (ActivationCommitment, {"bits": 25}), (ActivationCommitment, {"bits": 0}),
@@ -457,9 +458,44 @@ def test_tamper_defaults_and_parameter_types():
     t = torch.tensor([1.0, -2.0])
     assert torch.equal(GradientTamper(kind="scale").tamper_gradient(t, _ctx()), t)  # ×1 by default
     ActivationTamper(strength=-3, advertise=1e-9)  # an int strength; any positive advertisement
-    for bad in ({"strength": True}, {"strength": "1"}, {"strength": -math.inf}, {"advertise": math.inf}, {"advertise": "2"},
+    for bad in ({"strength": True}, {"strength": "1"}, {"strength": -math.inf}, {"advertise": math.inf},
+                {"advertise": "2"},
                 {"advertise": True}, {"collude": 1}):
         with pytest.raises(InvalidParameter):
             ActivationTamper(**bad)
     with pytest.raises(InvalidParameter):
         LazyPeer(mode="replay")
+
+
+def test_router_edges_zero_advertisements_tiny_reputations_and_slow_peers():
+    from redteam.errors import RedteamError
+
+    ns = _run_ns()
+    ns.attack_spec = SimpleNamespace(name="liar")
+    ns.attack = SimpleNamespace(advertise_throughput=lambda s: 0.0)
+    for p in ns.peers[3:6]:
+        p.malicious = True
+    with pytest.raises(RedteamError, match="advertise_throughput gave"):
+        SwarmRun._route(ns, 1, 0, True)  # every peer of the stage advertises 0
+    seen = []
+    ns = _run_ns()
+    ns.rng = {"network": SimpleNamespace(choice=lambda n, p: seen.append(p.tolist()) or 0)}
+    ns.peers[3].reputation = 1e-9  # floored at 1e-6
+    for p, speed in zip(ns.peers[3:6], (0.1, 0.2, 0.3)):  # slow peers: weights summing under 1
+        p.speed = speed
+    SwarmRun._route(ns, 1, 0, False)
+    assert seen[0] == pytest.approx([0.1e-6 / 0.5000001, 0.2 / 0.5000001, 0.3 / 0.5000001], rel=1e-9)
+    # flow: a peer advertising 0 is never chosen; slow ones still by their cost
+    ns = _run_ns(routing="flow")
+    ns.attack = SimpleNamespace(advertise_throughput=lambda s: 0.0)
+    ns.peers[3].malicious = True
+    for p, speed in zip(ns.peers[3:6], (0.5, 0.25, 0.5)):
+        p.speed = speed
+    assert [SwarmRun._route(ns, 1, h, True).pid for h in range(3)] == [5, 4, 5]  # 0.6, 1.2, 1.2 → 5 (tie: first)
+
+
+def test_a_recomputed_pass_without_a_named_verifier_costs_nobody():
+    ns = _run_ns()
+    ns.peers[4].reputation = 0.5
+    assert SwarmRun._judge(ns, ns.peers[4], HopVerdict(False, True), 1, {}, 0) == 1
+    assert ns.peers[4].reputation == 0.625 and all(p.busy == 0.0 for p in ns.peers)
