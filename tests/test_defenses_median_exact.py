@@ -91,11 +91,13 @@ def same_bits(got: torch.Tensor, want: torch.Tensor, *, zero_sign: bool = True) 
 @example(x=torch.tensor([[-0.0, 0.0], [0.0, -0.0], [1.0, -1.0]]), even_rule="midpoint")
 @example(x=torch.tensor([[F32_MAX], [F32_MAX], [-1.0], [F32_MAX]]), even_rule="midpoint")  # ½a + ½b: no overflow
 @example(x=torch.tensor([[1e-45], [1e-45]]), even_rule="midpoint")  # ½ of the least subnormal rounds to 0
+@example(x=torch.tensor([[math.inf], [-math.inf]]), even_rule="midpoint")  # ½·inf + ½·(−inf) is NaN in both
 def test_median_matches_sort_then_pick(x, even_rule):
     before = x.clone()
     got = coordinate_median(x, even_rule)
     want = ref_median(x, even_rule)
-    assert torch.equal(got, want)
+    # equal values, a NaN equal to a NaN (torch.equal says NaN ≠ NaN: a midpoint of ±inf is NaN in both)
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
     assert same_bits(got, want, zero_sign=False)
     assert same_bits(x, before)  # not mutated
 
