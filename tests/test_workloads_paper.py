@@ -51,21 +51,86 @@ def test_cifar_standardize_and_limits(tmp_path):
     assert "sha256" in ds.source or len(ds.source) > 10
 
 
+def _backdoor_run(tmp_path, malicious_fraction):
+    """Three clients on the fabricated CIFAR (20 training images, 20 test), one of them (or none)
+    stamping every eligible image with 5.0 on pixels (31, 31) and (31, 30) of all three channels,
+    labelled 7. The clean runs' models never predict 7 on the triggered test images (seeds 1..5:
+    ASR 0.0 after 3 rounds); the attacked runs' always do (1.0)."""
+    if not (tmp_path / "cifar-10-batches-bin").exists():
+        make_cifar10(tmp_path, per_batch=4, test=20)
+    backdoor = {"name": "backdoor", "image_shape": [3, 32, 32], "trigger": [[31, 31], [31, 30]], "fraction": 1.0,
+                "value": 5.0, "target": 7}
+    doc = {"scenario": {"seed": 1}, "workload": {"name": "cifar10", "dir": str(tmp_path), "model": "lenet5"},
+           "federation": {"clients": 3, "rounds": 3, "local_steps": 5, "batch_size": 4, "partition": "iid", "lr": 0.05,
+                          "malicious_fraction": malicious_fraction, "min_samples": 1},
+           "attack": backdoor, "defense": "mean"}
+    fed = Federation(parse_scenario(doc))
+    return fed, fed.run()
+
+
 def test_cifar_backdoor_on_images(tmp_path):
-    """A pixel backdoor addresses CIFAR's 3×32×32 pixels (image_shape)."""
-    make_cifar10(tmp_path, per_batch=4)
-    fed = _fed({"name": "cifar10", "dir": str(tmp_path), "model": "lenet5"},
-               attack={"name": "backdoor", "image_shape": [3, 32, 32], "trigger": [[31, 31], [31, 30]]})
-    res = fed.run()
-    assert "asr" in res.records[-1].extra
+    """A pixel backdoor addresses CIFAR's 3×32×32 pixels (image_shape): the ASR probe is the test
+    images whose class is not 7, stamped on exactly the two trigger pixels of every channel and
+    labelled 7; the ASR is the share of them the model calls 7 (checked against the model's own
+    predictions), and the attack moves it from 0 to 1 against the same run without an attacker."""
+    from torch.func import functional_call
+
+    fed, res = _backdoor_run(tmp_path, 0.34)
+    ds = WORKLOADS.create("cifar10", {"dir": str(tmp_path), "model": "lenet5"}).load(0)
+    x, y = fed.probes.targeted
+    keep = ds.test_y != 7
+    assert torch.equal(y, torch.full((int(keep.sum()),), 7)) and x.shape == (int(keep.sum()), 3, 32, 32)
+    mask = torch.zeros(3, 32, 32, dtype=torch.bool)
+    mask[:, 31, 31] = mask[:, 31, 30] = True
+    assert torch.all(x[:, mask] == 5.0)
+    assert torch.equal(x[:, ~mask], ds.test_x[keep][:, ~mask])  # nothing else changed
+    asr = [r.extra["asr"] for r in res.records]
+    assert all(0.0 <= a <= 1.0 for a in asr)
+    out = functional_call(fed.setup.model, fed.spec.unflatten(fed.final_params), (x,))
+    assert asr[-1] == pytest.approx(float((out.argmax(dim=1) == 7).double().mean()))
+    _, clean = _backdoor_run(tmp_path, 0.0)
+    assert clean.records[-1].extra["asr"] == 0.0 and asr[-1] == 1.0
+
+
+def _learnable_idx(folder, n_train=60, n_test=30):
+    """IDX files whose class k is a bright 10×4 bar at its own place on a noisy background."""
+    import gzip
+
+    from test_data_files import _idx
+
+    folder.mkdir(parents=True)
+    written = {}
+    for stem, n, seed in (("train", n_train, 0), ("t10k", n_test, 1)):
+        rng = np.random.default_rng(seed)
+        y = (np.arange(n) * 7) % 10
+        x = rng.integers(0, 40, (n, 28, 28)).astype(np.uint8)
+        for i, k in enumerate(y):
+            r, c = 2 + 12 * (k // 5), 2 + 5 * (k % 5)
+            x[i, r:r + 10, c:c + 4] = 255
+        (folder / f"{stem}-images-idx3-ubyte.gz").write_bytes(gzip.compress(_idx(x), mtime=0))
+        (folder / f"{stem}-labels-idx1-ubyte.gz").write_bytes(gzip.compress(_idx(y), mtime=0))
+        written[stem] = (x, y)
+    return written
 
 
 @pytest.mark.parametrize("model", ["lenet5", "cnn2", "mlp"])
 def test_mnist_idx_workload(tmp_path, model):
-    make_idx(tmp_path / "mnist", gz=True, n_train=12)
-    fed = _fed({"name": "mnist", "dir": str(tmp_path / "mnist"), "model": model})
+    """The IDX files load with their labels in order and their images in (1, 28, 28) (the bar of
+    class k where it was written), and three rounds of three clients learn them: the test accuracy
+    ends at ≥ 0.5 against 0.1 for the majority class (each class is a tenth of the test set)."""
+    written = _learnable_idx(tmp_path / "mnist")
+    ds = WORKLOADS.create("mnist", {"dir": str(tmp_path / "mnist"), "model": model}).load(0)
+    assert ds.train_y.tolist() == written["train"][1].tolist() and ds.test_y.tolist() == written["t10k"][1].tolist()
+    assert ds.train_x.shape == (60, 1, 28, 28) and ds.test_x.shape == (30, 1, 28, 28)
+    bright = ds.train_x[1, 0] > ds.train_x[1, 0].mean() + 1.0  # class 7: rows 14..23, columns 12..15
+    assert written["train"][1][1] == 7 and bright[14:24, 12:16].all() and bright.sum() == 40
+    doc = {"scenario": {"seed": 1}, "workload": {"name": "mnist", "dir": str(tmp_path / "mnist"), "model": model},
+           "federation": {"clients": 3, "rounds": 3, "local_steps": 5, "batch_size": 8, "partition": "iid", "lr": 0.1,
+                          "min_samples": 1}, "attack": "none", "defense": "mean"}
+    fed = Federation(parse_scenario(doc))
     assert fed.data.x.shape[1:] == (1, 28, 28)
-    fed.run()
+    majority = np.bincount(written["t10k"][1]).max() / len(written["t10k"][1])
+    assert majority == pytest.approx(0.1) and fed.run().records[-1].accuracy >= 0.5
 
 
 def test_femnist_natural_partition_is_by_writer(tmp_path):
