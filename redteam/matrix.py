@@ -113,6 +113,8 @@ class Cell:
 
 #: The keys of a comparative row that name the other cell.
 COMPARISONS = ("better_than", "at_least_as_bad_as")
+#: an [[expect]] row's reasons for holding with its attack removed / its defense replaced by mean
+HOLD_KEYS = ("can_hold_without_attack", "can_hold_without_defense")
 OVER = ("mean", "interval")
 
 
@@ -137,6 +139,10 @@ class Expectation:
     compare: str | None = None  # "better_than" | "at_least_as_bad_as"
     other: tuple[tuple[str, Any], ...] = ()
     by: float = 0.0
+    #: why the row may hold with the attack removed / the defense replaced by ``mean``
+    #: (``can_hold_without_attack`` / ``can_hold_without_defense``; :mod:`redteam.can_fail`)
+    hold_without_attack: str | None = None
+    hold_without_defense: str | None = None
 
     @property
     def comparative(self) -> bool:
@@ -327,6 +333,9 @@ class Expectation:
         if self.compare is not None:
             d[self.compare] = dict(self.other)
             d["by"] = self.by
+        for key, why in ((HOLD_KEYS[0], self.hold_without_attack), (HOLD_KEYS[1], self.hold_without_defense)):
+            if why is not None:
+                d[key] = why
         return d
 
     @classmethod
@@ -336,7 +345,8 @@ class Expectation:
         return cls(metric=d["metric"], min=d.get("min"), max=d.get("max"), attack=d.get("attack"),
                    defense=d.get("defense"), settings=tuple((str(s[0]), s[1]) for s in d.get("settings") or ()),
                    index=int(d.get("index", 0)), over=str(d.get("over") or "mean"), compare=compare, other=other,
-                   by=float(d.get("by") or 0.0))
+                   by=float(d.get("by") or 0.0), hold_without_attack=d.get(HOLD_KEYS[0]),
+                   hold_without_defense=d.get(HOLD_KEYS[1]))
 
 
 def _iv(stat: Mapping[str, Any]) -> str:
@@ -649,7 +659,7 @@ def parse_expectations(rows: Any, where: str, cells: Sequence[Cell], *,
     attacks = {c.attack for c in cells}
     defenses = {c.defense for c in cells}
     setting_keys = {k for c in cells for k, _ in c.settings}
-    row_keys = ["metric", "min", "max", "attack", "defense", "over", *COMPARISONS, "by"]
+    row_keys = ["metric", "min", "max", "attack", "defense", "over", *COMPARISONS, "by", *HOLD_KEYS]
     out = []
     for i, row in enumerate(rows):
         loc = f"{where}: [[expect]] #{i + 1}"
@@ -715,6 +725,12 @@ def parse_expectations(rows: Any, where: str, cells: Sequence[Cell], *,
                 raise InvalidScenario(f"{loc}: {compare}: metric {_echo(metric)} has no direction (neither higher nor "
                                       "lower is better in general), so one cell cannot be better than another on it; "
                                       "bound it with min/max instead")
+        holds = [row.pop(k, None) for k in HOLD_KEYS]
+        for k, why in zip(HOLD_KEYS, holds):
+            if why is not None and (not isinstance(why, str) or len(why.strip()) < 10):
+                raise InvalidScenario(f"{loc}: {k} = {shown(why)}: must say why the row may hold that way, in "
+                                      'words (a string of at least 10 characters, e.g. "a learning check: the clean '
+                                      'model must learn whatever the attack")')
         attack, defense = row.pop("attack", None), row.pop("defense", None)
         if attack is not None and attack not in attacks:
             raise InvalidScenario(f"{loc}: attack = {_echo(attack)} names no matrix attack (have: {', '.join(sorted(attacks))})")
@@ -725,15 +741,19 @@ def parse_expectations(rows: Any, where: str, cells: Sequence[Cell], *,
         settings = []
         for k, v in row.items():
             if not any(k == s or s.rsplit(".", 1)[-1] == k for s in setting_keys):
+                import difflib
+
+                close = difflib.get_close_matches(k, row_keys, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise InvalidScenario(
                     f"{loc}: unknown key {_echo(k)} (filters: attack, defense, or a matrix setting: "
-                    f"{', '.join(sorted(setting_keys)) or 'none'})"
+                    f"{', '.join(sorted(setting_keys)) or 'none'}){hint}"
                 )
             settings.append((k, v))
         other = _parse_other(other_tab, compare, loc, attacks, defenses, setting_keys) if compare else ()
         exp = Expectation(metric, None if lo is None else float(lo), None if hi is None else float(hi),
                           attack, defense, tuple(settings), i, over, compare, other,
-                          0.0 if by is None else float(by))
+                          0.0 if by is None else float(by), holds[0], holds[1])
         if not any(exp.matches(c) for c in cells):
             raise InvalidScenario(f"{loc}: matches no cell of the matrix")
         if compare:

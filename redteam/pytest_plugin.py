@@ -70,6 +70,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SMALL_SCENARIO",
+    "CanFailItem",
     "CellItem",
     "CellMetrics",
     "DefenseTable",
@@ -119,6 +120,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      "The results do not depend on it")
     parser.addini("redteam_scenarios", type="paths", default=[],
                   help="files or directories of scenario files, besides <rootdir>/scenarios")
+    parser.addini("redteam_can_fail", type="bool", default=False,
+                  help="add one item per scenario file, <file>::can_fail, after its cells: it re-judges every "
+                       "[[expect]] row on the stored runs with the attack removed and the defense replaced by mean, "
+                       "and fails on a row that holds either way without saying why (redteam.can_fail)")
     parser.addini("redteam_marks", type="linelist", default=[],
                   help="lines 'GLOB: mark [mark ...]': extra marks for the items of matching scenario files "
                        "(matched against the file name and its rootdir-relative path)")
@@ -191,6 +196,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         store = state.stores.get(file)
         if store is not None:
             tr.write_line(f"  results: redteam report {shlex.quote(str(store))}")
+        if file in state.can_fail:
+            tr.write_line("  can each row fail? (attack → none from the baselines, defense → mean from the mean cell)")
+            for line in state.can_fail[file]:
+                tr.write_line("    " + line.split("#", 1)[-1])
     metric = chosen or "accuracy_drop"
     if state.python_results:
         tr.write_line("run_cell / attack_vs_all_defenses")
@@ -224,6 +233,7 @@ class ScenarioFile(pytest.File):
         matrix = expand(doc, name, check_plugins=False)
         _check_names(matrix.cells, name)
         marks = self.config.stash[_STATE].marks_for(self.path, self.config.rootpath)
+        unmet: list[str] = []
         for cell in matrix.cells:
             exps = tuple(e for e in matrix.expectations if e.matches(cell))
             if not exps:
@@ -234,7 +244,14 @@ class ScenarioFile(pytest.File):
             missing = _unmet(cell.doc, self.path.parent)  # [scenario] requires: a dataset, a GPU, a package
             if missing:
                 item.unmet = f"{name}: " + "; ".join(missing)
+                unmet.append(item.unmet)
             yield item
+        if self.config.getini("redteam_can_fail"):
+            check = CanFailItem.from_parent(self, name="can_fail")
+            for m in ("attacks", *marks):
+                check.add_marker(m)
+            check.unmet = unmet[0] if unmet else None
+            yield check
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
         from .errors import RedteamError
@@ -242,6 +259,47 @@ class ScenarioFile(pytest.File):
         if isinstance(excinfo.value, RedteamError):
             return f"{type(excinfo.value).__name__}: {excinfo.value}"
         return super().repr_failure(excinfo)
+
+
+class CanFailItem(pytest.Item):
+    """``<file>::can_fail``: every row of the file re-judged on the stored runs with its attack
+    removed and its defense replaced by ``mean`` (:mod:`redteam.can_fail`); it fails on a row that
+    holds either way without saying why. Runs after the file's cells, from their stored runs
+    (the cells the rows apply to are run first if they are not stored yet)."""
+
+    unmet: str | None = None
+
+    def runtest(self) -> None:
+        from .can_fail import HELD, rejudge, render
+
+        if self.unmet:
+            pytest.skip(self.unmet)
+        state = self.config.stash[_STATE]
+        run = state.file_run(self.path)
+        reports = rejudge(run.expectations, run.cells, run.stored_seeds, run.stored_baselines)
+        lines = render(reports, self.path.name)
+        state.can_fail[state.display(self.path)] = lines
+        bad = [r for r in reports if r.holds_regardless]
+        if bad:
+            held = [ln for ln in lines if HELD.upper() in ln]
+            raise CanFailError(
+                f"{len(bad)} [[expect]] row(s) of {self.path.name} hold with the attack removed or the defense "
+                "replaced by mean, so they cannot show what they claim:\n  " + "\n  ".join(held)
+                + "\nMake each row one that can fail (pair a bound with a row the attack or defense moves, "
+                "compare with the mean cell, or bound another metric), or say why it may hold that way with "
+                'can_hold_without_attack = "..." / can_hold_without_defense = "..." on the row.')
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        if isinstance(excinfo.value, CanFailError):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, f"{self.path.name}::{self.name}"
+
+
+class CanFailError(AssertionError):
+    """Rows of a scenario file that hold with their attack removed or their defense replaced."""
 
 
 class UncheckedItem(pytest.Item):
@@ -452,6 +510,7 @@ class _FileRun:
         self.store.set_plan(rows)
         self.file = display
         self.cells = matrix.cells
+        self.expectations = matrix.expectations
 
     def seeds_of(self, cell: "Cell") -> list[dict[str, Any]]:
         """The per-seed metrics of ``cell``: its runs (and baselines) from the store, run first if missing."""
@@ -469,6 +528,33 @@ class _FileRun:
                 for unit in units:
                     _record(self.store, unit, execute_unit(unit.doc, self.device))
         return [self.store.run(r.run_key)["metrics"] for r in rows]
+
+    def _needed(self, cell: "Cell") -> bool:
+        """Whether some row applies to ``cell`` or compares with it (its runs are the rows' to run)."""
+        return any(e.matches(cell) or (e.comparative and any(e.partner(c, self.cells) is cell
+                                                             for c in self.cells if e.matches(c)))
+                   for e in self.expectations)
+
+    def stored_seeds(self, cell: "Cell") -> list[dict[str, Any]] | None:
+        """``cell``'s per-seed metrics: run first if a row needs the cell, else from the store only
+        (None: not all there)."""
+        if self._needed(cell):
+            return self.seeds_of(cell)
+        finished = self.store.finished_keys()
+        rows = self.rows[cell.id]
+        if any(r.run_key not in finished for r in rows):
+            return None
+        return [self.store.run(r.run_key)["metrics"] for r in rows]
+
+    def stored_baselines(self, cell: "Cell") -> list[dict[str, Any]] | None:
+        """The per-seed metrics of ``cell``'s no-attack baselines (run first if a row needs the cell)."""
+        if self._needed(cell):
+            self.seeds_of(cell)
+        finished = self.store.finished_keys()
+        rows = self.rows[cell.id]
+        if any(r.baseline_key not in finished for r in rows):
+            return None
+        return [self.store.run(r.baseline_key)["metrics"] for r in rows]
 
     def run_cell(self, cell: "Cell", expectations: Sequence["Expectation"]) -> _Outcome:
         """Run ``cell``'s seeds, and for each comparative row the seeds of the cell it is
@@ -525,6 +611,7 @@ class _State(_SessionRuns):
         self.runs: dict[Path, _FileRun | BaseException] = {}
         self.stores: dict[str, Path] = {}
         self.outcomes: list[_Outcome] = []
+        self.can_fail: dict[str, list[str]] = {}  # file → the can_fail item's lines
         self.workers = _workers(config)
         self._pool: Any = None
 
