@@ -7,7 +7,10 @@ in which every attack of the ``[matrix]`` (or those named with ``--only``) is re
 ``none`` (default), or by another attack table (``--by '{ name = "sign_flip", scale = 2.0 }'``,
 for a row credited to what a staleness attack adds to a plain flip) — keeping each entry's label,
 runs its rows with pytest, and prints which rows failed (good: the row depends on the attack) and
-which still held (a row that cannot fail).
+which still held (a row that cannot fail). The suite's ``<file>::can_fail`` item
+(``redteam/can_fail.py``) judges the same from the runs a session already stored (the no-attack
+baselines, and the plain mean cells it ran); this script is the full re-run, for what those cannot
+tell (a mean cell no row runs, an attack replaced by another).
 
     python scripts/rows_can_fail.py scenarios/gossip.toml
     python scripts/rows_can_fail.py scenarios/async.toml --only stale_replay --by '{ name = "sign_flip", scale = 2.0 }'
@@ -81,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
             module = src.parent / (app.split(":", 1)[0].replace(".", "/") + ".py")
             if module.is_file():
                 (Path(tmp) / module.name).write_bytes(module.read_bytes())
-        res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rN", str(copy)],
+        # (the copy's own can_fail item would only repeat, on the replaced runs, what this reports)
+        res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rN",
+                              "-o", "redteam_can_fail=false", str(copy)],
                              capture_output=True, text=True)
     if res.returncode not in (0, 1) or not re.search(r"\d+ (passed|failed)", res.stdout):
         # a copy that did not run (a parse error, a collection error) proves nothing either way
