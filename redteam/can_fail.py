@@ -7,7 +7,10 @@ every row of a scenario on runs that are already stored, with no new run:
 
 * **attack → none**: each cell's seeds replaced by its no-attack baselines (same defense,
   settings and seeds; the runs an attacked run is measured against, so every matrix stores
-  them). A comparative row has both sides replaced.
+  them). A comparative row has both sides replaced. A count of attackers a check missed
+  (:data:`VACUOUS`: ``undetected_attackers``, ``uncaught_cheats``) is undefined in a run without
+  attackers, which fails a row closed; here it reads as what it counts, 0, so that ``≤ 0`` —
+  "every attacker was caught" — shows as the row that holds vacuously that it is.
 * **defense → mean**: the row's cell replaced by the matrix's plain ``mean`` cell of the same
   attack and settings, when the store holds all its seeds (a comparative row keeps its partner).
 
@@ -38,6 +41,16 @@ __all__ = ["Verdict", "RowReport", "judge_row", "rejudge", "replaces_nothing", "
 Seeds = Sequence[Mapping[str, Any]]
 
 FAILED, HELD, EXCUSED, SAME, NOT_STORED = "failed", "held", "held (excused)", "n/a", "not stored"
+
+#: counts of attackers a check missed: undefined (None) without attackers, read as 0 there
+VACUOUS = {"undetected_attackers": 0.0, "uncaught_cheats": 0.0}
+
+
+def _vacuous(seeds: Seeds | None, metric: str) -> Seeds | None:
+    """``seeds`` of a no-attack run with an undefined :data:`VACUOUS` count read as 0."""
+    if seeds is None or metric not in VACUOUS:
+        return seeds
+    return [{**s, metric: VACUOUS[metric]} if s.get(metric) is None else s for s in seeds]
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +140,8 @@ def rejudge(expectations: Sequence["Expectation"], cells: Sequence["Cell"],
             if replaces_nothing(cell) and (other is None or replaces_nothing(other)):
                 wa.append(Verdict(cell.id, SAME, "the cell has no attack"))
             else:
-                left, right = baselines(cell), baselines(other) if other is not None else None
+                left = _vacuous(baselines(cell), e.metric)
+                right = _vacuous(baselines(other), e.metric) if other is not None else None
                 if left is None or (other is not None and right is None):
                     wa.append(Verdict(cell.id, NOT_STORED))
                 else:

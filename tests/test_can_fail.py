@@ -71,6 +71,19 @@ def test_a_recall_row_fails_both_ways_and_an_fpr_row_may_say_why():
     assert fpr.with_mean[0].why.startswith("paired with row 1")
 
 
+def test_every_attacker_caught_holds_vacuously_without_attackers():
+    """undetected_attackers is undefined with nobody attacking (it would fail the row closed); the
+    re-judge reads it as the count it is, 0, so "≤ 0" holds without the attack; "≥ 1" fails."""
+    runs = {"norm_bound[sign_flip]": ([{"undetected_attackers": 0}] * 2, [{"undetected_attackers": None}] * 2),
+            "mean[sign_flip]": ([{"undetected_attackers": 1}] * 2, [{"undetected_attackers": None}] * 2)}
+    caught, missed = _rejudge([{"attack": "sign_flip", "defense": "norm_bound", "metric": "undetected_attackers",
+                                "max": 0},
+                               {"attack": "sign_flip", "defense": "norm_bound", "metric": "undetected_attackers",
+                                "min": 1}], runs)
+    assert _status(caught) == ([HELD], [FAILED]) and _status(missed) == ([FAILED], [HELD])
+    assert "undetected_attackers = 0 < min 1" in missed.without_attack[0].why
+
+
 def test_a_clean_cell_and_a_mean_cell_have_nothing_to_replace():
     rows = [{"attack": "none", "defense": "mean", "metric": "accuracy_drop", "max": 0.0},
             {"attack": "sign_flip", "defense": "mean", "metric": "accuracy_drop", "min": 0.3}]
