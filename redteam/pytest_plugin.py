@@ -120,10 +120,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      "The results do not depend on it")
     parser.addini("redteam_scenarios", type="paths", default=[],
                   help="files or directories of scenario files, besides <rootdir>/scenarios")
-    parser.addini("redteam_can_fail", type="bool", default=False,
-                  help="add one item per scenario file, <file>::can_fail, after its cells: it re-judges every "
-                       "[[expect]] row on the stored runs with the attack removed and the defense replaced by mean, "
-                       "and fails on a row that holds either way without saying why (redteam.can_fail)")
+    parser.addini("redteam_can_fail", type="linelist", default=[],
+                  help="scenario files (globs, matched like redteam_marks; 'true' or '*': every file) that get one "
+                       "more item, <file>::can_fail, after their cells: it re-judges every [[expect]] row on the "
+                       "stored runs with the attack removed and the defense replaced by mean, and fails on a row "
+                       "that holds either way without saying why (redteam.can_fail)")
     parser.addini("redteam_marks", type="linelist", default=[],
                   help="lines 'GLOB: mark [mark ...]': extra marks for the items of matching scenario files "
                        "(matched against the file name and its rootdir-relative path)")
@@ -246,7 +247,7 @@ class ScenarioFile(pytest.File):
                 item.unmet = f"{name}: " + "; ".join(missing)
                 unmet.append(item.unmet)
             yield item
-        if self.config.getini("redteam_can_fail"):
+        if self.config.stash[_STATE].can_fail_for(self.path, self.config.rootpath):
             check = CanFailItem.from_parent(self, name="can_fail")
             for m in ("attacks", *marks):
                 check.add_marker(m)
@@ -637,6 +638,17 @@ class _State(_SessionRuns):
             rootpath.resolve()) else path.as_posix()
         return [m for glob, ms in self.marks if fnmatch.fnmatch(path.name, glob) or fnmatch.fnmatch(rel, glob)
                 for m in ms]
+
+    def can_fail_for(self, path: Path, rootpath: Path) -> bool:
+        """Whether ``path`` gets a ``can_fail`` item (ini ``redteam_can_fail``)."""
+        globs = [g.strip() for g in self.config.getini("redteam_can_fail") if g.strip()]
+        if not globs or globs == ["false"]:
+            return False
+        if "true" in globs:
+            return True
+        rel = path.resolve().relative_to(rootpath.resolve()).as_posix() if path.resolve().is_relative_to(
+            rootpath.resolve()) else path.as_posix()
+        return any(fnmatch.fnmatch(path.name, g) or fnmatch.fnmatch(rel, g) for g in globs)
 
     def display(self, path: Path) -> str:
         """A scenario file as the summary names it: relative to the rootdir where possible."""

@@ -170,3 +170,13 @@ def test_the_can_fail_item_reports_a_row_that_holds_regardless(pytester):
     assert "t.toml#1 final_accuracy ≥ 0 (sign_flip, median): attack → none: HELD on median[sign_flip]" in out
     assert "defense → mean: not stored on median[sign_flip]" in out  # mean[sign_flip]: no row runs it
     assert "final_accuracy ≥ 0 (sign_flip, median): attack → none: held (excused) on median[sign_flip]" in out
+
+
+def test_the_ini_option_names_the_files_that_get_the_item(pytester):
+    (pytester.path / "scenarios").mkdir()
+    for f in ("t", "u"):
+        (pytester.path / "scenarios" / f"{f}.toml").write_text(textwrap.dedent(TINY))
+    for ini, want in (("u.toml", ["u"]), ("scenarios/t*", ["t"]), ("true", ["t", "u"]), ("false", []), ("", [])):
+        pytester.makeini(f"[pytest]\nredteam_can_fail = {ini}\n")
+        ids = pytester.runpytest("--collect-only", "-q", "-m", "attacks").outlines
+        assert [i for i in ids if i.endswith("::can_fail")] == [f"scenarios/{f}.toml::can_fail" for f in want], ini
