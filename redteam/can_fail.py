@@ -34,13 +34,16 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 if TYPE_CHECKING:
     from .matrix import Cell, Expectation
 
-__all__ = ["Verdict", "RowReport", "judge_row", "rejudge", "replaces_nothing", "is_plain_mean", "mean_cell_of",
+__all__ = ["UNDEFINED", "Verdict", "RowReport", "judge_row", "rejudge", "replaces_nothing", "is_plain_mean", "mean_cell_of",
            "render"]
 
 #: per-seed metrics of a cell (None: not in the store)
 Seeds = Sequence[Mapping[str, Any]]
 
 FAILED, HELD, EXCUSED, SAME, NOT_STORED = "failed", "held", "held (excused)", "n/a", "not stored"
+#: the row fails there only because its metric is undefined in every replaced run (an ASR without
+#: the attack's probe, a recall without attackers): fail-closed, not evidence either way
+UNDEFINED = "fails closed (undefined)"
 
 #: counts of attackers a check missed: undefined (None) without attackers, read as 0 there
 VACUOUS = {"undetected_attackers": 0.0, "uncaught_cheats": 0.0}
@@ -145,8 +148,11 @@ def rejudge(expectations: Sequence["Expectation"], cells: Sequence["Cell"],
                 if left is None or (other is not None and right is None):
                     wa.append(Verdict(cell.id, NOT_STORED))
                 else:
-                    wa.append(_verdict(e, cell.id, judge_row(e, left, right, cell.id, getattr(other, "id", "")),
-                                       e.hold_without_attack))
+                    v = _verdict(e, cell.id, judge_row(e, left, right, cell.id, getattr(other, "id", "")),
+                                 e.hold_without_attack)
+                    if v.status == FAILED and all(s.get(e.metric) is None for s in left):
+                        v = Verdict(cell.id, UNDEFINED, v.why)
+                    wa.append(v)
             # defense → mean, on the row's own side
             if is_plain_mean(cell):
                 wm.append(Verdict(cell.id, SAME, "the cell's defense is mean"))

@@ -12,7 +12,7 @@ import pytest
 # imported before the pytester in-process run (tests/test_pytest_plugin.py says why)
 import redteam.federation.loop  # noqa: F401
 import redteam.runner.matrix_run  # noqa: F401
-from redteam.can_fail import EXCUSED, FAILED, HELD, NOT_STORED, SAME, rejudge, render
+from redteam.can_fail import EXCUSED, FAILED, HELD, NOT_STORED, SAME, UNDEFINED, rejudge, render
 from redteam.errors import InvalidScenario
 from redteam.matrix import expand
 
@@ -64,8 +64,9 @@ def test_a_recall_row_fails_both_ways_and_an_fpr_row_may_say_why():
              "can_hold_without_attack": "a cost bound: no honest client flagged, with or without the attack",
              "can_hold_without_defense": "paired with row 1 (recall ≥ 0.8), which fails under mean"}]
     recall, fpr = _rejudge(rows)
-    assert _status(recall) == ([FAILED], [FAILED])
-    assert "recall is undefined (null)" in recall.without_attack[0].why  # nobody to catch
+    # without attackers recall is undefined: the row fails closed there, which says nothing either way
+    assert _status(recall) == ([UNDEFINED], [FAILED])
+    assert "recall is undefined (null)" in recall.without_attack[0].why
     assert "recall = 0 < min 0.8" in recall.with_mean[0].why
     assert _status(fpr) == ([EXCUSED], [EXCUSED]) and not fpr.holds_regardless
     assert fpr.with_mean[0].why.startswith("paired with row 1")
@@ -108,7 +109,7 @@ def test_a_mean_cell_not_in_the_store_or_the_matrix_is_not_judged():
     row = [{"attack": "sign_flip", "defense": "norm_bound", "metric": "recall", "min": 0.8}]
     runs = {k: v for k, v in RUNS.items() if k != "mean[sign_flip]"}
     (r,) = _rejudge(row, runs)
-    assert _status(r) == ([FAILED], [NOT_STORED]) and "mean[sign_flip] is not in the store" in r.with_mean[0].why
+    assert _status(r) == ([UNDEFINED], [NOT_STORED]) and "mean[sign_flip] is not in the store" in r.with_mean[0].why
     (r,) = _rejudge(row, defenses=("median", "norm_bound"))
     assert r.with_mean[0].status == NOT_STORED and "no plain mean cell" in r.with_mean[0].why
 
