@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from redteam.pipeline import PostProcessor
 from redteam.types import Decision, Defense, ServerContext, param_error
 
-from ._common import check_number, generator_of
+from ._common import check_number, combine, finite_rows, generator_of
+from .clipping import Clip
 
 if TYPE_CHECKING:
     import torch
@@ -102,11 +103,8 @@ class DPFedAvg(Defense):
             raise param_error(self, "sampling", v, 'must be "without_replacement" or "poisson"')
 
     def client_side(self, rows: "torch.Tensor") -> "torch.Tensor":
-        import torch
-
-        norms = torch.linalg.vector_norm(rows.to(torch.float64), dim=1, keepdim=True)
-        scale = torch.clamp(self.clip / torch.clamp(norms, min=1e-300), max=1.0)
-        return (rows.to(torch.float64) * scale).to(rows.dtype)
+        # the same clipping as `clip` (Sun et al.): rows with a non-finite entry pass unchanged
+        return Clip(bound=self.clip).transform(rows, rows.new_ones(rows.shape[0]), ServerContext.default(rows))[0]
 
     def decide(self, updates: "torch.Tensor", ctx: ServerContext) -> Decision:
         import torch
@@ -114,16 +112,15 @@ class DPFedAvg(Defense):
         n = int(updates.shape[0])
         counts = torch.as_tensor(ctx.summed if ctx.summed is not None else [1] * n, dtype=torch.float64,
                                  device=updates.device)
-        # a sum's mean has norm ≤ S when its clients clipped: clipping it again changes nothing
-        clipped = self.client_side(updates).to(torch.float64)
-        finite = torch.isfinite(clipped).all(dim=1)
-        clipped = torch.where(finite[:, None], clipped, torch.zeros_like(clipped))
-        m = float(counts[finite].sum())
-        total = (clipped * counts[:, None]).sum(dim=0)
+        finite = finite_rows(updates)
+        # a sum's mean has norm ≤ S when its clients clipped: clipping it again changes nothing;
+        # a non-finite row is rejected and weighs 0 (combine keeps 0·NaN out of the sum)
+        weights = torch.where(finite, counts, torch.zeros_like(counts))
+        total = combine(weights, self.client_side(updates), finite).to(torch.float64)
         if self.noise_multiplier:
             noise = torch.randn(total.shape, generator=generator_of(ctx), dtype=torch.float64, device="cpu")
             total = total + self.noise_multiplier * self.clip * noise.to(total.device)
-        agg = total / max(m, 1.0)
+        agg = total / max(float(weights.sum()), 1.0)
         reasons = {int(i): "non-finite update" for i in torch.nonzero(~finite).flatten().tolist()}
         return Decision(aggregate=agg.to(updates.dtype), accepted=finite, reasons=reasons)
 
