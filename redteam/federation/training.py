@@ -70,7 +70,8 @@ if TYPE_CHECKING:
     from ..workloads.base import Workload
     from .state import ClientStates
 
-__all__ = ["StackedData", "BatchedTrainer", "LocalTraining", "LOCAL_OPTIMIZERS", "SAMPLINGS", "BATCHINGS",
+__all__ = ["StackedData", "BatchedTrainer", "LocalTraining", "batch_uniforms", "batch_positions",
+           "LOCAL_OPTIMIZERS", "SAMPLINGS", "BATCHINGS",
            "resolve_batching", "has_convolution"]
 
 LOCAL_OPTIMIZERS = ("sgd", "adamw")
@@ -123,6 +124,18 @@ def _row_by_row(fn: Callable[..., torch.Tensor], in_dims: tuple[int | None, ...]
         first = next(a for a, d in zip(args, in_dims) if d is not None)
         res = first.new_empty(first.shape)
     return res
+
+
+def batch_uniforms(generator: torch.Generator, n: int, batch: int) -> torch.Tensor:
+    """One local step's draw from the batch stream (sampling with replacement): ``(n, batch)``
+    float64 uniforms on the CPU, one row per client; :func:`batch_positions` turns them into
+    item positions. Training, the spot-check replay and the privacy observer's truth draw alike."""
+    return torch.rand((n, batch), generator=generator, dtype=torch.float64)
+
+
+def batch_positions(u: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+    """Each client's item positions ``floor(u · size)`` in its own data, ``(n, batch)`` int64."""
+    return torch.floor(u * sizes[:, None]).to(torch.int64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,8 +401,7 @@ class BatchedTrainer:
                 pos = sampler.next(gen, (step < steps_each) if steps_each is not None else None)
             else:
                 # per-client batch indices into the pooled data, drawn on CPU for determinism
-                u = torch.rand((n, b), generator=gen, dtype=torch.float64).to(device)
-                pos = torch.floor(u * sizes[:, None]).to(torch.int64)
+                pos = batch_positions(batch_uniforms(gen, n, b).to(device), sizes)
             idx = offsets[:, None] + pos
             xb, yb = data.x[idx], data.y[idx]
             if cfg.dp_clip is not None:
@@ -472,8 +484,7 @@ class BatchedTrainer:
         elif client_steps is not None:
             steps_each = client_steps.to(device=device, dtype=torch.int64)[pos_rows.to(device)].clamp(0, cfg.steps)
         for step in range(int(draws)):
-            u = torch.rand((n, b), generator=gen, dtype=torch.float64)[pos_rows].to(device)
-            idx = offsets[:, None] + torch.floor(u * sizes[:, None]).to(torch.int64)
+            idx = offsets[:, None] + batch_positions(batch_uniforms(gen, n, b)[pos_rows].to(device), sizes)
             g = self._grads(params, data.x[idx], data.y[idx])
             if cfg.prox_mu:
                 g = g + cfg.prox_mu * (params - global_params)

@@ -74,6 +74,8 @@ def batch_truth(fed: Any, rin: "RoundInputs", clients: list[int], train_state: t
     """The samples ``clients`` trained on in the round ``rin`` (inputs, labels, exact): their
     batch draws replayed from the training stream's state ``train_state`` before the round, or
     (``exact = False``) their whole local data where the draws cannot be replayed."""
+    from ..federation.training import batch_positions, batch_uniforms
+
     cfg = fed.local
     data = rin.data
     part = [int(c) for c in rin.part.tolist()]
@@ -84,8 +86,7 @@ def batch_truth(fed: Any, rin: "RoundInputs", clients: list[int], train_state: t
         gen = torch.Generator(device="cpu")
         gen.set_state(train_state)
         sizes = data.sizes.cpu()[torch.as_tensor(part, dtype=torch.long)]
-        draws = [torch.floor(torch.rand((len(part), cfg.batch_size), generator=gen, dtype=torch.float64)
-                             * sizes[:, None]).to(torch.int64) for _ in range(cfg.steps)]
+        draws = [batch_positions(batch_uniforms(gen, len(part), cfg.batch_size), sizes) for _ in range(cfg.steps)]
         pos = torch.cat(draws, dim=1)  # (m, steps · B)
         for c in clients:
             k = part.index(c)
