@@ -57,11 +57,12 @@ from _mutation_ops import Mutant, generate  # noqa: E402 - the operators, in the
 
 #: scope → (module, test files, extra pytest arguments, quick test files: run in-process first)
 _PIPE = ["tests/test_swarm.py", "tests/test_swarm_edges.py"]
+_PIPE_ATT = [*_PIPE, "tests/test_pipeline_attack_edges.py"]  # + the stage backdoor's edges
 _GAUNT = ["tests/test_verification_gauntlet.py", "tests/test_gauntlet_edges.py"]
 SCOPES: dict[str, tuple[str, list[str], list[str], list[str]]] = {
     "swarm": ("redteam/federation/swarm.py", _PIPE, [], _PIPE[::-1]),
     "pipeline_checks": ("defenses/pipeline_checks.py", _PIPE, [], _PIPE[::-1]),
-    "pipeline_attacks": ("attacks/pipeline.py", _PIPE, [], _PIPE[::-1]),
+    "pipeline_attacks": ("attacks/pipeline.py", _PIPE_ATT, [], _PIPE_ATT[::-1]),
     "gauntlet": ("defenses/gauntlet.py", _GAUNT, [], _GAUNT[::-1]),
     "commitments": ("redteam/federation/commitments.py", _GAUNT, [], _GAUNT[::-1]),
 }
