@@ -169,6 +169,37 @@ def test_the_ledger_is_a_function_of_its_seed_and_commitments(tmp_path):
     assert root("three.sqlite", seed=3) == "e967ae7565a26409699dedb44f1ee16ad05991ebd718ff219f74c26629255e32"
 
 
+def test_the_ledger_log_key_is_the_ed25519_key_of_the_seeds_own_stream(tmp_path):
+    """The log's own key (which the root does not cover: the root hashes the entries) is the
+    Ed25519 key whose 32 private bytes are the first draw of ``default_rng(SeedSequence([seed,
+    25]))`` (RFC 8032 §5.1.5 seed bytes), derived here with ``cryptography`` directly, not
+    through the module; the neighbouring streams [seed, 24], [seed, 26] and a peer's
+    [seed, 25, c] give other keys, and so does another seed."""
+    import numpy as np
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+    from provenance.ledger import Ledger
+
+    from redteam.federation.commitments import write_commitment_ledger
+
+    def der(entropy):
+        raw = np.random.default_rng(np.random.SeedSequence(entropy)).bytes(32)
+        return ed25519.Ed25519PrivateKey.from_private_bytes(raw).public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+    rounds = [(0, {1: {"digest": "a" * 64, "time": 0.5}})]
+    for seed in (3, 0):
+        path = tmp_path / f"s{seed}.sqlite"
+        write_commitment_ledger(path, rounds, seed=seed)
+        with Ledger.open(path) as ledger:
+            got = ledger.log_public.der
+        assert got == der([seed, 25])
+        assert got not in {der([seed, 24]), der([seed, 26]), der([seed, 25, 1]), der([seed + 1, 25])}
+    # and, written down, for seed 3 (a SubjectPublicKeyInfo ends with the 32 raw key bytes): a change
+    # to numpy's SeedSequence / PCG64 stream or to the key's encoding shows here
+    assert der([3, 25]).hex()[-64:] == "e7cc555bb566a4f7969b8f4c96659d22fbe59d59fee6fee052966fe64c0f485b"
+
+
 def _qctx(upd, random_target=None, assigned=None, **kw):
     """Quadratic losses (as in test_verification_gauntlet): L_R = ‖Δ − r‖², L_Aᵢ = ‖Δ − aᵢ‖²."""
     from redteam.types import ServerContext
