@@ -486,3 +486,128 @@ def test_non_finite_updates_are_rejected_by_the_stage_rule_with_its_reason():
     s0, s1 = ref.slices
     assert torch.allclose(r.final_params[s0], ref.params0[s0] - 0.5 * g[1 - k][s0], rtol=1e-4, atol=1e-6)
     assert torch.allclose(r.final_params[s1], ref.params0[s1] - 0.5 * g[1 - k][s1], rtol=1e-4, atol=1e-6)
+
+
+def test_a_colluding_verifier_vouches_only_for_an_accomplice():
+    """CheckView.verifier_agrees: a malicious verifier whose attack colludes says yes for a
+    malicious peer without computing; for an honest peer it recomputes like anyone (here the
+    test rejects every output, so a recomputation answers no); an honest verifier always
+    recomputes; without collusion nobody vouches."""
+    from redteam.federation.swarm import CheckView
+
+    calls = []
+
+    def forward(stage, inp, flat):
+        calls.append(stage)
+        return 2 * inp
+
+    peers = [SimpleNamespace(malicious=m) for m in (True, True, False)]
+    run = SimpleNamespace(peers=peers, attack=SimpleNamespace(colluding_verifiers=True), stage_forward=forward)
+    view = CheckView(run)
+    no = lambda out: False  # noqa: E731
+    assert view.verifier_agrees(1, 0, 1, torch.ones(1), torch.zeros(1), no) is True and calls == []
+    assert view.verifier_agrees(1, 0, 2, torch.ones(1), torch.zeros(1), no) is False and calls == [1]
+    assert view.verifier_agrees(1, 2, 0, torch.ones(1), torch.zeros(1), no) is False and calls == [1, 1]
+    assert view.verifier_agrees(1, 2, 0, torch.ones(1), torch.zeros(1), lambda out: bool(out[0] == 2)) is True
+    run.attack.colluding_verifiers = False
+    assert view.verifier_agrees(1, 0, 1, torch.ones(1), torch.zeros(1), no) is False
+
+
+def test_churn_crashes_are_rerouted_or_lost_one_for_one():
+    """Each crash takes a distinct peer down for the round (a down peer gets no more hops): it is
+    either re-routed (crash tolerance, another peer up) or loses its micro-batch. So per round
+    rerouted + lost = the peers departed."""
+    for tol in (False, True):
+        r = build(doc(churn=0.4, crash_tolerance=tol, micro_batches=6, rounds=3, peers_per_stage=3))
+        res = r.run()
+        for rec in res.records:
+            pl = rec.extra["pipeline"]
+            assert pl["rerouted_hops"] + pl["lost_micro_batches"] == len(pl["departed"]), pl
+        assert sum(len(rec.extra["pipeline"]["departed"]) for rec in res.records) > 0
+
+
+def test_an_attacker_that_computes_is_busy_for_its_compute():
+    """A crash-at-sync attacker does its hop's compute (it only leaves at the sync): at speed 0.05
+    its hop takes 0.2 s plus its send, the round's makespan."""
+    r = build(doc({"name": "crash_at_sync"}, rounds=1, attackers=1))
+    (m,) = r.malicious
+    for p in r.peers:
+        p.speed = 0.05 if p.pid == m else 1.0
+    res = r.run()
+    assert res.records[0].sim_time_s == pytest.approx(HOP / 0.05 + LAT, rel=1e-12)
+
+
+def test_the_activation_monitor_judges_gradients_and_last_stage_losses_in_the_loop():
+    """Three peers a stage (the monitor's minimum), six micro-batches. A ×−20 gradient from a
+    stage-1 peer is seen by the backward watch (the gradient each peer sends back against the one
+    it got). A last-stage peer scaling its logits by 1000 (the starting model's logits are close
+    to 0, so a small scale leaves the loss near ln 256), with the forward threshold out of reach,
+    is seen by the last stage's loss check alone. Each is flagged and banned, nobody else, by the
+    statistic named; nothing is recomputed."""
+    mon = [{"name": "activation_monitor"}]
+    for attack, kind in (({"name": "gradient_tamper", "kind": "scale", "strength": -20.0}, "backward"),
+                         ({"name": "activation_tamper", "kind": "scale", "strength": 1000.0}, "loss")):
+        if kind == "loss":  # the forward statistic blind (threshold 100 nats): only the loss can tell
+            mon = [{"name": "activation_monitor", "threshold": 100.0, "loss_threshold": 0.1}]
+        r = build(doc(attack, checks=mon, peers_per_stage=3, attackers=1, micro_batches=6, rounds=2))
+        (m,) = r.malicious
+        res = r.run()
+        flagged = {p: w for rec in res.records for p, w in rec.extra["pipeline"]["flagged"].items()}
+        banned = {p for rec in res.records for p in rec.extra["pipeline"]["banned_at"]}
+        assert flagged.keys() == banned == {m}, (attack, flagged)
+        assert flagged[m].startswith(f"activation monitor ({kind}): "), flagged
+        assert all(rec.extra["pipeline"]["recomputed_hops"] == 0 for rec in res.records)
+
+
+def test_the_commitment_audit_recomputes_at_the_round_end_and_bans_there():
+    """activation_commitment at fraction 1: every hop is logged, and audited at the round's end
+    by another peer of its stage (both stages have two). The noise tamperer fails its audit: it
+    is banned from micro-batch 2 (the round's end), its update left out of that round. Round 0
+    recomputes all 4 hops; round 1 only stage 0's 2 (stage 1 has one peer left, unverifiable)."""
+    checks = [{"name": "activation_commitment", "fraction": 1.0}]
+    r = build(doc({"name": "activation_tamper", "kind": "noise", "strength": 0.5}, checks=checks, attackers=1))
+    (m,) = r.malicious
+    first, second = r.run().records
+    assert first.extra["pipeline"]["banned_at"] == {m: 2} and first.extra["pipeline"]["recomputed_hops"] == 4
+    assert first.accepted == [p != m for p in range(4)]
+    assert second.extra["pipeline"]["recomputed_hops"] == 2
+
+
+def test_a_pool_with_fewer_windows_than_the_context_still_runs():
+    """1,024 bytes cut into 33-byte windows leave 28 training windows for a context of 32: the
+    causal mask is context × context whatever the pool's size, and the round is still the
+    whole model's SGD step."""
+    d = doc(rounds=1)
+    d["workload"].update(context=32, max_bytes=1024)
+    r = build(d)
+    assert r.train_x.shape == (28, 32) and r._causal.shape == (32, 32)
+    assert torch.equal(r._causal, torch.ones(32, 32, dtype=torch.bool).tril())
+    r.run()
+    ref, (rnd,) = batches(d)
+    g0, g1 = grads(ref, ref.params0, rnd)
+    assert torch.allclose(r.final_params, ref.params0 - 0.5 * (g0 + g1) / 2, rtol=1e-4, atol=1e-6)
+
+
+def test_the_result_names_the_run_and_its_wall_time():
+    import time
+
+    r = build(doc({"name": "lazy_peer"}, rounds=1, attackers=1))
+    t0 = time.perf_counter()
+    res = r.run()
+    elapsed = time.perf_counter() - t0
+    assert 0 < res.wall_time_s <= elapsed
+    assert res.attack == "lazy_peer" and res.malicious == r.malicious and len(res.malicious) == 1
+    assert res.wall_time_s >= sum(rec.wall_time_s for rec in res.records) * 0.99
+
+
+def test_a_round_where_only_a_free_lazy_peer_worked_has_no_idle_share():
+    """Latency 0, one peer a stage: the lazy stage-0 peer serves at no cost (no compute, free
+    sends), then the honest stage-1 peer crashes (churn 0.95, no tolerance): nobody was busy,
+    the round's makespan is 0 and the idle share undefined (None), not a division by zero."""
+    d = doc({"name": "lazy_peer"}, peers_per_stage=1, attackers=1, attacker_stage=0, churn=0.95,
+            crash_tolerance=False, latency_ms=0.0, micro_batches=1, rounds=1)
+    r = build(d)
+    (rec,) = r.run().records
+    pl = rec.extra["pipeline"]
+    assert pl["served"] == {0: 1} and pl["lost_micro_batches"] == 1 and pl["departed"].keys() == {1}
+    assert rec.sim_time_s == 0.0 and pl["idle_share"] is None
