@@ -59,8 +59,9 @@ from _mutation_ops import Mutant, generate  # noqa: E402 - the operators, in the
 _PIPE = ["tests/test_swarm.py", "tests/test_swarm_edges.py"]
 _PIPE_ATT = [*_PIPE, "tests/test_pipeline_attack_edges.py"]  # + the stage backdoor's edges
 _GAUNT = ["tests/test_verification_gauntlet.py", "tests/test_gauntlet_edges.py"]
+_LOOP = [*_PIPE, "tests/test_swarm_run_edges.py"]  # the regime's loop on a tiny pipeline (seconds, in-process)
 SCOPES: dict[str, tuple[str, list[str], list[str], list[str]]] = {
-    "swarm": ("redteam/federation/swarm.py", _PIPE, [], _PIPE[::-1]),
+    "swarm": ("redteam/federation/swarm.py", _LOOP, [], _LOOP[::-1]),
     "pipeline_checks": ("defenses/pipeline_checks.py", _PIPE, [], _PIPE[::-1]),
     "pipeline_attacks": ("attacks/pipeline.py", _PIPE_ATT, [], _PIPE_ATT[::-1]),
     "gauntlet": ("defenses/gauntlet.py", _GAUNT, [], _GAUNT[::-1]),
