@@ -611,3 +611,48 @@ def test_a_round_where_only_a_free_lazy_peer_worked_has_no_idle_share():
     pl = rec.extra["pipeline"]
     assert pl["served"] == {0: 1} and pl["lost_micro_batches"] == 1 and pl["departed"].keys() == {1}
     assert rec.sim_time_s == 0.0 and pl["idle_share"] is None
+
+
+def test_uplinks_are_log_normal_around_the_bandwidth_from_their_own_stream():
+    """bandwidth_mbps = 2, bandwidth_sigma = 0.5: peer p's uplink is 2·exp(z_p), z the first 4
+    normal(0, 0.5) draws of the links stream, which a run without links leaves untouched (so
+    turning links on changes no speed). A round's busy time then adds, per send, 5 ms + 256
+    bytes × 8 / (uplink · 10⁶) s."""
+    plain = build(doc(rounds=1))
+    z = plain.rng["links"].normal(0.0, 0.5, 4)
+    d = doc(rounds=1, bandwidth_mbps=2.0, bandwidth_sigma=0.5)
+    r = build(d)
+    assert [p.uplink_mbps for p in r.peers] == pytest.approx(list(2.0 * np.exp(z)), rel=1e-12)
+    assert [p.speed for p in r.peers] == [p.speed for p in plain.peers]
+    assert all(p.uplink_mbps == math.inf for p in plain.peers)
+    (rec,) = r.run().records
+    busy = [HOP / p.speed + LAT + ACT_BYTES * 8 / (2.0 * math.exp(zp) * 1e6) for p, zp in zip(r.peers, z)]
+    assert rec.sim_time_s == pytest.approx(max(busy), rel=1e-9)
+
+
+def test_attackers_of_the_none_attack_never_act():
+    """Attackers drawn, but the attack is "none" (no surface): the window is open, yet nobody
+    acts, nobody is counted malicious in the record, and the round is honest SGD."""
+    d = doc("none", rounds=1, attackers=1)
+    r = build(d)
+    assert len(r.malicious) == 1
+    (rec,) = r.run().records
+    assert rec.extra["pipeline"]["acted"] == {} and rec.malicious == [False] * 4
+    ref, (rnd,) = batches(d)
+    g0, g1 = grads(ref, ref.params0, rnd)
+    assert torch.allclose(r.final_params, ref.params0 - 0.5 * (g0 + g1) / 2, rtol=1e-4, atol=1e-6)
+
+
+def test_the_backward_watch_passes_each_gradient_on_to_the_stage_before():
+    """Three stages of three peers: the ×−20 gradient of a middle-stage peer is judged against
+    the gradient it received from stage 2, which stage 2's watch handed on (the last stage's
+    comes from the loss). It is flagged by the backward statistic; nobody else is."""
+    d = doc({"name": "gradient_tamper", "kind": "scale", "strength": -20.0}, checks=[{"name": "activation_monitor"}],
+            stages=3, peers_per_stage=3, attackers=1, attacker_stage=1, micro_batches=6, rounds=2)
+    d["workload"]["layers"] = 3
+    r = build(d)
+    (m,) = r.malicious
+    assert 3 <= m <= 5
+    res = r.run()
+    flagged = {p: w for rec in res.records for p, w in rec.extra["pipeline"]["flagged"].items()}
+    assert flagged.keys() == {m} and flagged[m].startswith("activation monitor (backward): "), flagged
