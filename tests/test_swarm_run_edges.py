@@ -656,3 +656,75 @@ def test_the_backward_watch_passes_each_gradient_on_to_the_stage_before():
     res = r.run()
     flagged = {p: w for rec in res.records for p, w in rec.extra["pipeline"]["flagged"].items()}
     assert flagged.keys() == {m} and flagged[m].startswith("activation monitor (backward): "), flagged
+
+
+class _StageUpdate:
+    """The run's attack with its tamper_stage_update replaced (everything else delegated)."""
+
+    def __init__(self, inner, fn):
+        self._inner, self._fn, self.calls = inner, fn, []
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def tamper_stage_update(self, row, ctx):
+        self.calls.append((ctx.round, ctx.stage, ctx.peer))
+        return self._fn(row, ctx)
+
+
+def _identity_attacker(**kw):
+    """A stage-1 attacker whose hops are honest: its gradient is scaled by exactly 1."""
+    d = doc({"name": "gradient_tamper", "kind": "scale", "strength": 1.0}, attackers=1, **kw)
+    return d, build(d)
+
+
+def test_only_an_acting_attacker_submits_a_tampered_stage_update():
+    """A stage update shifted by +1 in every coordinate: only the attacker's row, only in the
+    attack's window. Round 0 (window open): stage 1 moves by the honest SGD step + 1/2 (mean of
+    two rows, one shifted), stage 0 by the SGD step alone. With the window from round 1, round 0 is
+    not tampered."""
+    d, r = _identity_attacker(rounds=1)
+    (m,) = r.malicious
+    r.attack = _StageUpdate(r.attack, lambda row, ctx: row + 1.0)
+    r.run()
+    assert r.attack.calls == [(0, 1, m)]
+    ref, (rnd,) = batches(d)
+    g0, g1 = grads(ref, ref.params0, rnd)
+    sgd = ref.params0 - 0.5 * (g0 + g1) / 2
+    s0, s1 = ref.slices
+    assert torch.allclose(r.final_params[s0], sgd[s0], rtol=1e-4, atol=1e-6)
+    assert torch.allclose(r.final_params[s1], sgd[s1] + 0.5, rtol=1e-4, atol=1e-5)
+    d["attack"]["window"] = "1:"
+    d["federation"]["rounds"] = 2
+    late = build(d)
+    late.attack = _StageUpdate(late.attack, lambda row, ctx: row + 1.0)
+    late.run()
+    assert late.attack.calls == [(1, 1, m)]  # round 0 is outside the window
+
+
+def test_a_stage_update_of_the_wrong_shape_is_refused_by_name():
+    _, r = _identity_attacker(rounds=1)
+    n = r.slices[1].stop - r.slices[1].start
+    r.attack = _StageUpdate(r.attack, lambda row, ctx: row[:3])
+    with pytest.raises(RedteamError) as e:
+        r.run()
+    assert str(e.value) == f"attack 'gradient_tamper': tamper_stage_update returned (3,), not the stage's ({n},)"
+    _, r = _identity_attacker(rounds=1)
+    r.attack = _StageUpdate(r.attack, lambda row, ctx: row.tolist())
+    with pytest.raises(RedteamError, match=r"tamper_stage_update returned list, not the stage's"):
+        r.run()
+
+
+def test_a_crash_timing_attacker_that_served_nothing_has_nothing_to_leave():
+    """One micro-batch a round, round robin: the attacker serves in one round of two. Only in
+    that round does it leave before the sync; in the other it neither departs nor acts."""
+    r = build(doc({"name": "crash_at_sync"}, attackers=1, micro_batches=1, rounds=2))
+    (m,) = r.malicious
+    res = r.run()
+    served_in = m - 2  # round 0 routes hop 0 to peers 0, 2; round 1 hop 1 to peers 1, 3
+    for k, rec in enumerate(res.records):
+        pl = rec.extra["pipeline"]
+        if k == served_in:
+            assert pl["departed"] == {m: "left just before the stage sync"} and pl["acted"] == {m: 1}
+        else:
+            assert pl["departed"] == {} and pl["acted"] == {} and rec.dropped == {}
