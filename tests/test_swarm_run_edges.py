@@ -728,3 +728,12 @@ def test_a_crash_timing_attacker_that_served_nothing_has_nothing_to_leave():
             assert pl["departed"] == {m: "left just before the stage sync"} and pl["acted"] == {m: 1}
         else:
             assert pl["departed"] == {} and pl["acted"] == {} and rec.dropped == {}
+
+
+def test_the_checks_see_the_current_round():
+    """CheckView.current_round is the round being run (the checks read it), at every hop and at
+    the round's end."""
+    r = build(doc(rounds=3))
+    seen = []
+    r.run(on_round=lambda rec: seen.append((rec.round, r.check_view.current_round)))
+    assert seen == [(0, 0), (1, 1), (2, 2)]
