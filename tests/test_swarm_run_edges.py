@@ -737,3 +737,59 @@ def test_the_checks_see_the_current_round():
     seen = []
     r.run(on_round=lambda rec: seen.append((rec.round, r.check_view.current_round)))
     assert seen == [(0, 0), (1, 1), (2, 2)]
+
+
+def test_a_free_lazy_peer_still_counts_as_working_in_the_idle_share():
+    """Latency 0, speeds 1: the honest peers are busy 2 × 10 ms a round, the lazy last-stage
+    peer serves its 2 hops at no cost. It worked (it served), so the idle share is
+    1 − 3 · 0.02 / (4 · 0.02) = 1/4, not 0 over the three busy peers."""
+    r = build(doc({"name": "lazy_peer"}, attackers=1, micro_batches=4, rounds=1, latency_ms=0.0))
+    for p in r.peers:
+        p.speed = 1.0
+    (rec,) = r.run().records
+    assert rec.sim_time_s == pytest.approx(2 * HOP, rel=1e-12)
+    assert rec.extra["pipeline"]["idle_share"] == pytest.approx(0.25, rel=1e-12)
+
+
+class _HalfBroken:
+    """A stage rule (a stand-in): the plain mean, with one coordinate of stage 1's aggregate NaN;
+    its state counts its calls, and it records the state each call was given."""
+
+    def __init__(self):
+        self.given = []
+
+    def __call__(self, rows, ctx):
+        from redteam.types import Decision
+
+        n = len(self.given)
+        self.given.append(dict(ctx.state))
+        agg = rows.mean(0).clone()
+        if n % 2 == 1:
+            agg[0] = float("nan")
+        return Decision(agg, torch.ones(len(rows), dtype=torch.bool), state={"call": n})
+
+
+def test_a_partly_non_finite_stage_aggregate_is_refused_and_each_stage_keeps_its_rule_state():
+    """Stage 1's aggregate has one NaN: the stage keeps its parameters (all of them), with the
+    reason; stage 0 takes its SGD step. Each stage's rule gets back the state it returned for
+    that stage the round before (stage 0 its call 0, stage 1 its call 1), and the stage's last
+    merged step is kept as the previous update: the change of its slice."""
+    d = doc(rounds=2)
+    r = build(d)
+    rule = _HalfBroken()
+    r.defense = rule
+    res = r.run()
+    assert rule.given == [{}, {}, {"call": 0}, {"call": 1}]
+    assert r._stage_state == {0: {"call": 2}, 1: {"call": 3}}
+    for rec in res.records:
+        assert rec.extra["pipeline"]["refused"] == {1: "stage 1 kept its parameters: non-finite aggregate"}
+    s0, s1 = r.slices
+    assert torch.equal(r.final_params[s1], r.params0[s1])
+    ref, bs = batches(d)
+    params = ref.params0.clone()
+    for rnd in bs:
+        before = params.clone()
+        g0, g1 = grads(ref, params, rnd)
+        params[s0] = params[s0] - 0.5 * (g0[s0] + g1[s0]) / 2
+    assert torch.allclose(r.final_params[s0], params[s0], rtol=1e-4, atol=1e-6)
+    assert set(r._prev) == {0} and torch.allclose(r._prev[0], params[s0] - before[s0], rtol=1e-3, atol=1e-6)
