@@ -793,3 +793,21 @@ def test_a_partly_non_finite_stage_aggregate_is_refused_and_each_stage_keeps_its
         params[s0] = params[s0] - 0.5 * (g0[s0] + g1[s0]) / 2
     assert torch.allclose(r.final_params[s0], params[s0], rtol=1e-4, atol=1e-6)
     assert set(r._prev) == {0} and torch.allclose(r._prev[0], params[s0] - before[s0], rtol=1e-3, atol=1e-6)
+
+
+def test_speeds_are_log_normal_from_the_network_stream():
+    """throughput_sigma = 0.5: peer p's speed is exp(z_p), z the first 4 normal(0, 0.5) draws of
+    the network stream, which a run with sigma 0 (all speeds 1) leaves untouched."""
+    flat = build(doc(throughput_sigma=0.0))
+    assert [p.speed for p in flat.peers] == [1.0] * 4
+    z = flat.rng["network"].normal(0.0, 0.5, 4)
+    r = build(doc(throughput_sigma=0.5))
+    assert [p.speed for p in r.peers] == pytest.approx(list(np.exp(z)), rel=1e-12)
+
+
+def test_placement_draws_distinct_attackers():
+    """As many attackers as the stage has peers: every peer of the stage, each once, whatever
+    the roles stream (drawn without replacement)."""
+    for seed in range(6):
+        rng = {"roles": np.random.default_rng(seed)}
+        assert _placement(attackers=3, attacker_stage=1, P=3).place(9, rng) == [3, 4, 5]
