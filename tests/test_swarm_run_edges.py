@@ -811,3 +811,64 @@ def test_placement_draws_distinct_attackers():
     for seed in range(6):
         rng = {"roles": np.random.default_rng(seed)}
         assert _placement(attackers=3, attacker_stage=1, P=3).place(9, rng) == [3, 4, 5]
+
+
+def test_a_backward_check_failure_bans_the_sender_at_its_hop():
+    """A stand-in backward check that fails every gradient peer 2 sends back (and passes the
+    rest): in round 0 peer 2 serves micro-batch 0, so it is flagged with the check's reason and
+    banned from hop 0, its update left out; nobody else is touched. Each call saw the gradient
+    the peer received (from the loss) beside the one it sent."""
+    from redteam.pipeline import HopVerdict, PipelineCheck
+
+    class Veto(PipelineCheck):
+        watches_backward = True
+        seen: list = []
+
+        def verify_hop(self, view, stage, peer, inp, sent, stage_params, rng, memory=None):
+            return HopVerdict(False, False)
+
+        def verify_backward(self, view, stage, peer, grad_received, grad_sent, memory):
+            Veto.seen.append((stage, peer.pid, tuple(grad_received.shape), tuple(grad_sent.shape)))
+            return HopVerdict(peer.pid == 2, False, "veto" if peer.pid == 2 else "")
+
+    r = build(doc(rounds=1))
+    r.checks.append(Veto())
+    (rec,) = r.run().records
+    pl = rec.extra["pipeline"]
+    assert pl["flagged"] == {2: "veto"} and pl["banned_at"] == {2: 0}
+    assert rec.rejected == {2: "banned at micro-batch 0: veto"} and rec.accepted == [True, True, False, True]
+    assert Veto.seen == [(1, 2, (2, 4, 256), (2, 4, 8)), (1, 3, (2, 4, 256), (2, 4, 8))]
+
+
+def test_a_check_in_the_defense_pipeline_acts_at_the_hops():
+    """redundant_recompute as a stage of the [defense] pipeline (beside mean) is a hop check like
+    one under [pipeline] checks: the noise tamperer is banned at its first hop."""
+    d = doc({"name": "activation_tamper", "kind": "noise", "strength": 0.5}, attackers=1, rounds=1,
+            defense={"pipeline": [{"name": "redundant_recompute", "fraction": 1.0, "tolerance": 0.0},
+                                  {"name": "mean"}]})
+    r = build(d)
+    (m,) = r.malicious
+    assert [type(c).__name__ for c in r.checks] == ["RedundantRecompute"]
+    (rec,) = r.run().records
+    assert rec.extra["pipeline"]["banned_at"] == {m: m - 2}
+
+
+def test_a_link_under_one_megabit_is_still_a_link():
+    plain = build(doc(rounds=1))
+    z = plain.rng["links"].normal(0.0, 0.5, 4)
+    r = build(doc(rounds=1, bandwidth_mbps=0.5, bandwidth_sigma=0.5))
+    assert [p.uplink_mbps for p in r.peers] == pytest.approx(list(0.5 * np.exp(z)), rel=1e-12)
+
+
+def test_stage_forward_masks_the_future_also_without_the_fused_kernel(monkeypatch):
+    """The CPU's fused attention builds its own causal mask; the plain path uses the stage's,
+    cut to the input's length. On 3 of the 4 bytes, unfused, the stages still compute the
+    workload's forward (which builds its own mask)."""
+    import redteam.workloads.text as text
+
+    monkeypatch.setattr(text, "_FUSED", False)
+    r = build(doc())
+    x = r.train_x[:2, :3]
+    with torch.no_grad():
+        h = r.stage_forward(1, r.stage_forward(0, x, r.params0[r.slices[0]]), r.params0[r.slices[1]])
+        assert torch.allclose(h, _loaded(r)(x), atol=1e-5)
