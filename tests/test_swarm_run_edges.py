@@ -872,3 +872,13 @@ def test_stage_forward_masks_the_future_also_without_the_fused_kernel(monkeypatc
     with torch.no_grad():
         h = r.stage_forward(1, r.stage_forward(0, x, r.params0[r.slices[0]]), r.params0[r.slices[1]])
         assert torch.allclose(h, _loaded(r)(x), atol=1e-5)
+
+
+def test_a_lost_micro_batch_still_counts_as_a_hop_index():
+    """churn 0.95, no tolerance: peer 0 crashes on micro-batch 0 and loses it; micro-batch 1 (its
+    index advances all the same) goes to peer 1, which crashes too. Each departure names its own
+    micro-batch."""
+    r = build(doc(churn=0.95, crash_tolerance=False, micro_batches=2, rounds=1))
+    (rec,) = r.run().records
+    assert rec.extra["pipeline"]["departed"] == {0: "crashed at micro-batch 0 (churn)",
+                                                 1: "crashed at micro-batch 1 (churn)"}
