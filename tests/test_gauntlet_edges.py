@@ -276,3 +276,150 @@ def test_templar_indicator_average_and_flagged_scores():
     dec = Gauntlet(bma_alpha=0.25, commit_reveal=True)(upd, ctx)
     assert dec.state["bma"] == {0: 0.625, 1: 0.125}
     assert dec.state["scores"][1] == -float("inf") and dec.state["indicator"] == {0: 1.0, 1: -1.0}
+
+
+# ---- whole-module run (issue 39): the survivors of every mutant of defenses/gauntlet.py ----
+
+
+def test_openskill_update_ties_every_non_finite_score_at_the_last_place():
+    """NaN, −inf and +inf all take the one last place, tied: (NaN, −inf, 1) rates as (−5, −5, 1)
+    and (+inf, 1, 2) as (−5, 1, 2) (OpenSkill reads only the order of the scores)."""
+    from defenses.gauntlet import openskill_update
+
+    inf = float("inf")
+    assert openskill_update({}, [0, 1, 2], torch.tensor([float("nan"), -inf, 1.0])) == openskill_update(
+        {}, [0, 1, 2], torch.tensor([-5.0, -5.0, 1.0]))
+    assert openskill_update({}, [0, 1, 2], torch.tensor([inf, 1.0, 2.0])) == openskill_update(
+        {}, [0, 1, 2], torch.tensor([-5.0, 1.0, 2.0]))
+
+
+def test_consensus_default_stake_share_is_one_half():
+    """κ defaults to 0.5: four seats (4, 3, 2, 1) → the value three seats support, 2."""
+    assert consensus_scores(torch.tensor([[4.0], [3.0], [2.0], [1.0]])).tolist() == [2.0]
+
+
+def test_rating_scale_is_the_largest_finite_score_even_under_one_and_beside_a_zero():
+    """Scores (0, 0.5), α = 1: the scale is 0.5, so ŝ = (0, 1) — not (0, 0.5), which a scale
+    of 1 (a fallback taken too early) would give."""
+    assert update_ratings({}, [0, 1], torch.tensor([0.0, 0.5]), 1.0) == {0: 0.0, 1: 1.0}
+    assert update_ratings({}, [0, 1], torch.tensor([0.25, 0.5]), 1.0) == {0: 0.5, 1: 1.0}
+
+
+def test_a_flagged_peer_with_a_positive_rating_is_not_paid():
+    top, rew = top_g_rewards({0: 0.5, 1: 0.25}, [0, 1], 2, flagged={0})
+    assert top == [1] and rew == {0: 0.0, 1: 1.0}
+
+
+def test_a_digest_that_does_not_match_the_revealed_row_is_flagged_and_two_sharers_are_enough():
+    upd = torch.tensor([[1.0], [2.0], [2.0]])
+    commits = {0: (row_digest(torch.tensor([1.5])), 0.5), 1: (row_digest(upd[1]), 0.5),
+               2: (row_digest(upd[2]), 0.5)}
+    assert commit_flags(upd, [0, 1, 2], commits) == {
+        0: "commit-reveal: revealed row does not match its committed digest",
+        1: "commit-reveal: digest shared by 2 peers (one computation, several identities)",
+        2: "commit-reveal: digest shared by 2 peers (one computation, several identities)"}
+
+
+def test_gauntlet_refuses_a_missing_top_g_and_bma_alpha_over_one():
+    from defenses.gauntlet import Gauntlet
+    from redteam.errors import InvalidParameter
+
+    for bad in ({"top_g": None}, {"bma_alpha": 1.5}):
+        with pytest.raises(InvalidParameter):
+            Gauntlet(**bad)
+
+
+def test_gauntlet_min_keys_by_client_id_and_takes_the_smaller_of_both_batches():
+    """Clients 10 and 11; L_R = (Δ − 2)², L_A = (Δ − aᵢ)² with a = (1, 4). Δ = (1, 3):
+    sᴬ = (1 − 0, 16 − 1) = (1, 15), sᴿ = (4 − 1, 4 − 1) = (3, 3) → s = min = (1, 3). With
+    random_batch = false, s = sᴬ = (1, 15). The random batch's "before" is the zero row's loss
+    (4), not the last row's (1)."""
+    from defenses.gauntlet import Gauntlet
+
+    upd = torch.tensor([[1.0], [3.0]])
+    ctx = _qctx(upd, [2.0], assigned=[[0.0]] * 10 + [[1.0], [4.0]], client_ids=(10, 11))  # a by client id
+    dec = Gauntlet(scoring="min", alpha=1.0)(upd, ctx)
+    assert dec.state["scores"] == {10: 1.0, 11: 3.0} and dec.state["per_client"] == ["rating"]
+    assert Gauntlet(scoring="min", alpha=1.0, random_batch=False)(upd, ctx).state["scores"] == {10: 1.0, 11: 15.0}
+    # random batch only: scores 4 − 1 = 3 for both rows
+    assert Gauntlet(scoring="min")(upd, _qctx(upd, [2.0], client_ids=(10, 11))).state["scores"] == {10: 3.0, 11: 3.0}
+
+
+def test_gauntlet_templar_scores_the_random_batch_and_a_new_peer_starts_at_b_zero():
+    """Δ = 1, assigned target 1 (own = (1 − 0)/1 = 1), random target 2 (rand = (4 − 1)/4 = 0.75):
+    score 0.75, b = +1 (1 > 0.75), B = 0 + 0.25·1 = 0.25 for a new peer (β = 0.25). Δ = 0.5 for
+    peer 1: own = (1 − 0.25)/1 = 0.75, rand = (4 − 2.25)/4 = 0.4375 → b = +1 too. Peer 2,
+    Δ = 1 with assigned target 3: own = (9 − 4)/9 = 5/9 < 0.75 = rand → b = −1, B = −0.25.
+    Without the random batch the score is own and b compares own with 0."""
+    from defenses.gauntlet import Gauntlet
+
+    upd = torch.tensor([[1.0], [0.5], [1.0]])
+    ctx = _qctx(upd, [2.0], assigned=[[1.0], [1.0], [3.0]])
+    dec = Gauntlet(bma_alpha=0.25)(upd, ctx)
+    assert dec.state["scores"] == {0: 0.75, 1: 0.4375, 2: 0.75}
+    assert dec.state["indicator"] == {0: 1.0, 1: 1.0, 2: -1.0} and dec.state["bma"] == {0: 0.25, 1: 0.25, 2: -0.25}
+    assert dec.state["per_client"] == ["rating", "skill", "bma"]
+    dec = Gauntlet(bma_alpha=0.25, random_batch=False)(upd, ctx)
+    assert dec.state["scores"] == pytest.approx({0: 1.0, 1: 0.75, 2: 5 / 9})
+    assert dec.state["indicator"] == {0: 1.0, 1: 1.0, 2: 1.0}
+    # no random batch at all (ctx.evaluate_loss None): the own improvement, whatever random_batch says
+    dec = Gauntlet(bma_alpha=0.25)(upd, _qctx(upd, assigned=[[1.0], [1.0], [3.0]]))
+    assert dec.state["scores"] == pytest.approx({0: 1.0, 1: 0.75, 2: 5 / 9})
+
+
+def test_gauntlet_templar_rating_is_the_ordinal_times_the_positive_part_of_b():
+    """One peer (no game: its OpenSkill rating is kept), prior (μ, σ) = (30, 2): ordinal
+    μ − 3σ = 24; B from 0.5 with b = +1, β = 0.25 → 0.625; rating 24 · 0.625 = 15. Absent peer 9
+    with (20, 5) and no B on record: 5 · max(0, 0) = 0."""
+    from defenses.gauntlet import Gauntlet
+
+    upd = torch.tensor([[1.0]])
+    ctx = _qctx(upd, [2.0], assigned=[[1.0]], state={"skill": {0: [30.0, 2.0], 9: [20.0, 5.0]}, "bma": {0: 0.5}})
+    dec = Gauntlet(bma_alpha=0.25)(upd, ctx)
+    assert dec.state["skill"] == {0: [30.0, 2.0], 9: [20.0, 5.0]}
+    assert dec.state["rating"] == {0: 15.0, 9: 0.0} and dec.accepted.tolist() == [True]
+
+
+def test_one_validator_seat_held_by_the_attacker_is_its_report_and_a_minority_seat_is_not():
+    from defenses.gauntlet import Gauntlet
+
+    upd = torch.tensor([[1.0], [0.0]])  # random target 1: scores (1, 0)
+    low = _qctx(upd, [1.0], validator_reports=lambda ids, s: torch.full((1, 2), -5.0))
+    assert Gauntlet(scoring="min", validators=1)(upd, low).state["scores"] == {0: -5.0, 1: -5.0}
+    # three seats, one the attacker's: two honest seats out of three carry the consensus (κ = 0.5)
+    assert Gauntlet(scoring="min", validators=3)(upd, low).state["scores"] == {0: 1.0, 1: 0.0}
+    # two honest seats and no attacker: their common report
+    assert Gauntlet(scoring="min", validators=2)(upd, _qctx(upd, [1.0])).state["scores"] == {0: 1.0, 1: 0.0}
+
+
+def test_gauntlet_weights_are_the_kept_peers_sample_weights_normalised_and_reasons():
+    """Random target 1: scores (1, 0.75, −3), scale 3, α = 1 → ratings (1/3, 1/4, −1). Sample
+    weights (0.25, 0.75, 1): with top_g = 1 only peer 0 is kept → weights (1, 0, 0) (0.25 / 0.25),
+    aggregate its row; with top_g = 2 → (0.25, 0.75, 0) / 1, aggregate 0.25·1 + 0.75·0.5."""
+    from defenses.gauntlet import Gauntlet
+
+    upd = torch.tensor([[1.0], [0.5], [3.0]])  # random target 1: scores 1, 0.75, −3
+    w = torch.tensor([0.25, 0.75, 1.0])
+    dec = Gauntlet(scoring="min", alpha=1.0, top_g=1)(upd, _qctx(upd, [1.0], weights=w))
+    assert dec.weights.tolist() == [1.0, 0.0, 0.0] and dec.aggregate.tolist() == [1.0]
+    assert dec.reasons == {1: "Gauntlet: rating 0.25 (round score 0.75) not among the top 1 positive ratings",
+                           2: "Gauntlet: rating -1 (round score -3) not among the top 1 positive ratings"}
+    dec = Gauntlet(scoring="min", alpha=1.0, top_g=2)(upd, _qctx(upd, [1.0], weights=w))
+    assert dec.weights.tolist() == [0.25, 0.75, 0.0] and dec.aggregate.tolist() == [0.625]
+
+
+def test_a_non_finite_row_with_a_positive_rating_is_not_kept_and_a_flagged_one_says_why():
+    """Peer 1's rating 0.9 from before survives one NaN round (α = 0.3: 0.63 − 0.3 = 0.33 > 0),
+    but a non-finite row is never aggregated. Peer 2 is flagged (no commitment): its reason is
+    commit-reveal's. A ctx.state of None is read as no state."""
+    from defenses.gauntlet import Gauntlet
+
+    upd = torch.tensor([[1.0], [float("nan")], [1.0]])
+    ctx = _qctx(upd, [1.0], state={"rating": {1: 0.9, 2: 0.9}},
+                commits={0: (row_digest(upd[0]), 0.5), 1: (row_digest(upd[1]), 0.5)})
+    dec = Gauntlet(scoring="min", commit_reveal=True)(upd, ctx)
+    assert dec.state["rating"][1] == pytest.approx(0.33)
+    assert dec.accepted.tolist() == [True, False, False] and dec.aggregate.tolist() == [1.0]
+    assert dec.reasons == {1: "non-finite update", 2: "commit-reveal: no commitment before the reveal"}
+    ctx = _qctx(upd[:1], [1.0], state=None)
+    assert Gauntlet(scoring="min", alpha=1.0)(upd[:1], ctx).state["rating"] == {0: 1.0}
