@@ -499,3 +499,150 @@ def test_a_recomputed_pass_without_a_named_verifier_costs_nobody():
     ns.peers[4].reputation = 0.5
     assert SwarmRun._judge(ns, ns.peers[4], HopVerdict(False, True), 1, {}, 0) == 1
     assert ns.peers[4].reputation == 0.625 and all(p.busy == 0.0 for p in ns.peers)
+
+
+# ---- whole-module run of defenses/pipeline_checks.py (issue 39): its survivors, by hand ----
+class _NoDraws:
+    """A stream that must not be drawn from: a check with fraction 0 samples nothing (the
+    checks share one stream in the regime, so a draw would move every later check's sample)."""
+
+    def random(self):
+        raise AssertionError("drew from the checks' stream")
+
+    integers = random
+
+
+def test_checks_with_fraction_zero_draw_nothing_and_the_audit_samples_below_its_fraction():
+    inp = torch.ones(2)
+    assert RedundantRecompute(fraction=0.0).verify_hop(_View(PEERS), 0, PEERS[0], inp, 3 * inp, torch.zeros(1),
+                                                       _NoDraws()) == HopVerdict(False, False)
+    mem: dict = {}
+    assert ActivationCommitment(fraction=0.0).verify_hop(_View(PEERS), 0, PEERS[0], inp, inp, None, _NoDraws(),
+                                                         mem) == HopVerdict(False, False)
+    assert mem == {}
+    # no memory (the aggregation path): nothing kept, nothing drawn
+    assert ActivationCommitment(fraction=1.0).verify_hop(_View(PEERS), 0, PEERS[0], inp, inp, None, _NoDraws(),
+                                                         None) == HopVerdict(False, False)
+    # fraction 0.25: the draw 0.25 is not kept, 0.2499 is; a kept hop is decided later (a pass now)
+    for draw, kept in ((0.25, 0), (0.2499, 1)):
+        mem = {}
+        rng = SimpleNamespace(random=lambda d=draw: d, integers=lambda n: 0)
+        v = ActivationCommitment(fraction=0.25).verify_hop(_View(PEERS), 0, PEERS[0], inp, inp, None, rng, mem)
+        assert v == HopVerdict(False, False) and len(mem.get("log", [])) == kept
+
+
+def test_recompute_of_an_empty_output_and_of_negative_outputs():
+    """An empty hop output matches an empty recomputation (gap 0). ref = 2·inp = (−3, 0) with
+    tolerance 0.25: the bound is 0.25·(1 + max|ref|) = 1, so a gap of 1 passes (with max ref
+    instead of max |ref| the bound would be 0.25)."""
+    check = RedundantRecompute(fraction=1.0)
+    empty = torch.zeros(0)
+    assert check.verify_hop(_View(PEERS), 1, PEERS[4], empty, empty, torch.zeros(1), _always()) == HopVerdict(
+        False, True, verifier=5)
+    inp = torch.tensor([-1.5, 0.0])
+    sent = 2 * inp + torch.tensor([0.0, 1.0])
+    v = RedundantRecompute(fraction=1.0, tolerance=0.25).verify_hop(_View(PEERS), 1, PEERS[4], inp, sent,
+                                                                    torch.zeros(1), _always())
+    assert v == HopVerdict(False, True, verifier=5)
+
+
+def test_commitment_hashes_the_rounded_value_and_every_nan_alike():
+    """1.1 to 4 significant bits: 1.1 = 0.55·2¹, 0.55·2⁴ = 8.8 → 9, 9/16·2 = 1.125 — the
+    commitment is the full-precision one of 1.125. 23 bits: 1 + 2⁻²³ = (2²² + ½)/2²²·… sits
+    half-way, and torch.round rounds half to even → 1.0. A NaN with its sign bit set commits like NaN."""
+    assert commitment(torch.tensor([1.1]), 4) == commitment(torch.tensor([1.125]), 24)
+    assert commitment(torch.tensor([1.0 + 2.0 ** -23]), 23) == commitment(torch.tensor([1.0]), 24)
+    assert commitment(torch.tensor([1.0 + 2.0 ** -23]), 24) != commitment(torch.tensor([1.0]), 24)
+    nan = torch.tensor([float("nan")])
+    assert (-nan).numpy().tobytes() != nan.numpy().tobytes()  # the sign bit differs
+    for bits in (24, 10):
+        assert commitment(-nan, bits) == commitment(nan, bits)
+
+
+def test_log_ratio_is_of_root_mean_squares_and_a_nan_is_infinite():
+    from defenses.pipeline_checks import _log_ratio
+
+    # RMS(1, 7) = √((1 + 49)/2) = 5; RMS(2, 2) = 2
+    assert _log_ratio(torch.tensor([1.0, 7.0]), torch.tensor([2.0, 2.0])) == pytest.approx(math.log(2.5))
+    assert _log_ratio(torch.tensor([5.0, 5.0]), torch.tensor([1.0, 7.0])) == pytest.approx(0.0)
+    assert _log_ratio(torch.tensor([float("nan")]), None) == math.inf
+
+
+def test_pipeline_check_parameters_refuse_booleans():
+    for cls, bad in ((RedundantRecompute, {"tolerance": True}), (ActivationMonitor, {"momentum": False}),
+                     (ActivationMonitor, {"threshold": True}), (ActivationMonitor, {"loss_threshold": True})):
+        with pytest.raises(InvalidParameter):
+            cls(**bad)
+
+
+def test_monitor_keeps_only_finite_inputs_and_owes_a_gradient_only_when_one_can_come():
+    """A hop whose input is partly non-finite is skipped (as a wholly non-finite one); a gradient
+    is owed back only for an input that requires grad, and only when the monitor watches
+    gradients. Each hook answers a pass (HopVerdict(False, False)); the round decides."""
+    view, ok = _View(PEERS), HopVerdict(False, False)
+    mon, mem = ActivationMonitor(), {"mb": 1}
+    part = torch.tensor([[[1.0, float("nan")], [1.0, 1.0]]])
+    assert mon.verify_hop(view, 1, PEERS[4], part, part, None, None, mem) == ok and "hops" not in mem
+    plain = torch.ones(1, 2, 2)  # no grad required: nothing can come back
+    assert mon.verify_hop(view, 1, PEERS[4], plain, plain + 1.0, None, None, mem) == ok
+    assert "owed" not in mem and mem["hops"] == [("forward", 1, 1, 4, 0.0)]
+    mem = {"mb": 1}
+    grad_in = torch.ones(1, 2, 2, requires_grad=True)
+    assert ActivationMonitor(backward=False).verify_hop(view, 1, PEERS[4], grad_in, plain, None, None, mem) == ok
+    assert "owed" not in mem and len(mem["hops"]) == 1
+    # backward: a partly non-finite received gradient is skipped but counts as paid; before any
+    # hop the micro-batch is 0
+    mem = {}
+    assert mon.verify_backward(view, 1, PEERS[4], torch.tensor([1.0, float("inf")]), torch.ones(2), mem) == ok
+    assert "hops" not in mem and mem["paid"] == {(0, 1)}
+    assert mon.verify_backward(view, 1, PEERS[4], torch.ones(2), torch.full((2,), 2.0), mem) == ok
+    assert mem["hops"] == [("backward", 0, 1, 4, pytest.approx(math.log(2.0)))]
+    # the loss: an infinite loss is not kept (nor 0); e is kept as 1
+    assert mon.verify_loss(view, 2, PEERS[0], math.inf, mem) == ok and len(mem["hops"]) == 1
+    assert mon.verify_loss(view, 2, PEERS[0], math.e, mem) == ok and mem["hops"][1][4] == 1.0
+
+
+def _stage_peers(n_stages, banned=()):
+    return [_Info(p, p // 3, banned_at=0 if p in banned else None) for p in range(3 * n_stages)]
+
+
+def test_monitor_judges_later_stages_through_unflagged_upstream_peers_only():
+    """Stage 0 (peers 0–2) all at 0; stage 1 (3–5) at (0, 0, 9), each hop routed through one
+    stage-0 peer. Nobody upstream is flagged: stage 1 is judged and 5 flagged. With peer 0
+    banned, its own hop is left out (stage 0 keeps two peers) and so is the hop it fed (to peer 3:
+    stage 1 keeps two): neither stage is judged."""
+    def mem():
+        return {"hops": [("forward", 1, 0, 0, 0.0), ("forward", 2, 0, 1, 0.0), ("forward", 3, 0, 2, 0.0),
+                         ("forward", 1, 1, 3, 0.0), ("forward", 2, 1, 4, 0.0), ("forward", 3, 1, 5, 9.0)],
+                "route": {1: {0: 0, 1: 3}, 2: {0: 1, 1: 4}, 3: {0: 2, 1: 5}}}
+
+    out = dict(ActivationMonitor().audit_round(_View(_stage_peers(2)), None, None, mem()))
+    assert [p for p, v in out.items() if v.failed] == [5] and sorted(out) == [0, 1, 2, 3, 4, 5]
+    out = dict(ActivationMonitor().audit_round(_View(_stage_peers(2, banned={0})), None, None, mem()))
+    assert out == {}
+
+
+def test_a_peer_flagged_on_one_statistic_is_still_judged_on_its_others():
+    """Last stage 1, peers 3–5, one hop each. Forward (3 off by 9) flags 3; the loss (5 off by 5)
+    and backward (4 off by 9) statistics still count 3's own hops — its *own* stage is not
+    upstream of it — so each has three peers and flags 5 and 4."""
+    hops = []
+    for kind, values in (("forward", (9.0, 0.0, 0.0)), ("loss", (0.0, 0.0, 5.0)), ("backward", (0.0, 9.0, 0.0))):
+        hops += [(kind, mb, 1, 2 + mb, v) for mb, v in zip((1, 2, 3), values)]
+    mem = {"hops": hops, "route": {1: {1: 3}, 2: {1: 4}, 3: {1: 5}}}
+    out = dict(ActivationMonitor().audit_round(_View(_stage_peers(2)), None, None, mem))
+    assert {p: v.reason.split(")")[0] for p, v in out.items() if v.failed} == {
+        3: "activation monitor (forward", 4: "activation monitor (backward", 5: "activation monitor (loss"}
+    assert mem["ema"][("backward", 3)] == (0.0, 1) and mem["ema"][("loss", 3)] == (0.0, 1)
+
+
+def test_monitor_a_peer_with_one_infinite_hop_is_infinite_and_the_middle_stage_is_judged_backward():
+    """A peer's statistic is the median of its hops only when all are finite: (0, ∞, 0) is ∞
+    (flagged), not 0. Three stages: the backward statistics of the middle stage are judged
+    (stages 2, 1, 0 in turn)."""
+    out = _round(ActivationMonitor(), {}, _View(PEERS), {0: [0.0, 0.0], 1: [0.0], 2: [0.0, math.inf, 0.0]})
+    assert [p for p, v in out.items() if v.failed] == [2]
+    mem = {"hops": [("backward", mb, 1, 2 + mb, v) for mb, v in zip((1, 2, 3), (0.0, 0.0, 9.0))],
+           "route": {mb: {0: mb - 1, 1: 2 + mb, 2: 5 + mb} for mb in (1, 2, 3)}}
+    out = dict(ActivationMonitor().audit_round(_View(_stage_peers(3)), None, None, mem))
+    assert [p for p, v in out.items() if v.failed] == [5]
