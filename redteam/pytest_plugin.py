@@ -90,7 +90,13 @@ MAX_DEFAULT_WORKERS = 4
 def _workers(config: pytest.Config) -> int:
     v = config.getoption("redteam_workers", None) or os.environ.get(WORKERS_ENV)
     if v is None:
-        return max(1, min(MAX_DEFAULT_WORKERS, os.cpu_count() or 1))
+        cores = os.cpu_count() or 1
+        # under pytest-xdist (-n N) the N test processes share the cores: each keeps at least
+        # two workers (or one per core, if fewer), so that a scenario file left running alone
+        # at the end of the session still uses the machine
+        share = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")
+        share = int(share) if share.isdigit() and int(share) > 0 else 1
+        return max(min(2, cores), min(MAX_DEFAULT_WORKERS, cores // share))
     try:
         n = int(v)
     except ValueError:
@@ -137,6 +143,7 @@ def pytest_configure(config: pytest.Config) -> None:
     state = _State(config)
     config.stash[_STATE] = state
     config.stash[_RUNS] = state  # what the fixtures use (redteam._pytest_state)
+    config.pluginmanager.register(_Relay(state), "redteam-xdist-relay")
     for p in state.roots:
         if p != state.default_root and not p.exists():
             config.issue_config_time_warning(
@@ -171,6 +178,57 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> "ScenarioF
     state.seen.add(p)
     node = state.files[(parent.nodeid, file_path)] = ScenarioFile.from_parent(parent, path=file_path)
     return node
+
+
+@dataclasses.dataclass
+class _Relayed:
+    """What the summary shows of a cell that ran in a pytest-xdist worker (its report's
+    ``user_properties``), in the controller that prints the summary."""
+
+    file: str
+    row: str
+    defense: str
+    metrics: dict[str, Any]
+    status: str
+
+
+def _plain(v: Any) -> Any:
+    """A metric as the xdist channel carries it (numbers, text, None)."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return str(v)
+
+
+class _Relay:
+    """In the controller of a pytest-xdist run, rebuild the summary's rows (cells, stores, the
+    can-fail lines) from the reports the workers send; a report of this process has no ``node``
+    and is left alone (the items wrote to the state themselves)."""
+
+    def __init__(self, state: "_State") -> None:
+        self.state = state
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if getattr(report, "node", None) is None:
+            return
+        for key, value in report.user_properties:
+            if key == "redteam_outcome" and isinstance(value, dict):
+                self.state.outcomes.append(_Relayed(value["file"], value["row"], value["defense"],
+                                                    dict(value["metrics"]), value["status"]))
+                if value.get("store"):
+                    self.state.stores.setdefault(value["file"], Path(value["store"]))
+            elif key == "redteam_can_fail" and isinstance(value, dict):
+                self.state.can_fail[value["file"]] = list(value["lines"])
+
+
+def _relay_outcome(item: pytest.Item, outcome: "_Outcome", store: Path | None) -> None:
+    """Attach what the summary shows of ``outcome`` to ``item``'s report (for pytest-xdist)."""
+    item.user_properties.append(("redteam_outcome", {
+        "file": outcome.file, "row": outcome.row, "defense": outcome.defense, "status": outcome.status,
+        "metrics": {k: _plain(v) for k, v in outcome.metrics.items()},
+        "store": None if store is None else str(store)}))
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -280,6 +338,7 @@ class CanFailItem(pytest.Item):
         reports = rejudge(run.expectations, run.cells, run.stored_seeds, run.stored_baselines)
         lines = render(reports, self.path.name)
         state.can_fail[state.display(self.path)] = lines
+        self.user_properties.append(("redteam_can_fail", {"file": state.display(self.path), "lines": lines}))
         bad = [r for r in reports if r.holds_regardless]
         if bad:
             held = [ln for ln in lines if HELD.upper() in ln]
@@ -391,12 +450,16 @@ class CellItem(pytest.Item):
         try:
             outcome = state.file_run(self.path).run_cell(self.cell, self.expectations)
         except Exception:
-            state.outcomes.append(_Outcome(state.display(self.path), self.cell, {}, [], [], [], "error"))
+            broken = _Outcome(state.display(self.path), self.cell, {}, [], [], [], "error")
+            state.outcomes.append(broken)
+            _relay_outcome(self, broken, state.stores.get(broken.file))
             raise
         self.outcome = outcome
         state.outcomes.append(outcome)
         if outcome.failures:
             outcome.status = "failed"
+        _relay_outcome(self, outcome, state.stores.get(outcome.file))
+        if outcome.failures:
             raise ExpectationFailed(outcome)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:

@@ -14,6 +14,12 @@ happened to draw. ``REDTEAM_HYPOTHESIS=explore`` draws fresh inputs each run (an
 failures hypothesis finds in its database) to hunt for new counter-examples; pin each one
 found as an ``@example`` (or a test of its own) before fixing it.
 
+The whole suite (``python -m pytest`` with no paths) runs on one test process per core, up to 4
+(pytest-xdist, ``--dist loadfile``: a scenario file's cells and its ``can_fail`` item stay in one
+process, in order), since most tests use one core and a 2-core machine would otherwise idle half
+of the time. ``-n N`` chooses another count (``-n 0``: one process), ``REDTEAM_SUITE_PROCESSES=N``
+too; a run of named files or directories stays in one process unless given ``-n``.
+
 numba compiles the sorting network once per suite run: every process of the run (this one, the
 subprocesses tests start, the matrix workers they start) uses one cache directory, the user's
 own (``NUMBA_CACHE_DIR``, else ``~/.cache/redteam/numba``) or, where that one is refused (not
@@ -30,6 +36,41 @@ import os
 import pytest
 import torch
 from hypothesis import settings
+
+#: the most test processes the whole suite starts by itself (more cores: more processes would
+#: mostly add memory; pass -n to go further)
+MAX_SUITE_PROCESSES = 4
+
+
+def _suite_processes(config: pytest.Config) -> int:
+    """How many pytest-xdist processes a whole-suite run starts (0: none)."""
+    raw = os.environ.get("REDTEAM_SUITE_PROCESSES")
+    if raw is not None:
+        if not raw.strip().isdigit():
+            raise pytest.UsageError(f"REDTEAM_SUITE_PROCESSES = {raw!r}: must be an integer ≥ 0 (0: one process)")
+        return int(raw)
+    if config.args_source != pytest.Config.ArgsSource.TESTPATHS:
+        return 0  # named paths: the developer's loop, one process
+    n = min(MAX_SUITE_PROCESSES, os.cpu_count() or 1)
+    return n if n > 1 else 0
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """Before pytest-xdist reads its options: the whole suite on one process per core (above)."""
+    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+        return
+    opt = config.option
+    if getattr(opt, "numprocesses", None) is not None or getattr(opt, "tx", None):
+        return  # -n / --tx given: the user's choice
+    if opt.collectonly or getattr(opt, "usepdb", False):
+        return
+    n = _suite_processes(config)
+    if n > 1:
+        opt.numprocesses = n
+        if opt.dist == "no":
+            opt.dist = "loadfile"
+
 
 def _one_numba_cache() -> None:
     import atexit
