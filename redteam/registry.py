@@ -15,6 +15,7 @@ import dataclasses
 import difflib
 import types
 import typing
+import weakref
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Literal, Mapping
@@ -162,11 +163,28 @@ class Registry:
         )
 
 
+#: a plugin class's resolved annotations: ``typing.get_type_hints`` re-evaluates every string
+#: annotation of the class and its bases on each call (most of a matrix plan's time went there),
+#: and a class's annotations do not change once it is defined (weak keys: a class defined in a
+#: test goes away with it)
+_HINTS: "weakref.WeakKeyDictionary[type, dict[str, Any]]" = weakref.WeakKeyDictionary()
+
+
 def _type_hints(cls: type) -> dict[str, Any]:
+    """``typing.get_type_hints(cls)`` (read-only; {} when they cannot be resolved), once per class."""
     try:
-        return typing.get_type_hints(cls)
+        return _HINTS[cls]
+    except (KeyError, TypeError):
+        pass
+    try:
+        hints = typing.get_type_hints(cls)
     except Exception:
-        return {}
+        hints = {}
+    try:
+        _HINTS[cls] = hints
+    except TypeError:  # not weak-referenceable: not cached
+        pass
+    return hints
 
 
 def _type_name(tp: Any) -> str:

@@ -49,7 +49,7 @@ from .integrations.flower.spec import FlowerSpec
 from .integrations.flower.spec import check_builtin as check_flower_builtin
 from .integrations.flower.spec import check_document as check_flower_document
 from .integrations.flower.spec import is_builtin as is_flower_builtin
-from .registry import ATTACKS, DEFENSES, WORKLOADS, _coerce
+from .registry import ATTACKS, DEFENSES, WORKLOADS, _coerce, _type_hints
 from .scenario_limits import Limits, check_federation, check_memory, check_work, read_toml, shown
 from .topology import REGIMES, check_keys, regime_section
 
@@ -618,7 +618,7 @@ def _build(cls: type, table: Any, section: str, where: _Where, nested: Mapping[s
     if not isinstance(table, Mapping):
         raise where.err(f"[{section}]", table, "must be a table")
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)  # resolved once per section class
     kwargs: dict[str, Any] = {}
     for key, value in table.items():
         if key not in fields:
