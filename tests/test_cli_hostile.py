@@ -366,8 +366,19 @@ def _unshare_tmpfs_ok(tmp_path) -> bool:
     return r.returncode == 0
 
 
+@pytest.fixture(scope="module")
+def full_reference(tmp_path_factory):
+    """The store an uninterrupted run of the full-disk matrix leaves (the same for every size)."""
+    from redteam.runner.matrix_run import run_matrix
+
+    tmp = tmp_path_factory.mktemp("full-reference")
+    f = _scenario(tmp, FULL_MATRIX.format(name='"full"'))
+    run_matrix(f, tmp / "ref")
+    return tmp / "ref"
+
+
 @pytest.mark.parametrize("size", ["60k", "120k", "300k"])
-def test_a_really_full_disk_end_to_end(tmp_path, size):
+def test_a_really_full_disk_end_to_end(tmp_path, size, full_reference):
     """A real full file system (a small tmpfs in a private mount namespace): the matrix
     stops with one line, the store is never left malformed, and after space is freed
     --resume completes it to what an uninterrupted run stores. (Before: a traceback; and a
@@ -377,7 +388,6 @@ def test_a_really_full_disk_end_to_end(tmp_path, size):
     import subprocess
     import sys
 
-    from redteam.runner.matrix_run import run_matrix
     from redteam.runner.store import ResultsStore
 
     if not _unshare_tmpfs_ok(tmp_path):
@@ -398,6 +408,5 @@ def test_a_really_full_disk_end_to_end(tmp_path, size):
     err = (tmp_path / "err").read_text().strip().splitlines()
     assert len(err) == 1 and err[0].startswith("redteam: error: disk full while "), err
     assert "free space and re" in err[0]
-    run_matrix(f, tmp_path / "ref")
-    with ResultsStore(tmp_path / "ref") as a, ResultsStore(tmp_path / "after.sqlite") as b:
+    with ResultsStore(full_reference) as a, ResultsStore(tmp_path / "after.sqlite") as b:
         assert a.canonical_dump() == b.canonical_dump()

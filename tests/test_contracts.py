@@ -59,10 +59,12 @@ def test_every_registered_attack_meets_the_contract(name):
     assert report.examples >= 1 and report.checked
 
 
-#: the same code at a smaller training budget (Snowball's VAE: 270 + 30 epochs by default); the
+#: the same code at a smaller budget (Snowball's VAE: 270 + 30 epochs by default; DeepSight's DDif
+#: probes: 2,000 random inputs instead of 20,000); the
 #: indicator's OOD set drawn as noise, so the kit needs no Fashion-MNIST package (its loader is
 #: tested in tests/test_defenses_indicator.py)
-_CHEAP_DEFENSES = {"snowball": {"vae_initial": 20, "vae_tuning": 5}, "indicator": {"ood_source": "noise"}}
+_CHEAP_DEFENSES = {"snowball": {"vae_initial": 20, "vae_tuning": 5}, "indicator": {"ood_source": "noise"},
+                    "deepsight": {"num_samples": 2000}}  # its DDif probes: 20,000 by default
 
 
 @pytest.mark.parametrize("name", redteam.DEFENSES.names())
