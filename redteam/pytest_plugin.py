@@ -450,17 +450,19 @@ class CellItem(pytest.Item):
         try:
             outcome = state.file_run(self.path).run_cell(self.cell, self.expectations)
         except Exception:
-            broken = _Outcome(state.display(self.path), self.cell, {}, [], [], [], "error")
-            state.outcomes.append(broken)
-            _relay_outcome(self, broken, state.stores.get(broken.file))
+            self._keep(state, _Outcome(state.display(self.path), self.cell, {}, [], [], [], "error"))
             raise
         self.outcome = outcome
-        state.outcomes.append(outcome)
         if outcome.failures:
             outcome.status = "failed"
-        _relay_outcome(self, outcome, state.stores.get(outcome.file))
+        self._keep(state, outcome)
         if outcome.failures:
             raise ExpectationFailed(outcome)
+
+    def _keep(self, state: "_State", outcome: "_Outcome") -> None:
+        """The outcome into this session's summary, and onto the report for an xdist controller."""
+        state.outcomes.append(outcome)
+        _relay_outcome(self, outcome, state.stores.get(outcome.file))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
         from .errors import RedteamError

@@ -172,18 +172,13 @@ _HINTS: "weakref.WeakKeyDictionary[type, dict[str, Any]]" = weakref.WeakKeyDicti
 
 def _type_hints(cls: type) -> dict[str, Any]:
     """``typing.get_type_hints(cls)`` (read-only; {} when they cannot be resolved), once per class."""
-    try:
-        return _HINTS[cls]
-    except (KeyError, TypeError):
-        pass
-    try:
-        hints = typing.get_type_hints(cls)
-    except Exception:
-        hints = {}
-    try:
+    hints = _HINTS.get(cls)
+    if hints is None:
+        try:
+            hints = typing.get_type_hints(cls)
+        except Exception:
+            hints = {}
         _HINTS[cls] = hints
-    except TypeError:  # not weak-referenceable: not cached
-        pass
     return hints
 
 
