@@ -142,7 +142,7 @@ def _label(table: Any) -> str:
 
 def _run_cell(state: _SessionRuns, doc: dict[str, Any], seeds: int | Sequence[int], device: str,
               settings: Mapping[str, Any]) -> CellMetrics:
-    from .matrix import derive_seed
+    from .matrix import replicate_seeds
     from .scenario import baseline_attack, parse_scenario
     from .report.applicable import workload_is_language_model
     from .scoring import summarize
@@ -152,7 +152,8 @@ def _run_cell(state: _SessionRuns, doc: dict[str, Any], seeds: int | Sequence[in
     per_seed = []
     for rep in reps:
         d = copy.deepcopy(doc)
-        d["scenario"] = {**d.get("scenario", {}), "seed": derive_seed(base_seed, tuple(settings.items()), rep)}
+        table = d.get("scenario", {})
+        d["scenario"] = {**table, **replicate_seeds(base_seed, tuple(settings.items()), rep, table)}
         b = {**copy.deepcopy(d), "attack": baseline_attack(d.get("attack"))}
         sc, bsc = parse_scenario(d, file="<run_cell>"), parse_scenario(b, file="<run_cell>")
         base = state.records(bsc, device)

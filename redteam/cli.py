@@ -233,7 +233,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise RedteamError(f"--seed = {args.seed}: must be ≥ 0")
     seed = args.seed
     if args.cell is not None:
-        sc, first_seed = _matrix_cell(path, args.cell)
+        sc, first_seed = _matrix_cell(path, args.cell, as_matrix=args.seed is None)
         seed = first_seed if seed is None else seed
     else:
         _base_cell_only(raw, path)
@@ -334,16 +334,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _matrix_cell(path: Any, cell_id: str) -> tuple[Any, int]:
+def _matrix_cell(path: Any, cell_id: str, as_matrix: bool = True) -> tuple[Any, int]:
     """The scenario of the ``[matrix]`` cell ``cell_id`` of the file at ``path`` (what the
-    matrix runs for it, less the seed) and the seed of its first replicate."""
+    matrix runs for it, less the seed) and the seed of its first replicate; ``as_matrix``: with
+    the warm-up seed of that replicate (a ``--seed`` of the user's own: the run's seed seeds it)."""
     import copy
     import difflib
     from pathlib import Path
 
     from .errors import InvalidScenario
-    from .matrix import derive_seed
-    from .matrix import load_matrix
+    from .matrix import load_matrix, replicate_seeds
     from .scenario import parse_scenario
 
     base, matrix, _ = load_matrix(path)
@@ -356,8 +356,14 @@ def _matrix_cell(path: Any, cell_id: str) -> tuple[Any, int]:
         listed = ", ".join(names[:6]) + (f", … ({len(names)} in all)" if len(names) > 6 else "")
         raise InvalidScenario(f"--cell {cell_id!r}: {_safe(path)} has no such cell{hint} (cells: {listed}; "
                               f"`redteam matrix {_safe(path)} --dry-run` lists them with their seeds)")
-    sc = parse_scenario(copy.deepcopy(dict(cell.doc)), file=path.name, base_dir=Path(path).parent)
-    return sc, derive_seed(base.seed, cell.settings, matrix.seeds[0])
+    doc = copy.deepcopy(dict(cell.doc))
+    table = doc.get("scenario", {})
+    seeds = replicate_seeds(base.seed, cell.settings, matrix.seeds[0], table)
+    # the warm-up the matrix's first replicate starts from (the run's own seed is set by the caller)
+    if as_matrix:
+        doc["scenario"] = {**table, **{k: v for k, v in seeds.items() if k == "warmup_seed"}}
+    sc = parse_scenario(doc, file=path.name, base_dir=Path(path).parent)
+    return sc, seeds["seed"]
 
 
 def _refuse_unmet(sc: Any, path: Any) -> None:

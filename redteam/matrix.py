@@ -64,7 +64,9 @@ A **cell** is one (attack, defense, settings) combination; it runs once per seed
 replicate index — not from its attack or defense — so every attack and defense of the
 same settings sees the same data, the same initial model and the same network, the
 no-attack baseline is shared by all attacks under one defense, and adding a cell
-changes no other cell.
+changes no other cell. A scenario's warm-up (``[scenario] warmup_rounds``) is seeded by the
+scenario seed and the replicate alone (:func:`replicate_seeds`): cells whose settings leave the
+warm-up unchanged start each replicate from the same pre-trained model.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ from typing import Any, Callable, Mapping, Sequence
 from .errors import InvalidScenario
 from .scenario_limits import Limits, shown
 
-__all__ = ["Cell", "Expectation", "Matrix", "expand", "derive_seed", "parse_expectations", "defender_metrics",
+__all__ = ["Cell", "Expectation", "Matrix", "expand", "derive_seed", "replicate_seeds", "parse_expectations", "defender_metrics",
            "check_defender_metric", "MATRIX_KEYS"]
 
 #: The keys ``[matrix]`` reads; any other is refused.
@@ -391,6 +393,24 @@ def derive_seed(scenario_seed: int, settings: Sequence[tuple[str, Any]], replica
     """A 63-bit seed from the scenario seed, the cell's settings and the replicate index."""
     blob = json.dumps([scenario_seed, sorted(settings), replicate], sort_keys=True, default=str).encode()
     return int.from_bytes(hashlib.sha256(blob).digest()[:8], "big") >> 1
+
+
+def replicate_seeds(scenario_seed: int, settings: Sequence[tuple[str, Any]], replicate: int,
+                    table: Mapping[str, Any]) -> dict[str, int]:
+    """The ``[scenario]`` keys a matrix replicate sets in the cell's ``table``: ``seed``
+    (:func:`derive_seed` of the scenario seed, the cell's settings and the replicate) and, for a
+    scenario with a warm-up whose file does not set one, ``warmup_seed`` from the scenario seed and
+    the replicate alone. Cells that differ only in settings the warm-up ignores (where the attacker
+    sits, the post-training step size) then start from the same pre-trained model in each
+    replicate: the comparison between them is paired, and the warm-up is computed once. Left out
+    where it equals ``seed`` (a matrix with no settings), so such runs keep their keys."""
+    seed = derive_seed(scenario_seed, settings, replicate)
+    out = {"seed": seed}
+    if table.get("warmup_rounds", 0) and table.get("warmup_seed") is None:
+        warm = derive_seed(scenario_seed, (), replicate)
+        if warm != seed:
+            out["warmup_seed"] = warm
+    return out
 
 
 def defender_metrics() -> list[str]:

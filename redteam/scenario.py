@@ -158,6 +158,11 @@ class ScenarioInfo:
     # scenario file (see :mod:`redteam.federation.warmup`)
     warmup_rounds: int = _rule(0, lambda v: isinstance(v, int) and 0 <= v <= 100_000,
                                "must be an integer in [0, 100000]")
+    # the seed of the warm-up (None: the run's ``seed``). A matrix sets it per replicate from the
+    # scenario seed and the replicate alone (:func:`redteam.matrix.replicate_seeds`), so cells that
+    # differ only in settings share one pre-trained model per replicate: a paired comparison
+    warmup_seed: int | None = _rule(None, lambda v: v is None or (isinstance(v, int) and 0 <= v < 2**63),
+                                    "must be an integer in [0, 2**63)")
     start_from: str | None = _rule(None, lambda v: v is None or (isinstance(v, str) and 0 < len(v) <= 4096
                                                                  and v.endswith(".safetensors")),
                                    "must be the path of a .safetensors file")
@@ -590,7 +595,7 @@ class Scenario:
 
 #: keys added after results stores existed: left out of :meth:`Scenario.to_dict` at their default
 _LATE_DEFAULTS: dict[str, dict[str, Any]] = {
-    "scenario": {"warmup_rounds": 0, "start_from": None, "requires": ()},
+    "scenario": {"warmup_rounds": 0, "warmup_seed": None, "start_from": None, "requires": ()},
     "federation": {"clients_per_round": None, "attacker_selection": "random", "attackers_per_round": None,
                    "batching": "auto"},
     "window": {"window": None, "every": 1, "after_k": 10, "lifespan_threshold": 0.5},
@@ -720,6 +725,9 @@ def parse_scenario(
     kw: dict[str, Any] = {"source": file, "base_dir": str(base_dir)}
     if "scenario" in data:
         kw["scenario"] = _build(ScenarioInfo, data["scenario"], "scenario", where)
+        if kw["scenario"].warmup_seed is not None and kw["scenario"].warmup_rounds == 0:
+            raise where.err("[scenario].warmup_seed", kw["scenario"].warmup_seed,
+                            "sets the warm-up's seed, and there is none ([scenario] warmup_rounds = 0)")
     if "workload" in data:
         spec = _plugin(data["workload"], "workload", where, WORKLOADS, check_plugins)
         kw["workload"] = WorkloadSpec(spec.name, spec.params)

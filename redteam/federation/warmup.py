@@ -5,12 +5,13 @@ The field's backdoor benchmarks attack a *trained* model (BackFed, Dao et al., a
 ICML 2022, and Bagdasaryan et al., AISTATS 2020). Two ways to say so in a scenario:
 
 * ``[scenario] warmup_rounds = R``: before round 0, R rounds of clean FedAvg — the scenario's
-  workload, federation, transport and seed, with attack ``none``, defense ``mean``, a flat
-  hierarchy and no attack window (under ``[pipeline]``: R rounds of the same pipeline with no
-  attacker and no hop checks, its stages merged by ``mean``). That warm-up does not depend on
-  the cell's attack or defense, so every cell of a matrix with the same seed and the same
-  federation shares it: it is computed once, kept in memory for the process, and written to
-  the warm-up directory
+  workload, federation, transport and seed (``warmup_seed`` where set), with attack ``none``,
+  defense ``mean``, a flat hierarchy and no attack window (under ``[pipeline]``: R rounds of the
+  same pipeline with no attacker and no hop checks, its stages merged by ``mean``). That warm-up
+  does not depend on the cell's attack or defense, and a matrix seeds it by the replicate alone
+  (:func:`redteam.matrix.replicate_seeds`), so every cell of a replicate whose settings leave
+  the warm-up scenario unchanged shares it: it is computed once, kept in memory for the
+  process, and written to the warm-up directory
   (``<out>/warmups/`` of a matrix, ``REDTEAM_WARMUP_DIR`` elsewhere) from which later runs
   and other worker processes read it back. Only the model is carried over: clients'
   momentum, error-feedback residuals and optimizer states, and the defenses' memory, start
@@ -227,7 +228,9 @@ def warmup_scenario(scenario: "Scenario") -> "Scenario":
     return dataclasses.replace(
         scenario,
         pipeline=pipeline,
-        scenario=dataclasses.replace(info, warmup_rounds=0, requires=(), name="warmup", description=""),
+        scenario=dataclasses.replace(info, warmup_rounds=0, requires=(), name="warmup", description="",
+                                     seed=info.seed if info.warmup_seed is None else info.warmup_seed,
+                                     warmup_seed=None),
         federation=dataclasses.replace(fed, rounds=info.warmup_rounds, attacker_selection="random",
                                        attackers_per_round=None),
         attack=PluginSpec("none"),

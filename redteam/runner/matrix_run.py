@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..errors import InvalidParameter, InvalidScenario, RedteamError
-from ..matrix import Matrix, derive_seed
+from ..matrix import Matrix, replicate_seeds
 from ..requirements import unmet
 from ..scenario import baseline_attack, durability_params, parse_scenario
 from ..scoring import summarize
@@ -98,10 +98,11 @@ def plan_units(matrix: Matrix, scenario_seed: int, file: str, base_dir: str | Pa
     attacked: dict[str, Unit] = {}
     for pos, cell in enumerate(matrix.cells):
         for rep in matrix.seeds:
-            seed = derive_seed(scenario_seed, cell.settings, rep)
             doc = copy.deepcopy(dict(cell.doc))
             doc.setdefault("scenario", {})
-            doc["scenario"] = {**doc["scenario"], "seed": seed}
+            seeds = replicate_seeds(scenario_seed, cell.settings, rep, doc["scenario"])
+            seed = seeds["seed"]
+            doc["scenario"] = {**doc["scenario"], **seeds}
             bdoc = copy.deepcopy(doc)
             bdoc["attack"] = baseline_attack(bdoc.get("attack"))
             sc = parse_scenario(doc, file=file, base_dir=base_dir or "")
@@ -152,7 +153,8 @@ def prepare_warmups(units: list[Unit], device: str, report: Callable[[str], None
             continue
         seen.add(key)
         if report is not None:
-            report(f"warm-up ({sc.scenario.warmup_rounds} rounds, seed {sc.seed})")
+            seed = sc.seed if sc.scenario.warmup_seed is None else sc.scenario.warmup_seed
+            report(f"warm-up ({sc.scenario.warmup_rounds} rounds, seed {seed})")
         make_run(sc, device=device, warmup_dir=run["warmup_dir"])  # building the run computes its warm-up
         made += 1
     return made
@@ -768,7 +770,9 @@ def probe(plan: MatrixPlan, *, device: str = "cpu", threads: str | int | None = 
     if isinstance(doc.get("attack"), dict):
         doc["attack"] = {k: v for k, v in doc["attack"].items() if k not in ("window", "every")}
     if isinstance(doc.get("scenario"), dict):
-        doc["scenario"] = {k: v for k, v in doc["scenario"].items() if k != "warmup_rounds"}
+        doc["scenario"] = {k: v for k, v in doc["scenario"].items() if k not in ("warmup_rounds", "warmup_seed")}
+    if isinstance(doc.get("pipeline"), dict):  # what sets the warm-up goes with it
+        doc["pipeline"] = {k: v for k, v in doc["pipeline"].items() if k not in ("warmup_optimizer", "warmup_lr")}
     label = f"{'baseline ' if unit.baseline else ''}{unit.cell_id} seed {unit.replicate}"
     times = []
     for _ in range(2):
