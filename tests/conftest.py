@@ -70,6 +70,35 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
         opt.numprocesses = n
         if opt.dist == "no":
             opt.dist = "loadfile"
+            # files in the order pytest_collection_modifyitems gives (longest first), not xdist's
+            # default of the most items first, which put every scenario file (a few long cells)
+            # at the end of the run, one process finishing them while the others idled
+            opt.loadscopereorder = False
+
+
+#: test modules that take tens of seconds (Ray and subprocess drivers, real-disk runs; measured
+#: by ``--durations``), started right after the scenario files: a scheduling hint only, so a
+#: stale entry costs time, never a result
+LONG_MODULES = ("test_worker_lifetime", "test_matrix_sharing", "test_matrix", "test_contracts",
+                "test_cli_hostile", "test_pytest_plugin", "test_flower_scenario", "test_swarm",
+                "test_sortnet", "test_undefined_metrics", "test_expect_compare", "test_flower_integration")
+
+
+def _longest_first(item: pytest.Item) -> int:
+    """0: a scenario file (its cells run whole matrices); 1: a long test module; 2: the rest."""
+    path = item.path
+    if path.suffix == ".toml":
+        return 0
+    return 1 if path.stem in LONG_MODULES else 2
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In test processes of pytest-xdist, the longest files come first (a stable sort:
+    each file's items keep their order, a scenario file's ``can_fail`` item after its cells),
+    so that the run ends on short files spread over every process instead of on one long one (the
+    whole suite hands files out in this order: ``loadscopereorder`` is off, above)."""
+    if hasattr(config, "workerinput"):  # the same order in every process (xdist checks it)
+        items.sort(key=_longest_first)
 
 
 def _one_numba_cache() -> None:

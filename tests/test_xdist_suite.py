@@ -112,3 +112,28 @@ def test_a_bad_process_count_is_one_line(suite, monkeypatch, raw):
     monkeypatch.setenv("REDTEAM_SUITE_PROCESSES", raw)
     with pytest.raises(pytest.UsageError, match="REDTEAM_SUITE_PROCESSES = .*must be an integer ≥ 0"):
         suite._suite_processes(_SuiteConfig(pytest.Config.ArgsSource.TESTPATHS))
+
+
+def test_the_longest_files_are_handed_out_first(suite):
+    """xdist's default queue (most items first) put the scenario files, a few long cells each, at
+    the end of the run; the suite turns that off and sorts scenario files, then the long modules,
+    then the rest, keeping each file's own order (a ``can_fail`` item after its cells)."""
+    here = Path(__file__).resolve().parent
+    for name in suite.LONG_MODULES:  # a stale hint would only cost time: caught here instead
+        assert (here / f"{name}.py").is_file(), name
+
+    def item(path):
+        return types.SimpleNamespace(path=Path(path))
+
+    items = [item("tests/test_a.py"), item("tests/test_matrix.py"), item("scenarios/x.toml"),
+             item("tests/test_b.py"), item("scenarios/y.toml")]
+    names = [str(i.path) for i in sorted(items, key=suite._longest_first)]
+    assert names == ["scenarios/x.toml", "scenarios/y.toml", "tests/test_matrix.py", "tests/test_a.py",
+                     "tests/test_b.py"]
+    worker = types.SimpleNamespace(workerinput={}, option=types.SimpleNamespace())
+    got = list(items)
+    suite.pytest_collection_modifyitems(worker, got)
+    assert [str(i.path) for i in got] == names
+    alone = list(items)
+    suite.pytest_collection_modifyitems(types.SimpleNamespace(option=types.SimpleNamespace()), alone)
+    assert alone == items  # one process: collection order
