@@ -137,3 +137,40 @@ def test_the_longest_files_are_handed_out_first(suite):
     alone = list(items)
     suite.pytest_collection_modifyitems(types.SimpleNamespace(option=types.SimpleNamespace()), alone)
     assert alone == items  # one process: collection order
+
+
+class _NodeConfig:
+    def __init__(self, workerinput=None, workers=None):
+        if workerinput is not None:
+            self.workerinput = workerinput
+        self.option = types.SimpleNamespace(redteam_workers=workers)
+
+    def getoption(self, name, default=None):
+        return getattr(self.option, name, default)
+
+
+def test_the_whole_suite_runs_a_cells_seeds_in_its_test_processes(suite, monkeypatch):
+    """One test process per core, scenario files first: seed workers on top only crowd the cores."""
+    monkeypatch.delenv("REDTEAM_PYTEST_WORKERS", raising=False)
+    whole = _NodeConfig({"redteam_whole_suite": True})
+    suite.pytest_configure(whole)
+    assert whole.option.redteam_workers == "1"
+    assert plugin._workers(whole) == 1
+    for other in (_NodeConfig({}), _NodeConfig(None), _NodeConfig({"redteam_whole_suite": True}, workers="3")):
+        before = other.option.redteam_workers
+        suite.pytest_configure(other)  # -n given by hand, one process, or a count of the user's own
+        assert other.option.redteam_workers == before
+    monkeypatch.setenv("REDTEAM_PYTEST_WORKERS", "2")
+    chosen = _NodeConfig({"redteam_whole_suite": True})
+    suite.pytest_configure(chosen)
+    assert chosen.option.redteam_workers is None and plugin._workers(chosen) == 2
+
+
+def test_the_controller_marks_the_whole_suites_test_processes(suite):
+    ctrl = types.SimpleNamespace(stash=pytest.Stash())
+    node = types.SimpleNamespace(config=ctrl, workerinput={})
+    suite.pytest_configure_node(node)
+    assert node.workerinput == {}
+    ctrl.stash[suite._WHOLE_SUITE] = True
+    suite.pytest_configure_node(node)
+    assert node.workerinput == {"redteam_whole_suite": True}
