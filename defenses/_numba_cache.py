@@ -21,42 +21,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-import stat
 import sys
 import threading
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from redteam._cachedir import refused, unsafe, user_cache  # noqa: F401 - unsafe: also this module's
+
 _state: dict[str, Any] = {}
 
 #: seconds a first call may take before :func:`first_use` says what the pause is
 NOTE_AFTER = 1.0
-
-
-def unsafe(path: Path) -> str | None:
-    """Why a process of this user must not load code from the directory ``path`` (resolved),
-    or None: it is not a directory, another user owns it, or someone else can write to it or
-    replace it (a directory above it that another user owns, or that others can write to
-    without the sticky bit)."""
-    uid = os.geteuid()
-    try:
-        st = os.stat(path)
-        if not stat.S_ISDIR(st.st_mode):
-            return "is not a directory"
-        if st.st_uid != uid:
-            return f"is owned by uid {st.st_uid}, not by this user ({uid})"
-        if st.st_mode & 0o022:
-            return f"has mode {stat.S_IMODE(st.st_mode):o}: others can write to it"
-        for above in path.parents:
-            st = os.stat(above)
-            if st.st_uid not in (0, uid):
-                return f"lies in {above}, owned by uid {st.st_uid}"
-            if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-                return f"lies in {above}, which others can write to"
-    except OSError as e:
-        return f"cannot be checked ({e.strerror or e})"
-    return None
 
 
 def candidate() -> Path:
@@ -67,20 +43,7 @@ def candidate() -> Path:
         given = sys.modules["numba"].config.CACHE_DIR
     if given:
         return Path(given)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "redteam" / "numba"
-
-
-def refused(where: Path) -> str | None:
-    """Why ``where`` cannot be the cache (it cannot be made, or :func:`unsafe`), or None; makes
-    it (mode 0o700) when missing."""
-    try:
-        where.parent.mkdir(parents=True, exist_ok=True)
-        where.mkdir(mode=0o700, exist_ok=True)
-        where = where.resolve()
-    except OSError as e:
-        return f"cannot be made ({e.strerror or e})"
-    return unsafe(where)
+    return user_cache("numba")
 
 
 def one_for_this_run() -> Path | None:

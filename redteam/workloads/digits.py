@@ -80,12 +80,22 @@ class Digits(Workload):
             raise param_error(self, "test_fraction", v, "must be in [0.05, 0.9]")
 
     def load(self, seed: int) -> Dataset:
-        import numpy as np
-        from sklearn.datasets import load_digits
+        from importlib.metadata import version
 
-        bunch = load_digits()
-        x = np.asarray(bunch.data, dtype=np.float32) / 16.0
-        y = np.asarray(bunch.target, dtype=np.int64)
+        import numpy as np
+
+        from .datacache import cached_arrays
+
+        def make() -> dict:
+            from sklearn.datasets import load_digits
+
+            bunch = load_digits()
+            return {"x": np.asarray(bunch.data, dtype=np.float32) / 16.0, "y": np.asarray(bunch.target, dtype=np.int64)}
+
+        # kept between processes (redteam.workloads.datacache): importing sklearn.datasets cost
+        # each process more than a small run
+        arrays = cached_arrays("load_digits", {}, {"scikit-learn": version("scikit-learn")}, ("x", "y"), make)
+        x, y = arrays["x"], arrays["y"]
         return split_and_standardize(x, y, classes=10, test_fraction=self.test_fraction,
                                      split_seed=self.split_seed, standardize=self.standardize)
 

@@ -59,21 +59,24 @@ class Synthetic(Workload):
             raise param_error(self, "test_fraction", v, "must be in [0.05, 0.9]")
 
     def load(self, seed: int) -> Dataset:
-        import numpy as np
-        from sklearn.datasets import make_classification
+        from importlib.metadata import version
 
-        x, y = make_classification(
-            n_samples=self.samples,
-            n_features=self.features,
-            n_informative=self.informative,
-            n_redundant=min(2, self.features - self.informative),
-            n_classes=self.classes,
-            n_clusters_per_class=1,
-            class_sep=self.class_sep,
-            random_state=self.data_seed,
-        )
-        x = x.astype(np.float32)
-        y = y.astype(np.int64)
+        from .datacache import cached_arrays
+
+        args = dict(n_samples=self.samples, n_features=self.features, n_informative=self.informative,
+                    n_redundant=min(2, self.features - self.informative), n_classes=self.classes,
+                    n_clusters_per_class=1, class_sep=self.class_sep, random_state=self.data_seed)
+
+        def make() -> dict:
+            import numpy as np
+            from sklearn.datasets import make_classification
+
+            x, y = make_classification(**args)
+            return {"x": x.astype(np.float32), "y": y.astype(np.int64)}
+
+        # kept between processes: importing sklearn.datasets cost each process more than a small run
+        arrays = cached_arrays("make_classification", args, {"scikit-learn": version("scikit-learn")}, ("x", "y"), make)
+        x, y = arrays["x"], arrays["y"]
         n_test = int(round(self.test_fraction * len(y)))
         return Dataset(
             torch.from_numpy(x[n_test:]),
