@@ -82,8 +82,8 @@ from typing import Any, Callable, Mapping, Sequence
 from .errors import InvalidScenario
 from .scenario_limits import Limits, shown
 
-__all__ = ["Cell", "Expectation", "Matrix", "expand", "derive_seed", "replicate_seeds", "parse_expectations", "defender_metrics",
-           "check_defender_metric", "MATRIX_KEYS"]
+__all__ = ["Cell", "Expectation", "Matrix", "expand", "derive_seed", "replicate_seeds", "parse_expectations",
+           "defender_metrics", "check_defender_metric", "MATRIX_KEYS"]
 
 #: The keys ``[matrix]`` reads; any other is refused.
 MATRIX_KEYS = ("attacks", "defenses", "seeds", "settings", "defender_metric")
@@ -406,7 +406,7 @@ def replicate_seeds(scenario_seed: int, settings: Sequence[tuple[str, Any]], rep
     where it equals ``seed`` (a matrix with no settings), so such runs keep their keys."""
     seed = derive_seed(scenario_seed, settings, replicate)
     out = {"seed": seed}
-    if table.get("warmup_rounds", 0) and table.get("warmup_seed") is None:
+    if isinstance(table, Mapping) and table.get("warmup_rounds", 0) and table.get("warmup_seed") is None:
         warm = derive_seed(scenario_seed, (), replicate)
         if warm != seed:
             out["warmup_seed"] = warm

@@ -18,7 +18,9 @@ The whole suite (``python -m pytest`` with no paths) runs on one test process pe
 (pytest-xdist, ``--dist loadfile``: a scenario file's cells and its ``can_fail`` item stay in one
 process, in order), since most tests use one core and a 2-core machine would otherwise idle half
 of the time. ``-n N`` chooses another count (``-n 0``: one process), ``REDTEAM_SUITE_PROCESSES=N``
-too; a run of named files or directories stays in one process unless given ``-n``.
+too; a run of named files or directories stays in one process unless given ``-n``. The whole suite
+hands out its longest files first (the scenario files, then the long modules) and runs a scenario
+cell's seeds inside its test process, one after another: the processes already fill the cores.
 
 numba compiles the sorting network once per suite run: every process of the run (this one, the
 subprocesses tests start, the matrix workers they start) uses one cache directory, the user's
