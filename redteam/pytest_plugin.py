@@ -38,6 +38,7 @@ import dataclasses
 import difflib
 import fnmatch
 import hashlib
+import json
 import os
 import re
 import shlex
@@ -293,6 +294,7 @@ class ScenarioFile(pytest.File):
         _check_names(matrix.cells, name)
         marks = self.config.stash[_STATE].marks_for(self.path, self.config.rootpath)
         unmet: list[str] = []
+        checked: dict[str, list[str]] = {}  # cells that share their requirements and workload share the check
         for cell in matrix.cells:
             exps = tuple(e for e in matrix.expectations if e.matches(cell))
             if not exps:
@@ -300,7 +302,12 @@ class ScenarioFile(pytest.File):
             item = CellItem.from_parent(self, name=cell.id, cell=cell, expectations=exps, seeds=matrix.seeds)
             for m in ("attacks", *marks):
                 item.add_marker(m)
-            missing = _unmet(cell.doc, self.path.parent)  # [scenario] requires: a dataset, a GPU, a package
+            info = cell.doc.get("scenario")
+            what = json.dumps([info.get("requires") if isinstance(info, Mapping) else None, cell.doc.get("workload")],
+                              sort_keys=True, default=str)
+            if what not in checked:  # [scenario] requires: a dataset, a GPU, a package
+                checked[what] = _unmet(cell.doc, self.path.parent)
+            missing = checked[what]
             if missing:
                 item.unmet = f"{name}: " + "; ".join(missing)
                 unmet.append(item.unmet)
