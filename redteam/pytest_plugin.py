@@ -88,6 +88,12 @@ WORKERS_ENV = "REDTEAM_PYTEST_WORKERS"
 MAX_DEFAULT_WORKERS = 4
 
 
+def _test_processes() -> int:
+    """How many test processes share this machine's cores (pytest-xdist's ``-n``; 1 without it)."""
+    raw = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else 1
+
+
 def _workers(config: pytest.Config) -> int:
     v = config.getoption("redteam_workers", None) or os.environ.get(WORKERS_ENV)
     if v is None:
@@ -95,9 +101,7 @@ def _workers(config: pytest.Config) -> int:
         # under pytest-xdist (-n N) the N test processes share the cores: each keeps at least
         # two workers (or one per core, if fewer), so that a scenario file left running alone
         # at the end of the session still uses the machine
-        share = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")
-        share = int(share) if share.isdigit() and int(share) > 0 else 1
-        return max(min(2, cores), min(MAX_DEFAULT_WORKERS, cores // share))
+        return max(min(2, cores), min(MAX_DEFAULT_WORKERS, cores // _test_processes()))
     try:
         n = int(v)
     except ValueError:
@@ -597,9 +601,9 @@ class _FileRun:
             if self.execute is not None and len(units) > 1:
                 for unit, result in zip(units, self.execute(units, self.device)):
                     _record(self.store, unit, result)
-            else:
+            else:  # in this test process, which shares the cores with the session's others
                 for unit in units:
-                    _record(self.store, unit, execute_unit(unit.doc, self.device))
+                    _record(self.store, unit, execute_unit(unit.doc, self.device, parallel_runs=_test_processes()))
         return [self.store.run(r.run_key)["metrics"] for r in rows]
 
     def _needed(self, cell: "Cell") -> bool:
