@@ -1,8 +1,8 @@
 """Generated datasets kept between processes, verified by content.
 
 The ``synthetic`` workload draws its data with scikit-learn's ``make_classification``, and
-importing ``sklearn.datasets`` costs a process about 1.5 to 2 CPU-seconds, more than a small
-run's training. Every process of a matrix, of a test run, of each ``redteam run`` paid it. The
+importing ``sklearn.datasets`` costs a process about 2 to 3 CPU-seconds, more than a small
+run's training (``digits`` reads ``load_digits`` the same way). Every process of a matrix, of a test run, of each ``redteam run`` paid it. The
 arrays are a pure function of the workload's parameters and the library versions, so they are
 kept in a cache directory and read back (numpy's ``.npz``, read with ``allow_pickle=False``:
 nothing in a file can run code) by the next process that asks for the same ones.
