@@ -360,8 +360,8 @@ def _matrix_cell(path: Any, cell_id: str, as_matrix: bool = True) -> tuple[Any, 
     table = doc.get("scenario", {})
     seeds = replicate_seeds(base.seed, cell.settings, matrix.seeds[0], table)
     # the warm-up the matrix's first replicate starts from (the run's own seed is set by the caller)
-    if as_matrix:
-        doc["scenario"] = {**table, **{k: v for k, v in seeds.items() if k == "warmup_seed"}}
+    if as_matrix and "warmup_seed" in seeds:
+        doc["scenario"] = {**table, "warmup_seed": seeds["warmup_seed"]}
     sc = parse_scenario(doc, file=path.name, base_dir=Path(path).parent)
     return sc, seeds["seed"]
 

@@ -96,8 +96,10 @@ def pytest_configure(config: pytest.Config) -> None:
     busy without seed workers, and two files' seed workers on top of the test processes only
     crowded the cores (measured: 7 % more CPU for the same cells, before any crowding).
     ``--redteam-workers N`` or ``REDTEAM_PYTEST_WORKERS=N`` still choose."""
+    from redteam.pytest_plugin import WORKERS_ENV
+
     inp = getattr(config, "workerinput", None)
-    if inp and inp.get("redteam_whole_suite") and not os.environ.get("REDTEAM_PYTEST_WORKERS") \
+    if inp and inp.get("redteam_whole_suite") and not os.environ.get(WORKERS_ENV) \
             and config.getoption("redteam_workers", None) is None:
         config.option.redteam_workers = "1"
 

@@ -40,6 +40,11 @@ _DIGEST = "__sha256__"
 _MAX_FILE = 1 << 30  # a cache file over 1 GiB is not read
 
 
+#: the checked directory per setting of the variables that name it: checked once per process,
+#: not at every load (a load is on the path of every run and many tests)
+_CHECKED: dict[tuple[str | None, ...], Path | None] = {}
+
+
 def directory() -> Path | None:
     """The checked cache directory (made when missing), or None: no cache."""
     from .._cachedir import refused, user_cache
@@ -47,10 +52,11 @@ def directory() -> Path | None:
     given = os.environ.get(CACHE_ENV)
     if given is not None and given.strip().lower() in ("off", "0", "no", "false"):
         return None
-    where = Path(given) if given else user_cache("data")
-    if refused(where) is not None:
-        return None
-    return where.resolve()
+    asked = (given, os.environ.get("XDG_CACHE_HOME"), os.environ.get("HOME"))
+    if asked not in _CHECKED:
+        where = Path(given) if given else user_cache("data")
+        _CHECKED[asked] = None if refused(where) is not None else where.resolve()
+    return _CHECKED[asked]
 
 
 def _digest(arrays: Mapping[str, np.ndarray]) -> str:
