@@ -322,3 +322,37 @@ def test_row_view_reads_the_matrix_rows():
     assert [r.tolist() for r in v[1:3]] == m[1:3].tolist()
     with pytest.raises(IndexError):
         v[4]
+
+
+@pytest.mark.parametrize("uniform", [True, False])
+def test_the_row_screen_at_its_boundaries(uniform):
+    # decode_many screens each row by its sum and its largest magnitude before any entry-by-entry
+    # check: a finite row whose sum overflows (two values of 3e38) is accepted, a value exactly at
+    # max_abs is accepted and the next float above it is not, +inf beside -inf (a NaN sum) and a
+    # NaN are refused. The same answers as decode, row by row. uniform=False: one payload of
+    # another length sends the batch down the row-by-row lane.
+    big = 3e38
+    limit = float(torch.tensor(big, dtype=torch.float32))  # max_abs on a float32 value, exactly
+    above = float(torch.nextafter(torch.tensor(limit), torch.tensor(float("inf"))))
+    cases = {"overflowing sum": [big, big, 0.0], "at max_abs": [limit, -limit, 1.0], "above": [above, 0.0, 0.0],
+             "inf and -inf": [float("inf"), float("-inf"), 0.0], "nan": [0.0, float("nan"), 0.0],
+             "plain": [1.0, -2.0, 3.0]}
+    want_ok = {"overflowing sum": True, "at max_abs": True, "above": False, "inf and -inf": False, "nan": False,
+               "plain": True}
+    codec = make_codec("none", max_abs=limit)
+    d = 3
+    x = torch.tensor(list(cases.values()), dtype=torch.float32)
+    payloads = [make_codec("none").encode(row, None) for row in x]
+    if not uniform:
+        payloads.append(make_codec("none").encode(torch.zeros(4), None))  # another dimension: refused
+    rows, errors = codec.decode_many(payloads, d)
+    for k, name in enumerate(cases):
+        assert (errors[k] is None) is want_ok[name], (name, errors[k])
+        try:
+            one = codec.decode(payloads[k], d)
+        except Exception as exc:  # noqa: BLE001 - the message is what is compared
+            assert errors[k] == str(exc) and not rows[k].any()
+        else:
+            assert torch.equal(rows[k], one)
+    if not uniform:
+        assert errors[-1] is not None

@@ -421,6 +421,11 @@ class BatchedTrainer:
             if adam is not None:
                 # the rows stepped from are read no more (train's own copy): their buffer takes the next result
                 spare, params = params, adam.step(params, g, lr, active, out=spare)
+            elif hooked is None and not isinstance(lr, torch.Tensor):
+                # in place, the same two roundings as params - lr * g: the rows are train's own copy
+                # and no hook holds them; a new (n, d) matrix at every step cost more than the
+                # arithmetic (page faults: 11 ms against 1.9 for 10 rows of 199,210 values)
+                params.sub_(g.mul_(lr))
             else:
                 params = params - (lr * g if not isinstance(lr, torch.Tensor) else lr[:, None] * g)
             if hooked is not None:
