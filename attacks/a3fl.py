@@ -487,7 +487,7 @@ class A3FL(Attack):
         if ctx.model is None:
             raise InvalidParameter("attack a3fl searches its trigger against the model it is sent, but its context "
                                    "carries no model view (AttackContext.model): run it where the regime gives "
-                                   "one (it declares needs_model); a part of `compose` is not given it")
+                                   "one (it declares needs_model)")
         own = tuple(ctx.own_data)
         data = own[:1] if self.search_on == "first" else own
         x = torch.cat([d.x for d in data]) if data else None

@@ -13,8 +13,10 @@ Hooks run in the order given: ``poison_data`` chains the data attacks, ``craft_u
 feeds each update attack the rows the previous one produced (as ``own_updates``), and the
 transport, provenance and hierarchy hooks chain likewise; at most one part may shape the
 local training (``training_hook``, e.g. ``neurotoxin`` after a ``backdoor`` data part). The composite is omniscient,
-adaptive or targeted if any part is; ASR comes from the first part that defines
-``targeted_test``.
+adaptive or targeted if any part is, is given the model (``needs_model``) if any part asks for
+it, and re-reads its trigger before every evaluation if any part re-optimises one
+(``dynamic_trigger``: A3FL and IBA, boosted by ``model_replacement`` for instance); ASR comes
+from the first part that defines ``targeted_test``.
 
 **State.** The parts are built once per composition (on first use) and the same objects
 serve every hook of the run, so an attack that remembers something keeps it exactly as it
@@ -144,6 +146,18 @@ class Compose(Attack):
     @property
     def colluding_verifiers(self) -> bool:  # type: ignore[override]
         return any(p.colluding_verifiers for p in self.parts)
+
+    @property
+    def needs_model(self) -> bool:  # type: ignore[override]
+        """The context carries the model and the attackers' own data when any part asks for them
+        (A3FL, IBA, Chameleon, 3DFed search against the model they are sent)."""
+        return any(p.needs_model for p in self.parts)
+
+    @property
+    def dynamic_trigger(self) -> bool:  # type: ignore[override]
+        """``targeted_test`` is asked again before every evaluation when any part re-optimises its
+        trigger (for a static part that answers first, asking again gives the same trigger)."""
+        return any(p.dynamic_trigger for p in self.parts)
 
     def report_scores(self, peers: tuple[int, ...], scores: "torch.Tensor", own: tuple[int, ...]) -> "torch.Tensor":
         for p in self.parts:

@@ -385,7 +385,7 @@ def test_training_hook_passes_lr_and_steps_and_skips_without_data():
     b = A3FL(**CHEAP)
     hook = b.training_hook(dataclasses.replace(_ctx(2), own_data=()))
     assert hook.poison_batch is not None and "last_search" not in b._memory
-    # no model view (e.g. inside `compose`, which does not forward needs_model): a clear refusal
+    # no model view (a regime that gives none): a clear refusal
     with pytest.raises(InvalidParameter, match="no model view"):
         A3FL(**CHEAP).training_hook(dataclasses.replace(_ctx(2), model=None))
 
@@ -424,6 +424,33 @@ def test_a_short_federation_scores_the_held_trigger():
     # the memory is the instance's, and every run builds its own: a new run starts from trigger_init
     again = Federation(sc).attack
     assert again is not atk and torch.equal(again.trigger, torch.full((64,), 0.5))
+
+
+def test_inside_compose_it_is_given_the_model_and_scored_on_its_latest_trigger():
+    # compose asks for the model when a part does (needs_model) and re-reads the trigger before
+    # each evaluation when a part re-optimises one (dynamic_trigger): A3FL boosted by model
+    # replacement searches as it does alone. Before: the composite declared neither, so the part
+    # was refused ("no model view") and the ASR would have read the first trigger.
+    from redteam.federation.loop import Federation
+    from redteam.registry import ATTACKS
+    from redteam.scenario import parse_scenario
+
+    a3fl = {"name": "a3fl", "trigger_size": 2, "trigger_position": [6, 6], "outer_epochs": 2, "adv_epochs": 1}
+    sc = parse_scenario({"scenario": {"seed": 0}, "workload": {"name": "digits"},
+                         "federation": {"clients": 6, "malicious_fraction": 0.34, "rounds": 2},
+                         "attack": {"name": "compose", "attacks": [a3fl, {"name": "model_replacement"}]}})
+    fed = Federation(sc)
+    assert fed.attack.needs_model and fed.attack.dynamic_trigger
+    res = fed.run()
+    part = fed.attack.parts[0]
+    assert part._memory["last_search"]["round"] == 1
+    assert not torch.equal(part.trigger, torch.full((64,), 0.5))  # it searched
+    assert all("asr" in r.extra for r in res.records)
+    probe = fed.probes.targeted[0]
+    assert torch.equal(probe[0, [54, 55, 62, 63]], part.trigger[[54, 55, 62, 63]].to(probe.dtype))
+    # two static parts: neither flag
+    static = ATTACKS.create("compose", {"attacks": ({"name": "backdoor", "target": 0}, {"name": "model_replacement"})})
+    assert not static.needs_model and not static.dynamic_trigger
 
 
 # ---- parameters ------------------------------------------------------------------------------
