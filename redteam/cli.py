@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
             and the seed of each replicate (what `redteam run FILE --cell ID --seed S` takes
             to rerun it), counts the runs the --out store already holds (read, never written:
             no store is created) and the runs left, and times one round of the first cell to
-            estimate the whole ("≈ 14 min with 2 workers, from a 1-round probe of 0.8 s");
+            estimate the whole ("≈ 14 min with 2 workers, from a 2-round probe of 1.6 s");
             --no-probe skips the probe.
 
             One store holds one definition of the scenario: --resume refuses, listing each
@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "(implies --resume)")
     mx.add_argument("--dry-run", action="store_true",
                     help="run nothing, write nothing: list the cells and their seeds, the runs already in --out "
-                         "and those left, and a time estimate from a 1-round probe")
+                         "and those left, and a time estimate from a 2-round probe")
     mx.add_argument("--no-probe", action="store_true",
                     help="with --dry-run: no probe, so no time estimate (nothing is trained)")
     mx.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"), help="where tensors live")
@@ -567,11 +567,12 @@ def _cmd_matrix_dry_run(args: argparse.Namespace) -> int:
         return 0
     total = estimate_seconds(plan, found)
     workers = max(1, min(plan.workers, len(plan.todo)))
+    warm = (f" and of {len(found.warmups)} warm-up(s) ({sum(found.warmups)} rounds)" if found.warmups else "")
     console.print(_plain(
-        f"estimate: ≈ {_duration(total)} with {workers} worker(s), from a 1-round probe of {found.seconds:.2f} s "
-        f"({found.label} on --device {args.device}: {found.setup_s:.2f} s to set up + {found.round_s:.2f} s per "
-        f"round; the rounds of {len(plan.todo)} run(s) ÷ {workers}, + {found.warmup_s:.1f} s of warm-up a fresh "
-        "process pays once); a rough guide: cells differ in cost"))
+        f"estimate: ≈ {_duration(total)} with {workers} worker(s), from a {found.rounds}-round probe of "
+        f"{found.seconds:.2f} s ({found.label} on --device {args.device}: {found.setup_s:.2f} s to set up, its first "
+        f"round's extra included, + {found.round_s:.2f} s per round; the rounds of {len(plan.todo)} run(s){warm} "
+        f"÷ {workers}, + {found.warmup_s:.1f} s a fresh process pays once); a rough guide: cells differ in cost"))
     return 0
 
 

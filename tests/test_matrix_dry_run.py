@@ -131,7 +131,7 @@ def test_dry_run_probe_gives_an_estimate(tmp_path, capsys):
     code, out, err = _dry(capsys, f, "--out", tmp_path / "out", "--device", "cpu")
     assert code == 0, err
     text = " ".join(out.split())
-    assert "estimate: ≈" in text and "from a 1-round probe of" in text and "with 1 worker(s)" in text
+    assert "estimate: ≈" in text and "from a 2-round probe of" in text and "with 1 worker(s)" in text
     assert "mean[sign_flip,lr=0.1] seed 0" in text  # the first cell, attacked
     assert not (tmp_path / "out").exists()
 
@@ -146,6 +146,44 @@ def test_estimate_is_rounds_times_runs_over_workers():
     p = Probe("c seed 0", seconds=1.5, setup_s=0.5, round_s=1.0, warmup_s=3.0)
     # warm-up once, then (setup + rounds × round) per run, the runs shared by 2 workers
     assert estimate_seconds(plan, p) == pytest.approx(3.0 + (2 * (0.5 + 10) + 2 * (0.5 + 20)) / 2)
+    # two warm-ups of 80 rounds: their rounds at the per-round time, shared by the workers too
+    w = Probe("c seed 0", seconds=1.5, setup_s=0.5, round_s=1.0, warmup_s=3.0, warmups=(80, 80))
+    assert estimate_seconds(plan, w) == pytest.approx(3.0 + (2 * (0.5 + 10) + 2 * (0.5 + 20) + 160) / 2)
+
+
+def test_the_probe_counts_a_costly_first_round_once_per_run(tmp_path, monkeypatch):
+    # an attack that trains something once per run makes its first round slow (5 s) and the
+    # others fast (0.1 s): the second round is the per-round time, the first's extra is setup.
+    # Before, a one-round probe took 5 s a round: 8 rounds read 41 s instead of 6.7.
+    import redteam.runner.matrix_run as mr
+
+    f = _scenario(tmp_path, '["sign_flip"]')
+    plan = mr.plan_matrix(f, tmp_path / "out")
+    clock = iter([0.0, 6.0, 10.0, 16.1])  # the 1-round call took 6.0 s, the 2-round call 6.1 s
+    monkeypatch.setattr(mr.time, "perf_counter", lambda: next(clock))
+    walls = {1: [5.0], 2: [5.0, 0.1]}
+    monkeypatch.setattr(mr, "execute_unit", lambda doc, *a, **k: {
+        "records": [{"wall_time_s": w} for w in walls[doc["federation"]["rounds"]]]})
+    p = mr.probe(plan)
+    assert (p.rounds, p.seconds) == (2, pytest.approx(6.1))
+    assert p.round_s == pytest.approx(0.1) and p.setup_s == pytest.approx(5.9)
+    assert p.warmup_s == pytest.approx(0.0)  # the 1-round call cost what the timed call's first round did
+    assert p.run_seconds(8) == pytest.approx(6.7)
+    assert p.warmups == ()
+
+
+def test_warm_ups_are_counted_once_per_replicate(tmp_path):
+    # a warm-up is the clean run before the cells: the attacks and defenses share it, a setting
+    # it trains with (the learning rate) does not, and the replicate seeds it ([scenario] warmup_seed)
+    from redteam.runner.matrix_run import plan_matrix, plan_warmups
+
+    f = tmp_path / "w.toml"
+    f.write_text(TINY.replace("ATTACKS", BOTH).replace("seed = 5", "seed = 5\nwarmup_rounds = 3"))
+    plan = plan_matrix(f, tmp_path / "out")
+    assert len(plan.todo) == 2 * 2 + 2 * 2 * 2  # baselines (lr × seed) + attacked (attack × lr × seed)
+    assert plan_warmups(plan) == (3,) * 4  # lr × seed: not one per attack or per baseline
+    f.write_text(TINY.replace("ATTACKS", BOTH))
+    assert plan_warmups(plan_matrix(f, tmp_path / "out")) == ()
 
 
 def test_dry_run_checks_what_a_run_checks(tmp_path, capsys):

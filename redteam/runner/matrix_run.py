@@ -738,16 +738,21 @@ def plan_matrix(
 
 @dataclass(frozen=True)
 class Probe:
-    """One round of one run, timed twice: the first time pays what a process pays once
-    (imports, kernels, caches: ``warmup_s``, its excess over the second), the second is
-    the measurement, ``seconds`` in all, of which ``round_s`` the round (training,
-    defense, evaluation) and ``setup_s`` the rest (data, model, network)."""
+    """A short run, timed twice: the first time pays what a process pays once (imports,
+    kernels, caches: ``warmup_s``, its excess over the second), the second is the
+    measurement, ``seconds`` in all for ``rounds`` rounds, of which ``round_s`` is its last
+    round (training, defense, evaluation) and ``setup_s`` the rest (data, model, network, and
+    what the first round costs beyond the others: an attack that trains something once per
+    run, a cache filled at first use). ``warmups``: the rounds of each distinct warm-up the
+    plan's runs start from (``[scenario] warmup_rounds``), counted at ``round_s`` a round."""
 
     label: str
     seconds: float
     setup_s: float
     round_s: float
     warmup_s: float = 0.0
+    rounds: int = 1
+    warmups: tuple[int, ...] = ()
 
     def run_seconds(self, rounds: int) -> float:
         """The estimated wall time of a run of ``rounds`` rounds (warm)."""
@@ -755,18 +760,20 @@ class Probe:
 
 
 def probe(plan: MatrixPlan, *, device: str = "cpu", threads: str | int | None = None) -> Probe | None:
-    """Run one round of the plan's first cell (its attacked run; its baseline when its
-    attack is ``none``) with the scenario's settings, on ``device``, twice (the first is
-    the warm-up a fresh process pays once) and time it; ``None`` when nothing is left to
-    compute. Nothing is written."""
+    """Run the plan's first cell (its attacked run; its baseline when its attack is
+    ``none``) with the scenario's settings, on ``device``, twice: once for one round (the
+    warm-up a fresh process pays once), then for two rounds (one when the run has one), the
+    run timed; ``None`` when nothing is left to compute. The second round is the per-round
+    time; what the first costs beyond it is counted once per run. Nothing is written."""
     if not plan.todo:
         return None
     first = plan.cells[0].cell_id
     unit = next((u for u in plan.todo if u.cell_id == first and not u.baseline),
                 next((u for u in plan.todo if not u.baseline), plan.todo[0]))
     doc = copy.deepcopy(unit.doc)
-    doc["federation"] = {**doc.get("federation", {}), "rounds": 1}
-    # one round times a round: the attack window (which may open later) and the warm-up are left out
+    n = 2 if unit.rounds >= 2 else 1
+    # the attack window (which may open later) and the warm-up are left out (the warm-up's
+    # rounds are counted at the per-round time: Probe.warmups)
     if isinstance(doc.get("attack"), dict):
         doc["attack"] = {k: v for k, v in doc["attack"].items() if k not in ("window", "every")}
     if isinstance(doc.get("scenario"), dict):
@@ -775,23 +782,42 @@ def probe(plan: MatrixPlan, *, device: str = "cpu", threads: str | int | None = 
         doc["pipeline"] = {k: v for k, v in doc["pipeline"].items() if k not in ("warmup_optimizer", "warmup_lr")}
     label = f"{'baseline ' if unit.baseline else ''}{unit.cell_id} seed {unit.replicate}"
     times = []
-    for _ in range(2):
+    for rounds in (1, n):
+        doc["federation"] = {**doc.get("federation", {}), "rounds": rounds}
         t = time.perf_counter()
         result = execute_unit(doc, device, threads, unit.where, plan.workers)
         times.append(time.perf_counter() - t)
     seconds = times[1]
-    round_s = sum(float(r.get("wall_time_s") or 0.0) for r in result["records"])
-    round_s = min(max(round_s, 0.0), seconds)
-    return Probe(label, seconds, seconds - round_s, round_s, max(0.0, times[0] - seconds))
+    walls = [max(float(r.get("wall_time_s") or 0.0), 0.0) for r in result["records"]]
+    round_s = min(walls[-1] if walls else 0.0, seconds / n)
+    return Probe(label, seconds, seconds - n * round_s, round_s, max(0.0, times[0] - (seconds - (n - 1) * round_s)),
+                 rounds=n, warmups=plan_warmups(plan))
+
+
+def plan_warmups(plan: MatrixPlan) -> tuple[int, ...]:
+    """The rounds of each distinct warm-up the plan's runs to compute start from (a matrix
+    computes each once; those a store may already hold are counted too)."""
+    from ..federation.warmup import warmup_scenario
+
+    seen: dict[str, int] = {}
+    for u in plan.todo:
+        doc = dict(u.doc)
+        run = doc.pop("_run", None) or {}
+        info = doc.get("scenario")
+        if not isinstance(info, dict) or not info.get("warmup_rounds"):
+            continue
+        sc = parse_scenario(doc, file="<cell>", base_dir=run.get("base_dir") or "")
+        seen.setdefault(warmup_scenario(sc).digest(), int(sc.scenario.warmup_rounds))
+    return tuple(seen.values())
 
 
 def estimate_seconds(plan: MatrixPlan, probe_: Probe) -> float:
     """Wall time of the plan's runs to compute, from a probe: each run's setup plus its
-    rounds at the probe's per-round time, divided among the workers, plus the warm-up
-    each worker process pays once."""
+    rounds at the probe's per-round time, and the rounds of the warm-ups they start from,
+    divided among the workers, plus the start-up each worker process pays once."""
     if not plan.todo:
         return 0.0
-    work = sum(probe_.run_seconds(u.rounds) for u in plan.todo)
+    work = sum(probe_.run_seconds(u.rounds) for u in plan.todo) + probe_.round_s * sum(probe_.warmups)
     return probe_.warmup_s + work / max(1, min(plan.workers, len(plan.todo)))
 
 
