@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
             Look before you run: --dry-run lists every cell with its attack, defense, settings
             and the seed of each replicate (what `redteam run FILE --cell ID --seed S` takes
             to rerun it), counts the runs the --out store already holds (read, never written:
-            no store is created) and the runs left, and times one round of the first cell to
+            no store is created) and the runs left, and times two rounds of the first cell to
             estimate the whole ("≈ 14 min with 2 workers, from a 2-round probe of 1.6 s");
             --no-probe skips the probe.
 
