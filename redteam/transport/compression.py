@@ -388,19 +388,13 @@ class Codec:
 
 
 def _bad_rows(rows: "torch.Tensor", max_abs: float | None) -> "torch.Tensor":
-    """Bool ``(n,)``: the rows holding a non-finite value or, with ``max_abs``, a value beyond it.
+    """Bool ``(n,)``: the rows holding a non-finite value or, with ``max_abs``, a value beyond it:
+    :func:`redteam._rows.finite_rows`' screen by row sums (the entry-by-entry test over the whole
+    matrix cost 2.3 ms a round for 25 rows of 25,450 values), then each row's largest magnitude
+    for ``(|row| > max_abs).any()``."""
+    from .._rows import finite_rows
 
-    A NaN or ±inf entry makes its row's sum non-finite, so one reduction screens every row and
-    only the rows it flags (those, and finite rows whose sum overflowed) are checked entry by
-    entry; each row's largest magnitude then stands for ``(|row| > max_abs).any()``. The same
-    answer as the entry-by-entry test over the whole matrix, which costs about 20× as much on a
-    CPU (2.3 ms a round for 25 rows of 25,450 values)."""
-    import torch
-
-    bad = ~torch.isfinite(rows.sum(dim=1))
-    if bool(bad.any()):
-        flagged = bad.nonzero().flatten()
-        bad[flagged] = ~torch.isfinite(rows.index_select(0, flagged)).all(dim=1)
+    bad = ~finite_rows(rows)
     if max_abs is not None and rows.shape[1]:
         bad |= rows.abs().amax(dim=1) > max_abs
     return bad
